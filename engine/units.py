@@ -1,0 +1,35 @@
+"""Byte and time formatting shared by every view (the engine keeps integers; views format)."""
+
+from __future__ import annotations
+
+GiB = 1024**3
+MiB = 1024**2
+GB = 1000**3
+
+
+def fmt_bytes(n: float) -> str:
+    """Human bytes in binary units, the way nvidia-smi and torch report them."""
+    n = float(n)
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
+        if n >= size:
+            return f"{sign}{n / size:.2f} {unit}"
+    return f"{sign}{int(n)} B"
+
+
+def fmt_seconds(s: float) -> str:
+    s = float(s)
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    if s < 3 * 86400:
+        return f"{s / 3600:.2f} h"
+    return f"{s / 86400:.1f} d"
+
+
+def fmt_count(n: int) -> str:
+    return f"{n:,}"
