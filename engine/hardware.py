@@ -68,7 +68,26 @@ GPU_CATALOG: tuple[GpuSpec, ...] = (
     GpuSpec("L4", "NVIDIA L4 24GB", 23034 * MiB, 121.0, 121.0, 300, "pcie4", 32, True, ("l4",)),
 )
 
-_BY_KEY = {g.key.lower(): g for g in GPU_CATALOG}
+
+
+def _host_memory_bytes() -> int:
+    """Total host RAM (Linux /proc/meminfo); a CPU 'device' plans against it, split over its processes."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 16 * 1024**3
+
+
+# The host CPU as a training "device" (gloo backend), for the offline demo, tests and CI. Its memory is the
+# machine's RAM; its rate is a nominal fp32 figure for a few cores (the time model is not meant for it).
+CPU_DEVICE = GpuSpec("CPU", "host CPU (gloo)", _host_memory_bytes(), 0.0, 0.2, 20, "loopback", 5, True,
+                     ("cpu", "host"))
+
+_BY_KEY = {g.key.lower(): g for g in (*GPU_CATALOG, CPU_DEVICE)}
 
 
 def _norm(name: str) -> str:
@@ -80,7 +99,7 @@ def _norm(name: str) -> str:
 
 def _alias_table() -> dict[str, GpuSpec]:
     table: dict[str, GpuSpec] = {}
-    for g in GPU_CATALOG:
+    for g in (*GPU_CATALOG, CPU_DEVICE):
         for a in (g.key, *g.aliases):
             table[_norm(a)] = g
     return table
@@ -155,7 +174,7 @@ def parse_gpus(text: str, *, nodes: int | None = None, inter_node_gbps: float | 
         n_nodes = nodes
     if per_node < 1 or n_nodes < 1:
         raise ScaletrainError(f"GPU and node counts must be at least 1 (got {text!r}, nodes={n_nodes})")
-    if per_node > 64:
+    if per_node > 64 and gpu.key != "CPU":
         raise ScaletrainError(f"{per_node} GPUs per node is not a machine; use NODESxGPUSxNAME, e.g. 2x8xH100")
     hw = Hardware(gpu=gpu, gpus_per_node=per_node, nodes=n_nodes)
     if inter_node_gbps is not None:

@@ -43,7 +43,7 @@ class PlanRequest:
     inter_node_gbps: float | None = None
     base_lr: float | None = None
     base_batch: int | None = None
-    device: str = "cuda"
+    device: str | None = None        # None → "cpu" for --gpus NxCPU, else "cuda"
     name: str = "plan"
 
     @classmethod
@@ -94,7 +94,8 @@ def base_setup(req: PlanRequest, hardware: Hardware | None = None) -> TrainingSe
         optimizer=req.optimizer, attn=req.attn, grad_ckpt=bool(req.grad_ckpt),
         micro_batch=req.micro_batch or 1, grad_accum=req.grad_accum or 1, seq_len=req.seq_len,
         residents=residents, dataset_size=req.dataset_size, epochs=req.epochs,
-        tokens_per_sample=req.tokens_per_sample, device=req.device,
+        tokens_per_sample=req.tokens_per_sample,
+        device=req.device or ("cpu" if hw.gpu.key == "CPU" else "cuda"),
     )
 
 

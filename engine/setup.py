@@ -112,6 +112,8 @@ class TrainingSetup:
             raise ScaletrainError(f"--offload {self.offload} needs a ZeRO or FSDP strategy (got {self.strategy})")
         if self.offload == "all" and self.strategy not in ("zero3", "fsdp"):
             raise ScaletrainError("--offload all (parameters too) needs --strategy zero3 or fsdp")
+        if self.device not in ("cuda", "cpu"):
+            raise ScaletrainError(f"device {self.device!r} is not accepted; use cuda or cpu")
         if self.precision == "bf16" and self.device == "cuda" and not self.hardware.gpu.supports_bf16:
             raise ScaletrainError(f"{self.hardware.gpu.key} has no bf16 support; use --precision fp16 or fp32")
 

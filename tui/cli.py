@@ -166,7 +166,8 @@ def _load_plugins() -> None:
     """Subcommand modules that exist register themselves; missing ones are simply absent."""
     import importlib
 
-    for mod in ("scaletrain.tui.cmd_run", "scaletrain.tui.cmd_doctor", "scaletrain.tui.cmd_validate"):
+    for mod in ("scaletrain.tui.cmd_run", "scaletrain.tui.cmd_launch", "scaletrain.tui.cmd_doctor",
+                "scaletrain.tui.cmd_validate"):
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as e:
