@@ -181,6 +181,10 @@ def model_states(s: TrainingSetup) -> ModelStates:
     optimizer = int((opt_pp + master_pp) * T)
     if shard_opt:
         optimizer //= n
+    if s.device == "cpu" and s.optimizer == "adamw" and not ds:
+        # torch keeps AdamW's `step` as a 0-dim fp32 tensor per parameter tensor, on the host (so it only
+        # counts against memory when the host is the device)
+        optimizer += 4 * (m.tensor_count if s.method == "full" else 2 * len(s.lora_targets) * m.num_layers)
     host_opt = 0
     if s.offload in ("optimizer", "all"):
         host_opt, optimizer = optimizer, 0
@@ -241,9 +245,41 @@ def _largest_lora_tensor(s: TrainingSetup) -> int:
 # ---- activations -------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LayerActivations:
-    saved: int          # bytes one decoder block keeps for backward (without checkpointing)
-    fwd_transient: int  # extra bytes alive while the block runs forward
-    bwd_transient: int  # extra bytes alive while its backward runs (gradients of its intermediates)
+    """Bytes one decoder block keeps for backward, split at the attention/MLP boundary.
+
+    Backward runs the MLP half first and frees its tensors before the attention half runs, so the block's
+    backward peak is max(everything + MLP-gradient temporaries, attention half + attention temporaries).
+    """
+
+    saved_attn: int      # block input, attention-side norms, q/k/v, attention output, softmax (eager)
+    saved_mlp: int       # residual after attention, MLP-side norms, the four B·S·I MLP tensors
+    fwd_transient: int   # extra bytes alive while the block runs forward
+    mlp_bwd_transient: int
+    attn_bwd_transient: int
+
+    @property
+    def saved(self) -> int:
+        return self.saved_attn + self.saved_mlp
+
+    @property
+    def bwd_peak(self) -> int:
+        """Peak bytes of this block's own tensors during its backward (saved + gradient temporaries)."""
+        return max(self.saved + self.mlp_bwd_transient, self.saved_attn + self.attn_bwd_transient)
+
+
+def autocast_regime(s: TrainingSetup) -> bool:
+    """accelerate mixed precision on fp32 weights (full fine-tuning under DDP): torch.autocast casts each
+    linear's input and weight to 16-bit per call, so the residual stream stays fp32 and every linear saves its
+    own 16-bit copies for backward. DeepSpeed, FSDP's MixedPrecision and 16-bit LoRA bases compute in a
+    16-bit model instead."""
+    return s.precision in ("bf16", "fp16") and s.method == "full" and s.strategy == "ddp"
+
+
+def autocast_weight_copies_bytes(s: TrainingSetup) -> int:
+    """16-bit copies of one block's linear weights that autocast makes (and backward keeps) per forward."""
+    if not autocast_regime(s):
+        return 0
+    return 2 * sum(a * b for a, b, _ in s.model.linear_shapes().values())
 
 
 def block_activations(s: TrainingSetup, micro_batch: int | None = None) -> LayerActivations:
@@ -261,47 +297,69 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None) -> Layer
     full = s.method == "full"
     norm_upcast = 4 if e == 2 else 0   # RMSNorm: hidden.to(float32) is a new tensor only for 16-bit inputs
     fam = m.family
+    s2 = b * m.num_heads * s.seq_len * s.seq_len   # attention score elements
 
     def norm_saved(width: int) -> int:
         # pow(2) and x*rsqrt save the (upcast) input; weight*y saves y only if the norm weight trains
         return t * width * (norm_upcast + (e if full else 0))
 
-    saved = 0
-    saved += t * h * e                            # block input (residual stream)
-    saved += t * h * e                            # residual after attention
-    for kind in fam["norms"]:
-        saved += norm_saved(h)
-        saved += t * h * e                        # pre-norm output (linear input) / post-norm input (sublayer out)
-    if fam["qk_norm"]:
-        saved += norm_saved(qd + kvd) + t * (qd + kvd) * e
-    # attention core
-    repeat_kv = s.attn == "eager"                 # sdpa on torch ≥ 2.5 passes enable_gqa (no repeat) when unmasked
-    k_saved = qd if repeat_kv else kvd
-    saved += t * (qd + 2 * k_saved) * e           # q, k, v after RoPE (k, v repeated to all heads for eager)
-    saved += t * qd * e                           # attention output as o_proj input
-    probs = 0
-    if s.attn == "eager":
-        probs = b * m.num_heads * s.seq_len * s.seq_len * (4 + (e if e == 2 else 0))
-        saved += probs                            # fp32 softmax (+ its 16-bit cast under mixed precision)
-    else:
-        saved += t * qd * e                       # sdpa keeps its output for backward
-        saved += b * m.num_heads * s.seq_len * 4  # flash/efficient kernels keep the fp32 logsumexp
-    saved += 4 * t * i * e                        # gate, up, act(gate), act·up
-    if not full:
-        n_targets = len(s.lora_targets)
-        saved += n_targets * t * s.lora_rank * 4  # lora_A output (fp32 adapters)
+    def lora_saved(targets: set[str]) -> int:
+        if full:
+            return 0
+        shapes = m.linear_shapes()
+        mine = [x for x in s.lora_targets if x in targets]
+        out = len(mine) * t * s.lora_rank * 4                           # lora_A output (fp32 adapters)
         if e == 2:
-            shapes = m.linear_shapes()
-            saved += sum(t * shapes[x][0] * e for x in s.lora_targets)  # input cast for the fp32 adapter path
+            out += sum(t * shapes[x][0] * e for x in mine)              # input cast for the fp32 adapter path
+        return out
 
-    # forward transients: eager scores before softmax (B·heads·S² fp32 twice), else the MLP product in flight
+    amp = autocast_regime(s)
+    res = 4 if amp else e                              # residual stream bytes: fp32 under autocast (fp32 weights)
+
+    def norms(kinds: tuple[str, ...], readers: int) -> int:
+        """Norm tensors on one side of the block; `readers` linears read the pre-norm output (q,k,v or gate,up)."""
+        out = 0
+        for kind in fam["norms"]:
+            if kind not in kinds:
+                continue
+            if not amp:
+                out += norm_saved(h) + t * h * e       # pre-norm output (linear input) / post-norm input
+            elif kind.startswith("pre"):
+                out += t * h * 4 + readers * t * h * e  # fp32 y, and each reader's own 16-bit cast of the output
+            else:
+                out += t * h * (4 + 4)                 # 16-bit sublayer output upcast, fp32 y
+        if amp and not any(k.startswith("pre") and k in kinds for k in fam["norms"]):
+            out += readers * t * h * e                 # no pre-norm (OLMo 2): readers cast the fp32 residual
+        return out
+
+    # -- attention half ----------------------------------------------------------------------------------------
+    attn = t * h * res                                 # block input (residual stream)
+    attn += norms(("pre_attn", "post_attn"), 3)
+    if fam["qk_norm"]:
+        attn += norm_saved(qd + kvd) + t * (qd + kvd) * e
+    repeat_kv = s.attn == "eager"                      # sdpa on torch ≥ 2.5 passes enable_gqa (no repeat)
+    k_saved = qd if repeat_kv else kvd
+    attn += t * (qd + 2 * k_saved) * e                 # q, k, v after RoPE (k, v repeated to all heads: eager)
+    attn += t * qd * e                                 # attention output as o_proj input
     if s.attn == "eager":
-        fwd_t = 2 * b * m.num_heads * s.seq_len * s.seq_len * 4
+        attn += s2 * (4 + (e if e == 2 else 0))        # fp32 softmax (+ its 16-bit cast under mixed precision)
     else:
-        fwd_t = t * i * e
-    # backward transients: gradients of the widest intermediates, and eager's softmax gradient
-    bwd_t = 2 * t * i * e + (2 * b * m.num_heads * s.seq_len * s.seq_len * 4 if s.attn == "eager" else 0)
-    return LayerActivations(saved, fwd_t, bwd_t)
+        attn += t * qd * e                             # sdpa keeps its output for backward
+        attn += b * m.num_heads * s.seq_len * 4        # flash/efficient kernels keep the fp32 logsumexp
+    attn += lora_saved({"q_proj", "k_proj", "v_proj", "o_proj"})
+
+    # -- MLP half ------------------------------------------------------------------------------------------------
+    mlp = t * h * res                                  # residual after attention
+    mlp += norms(("pre_mlp", "post_mlp"), 2)
+    mlp += 4 * t * i * e                               # gate, up, act(gate), act·up
+    mlp += lora_saved({"gate_proj", "up_proj", "down_proj"})
+
+    # forward: eager holds the raw scores and the masked scores (fp32) while softmax runs
+    fwd_t = 2 * s2 * 4 if s.attn == "eager" else t * i * e
+    # backward: gradients of the B·S·I intermediates; eager's softmax input/output gradients (2 × B·heads·S²)
+    mlp_bwd_t = 2 * t * i * e
+    attn_bwd_t = 2 * s2 * 4 if s.attn == "eager" else 3 * t * qd * e
+    return LayerActivations(attn, mlp, fwd_t, mlp_bwd_t, attn_bwd_t)
 
 
 def logits_bytes(s: TrainingSetup, micro_batch: int | None = None) -> dict[str, int]:
@@ -347,15 +405,20 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
         gather_block = gather_head = grad_gather_block = 0
 
     # what checkpointing keeps per block, and what recomputing one block costs in backward
+    res = 4 if autocast_regime(s) else e
+    wcopy = autocast_weight_copies_bytes(s)   # autocast's cast cache: held through forward; saved without ckpt
     if s.grad_ckpt:
-        per_block_saved = t * m.hidden_size * e
-        recompute = layer.saved
+        per_block_saved = t * m.hidden_size * res
+        recompute = True
     else:
-        per_block_saved = layer.saved
-        recompute = 0
+        per_block_saved = layer.saved + wcopy
+        recompute = False
 
     embed_out = 0  # the embedding output is the first block's input, counted in the block
-    final_norm = t * m.hidden_size * (e + (4 if e == 2 else 0) + (e if s.method == "full" else 0))
+    if autocast_regime(s):   # fp32 input and y, the lm_head input cast, lm_head's own weight copy
+        final_norm = t * m.hidden_size * (4 + 4 + e) + 2 * m.vocab_size * m.hidden_size
+    else:
+        final_norm = t * m.hidden_size * (e + (4 if e == 2 else 0) + (e if s.method == "full" else 0))
 
     grads = ms.gradients_persistent
     acts = 0
@@ -372,12 +435,14 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
 
     # forward: blocks one by one
     acts = embed_out
+    cache = 0                                 # autocast weight copies alive only until the forward returns (ckpt)
     for _ in range(L):
-        mark("forward", acts + layer.fwd_transient + (recompute and 0), 0, grads, gather=gather_block)
+        mark("forward", acts + cache + layer.fwd_transient, 0, grads, gather=gather_block)
         acts += per_block_saved
+        cache += wcopy if recompute else 0
     acts += final_norm
     # loss: logits + fp32 copy + log_softmax output while it runs
-    mark("loss", acts, lg["forward_transient"] + lg["saved"], grads, gather=gather_head)
+    mark("loss", acts + cache, lg["forward_transient"] + lg["saved"], grads, gather=gather_head)
     logits_held = lg["saved"]
     # backward through cross-entropy: saved output + its grad + input grad
     mark("backward", acts, logits_held + lg["backward_transient"], grads, gather=gather_head)
@@ -393,7 +458,9 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     block_grad = _grad_share(ms, m.block_params(), s) if s.method == "full" else _grad_share(
         ms, s.trainable_params // max(L, 1), s)
     for _ in range(L):
-        mark("backward", acts + recompute + layer.bwd_transient, 0, grads,
+        # under checkpointing the block's own tensors are recomputed on top of its saved input
+        below = acts - per_block_saved
+        mark("backward", below + (per_block_saved if recompute else 0) + layer.bwd_peak, 0, grads,
              gather=gather_block + grad_gather_block)
         acts -= per_block_saved
         if ms.gradients_persistent == 0:

@@ -102,6 +102,16 @@ class ModelArch:
     def block_params(self) -> int:
         return self.block_linear_params() + self.block_norm_params()
 
+    def block_tensor_count(self) -> int:
+        """Parameter tensors in one block (weights, biases, norm weights): optimizers keep per-tensor state."""
+        n = sum(2 if bias else 1 for _, _, bias in self.linear_shapes().values())
+        n += len(self.family["norms"]) + (2 if self.family["qk_norm"] else 0)
+        return n
+
+    @property
+    def tensor_count(self) -> int:
+        return 1 + self.num_layers * self.block_tensor_count() + 1 + (0 if self.tie_embeddings else 1)
+
     @property
     def embedding_params(self) -> int:
         return self.vocab_size * self.hidden_size

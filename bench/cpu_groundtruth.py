@@ -1,0 +1,180 @@
+"""CPU ground truth for the memory model: predicted allocated peak vs torch.profiler's measured peak.
+
+For each case: build the HF model from its config (random init), run a warm-up optimizer step, profile one
+fp32 AdamW step (engine/measure.py), and compare with the engine's `total - overhead` for the same setup.
+Model-state bytes are compared exactly. Writes bench/results/cpu_groundtruth.json and prints a Markdown table
+(the README's table comes from this script):
+
+    .venv/bin/python bench/cpu_groundtruth.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from scaletrain.engine.hardware import parse_gpus
+from scaletrain.engine.memory import estimate_memory, model_states
+from scaletrain.engine.models import BLOCK_LINEARS, catalog_entry, load_model
+from scaletrain.engine.setup import TrainingSetup
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    attn: str = "sdpa"
+    method: str = "full"
+    grad_ckpt: bool = False
+    micro_batch: int = 2
+    seq_len: int = 256
+    grad_accum: int = 1
+    lora_rank: int = 8
+    precision: str = "fp32"      # "bf16": fp32 weights + torch.autocast, as accelerate's mixed precision runs
+    overrides: tuple[tuple[str, int], ...] = ()   # config fields changed from the catalog entry
+
+    @property
+    def label(self) -> str:
+        m = self.model.split("/")[-1]
+        bits = [m, self.method, self.precision, self.attn, "ckpt" if self.grad_ckpt else "no-ckpt",
+                f"b{self.micro_batch}×s{self.seq_len}"]
+        if self.grad_accum > 1:
+            bits.append(f"ga{self.grad_accum}")
+        if self.overrides:
+            bits.append("(" + ",".join(f"{k.split('_')[0]}={v}" for k, v in self.overrides) + ")")
+        return " ".join(bits)
+
+
+CASES = [
+    Case("scaletrain/tiny-llama"),
+    Case("scaletrain/tiny-llama", attn="eager"),
+    Case("scaletrain/tiny-qwen2", attn="eager", grad_ckpt=True),
+    Case("scaletrain/tiny-qwen2", method="lora"),
+    Case("scaletrain/tiny-qwen3", grad_ckpt=True),
+    Case("scaletrain/tiny-qwen3", method="lora", attn="eager"),
+    Case("scaletrain/tiny-gemma3"),
+    Case("scaletrain/tiny-gemma3", method="lora", grad_ckpt=True),
+    Case("scaletrain/tiny-mistral", attn="eager", micro_batch=4),
+    Case("scaletrain/tiny-olmo2"),
+    Case("scaletrain/tiny-olmo2", method="lora", attn="eager", grad_ckpt=True),
+    Case("scaletrain/tiny-llama", grad_accum=2),
+    # activation-dominated: wider blocks and longer sequences than vocabulary
+    Case("scaletrain/tiny-llama", seq_len=512, micro_batch=1,
+         overrides=(("hidden_size", 256), ("intermediate_size", 768), ("num_hidden_layers", 4))),
+    Case("scaletrain/tiny-qwen3", attn="eager", seq_len=512, micro_batch=1,
+         overrides=(("hidden_size", 256), ("intermediate_size", 768), ("num_hidden_layers", 4))),
+    Case("scaletrain/tiny-gemma3", grad_ckpt=True, seq_len=512, micro_batch=2,
+         overrides=(("hidden_size", 256), ("intermediate_size", 1024), ("num_hidden_layers", 4))),
+    # mixed precision (CPU autocast stands in for CUDA autocast: same saved-tensor structure for linears)
+    Case("scaletrain/tiny-llama", precision="bf16", seq_len=512, micro_batch=1,
+         overrides=(("hidden_size", 256), ("intermediate_size", 768), ("num_hidden_layers", 4))),
+    Case("scaletrain/tiny-qwen2", precision="bf16", attn="eager"),
+    Case("scaletrain/tiny-gemma3", precision="bf16", grad_ckpt=True, seq_len=512,
+         overrides=(("hidden_size", 256), ("intermediate_size", 1024), ("num_hidden_layers", 4))),
+    Case("scaletrain/tiny-olmo2", precision="bf16"),
+]
+QUICK = [CASES[i] for i in (0, 2, 3, 4, 6, 9, 10, 13, 15, 17)]
+
+
+def config_for(case: Case) -> dict:
+    cfg = dict(catalog_entry(case.model)["config"])
+    cfg.update(dict(case.overrides))
+    if "layer_types" in cfg and len(cfg["layer_types"]) != cfg["num_hidden_layers"]:  # Gemma 3 pattern
+        pattern = list(cfg["layer_types"])
+        cfg["layer_types"] = [pattern[i % len(pattern)] for i in range(cfg["num_hidden_layers"])]
+    return cfg
+
+
+def setup_for(case: Case) -> TrainingSetup:
+    from scaletrain.engine.models import arch_from_config
+    return TrainingSetup(
+        model=arch_from_config(config_for(case), case.model), hardware=parse_gpus("1xCPU"), method=case.method,
+        lora_rank=case.lora_rank, lora_targets=BLOCK_LINEARS, strategy="ddp", precision=case.precision,
+        attn=case.attn, grad_ckpt=case.grad_ckpt, micro_batch=case.micro_batch, grad_accum=case.grad_accum,
+        seq_len=case.seq_len, device="cpu",
+    )
+
+
+def run_case(case: Case) -> dict:
+    from scaletrain.engine.measure import measure_step
+
+    s = setup_for(case)
+    mem = estimate_memory(s)
+    states = model_states(s)
+    measured = measure_step(
+        config_for(case), method=case.method, lora_rank=case.lora_rank,
+        lora_alpha=2 * case.lora_rank, lora_targets=BLOCK_LINEARS, micro_batch=case.micro_batch,
+        seq_len=case.seq_len, grad_ckpt=case.grad_ckpt, attn=case.attn, precision=case.precision,
+        optimizer="adamw", grad_accum=case.grad_accum, device="cpu")
+    predicted = mem.allocated_peak_bytes
+    return {
+        "case": case.label, "model": case.model, "method": case.method, "attn": case.attn,
+        "precision": case.precision,
+        "grad_ckpt": case.grad_ckpt, "micro_batch": case.micro_batch, "seq_len": case.seq_len,
+        "grad_accum": case.grad_accum,
+        # the measured model carries the adapters too: base + trainable for LoRA
+        "params_predicted": s.model.params + (s.trainable_params if case.method != "full" else 0),
+        "params_measured": measured.params,
+        "trainable_predicted": s.trainable_params, "trainable_measured": measured.trainable_params,
+        "weights_bytes_predicted": states.weights, "weights_bytes_measured": measured.param_bytes,
+        "optimizer_bytes_predicted": states.optimizer, "optimizer_bytes_measured": measured.optimizer_state_bytes,
+        "predicted_peak_bytes": predicted, "measured_peak_bytes": measured.peak_allocated_bytes,
+        "peak_phase": mem.peak_phase,
+        "error": (predicted - measured.peak_allocated_bytes) / measured.peak_allocated_bytes,
+        "measured_by_category": measured.peak_by_category,
+    }
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import os
+    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}, Python {platform.python_version()}"
+
+
+def markdown(rows: list[dict]) -> str:
+    out = ["| case | params & states exact | predicted peak | measured peak | error |", "|---|---|---:|---:|---:|"]
+    for r in rows:
+        exact = all(r[f"{k}_predicted"] == r[f"{k}_measured"]
+                    for k in ("params", "trainable", "weights_bytes", "optimizer_bytes"))
+        out.append(f"| {r['case']} | {'yes' if exact else 'NO'} | {r['predicted_peak_bytes'] / 2**20:.2f} MiB | "
+                   f"{r['measured_peak_bytes'] / 2**20:.2f} MiB | {100 * r['error']:+.1f}% |")
+    errs = [abs(r["error"]) for r in rows]
+    out.append(f"\nmedian |error| {100 * statistics.median(errs):.1f}%, max {100 * max(errs):.1f}% "
+               f"over {len(rows)} cases")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "cpu_groundtruth.json"))
+    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--only", help="run the cases whose label contains this text")
+    args = ap.parse_args(argv)
+    ap_cases = QUICK if args.quick else CASES
+    if args.only:
+        ap_cases = [c for c in ap_cases if args.only in c.label]
+    rows = [run_case(c) for c in ap_cases]
+    print(markdown(rows))
+    if not args.no_write:
+        import torch, transformers
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({
+            "machine": machine(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "command": "python bench/cpu_groundtruth.py", "cases": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""GPU catalog matching, --gpus parsing and the NVML boundary (replayed, since this machine has no GPU)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from scaletrain.engine.detect import hardware_from_detection
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.hardware import GPU_CATALOG, find_gpu, parse_gpus
+from scaletrain.engine.nvml import detect, sample
+
+REQUIRED = ["H200", "H100-SXM", "H100-PCIe", "A100-80GB", "A100-40GB", "L40S", "A6000", "RTX4090", "RTX3090", "V100"]
+
+
+def test_catalog_has_required_gpus_with_numbers():
+    keys = {g.key for g in GPU_CATALOG}
+    assert set(REQUIRED) <= keys
+    for g in GPU_CATALOG:
+        assert g.memory_bytes > 10 * 1024**3 and g.fp16_tflops > 0 and g.hbm_gbps > 0 and g.link_gbps > 0
+
+
+@pytest.mark.parametrize("name,key", [
+    ("h200", "H200"), ("H200", "H200"), ("NVIDIA H200", "H200"), ("4090", "RTX4090"), ("RTX4090", "RTX4090"),
+    ("NVIDIA GeForce RTX 4090", "RTX4090"), ("rtx 3090", "RTX3090"), ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
+    ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("NVIDIA H100 80GB HBM3", "H100-SXM"), ("NVIDIA H100 PCIe", "H100-PCIe"),
+    ("Tesla V100-SXM2-32GB", "V100"), ("NVIDIA L40S", "L40S"), ("NVIDIA RTX A6000", "A6000"),
+])
+def test_forgiving_names(name, key):
+    assert find_gpu(name).key == key
+
+
+@pytest.mark.parametrize("text,per_node,nodes,key", [
+    ("4xH200", 4, 1, "H200"), ("8xRTX4090", 8, 1, "RTX4090"), ("2x8xH100", 8, 2, "H100-SXM"), ("h100", 1, 1, "H100-SXM"),
+    ("8x4090", 8, 1, "RTX4090"), ("2xCPU", 2, 1, "CPU"),
+])
+def test_parse_gpus(text, per_node, nodes, key):
+    hw = parse_gpus(text)
+    assert (hw.gpus_per_node, hw.nodes, hw.gpu.key) == (per_node, nodes, key)
+    assert hw.world_size == per_node * nodes
+
+
+def test_parse_gpus_nodes_flag_and_conflicts():
+    assert parse_gpus("8xH100", nodes=2).world_size == 16
+    with pytest.raises(ScaletrainError, match="contradicts"):
+        parse_gpus("2x8xH100", nodes=3)
+    for bad in ("0xH100", "8xBanana", "", "x"):
+        with pytest.raises(ScaletrainError):
+            parse_gpus(bad)
+    with pytest.raises(ScaletrainError, match="inter-node"):
+        parse_gpus("2x8xH100", inter_node_gbps=0)
+
+
+class FakeNvml:
+    """A replay of what pynvml returns on a 2×H100 box, with one field that fails (as on some drivers)."""
+
+    NVML_NVLINK_MAX_LINKS = 4
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, fail_fields=()):
+        self.fail = set(fail_fields)
+
+    def _maybe(self, name, value):
+        if name in self.fail:
+            raise self.NVMLError(name)
+        return value
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlSystemGetDriverVersion(self):
+        return b"560.35.03"
+
+    def nvmlSystemGetCudaDriverVersion_v2(self):
+        return 12060
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return self._maybe(f"handle{i}", i)
+
+    def nvmlDeviceGetName(self, h):
+        return self._maybe("name", "NVIDIA H100 80GB HBM3")
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return self._maybe("memory", SimpleNamespace(total=81559 * 1024**2, used=1024**3, free=80 * 1024**3))
+
+    def nvmlDeviceGetUUID(self, h):
+        return f"GPU-{h}"
+
+    def nvmlDeviceGetPciInfo(self, h):
+        return SimpleNamespace(busId=f"0000:0{h}:00.0")
+
+    def nvmlDeviceGetNvLinkState(self, h, link):
+        return self._maybe("nvlink", 1)
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h):
+        return 16
+
+    def nvmlDeviceGetMigMode(self, h):
+        return (0, 0)
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return self._maybe("util", SimpleNamespace(gpu=97, memory=40))
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 612_000
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h):
+        return 700_000
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        return self._maybe("temp", 61)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [SimpleNamespace(pid=1234, usedGpuMemory=1024**3)]
+
+
+def test_detect_reads_every_field():
+    res = detect(lambda: FakeNvml())
+    assert res.error is None and res.driver_version == "560.35.03" and res.cuda_driver_version == "12.6"
+    assert [g.name for g in res.gpus] == ["NVIDIA H100 80GB HBM3"] * 2
+    assert res.gpus[0].nvlink_active_links == 4 and res.gpus[0].interconnect == "NVLink ×4"
+    hw = hardware_from_detection(result=res)
+    assert hw.gpu.key == "H100-SXM" and hw.gpus_per_node == 2 and hw.source == "detected"
+    assert hw.gpu.memory_bytes == 81559 * 1024**2
+
+
+def test_each_field_fails_alone():
+    res = detect(lambda: FakeNvml(fail_fields={"name", "nvlink"}))
+    g = res.gpus[0]
+    assert g.name is None and g.memory_total_bytes is not None
+    assert g.nvlink_active_links == 0  # NVLink unreadable, PCIe width readable → PCIe
+    samples = sample(FakeNvml(fail_fields={"temp", "handle1"}), 2)
+    assert samples[0].temperature_c is None and samples[0].utilization_pct == 97 and samples[0].power_w == 612.0
+    assert samples[1].error and samples[1].utilization_pct is None
+
+
+def test_no_driver_is_a_normal_answer():
+    def boom():
+        raise OSError("NVML Shared Library Not Found")
+
+    res = detect(boom)
+    assert res.gpus == () and "NVML" in res.error
+    with pytest.raises(ScaletrainError, match="found no GPU"):
+        hardware_from_detection(result=res)
+
+
+def test_real_pynvml_path_does_not_crash_without_gpu():
+    res = detect()  # the real pynvml import; on this machine there is no driver
+    assert isinstance(res.gpus, tuple)
+    if not res.gpus:
+        assert res.error

@@ -1,0 +1,116 @@
+"""Memory-model behaviour: each term moves the way the stack really moves it."""
+
+from __future__ import annotations
+
+import pytest
+
+from scaletrain.engine.hardware import parse_gpus
+from scaletrain.engine.memory import (
+    block_activations, estimate_memory, logits_bytes, model_states, optimizer_state_bytes_per_param,
+)
+from scaletrain.engine.models import load_model
+from scaletrain.engine.setup import ResidentModel, TrainingSetup
+
+QWEN3 = load_model("Qwen/Qwen3-4B")
+Q7 = load_model("Qwen/Qwen2.5-7B-Instruct")
+
+
+def setup(**kw):
+    base = dict(model=QWEN3, hardware=parse_gpus("8xH100"), strategy="ddp", micro_batch=1, seq_len=2048)
+    base.update(kw)
+    return TrainingSetup(**base)
+
+
+def test_components_sum_to_total_and_fit_rule():
+    m = estimate_memory(setup())
+    assert m.total_bytes == sum(m.components().values())
+    assert m.fits == (m.total_bytes <= int(m.capacity_bytes * 0.9))
+    assert m.headroom_bytes == m.capacity_bytes - m.total_bytes
+
+
+def test_model_states_per_strategy():
+    P = QWEN3.params
+    ddp = model_states(setup(strategy="ddp"))
+    assert ddp.weights == 4 * P and ddp.optimizer == 8 * P and ddp.gradients_full == 4 * P  # AMP: fp32 master
+    z1 = model_states(setup(strategy="zero1"))
+    assert z1.weights == 2 * P and z1.optimizer == (12 * P) // 8  # DeepSpeed: bf16 weights, fp32 master in opt
+    z2 = model_states(setup(strategy="zero2"))
+    z3 = model_states(setup(strategy="zero3"))
+    assert z3.weights == (2 * P) // 8 and z3.optimizer == z1.optimizer
+    assert z3.gradients_full < z2.gradients_full < z1.gradients_full
+    off = model_states(setup(strategy="zero3", offload="optimizer"))
+    assert off.optimizer == 0 and off.host >= z3.optimizer
+
+
+def test_sharding_and_offload_lower_the_total():
+    totals = [estimate_memory(setup(strategy=st, grad_ckpt=True)).total_bytes
+              for st in ("ddp", "zero1", "zero2", "zero3")]
+    assert totals == sorted(totals, reverse=True)
+    z3 = estimate_memory(setup(strategy="zero3", grad_ckpt=True)).total_bytes
+    assert estimate_memory(setup(strategy="zero3", grad_ckpt=True, offload="all")).total_bytes < z3
+
+
+def test_checkpointing_and_micro_batch():
+    a = estimate_memory(setup(micro_batch=4, strategy="zero3"))
+    b = estimate_memory(setup(micro_batch=4, strategy="zero3", grad_ckpt=True))
+    assert b.activations_bytes < a.activations_bytes / 3
+    sizes = [estimate_memory(setup(micro_batch=mb, strategy="zero3", grad_ckpt=True)).total_bytes
+             for mb in (1, 2, 4, 8)]
+    assert sizes == sorted(sizes) and sizes[-1] > sizes[0]
+
+
+def test_eager_attention_pays_s_squared():
+    sdpa = block_activations(setup(attn="sdpa", seq_len=4096))
+    eager = block_activations(setup(attn="eager", seq_len=4096))
+    probs = QWEN3.num_heads * 4096 * 4096 * (4 + 2)  # fp32 softmax + bf16 cast, micro batch 1
+    assert eager.saved - sdpa.saved >= probs * 0.9
+
+
+def test_logits_spike_is_three_fp32_bsv_tensors():
+    lg = logits_bytes(setup(micro_batch=2, seq_len=2048))
+    bsv = 2 * 2048 * QWEN3.vocab_size
+    assert lg["saved"] + lg["backward_transient"] == 12 * bsv
+
+
+def test_lora_and_qlora_weights():
+    full = model_states(setup(strategy="ddp"))
+    lora = model_states(setup(method="lora", lora_rank=16))
+    qlora = model_states(setup(method="qlora", lora_rank=16))
+    T = QWEN3.lora_params(16)
+    assert lora.optimizer == 8 * T and lora.gradients_full == 4 * T
+    assert qlora.weights < lora.weights < full.weights
+    # NF4 linears ≈ 0.53 B/param; the rest upcast to fp32 by prepare_model_for_kbit_training
+    lin = QWEN3.targeted_linear_params()
+    assert qlora.weights == pytest.approx(lin * 0.5 * (1 + 1 / 32) + 4 * (QWEN3.params - lin) + 4 * T, rel=0.01)
+
+
+def test_eight_bit_adam_and_sgd():
+    assert optimizer_state_bytes_per_param("adamw") == 8
+    assert optimizer_state_bytes_per_param("sgd") == 4
+    assert optimizer_state_bytes_per_param("adamw-8bit") < 2.1
+    a = model_states(setup(optimizer="adamw")).optimizer
+    b = model_states(setup(optimizer="adamw-8bit")).optimizer
+    assert b < a / 3
+
+
+def test_resident_models_count_in_weights():
+    s = setup(model=Q7, hardware=parse_gpus("1xH200"), method="lora")
+    evaluator = load_model("Qwen/Qwen2.5-14B-Instruct")
+    with_eval = s.with_(residents=(ResidentModel(evaluator, 16),))
+    diff = estimate_memory(with_eval).weights_bytes - estimate_memory(s).weights_bytes
+    assert diff == 2 * evaluator.params
+    eight = s.with_(residents=(ResidentModel(evaluator, 8),))
+    assert estimate_memory(eight).weights_bytes - estimate_memory(s).weights_bytes < 0.6 * diff
+
+
+def test_cpu_device_has_no_cuda_overhead():
+    cpu = TrainingSetup(model=load_model("scaletrain/tiny-qwen2"), hardware=parse_gpus("2xCPU"), precision="fp32",
+                        device="cpu", seq_len=128)
+    assert estimate_memory(cpu).overhead_bytes == 0
+    assert estimate_memory(setup()).overhead_bytes > 0
+
+
+def test_qwen3_4b_on_4090s_fits_only_with_sharding():
+    kw = dict(hardware=parse_gpus("8xRTX4090"), micro_batch=2, seq_len=2048, grad_ckpt=True)
+    assert estimate_memory(setup(strategy="zero3", **kw)).fits
+    assert not estimate_memory(setup(strategy="ddp", **kw)).fits

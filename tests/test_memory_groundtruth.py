@@ -1,0 +1,44 @@
+"""The memory model against torch.profiler on real HF models (CPU): the issue's acceptance bar.
+
+Each case builds the architecture from its config, runs a warm-up step, profiles one AdamW step, and compares
+the measured allocated peak with the engine's `total - overhead`. Parameter, trainable and model-state bytes
+must match the real tensors exactly. bench/cpu_groundtruth.py runs the full table for the README.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from cpu_groundtruth import QUICK, run_case  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return [run_case(c) for c in QUICK]
+
+
+def test_covers_six_architectures_and_variants(rows):
+    assert len({r["model"] for r in rows}) >= 6 or len(rows) >= 6
+    assert {r["method"] for r in rows} == {"full", "lora"}
+    assert {r["attn"] for r in rows} == {"eager", "sdpa"}
+    assert {r["grad_ckpt"] for r in rows} == {True, False}
+    assert {r["precision"] for r in rows} == {"fp32", "bf16"}
+    assert len({r["model"].split("-")[-1] for r in rows}) >= 5  # llama, qwen2, qwen3, gemma3, olmo2
+
+
+def test_parameter_and_state_bytes_exact(rows):
+    for r in rows:
+        for k in ("params", "trainable", "weights_bytes", "optimizer_bytes"):
+            assert r[f"{k}_predicted"] == r[f"{k}_measured"], (r["case"], k)
+
+
+def test_peak_within_bounds(rows):
+    errors = [abs(r["error"]) for r in rows]
+    table = "\n".join(f"{r['case']}: {100 * r['error']:+.1f}%" for r in rows)
+    assert statistics.median(errors) <= 0.10, table
+    assert max(errors) <= 0.20, table

@@ -1,0 +1,121 @@
+"""Analytic parameter counts against transformers (and peft) building the same configs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.models import BLOCK_LINEARS, catalog_entry, catalog_ids, load_model
+
+PUBLISHED = {
+    "Qwen/Qwen3-4B": 4_022_468_096,
+    "Qwen/Qwen2.5-7B-Instruct": 7_615_616_512,
+    "meta-llama/Llama-3.1-8B": 8_030_261_248,
+    "Qwen/Qwen2.5-0.5B-Instruct": 494_032_768,
+}
+
+REQUIRED = [
+    "Qwen/Qwen3-4B", "Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-14B-Instruct",
+    "google/gemma-3-27b-it", "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B", "mistralai/Mistral-7B-v0.1",
+    "allenai/OLMo-2-0325-32B",
+]
+
+
+def _hf_model(config: dict, device: str = "meta"):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = dict(config)
+    conf = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(conf)
+    model.tie_weights()  # transformers 5 ties only here on the meta device
+    return model
+
+
+def _unique_params(model) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def test_catalog_holds_required_models():
+    ids = set(catalog_ids())
+    assert set(REQUIRED) <= ids
+
+
+@pytest.mark.parametrize("model_id,count", sorted(PUBLISHED.items()))
+def test_published_counts(model_id, count):
+    assert load_model(model_id).params == count
+
+
+@pytest.mark.parametrize("model_id", sorted(catalog_ids()))
+def test_analytic_count_matches_transformers(model_id):
+    arch = load_model(model_id)
+    model = _hf_model(catalog_entry(model_id)["config"])
+    assert arch.params == _unique_params(model)
+    # embeddings tied exactly when the config says so
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert tied == arch.tie_embeddings
+
+
+@pytest.mark.parametrize("model_id", ["scaletrain/tiny-qwen2", "scaletrain/tiny-llama", "scaletrain/tiny-gemma3",
+                                      "scaletrain/tiny-olmo2", "scaletrain/tiny-qwen3"])
+@pytest.mark.parametrize("rank,targets", [(8, None), (4, ("q_proj", "v_proj")), (16, ("down_proj",))])
+def test_lora_count_matches_peft(model_id, rank, targets):
+    from peft import LoraConfig, get_peft_model
+
+    arch = load_model(model_id)
+    model = _hf_model(catalog_entry(model_id)["config"], device="cpu")
+    cfg = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets or BLOCK_LINEARS),
+                     lora_dropout=0.0, task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, cfg)
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    assert arch.lora_params(rank, targets) == trainable
+
+
+def test_largest_gather_unit_is_embedding_for_big_vocab():
+    m = load_model("Qwen/Qwen3-4B")
+    assert m.largest_gather_params == m.vocab_size * m.hidden_size
+    assert m.block_params() < m.largest_gather_params
+
+
+def test_model_from_config_path_and_folder(tmp_path):
+    cfg = catalog_entry("Qwen/Qwen2.5-0.5B-Instruct")["config"]
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    assert load_model(str(tmp_path / "m")).params == PUBLISHED["Qwen/Qwen2.5-0.5B-Instruct"]
+    assert load_model(str(tmp_path / "m" / "config.json")).params == PUBLISHED["Qwen/Qwen2.5-0.5B-Instruct"]
+
+
+def test_model_from_local_hf_cache(tmp_path, monkeypatch):
+    cfg = catalog_entry("meta-llama/Llama-3.1-8B")["config"]
+    snap = tmp_path / "hub" / "models--acme--my-llama" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps(cfg))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert load_model("acme/my-llama").params == PUBLISHED["meta-llama/Llama-3.1-8B"]
+
+
+def test_forgiving_catalog_lookup():
+    assert load_model("qwen3-4b").params == PUBLISHED["Qwen/Qwen3-4B"]
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("not json at all", "not a JSON config.json"),
+    ('{"foo": 1}', "not a causal-LM config.json"),
+    ("[1, 2]", "not a config.json object"),
+    ('{"hidden_size": "x", "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 10}', "non-numeric"),
+])
+def test_bad_config_files(tmp_path, content, needle):
+    p = tmp_path / "config.json"
+    p.write_text(content)
+    with pytest.raises(ScaletrainError, match=needle):
+        load_model(str(p))
+
+
+def test_unknown_model_and_bad_lora_target():
+    with pytest.raises(ScaletrainError, match="unknown model"):
+        load_model("nobody/nothing-7B")
+    with pytest.raises(ScaletrainError, match="unknown LoRA target"):
+        load_model("Qwen/Qwen3-4B").lora_params(8, ("qkv_proj",))
