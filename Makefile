@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/scaletrain plan --model Qwen/Qwen3-4B --gpus 8xRTX4090 --strategy zero3 --micro-batch 2 --grad-accum 8 --seq-len 2048 --grad-ckpt
+	$(VENV)/bin/scaletrain --preset cpu-tiny --headless
 
 test: $(STAMP)
 	$(PY) -m pytest -q

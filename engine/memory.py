@@ -406,6 +406,7 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
 
     # what checkpointing keeps per block, and what recomputing one block costs in backward
     res = 4 if autocast_regime(s) else e
+    mask = b * s.seq_len * s.seq_len * res if s.attn == "eager" else 0
     wcopy = autocast_weight_copies_bytes(s)   # autocast's cast cache: held through forward; saved without ckpt
     if s.grad_ckpt:
         per_block_saved = t * m.hidden_size * res
@@ -414,7 +415,9 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
         per_block_saved = layer.saved + wcopy
         recompute = False
 
-    embed_out = 0  # the embedding output is the first block's input, counted in the block
+    # eager attention: transformers builds one additive causal mask (B×1×S×S, residual dtype) for all blocks;
+    # it lives through backward only when checkpointing saves it as a block input, else until forward returns
+    embed_out = mask if s.grad_ckpt else 0
     if autocast_regime(s):   # fp32 input and y, the lm_head input cast, lm_head's own weight copy
         final_norm = t * m.hidden_size * (4 + 4 + e) + 2 * m.vocab_size * m.hidden_size
     else:
@@ -435,7 +438,7 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
 
     # forward: blocks one by one
     acts = embed_out
-    cache = 0                                 # autocast weight copies alive only until the forward returns (ckpt)
+    cache = 0 if s.grad_ckpt else mask        # alive only until the forward returns: autocast copies (ckpt), mask
     for _ in range(L):
         mark("forward", acts + cache + layer.fwd_transient, 0, grads, gather=gather_block)
         acts += per_block_saved

@@ -90,13 +90,18 @@ def base_setup(req: PlanRequest, hardware: Hardware | None = None) -> TrainingSe
     return TrainingSetup(
         model=model, hardware=hw, method=req.method, lora_rank=req.lora_rank,
         lora_targets=tuple(req.lora_targets) if req.lora_targets else BLOCK_LINEARS, base_bits=base_bits,
-        strategy=req.strategy or "ddp", offload=req.offload or "none", precision=req.precision,
+        strategy=req.strategy or _default_strategy(req), offload=req.offload or "none", precision=req.precision,
         optimizer=req.optimizer, attn=req.attn, grad_ckpt=bool(req.grad_ckpt),
         micro_batch=req.micro_batch or 1, grad_accum=req.grad_accum or 1, seq_len=req.seq_len,
         residents=residents, dataset_size=req.dataset_size, epochs=req.epochs,
         tokens_per_sample=req.tokens_per_sample,
         device=req.device or ("cpu" if hw.gpu.key == "CPU" else "cuda"),
     )
+
+
+def _default_strategy(req: PlanRequest) -> str:
+    """Neutral strategy for a free field: DDP, unless a fixed offload needs ZeRO (the planner searches anyway)."""
+    return {"all": "zero3", "optimizer": "zero2"}.get(req.offload or "none", "ddp")
 
 
 def _fully_fixed(req: PlanRequest) -> bool:
@@ -114,9 +119,9 @@ def make_plan(req: PlanRequest, hardware: Hardware | None = None) -> Plan:
                 f"micro batch {req.micro_batch} × grad accum {req.grad_accum} × {setup.world_size} GPUs = {got}, "
                 f"not the effective batch {req.effective_batch}; drop one of them and scaletrain solves it")
     try:
-        from .planner import solve
+        from .planner import finalize, solve
     except ImportError:
-        solve = None
+        finalize = solve = None
     if solve is not None and not _fully_fixed(req):
         return solve(req, setup)
     # no planner choice needed (or available): derive accumulation from the target where it divides
@@ -131,4 +136,5 @@ def make_plan(req: PlanRequest, hardware: Hardware | None = None) -> Plan:
                 f"{max(denom, req.effective_batch // denom * denom)} or {(req.effective_batch // denom + 1) * denom}")
         ga = req.effective_batch // denom
     setup = setup.with_(micro_batch=mb, grad_accum=ga or 1)
-    return evaluate(setup, headroom_fraction=req.headroom, name=req.name)
+    plan = evaluate(setup, headroom_fraction=req.headroom, name=req.name)
+    return finalize(plan, req) if finalize is not None else plan

@@ -36,6 +36,7 @@ class TrainOptions:
     lr_schedule: str = "cosine"           # cosine | linear | constant
     warmup_ratio: float = 0.03
     weight_decay: float = 0.0
+    max_grad_norm: float = 1.0            # gradient clipping (ds_config.json gradient_clipping); 0 = off
     max_steps: int | None = None          # overrides epochs when set
     checkpoint_every: int = 50            # optimizer steps; a final checkpoint is always written
     seed: int = 0
@@ -135,6 +136,9 @@ def launch_argv(run: RunDir, plan: dict[str, Any], *, machine_rank: int | None =
     """The exact `accelerate launch` argument list (no shell) for this run; launch.sh holds the same words."""
     train = TrainOptions.from_json(plan.get("train"))
     argv = [python or sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(run.accelerate_config)]
+    # per-rank output: torchrun tees each rank's stdout+stderr to files under logs/elastic/ and prefixes its console
+    # lines with the rank, which engine.launcher splits into logs/rank-<i>.log
+    argv += ["--tee", "3", "--log_dir", str(run.logs / "elastic")]
     if machine_rank is not None:
         argv += ["--machine_rank", str(machine_rank)]
     if main_process_ip:

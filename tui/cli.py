@@ -104,6 +104,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from scaletrain.engine.request import make_plan
 
     plan = make_plan(request_from_args(args))
+    if getattr(args, "alternatives", False) or getattr(args, "table", None):
+        from scaletrain.engine.planner import with_tables
+        plan = with_tables(plan, alternatives=getattr(args, "alternatives", False), table=getattr(args, "table", None))
     if args.json:
         print(json.dumps(plan.to_json(), indent=2))
         return 0
@@ -192,11 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plain", action="store_true", help="ask the wizard's questions without a full-screen app")
     p.add_argument("--main-process-ip", help="multi-node: the head node's address")
     p.add_argument("--save-preset", metavar="NAME", help="save the resulting plan as a preset")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a run directory holding a different plan (the old files are moved aside)")
     return p
 
 
 def _run_top_level(args: argparse.Namespace) -> int:
-    if args.headless:
+    if args.headless or args.save_preset:
         from scaletrain.tui.headless import run_headless
         return run_headless(args)
     if args.plain:
