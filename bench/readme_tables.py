@@ -1,0 +1,69 @@
+"""Regenerate the README's measured tables from bench/results/*.json (never typed by hand).
+
+    .venv/bin/python bench/readme_tables.py        # rewrites the marked sections of README.md in place
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+
+def cpu_groundtruth() -> str:
+    data = json.loads((RESULTS / "cpu_groundtruth.json").read_text())
+    rows = data["cases"]
+    out = [f"Machine: {data['machine']}; torch {data['torch']}, transformers {data['transformers']}. "
+           f"Command: `{data['command']}`.", "",
+           "| case | params & states exact | predicted peak | measured peak | error |",
+           "|---|---|---:|---:|---:|"]
+    for r in rows:
+        exact = all(r[f"{k}_predicted"] == r[f"{k}_measured"]
+                    for k in ("params", "trainable", "weights_bytes", "optimizer_bytes"))
+        out.append(f"| {r['case']} | {'yes' if exact else 'NO'} | {r['predicted_peak_bytes'] / 2**20:.2f} MiB | "
+                   f"{r['measured_peak_bytes'] / 2**20:.2f} MiB | {100 * r['error']:+.1f}% |")
+    errs = [abs(r["error"]) for r in rows]
+    out.append("")
+    out.append(f"Median |error| **{100 * statistics.median(errs):.1f}%**, max **{100 * max(errs):.1f}%** "
+               f"over {len(rows)} cases.")
+    return "\n".join(out)
+
+
+def bench_plan() -> str:
+    files = sorted(RESULTS.glob("bench_plan-*.json"))
+    if not files:
+        return "_no benchmark recorded yet_"
+    lines = []
+    for f in files:
+        d = json.loads(f.read_text())
+        lines.append(f"- {f.name}: " + ", ".join(f"{k} = {v}" for k, v in d.items()
+                                                   if isinstance(v, (int, float, str)) and k != "machine")
+                     + f" ({d.get('machine', 'machine not recorded')})")
+    return "\n".join(lines)
+
+
+SECTIONS = {"cpu-groundtruth": cpu_groundtruth, "bench-plan": bench_plan}
+
+
+def main() -> int:
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    for name, fn in SECTIONS.items():
+        pat = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", re.S)
+        if pat.search(text):
+            try:
+                body = fn()
+            except FileNotFoundError:
+                continue
+            text = pat.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
+    readme.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
