@@ -207,9 +207,11 @@ def model_states(s: TrainingSetup) -> ModelStates:
             grads_persistent = 4 * T // n
             step_fp32_grad = 0
         if s.offload in ("optimizer", "all"):
+            # with the optimizer on the host, DeepSpeed copies each reduced gradient partition to pinned CPU
+            # memory (fp32) as backward produces it; the GPU keeps only the reduce bucket in flight
             host_opt += 4 * T // n
-            grads_full -= 4 * T // n if s.strategy != "zero3" else 0
-            grads_persistent = 0 if s.strategy != "zero3" else grads_persistent
+            grads_full = cb * min(T, DS_REDUCE_BUCKET_ELEMS)
+            grads_persistent = 0
             step_fp32_grad = 0
     else:
         grads_full = grad_pp * T

@@ -110,6 +110,9 @@ class TrainingSetup:
             self.model.lora_params(self.lora_rank, self.lora_targets)  # validates target names
         if self.offload != "none" and self.strategy not in ("zero1", "zero2", "zero3", "fsdp"):
             raise ScaletrainError(f"--offload {self.offload} needs a ZeRO or FSDP strategy (got {self.strategy})")
+        if self.offload == "optimizer" and self.strategy == "fsdp":
+            raise ScaletrainError("FSDP's CPU offload moves parameters and optimizer together; use --offload all "
+                                  "with --strategy fsdp, or --offload optimizer with a ZeRO strategy")
         if self.offload == "all" and self.strategy not in ("zero3", "fsdp"):
             raise ScaletrainError("--offload all (parameters too) needs --strategy zero3 or fsdp")
         if self.device not in ("cuda", "cpu"):
