@@ -38,13 +38,22 @@ def bench_plan() -> str:
     files = sorted(RESULTS.glob("bench_plan-*.json"))
     if not files:
         return "_no benchmark recorded yet_"
-    lines = []
+    out = []
     for f in files:
         d = json.loads(f.read_text())
-        lines.append(f"- {f.name}: " + ", ".join(f"{k} = {v}" for k, v in d.items()
-                                                   if isinstance(v, (int, float, str)) and k != "machine")
-                     + f" ({d.get('machine', 'machine not recorded')})")
-    return "\n".join(lines)
+        m = d["machine"]
+        out += [f"`{f.name}` ({m['cpu_model']}, {m['cpu_cores']} cores, load {m['load_average_1m_at_start']:.1f}); "
+                f"command: `python bench/bench_plan.py`", "",
+                "| what | median | target |", "|---|---:|---:|",
+                f"| `{d['cli_plan']['command']}` (whole process) | {d['cli_plan']['median_seconds'] * 1000:.0f} ms "
+                f"| well under 1 s |",
+                f"| one memory + time estimate ({d['estimate']['setup']}) | "
+                f"{d['estimate']['memory_plus_time_median_us']:.0f} µs | < 1 ms |"]
+        for p in d["planner_search"]:
+            out.append(f"| planner search: {p['model']} {p['method']} on {p['gpus']}, effective batch "
+                       f"{p['effective_batch']} → {p['chosen']} | {p['median_ms']:.1f} ms | < 50 ms |")
+        out.append("")
+    return "\n".join(out).rstrip()
 
 
 SECTIONS = {"cpu-groundtruth": cpu_groundtruth, "bench-plan": bench_plan}
