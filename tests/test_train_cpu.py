@@ -1,0 +1,248 @@
+"""The bundled trainer for real on this CPU host: JSONL data, then 2-rank DDP and DeepSpeed ZeRO-3 runs.
+
+The multi-process tests write their run directories with the config writers (engine/writers.py), launch them through
+engine.launcher (accelerate launch → torchrun → 2 gloo ranks) and read back what the trainer wrote.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from scaletrain.engine import data as D
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.metrics import read_metrics
+from scaletrain.engine.rundir import RunDir, TrainOptions
+
+RUN_LIMIT_SECONDS = 240          # one small run; the first DeepSpeed run on a machine JIT-builds a comm op (~1 min)
+
+WORDS = "the quick brown fox jumps over a lazy dog while seven small cats watch from the warm red roof".split()
+
+
+def write_dataset(path: Path, n: int = 300, seed: int = 0) -> Path:
+    """All three record shapes, short repetitive sentences a tiny model learns fast."""
+    rng = random.Random(seed)
+    with path.open("w") as f:
+        for i in range(n):
+            s = " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 20)))
+            rec = ({"text": s} if i % 3 == 0 else {"prompt": "repeat: " + s[:24], "response": s} if i % 3 == 1
+                   else {"messages": [{"role": "user", "content": "say it"}, {"role": "assistant", "content": s}]})
+            f.write(json.dumps(rec) + "\n")
+    return path
+
+
+def make_run(tmp_path: Path, strategy: str, *, micro: int = 2, accum: int = 2, seq_len: int = 64,
+             name: str = "run", **train: object) -> RunDir:
+    """A 2-process CPU run directory of scaletrain/tiny-qwen2 written by the config writers."""
+    from scaletrain.engine.request import PlanRequest, make_plan
+    from scaletrain.engine.writers import write_run_dir
+
+    req = PlanRequest(model="scaletrain/tiny-qwen2", gpus="2xCPU", precision="fp32", strategy=strategy,
+                      micro_batch=micro, grad_accum=accum, grad_ckpt=False, offload="none", seq_len=seq_len)
+    return write_run_dir(make_plan(req), req, TrainOptions(**train), tmp_path / name)
+
+
+def deadline_tick(limit_s: float = RUN_LIMIT_SECONDS):
+    """on_tick for launch(): a hung run fails the test (the launcher then stops every process)."""
+    end = time.monotonic() + limit_s
+
+    def tick() -> None:
+        if time.monotonic() > end:
+            raise TimeoutError(f"run did not finish within {limit_s} s")
+    return tick
+
+
+def assert_trained(run: RunDir, total: int) -> list:
+    series = read_metrics(run.metrics)
+    assert [r.step for r in series] == list(range(1, total + 1))
+    assert all(r.total_steps == total and r.world_size == 2 for r in series)
+    first = sum(r.loss for r in series[:3]) / 3
+    last = sum(r.loss for r in series[-3:]) / 3
+    assert last < first - 0.5, f"loss did not fall: {first:.3f} → {last:.3f}"
+    assert all(r.tokens > 0 and r.tokens_per_second > 0 and r.step_seconds > 0 for r in series)
+    for r in series:       # CPU: no allocator numbers, each rank's own peak RSS
+        assert [m.rank for m in r.peak_memory] == [0, 1]
+        assert all(m.allocated_bytes is None and m.reserved_bytes is None and m.host_rss_bytes > 0
+                   for m in r.peak_memory)
+    return series
+
+
+# ---- data (no torch) -------------------------------------------------------------------------------------------
+def test_record_shapes_train_only_on_answers():
+    tok = D.ByteTokenizer(1024)
+    text = D.tokenize_record({"text": "hi"}, tok)
+    assert text.input_ids == (3 + ord("h"), 3 + ord("i"), tok.eos_id) and text.labels == text.input_ids
+
+    pr = D.tokenize_record({"prompt": "q", "response": "ab"}, tok)
+    n_prompt = len(tok.encode("q\n"))
+    assert pr.labels[:n_prompt] == (D.IGNORE_INDEX,) * n_prompt
+    assert pr.labels[n_prompt:] == pr.input_ids[n_prompt:] and pr.labels[-1] == tok.eos_id
+
+    chat = D.tokenize_record({"messages": [{"role": "user", "content": "u"},
+                                           {"role": "assistant", "content": "a"}]}, tok)
+    trained = tok.decode(i for i, lab in zip(chat.input_ids, chat.labels) if lab != D.IGNORE_INDEX)
+    assert trained == "<|assistant|>\na\n"
+    assert tok.decode(chat.input_ids) == "<|user|>\nu\n<|assistant|>\na\n"
+
+
+def test_byte_tokenizer_stays_inside_small_vocabularies():
+    tok = D.ByteTokenizer(64)
+    ids = tok.encode("ÿ héllo ✓")
+    assert ids and all(tok.SPECIALS <= i < 64 for i in ids)
+    with pytest.raises(ScaletrainError, match="vocabulary"):
+        D.ByteTokenizer(3)
+
+
+def test_packing_and_padding_make_exact_blocks():
+    tok = D.ByteTokenizer(512)
+    samples = [D.tokenize_record({"text": "x" * n}, tok) for n in (5, 9, 30)]
+    packed = D.build_blocks(samples, 8, packing=True, pad_id=tok.pad_id)
+    total = sum(len(s.input_ids) for s in samples)
+    assert len(packed) == total // 8 and all(len(r) == 8 for r in packed.input_ids)
+    assert all(sum(m) == 8 for m in packed.attention_mask)
+
+    padded = D.build_blocks(samples, 8, packing=False, pad_id=tok.pad_id)
+    assert len(padded) == 3
+    assert padded.attention_mask[0] == (1,) * 6 + (0,) * 2          # 5 bytes + eos, padded to 8
+    assert padded.labels[0][6:] == (D.IGNORE_INDEX,) * 2 and padded.input_ids[0][6:] == (tok.pad_id,) * 2
+    assert padded.tokens(2) == 8                                        # truncated
+
+
+def test_shards_are_disjoint_equal_and_reshuffled_per_epoch():
+    a, b = D.shard_order(101, 0, 7, 0, 2), D.shard_order(101, 0, 7, 1, 2)
+    assert len(a) == len(b) == 50 and not set(a) & set(b)
+    assert D.shard_order(101, 1, 7, 0, 2) != a
+    assert D.shard_order(101, 0, 7, 0, 2) == a
+
+
+@pytest.mark.parametrize("line, needle", [
+    ("{not json", ":1: not valid JSON"),
+    ('{"title": "x"}', "no usable fields (found title)"),
+    ('{"messages": [{"role": "robot", "content": "x"}]}', "messages[0] must be"),
+    ('["text"]', "a JSON object is needed"),
+])
+def test_bad_dataset_is_one_clear_error(tmp_path, line, needle):
+    p = tmp_path / "d.jsonl"
+    p.write_text(line + "\n")
+    with pytest.raises(ScaletrainError, match=None) as e:
+        D.read_jsonl(p)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ScaletrainError, match="does not exist"):
+        D.read_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_too_little_data_for_one_step_says_what_to_change(tmp_path):
+    from scaletrain.engine.train import make_schedule, read_run_config
+
+    run = make_run(tmp_path, "ddp", micro=4, accum=4, dataset=str(write_dataset(tmp_path / "d.jsonl", n=3)))
+    cfg = read_run_config(run.path)
+    with pytest.raises(ScaletrainError, match=r"needs micro batch 4 × accumulation 4 × 2 processes = 32"):
+        make_schedule(cfg, 5, 2)
+    assert make_schedule(cfg, 64, 2).steps_per_epoch == 2
+
+
+# ---- real 2-rank runs ------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_ddp_two_ranks_loss_falls_with_checkpoints_and_live_progress(tmp_path):
+    """`scaletrain launch`'s path: progress.stream_run → launcher → accelerate/torchrun → trainer, bundled demo data."""
+    from rich.console import Console
+
+    from scaletrain.tui.progress import stream_run
+
+    run = make_run(tmp_path, "ddp", lr=5e-3, max_steps=24, checkpoint_every=10, warmup_ratio=0.1)
+    out = io.StringIO()
+    code = stream_run(run.path, console=Console(file=out, width=160, force_terminal=False))
+    text = out.getvalue()
+    assert code == 0, text + run.rank_log(0).read_text()
+    series = assert_trained(run, 24)
+    lrs = [r.lr for r in series]
+    assert lrs[0] < lrs[2] and lrs[3] > lrs[-1]                 # warmup, then cosine decay
+    assert {p.name for p in run.checkpoints.iterdir()} == {"step-10", "step-20", "step-24"}
+    state = json.loads((run.checkpoints / "step-24" / "trainer_state.json").read_text())
+    assert state["step"] == 24 and state["world_size"] == 2
+    assert list((run.path / "tensorboard").glob("events.out.tfevents.*"))
+    status = json.loads(run.status.read_text())
+    assert status["state"] == "finished" and status["exit_code"] == 0 and set(status["rank_pids"]) == {"0", "1"}
+    assert "demo.jsonl" in run.rank_log(0).read_text()          # no dataset given: the bundled demo data
+    assert "24/24" in text and "finished" in text and f"loss {series[-1].loss:.4f}" in text
+
+
+@pytest.mark.slow
+def test_deepspeed_zero3_two_ranks_loss_falls(tmp_path):
+    from scaletrain.engine.launcher import launch
+
+    data = write_dataset(tmp_path / "data.jsonl")
+    run = make_run(tmp_path, "zero3", dataset=str(data), lr=5e-3, max_steps=12, checkpoint_every=6,
+                   warmup_ratio=0.1)
+    res = launch(run.path, on_tick=deadline_tick())
+    log0 = run.rank_log(0).read_text()
+    assert res.exit_code == 0, log0 + run.rank_log(1).read_text()
+    assert_trained(run, 12)
+    assert "DeepSpeed data-parallel over 2" in log0            # ZeRO-3 really partitions over both ranks
+    for step in (6, 12):
+        ck = run.checkpoints / f"step-{step}"
+        assert (ck / "trainer_state.json").is_file()
+        shards = sorted(p.name for p in (ck / "deepspeed").glob("*optim_states.pt"))
+        assert len(shards) == 2, shards                        # one optimizer partition per rank
+
+
+# ---- a local pretrained model with its own tokenizer and chat template -------------------------------------------
+CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+
+
+def save_local_model(path: Path) -> Path:
+    """A tiny Qwen2 and a byte-level BPE tokenizer with a chat template, saved the way a user's folder looks."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator([" ".join(WORDS)] * 10 + ["user assistant say it repeat"], vocab_size=300,
+                            special_tokens=["<pad>", "<s>", "</s>"], show_progress=False)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, pad_token="<pad>", bos_token="<s>",
+                                  eos_token="</s>")
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(path)
+    conf = AutoConfig.for_model("qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, vocab_size=len(tok),
+                                tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
+                                eos_token_id=tok.eos_token_id)
+    AutoModelForCausalLM.from_config(conf).save_pretrained(path)
+    return path
+
+
+@pytest.mark.slow
+def test_local_model_lora_with_chat_template_on_one_process(tmp_path):
+    """model_source = a local folder (offline from_pretrained + its tokenizer), LoRA with gradient checkpointing,
+    one process (accelerate's simple launcher)."""
+    from scaletrain.engine.launcher import launch
+    from scaletrain.engine.request import PlanRequest, make_plan
+    from scaletrain.engine.train import make_tokenizer, read_run_config
+    from scaletrain.engine.writers import write_run_dir
+
+    model_dir = save_local_model(tmp_path / "my-model")
+    data = write_dataset(tmp_path / "data.jsonl", n=120)
+    req = PlanRequest(model=str(model_dir), gpus="1xCPU", precision="fp32", strategy="ddp", method="lora",
+                      lora_rank=4, micro_batch=2, grad_accum=1, grad_ckpt=True, offload="none", seq_len=32)
+    run = write_run_dir(make_plan(req), req, TrainOptions(model_source=str(model_dir), dataset=str(data), lr=1e-2,
+                                                          max_steps=6, checkpoint_every=3), tmp_path / "run")
+
+    tok = make_tokenizer(read_run_config(run.path))
+    assert isinstance(tok, D.HFTokenizer) and tok.has_chat_template
+    rec = {"messages": [{"role": "user", "content": "say it"}, {"role": "assistant", "content": "red roof"}]}
+    sample = D.tokenize_record(rec, tok)
+    trained = [i for i, lab in zip(sample.input_ids, sample.labels) if lab != D.IGNORE_INDEX]
+    assert tok.tok.decode(trained) == "<|assistant|>\nred roof\n</s>"      # the template's assistant turn + eos
+
+    res = launch(run.path, on_tick=deadline_tick())
+    log = run.rank_log(0).read_text()
+    assert res.exit_code == 0, log
+    series = read_metrics(run.metrics)
+    assert [r.step for r in series] == list(range(1, 7)) and all(r.world_size == 1 for r in series)
+    assert all(r.loss == r.loss and r.loss > 0 for r in series)                # finite
+    assert "(lora, ddp, fp32) on 1 process(es)" in log
+    assert (run.checkpoints / "step-6" / "trainer_state.json").is_file()
