@@ -119,7 +119,8 @@ def cmd_monitor(args: argparse.Namespace) -> int:
 
 
 class HeadlessPrinter:
-    """Turns Ticks into plain lines: one per new step, device lines every HEADLESS_DEVICE_EVERY_S, warnings once."""
+    """Turns Ticks into plain lines: one per new step, device lines every HEADLESS_DEVICE_EVERY_S and whenever
+    the run's processes change (a rank appears or exits), warnings once."""
 
     def __init__(self, out: TextIO, predicted_peak_bytes: int | None = None):
         self.out = out
@@ -128,6 +129,7 @@ class HeadlessPrinter:
         self.last_device_s = -1e9
         self.warned: set[str] = set()
         self.state: str | None = None
+        self.procs: tuple = ()
 
     def __call__(self, t: Any) -> None:
         job = t.job
@@ -137,7 +139,9 @@ class HeadlessPrinter:
                     self.last_step = rec.step
                     self.out.write(step_line(rec, job.summary) + "\n")
         now = time.monotonic()
-        if now - self.last_device_s >= HEADLESS_DEVICE_EVERY_S:
+        procs = tuple((p.rank, p.pid, p.alive) for p in t.host.procs) if t.host is not None else ()
+        if now - self.last_device_s >= HEADLESS_DEVICE_EVERY_S or procs != self.procs:
+            self.procs = procs
             self.last_device_s = now
             for line in device_lines(t, self.predicted):
                 self.out.write(line + "\n")

@@ -1,0 +1,81 @@
+"""`scaletrain --plain` with answers fed on stdin (no TTY): the same questions, refusals and run directory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from scaletrain.engine.nvml import detect
+from scaletrain.engine.presets import load_preset
+from scaletrain.engine.request import PlanRequest, make_plan
+
+SCALETRAIN = [sys.executable, "-m", "scaletrain.tui.cli"]
+
+
+def plain(args: list[str], answers: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*SCALETRAIN, "--plain", *args], input="\n".join(answers) + "\n", capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_custom_answers_with_bad_entries_refused_and_asked_again(tmp_path):
+    run_dir = tmp_path / "run"
+    answers = [
+        "",                            # GPUs: the --gpus default (4xH200)
+        "Qwen/Qwen2.5-7B-Instruct",    # model
+        "lora", "8", "",               # method, rank, targets (all)
+        "",                            # no resident models
+        "12a", "130", "128",           # effective batch: letters, then a batch 4 GPUs cannot split, then 128
+        "",                            # sequence length 2048
+        str(tmp_path / "missing.jsonl"), "1000",   # dataset: a missing path, then a sample count
+        "2", "",                       # epochs, learning rate
+        "2e-4", "2e-4@8",              # LR reference: without its batch (refused), then with it
+        "y", str(run_dir),             # write, where
+    ]
+    res = plain(["--gpus", "4xH200"], answers)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "✗ effective batch must be a whole number ≥ 1 (got '12a')" in out
+    assert "✗ effective batch 130 is not a multiple of" in out
+    assert "does not exist" in out
+    assert "✗ give the LR reference as BASE_LR@BASE_BATCH" in out
+    assert "square-root rule" in out and "linear rule" in out      # the engine's LR suggestion, in the plan
+    assert "not launched" in out           # planned hardware is not this machine
+    assert res.stderr == ""
+    written = json.loads((run_dir / "plan.json").read_text())
+    assert written["batch"]["effective_batch"] == 128 and written["batch"]["world_size"] == 4
+    assert written["training"]["method"] == "lora" and written["training"]["lora_rank"] == 8
+    assert written["request"]["dataset_size"] == 1000 and written["request"]["epochs"] == 2
+    assert written["request"]["base_lr"] == 2e-4 and written["request"]["base_batch"] == 8
+    expected = make_plan(PlanRequest(**{k: tuple(v) if isinstance(v, list) else v
+                                        for k, v in written["request"].items()}))
+    assert written["memory"]["per_gpu_bytes"]["total"] == expected.memory.total_bytes
+
+
+def test_preset_defaults_reproduce_the_preset(tmp_path):
+    run_dir = tmp_path / "run"
+    answers = [""] * 12 + ["y", str(run_dir)]     # take every default, then write
+    res = plain(["--preset", "h200x4-fast"], answers)
+    assert res.returncode == 0, res.stderr
+    written = json.loads((run_dir / "plan.json").read_text())
+    expected = make_plan(PlanRequest(**load_preset("h200x4-fast").request_fields())).to_json()
+    assert written["batch"] == expected["batch"]
+    assert written["memory"] == expected["memory"]
+
+
+def test_input_that_ends_early_is_one_line_exit_2():
+    res = plain(["--gpus", "4xH200"], ["", "Qwen/Qwen2.5-7B-Instruct"])
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and "input ended before" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_no_gpu_is_said_plainly():
+    if detect().gpus:
+        pytest.skip("this machine has GPUs; the no-GPU wording is covered by the pilot tests with replayed NVML")
+    res = plain([], ["", "scaletrain/tiny-qwen2", "full", "", "", "", "", "", "", "", "n"])
+    assert res.returncode == 0, res.stderr
+    assert "No GPU detected on this machine" in res.stdout and "catalog" in res.stdout
+    assert "nothing written" in res.stdout

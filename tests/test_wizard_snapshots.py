@@ -1,0 +1,88 @@
+"""SVG snapshots of each wizard step at 100×32 (pytest-textual-snapshot).
+
+The numbers on these screens come from the engine: a change to the memory or time model changes the plan and write
+snapshots on purpose. Look at the new SVGs, then accept them with
+`pytest tests/test_wizard_snapshots.py --snapshot-update`.
+NVML is replayed and the run directory is a fixed path (nothing is written), so the screens are the same everywhere.
+"""
+
+from __future__ import annotations
+
+import pytest
+from textual.widgets import Input
+
+from scaletrain.engine.nvml import DetectionResult
+from scaletrain.tui.app import create_app
+
+SIZE = (100, 32)
+RUN_DIR = "/tmp/scaletrain-snapshot/run"     # shown on the write step only; never written
+ARGS = ["--gpus", "4xH200", "--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora", "--effective-batch", "128",
+        "--run-dir", RUN_DIR]
+
+
+def no_gpu() -> DetectionResult:
+    return DetectionResult((), None, None, "NVML unavailable: NVMLError_LibraryNotFound: NVML Shared Library Not Found")
+
+
+@pytest.fixture(autouse=True)
+def steady_cursor(monkeypatch):
+    """A blinking cursor would make screenshots differ by timing."""
+    monkeypatch.setattr(Input, "_toggle_cursor", lambda self: None)
+
+
+def walk_to(step: int, *extra_keys: str):
+    """run_before: press ctrl+n until `step`, letting each step's thread workers finish."""
+    async def run_before(pilot) -> None:
+        app = pilot.app
+
+        async def settle() -> None:
+            for _ in range(3):
+                await app.workers.wait_for_complete()
+                await pilot.pause()
+
+        await settle()
+        for _ in range(step - 1):
+            await pilot.press("ctrl+n")
+            await settle()
+        for key in extra_keys:
+            await pilot.press(key)
+            await settle()
+
+    return run_before
+
+
+def app_for(args=ARGS):
+    return create_app(list(args), detect=no_gpu, launch=False)
+
+
+def test_step1_hardware_no_gpu(snap_compare):
+    assert snap_compare(app_for(["--run-dir", RUN_DIR]), terminal_size=SIZE, run_before=walk_to(1))
+
+
+def test_step1_hardware_4xh200(snap_compare):
+    assert snap_compare(app_for(), terminal_size=SIZE, run_before=walk_to(1))
+
+
+def test_step2_model(snap_compare):
+    assert snap_compare(app_for(), terminal_size=SIZE, run_before=walk_to(2))
+
+
+def test_step3_batch(snap_compare):
+    assert snap_compare(app_for(), terminal_size=SIZE, run_before=walk_to(3))
+
+
+def test_step4_plan(snap_compare):
+    assert snap_compare(app_for(), terminal_size=SIZE, run_before=walk_to(4))
+
+
+def test_step4_plan_what_if_over_the_line(snap_compare):
+    """Raising the micro batch until it does not fit draws the bar past the card, with the engine's message."""
+    assert snap_compare(app_for(), terminal_size=SIZE, run_before=walk_to(4, "plus", "plus", "plus"))
+
+
+def test_step5_write(snap_compare):
+    assert snap_compare(app_for(), terminal_size=SIZE, run_before=walk_to(5))
+
+
+def test_help(snap_compare):
+    assert snap_compare(app_for(), terminal_size=SIZE, run_before=walk_to(4, "f1"))
