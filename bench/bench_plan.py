@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -30,6 +29,8 @@ from scaletrain.engine.request import PlanRequest, base_setup
 from scaletrain.engine.rundir import atomic_write
 from scaletrain.engine.timing import estimate_time
 
+from machine import machine  # bench/machine.py
+
 RESULTS = Path(__file__).resolve().parent / "results"
 PLAN_ARGV = ["plan", "--model", "Qwen/Qwen3-4B", "--gpus", "8xRTX4090", "--json"]
 HEAVY = ("torch", "textual", "transformers", "deepspeed", "accelerate")
@@ -42,20 +43,6 @@ SEARCH_CASES = (
     ("meta-llama/Llama-3.1-70B", "2x8xH100", 1024, "full"),
     ("Qwen/Qwen3-4B", "2x8xRTX4090", 256 * 9 * 5 * 7, "full"),
 )
-
-
-def machine() -> dict:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"hostname": socket.gethostname(), "cpu_model": cpu, "cpu_cores": os.cpu_count(),
-            "python": platform.python_version(), "platform": platform.platform(),
-            "load_average_1m_at_start": os.getloadavg()[0]}   # other work on the box skews every number
 
 
 def bench_cli(repeats: int) -> dict:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import signal
 import socket
@@ -36,6 +35,8 @@ from types import SimpleNamespace as NS
 from scaletrain.engine.request import PlanRequest, make_plan
 from scaletrain.engine.rundir import atomic_write
 from scaletrain.engine.sampler import HostSource, NvmlSource, RunWatcher, Sampler
+
+from machine import machine  # bench/machine.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_CORE_FRACTION = 0.01       # the issue: under 1 % of a core at 1 Hz
@@ -111,18 +112,6 @@ class StandInNvml:
         pass
 
 
-def machine_info() -> dict:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"hostname": socket.gethostname(), "cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version()}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=60.0)
@@ -175,7 +164,7 @@ def main() -> int:
     thread_fraction = sum(costs) / wall
     result = {
         "bench": "bench_sampler",
-        "machine": machine_info(),
+        "machine": machine(),
         "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "interval_seconds": a.interval,
         "wall_seconds": round(wall, 2),

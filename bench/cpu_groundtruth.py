@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from machine import machine_line
 from scaletrain.engine.hardware import parse_gpus
 from scaletrain.engine.memory import estimate_memory, model_states
-from scaletrain.engine.models import BLOCK_LINEARS, catalog_entry, load_model
+from scaletrain.engine.models import BLOCK_LINEARS, catalog_entry
 from scaletrain.engine.setup import TrainingSetup
 
 
@@ -129,30 +128,9 @@ def run_case(case: Case) -> dict:
     }
 
 
-def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import os
-    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}, Python {platform.python_version()}"
-
-
 def markdown(rows: list[dict]) -> str:
-    out = ["| case | params & states exact | predicted peak | measured peak | error |", "|---|---|---:|---:|---:|"]
-    for r in rows:
-        exact = all(r[f"{k}_predicted"] == r[f"{k}_measured"]
-                    for k in ("params", "trainable", "weights_bytes", "optimizer_bytes"))
-        out.append(f"| {r['case']} | {'yes' if exact else 'NO'} | {r['predicted_peak_bytes'] / 2**20:.2f} MiB | "
-                   f"{r['measured_peak_bytes'] / 2**20:.2f} MiB | {100 * r['error']:+.1f}% |")
-    errs = [abs(r["error"]) for r in rows]
-    out.append(f"\nmedian |error| {100 * statistics.median(errs):.1f}%, max {100 * max(errs):.1f}% "
-               f"over {len(rows)} cases")
-    return "\n".join(out)
+    from readme_tables import groundtruth_table
+    return groundtruth_table(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch, transformers
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({
-            "machine": machine(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "machine": machine_line(), "torch": torch.__version__, "transformers": transformers.__version__,
             "command": "python bench/cpu_groundtruth.py", "cases": rows}, indent=1) + "\n")
     return 0
 

@@ -17,10 +17,12 @@ RESULTS = ROOT / "bench" / "results"
 
 def cpu_groundtruth() -> str:
     data = json.loads((RESULTS / "cpu_groundtruth.json").read_text())
-    rows = data["cases"]
-    out = [f"Machine: {data['machine']}; torch {data['torch']}, transformers {data['transformers']}. "
-           f"Command: `{data['command']}`.", "",
-           "| case | params & states exact | predicted peak | measured peak | error |",
+    return (f"Machine: {data['machine']}; torch {data['torch']}, transformers {data['transformers']}. "
+            f"Command: `{data['command']}`.\n\n" + groundtruth_table(data["cases"]))
+
+
+def groundtruth_table(rows: list[dict]) -> str:
+    out = ["| case | params & states exact | predicted peak | measured peak | error |",
            "|---|---|---:|---:|---:|"]
     for r in rows:
         exact = all(r[f"{k}_predicted"] == r[f"{k}_measured"]

@@ -242,7 +242,7 @@ def launch_script(plan: Plan, run: RunDir, doc: dict[str, Any], *, main_process_
         argv = launch_argv(run, doc, machine_rank=0, main_process_ip=_IP_TOKEN, python=python)
         argv[argv.index("--machine_rank") + 1] = _RANK_TOKEN
         ip = shlex.quote(main_process_ip or "")
-        lines += [f"# Multi-node: run on every node with its rank, e.g. `bash launch.sh 0 HEAD_IP` on the head node.",
+        lines += ["# Multi-node: run on every node with its rank, e.g. `bash launch.sh 0 HEAD_IP` on the head node.",
                   "set -euo pipefail",
                   'MACHINE_RANK="${1:?usage: launch.sh MACHINE_RANK [MAIN_PROCESS_IP]}"',
                   f'MAIN_PROCESS_IP="${{2:-{ip}}}"',
