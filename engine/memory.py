@@ -217,7 +217,10 @@ def model_states(s: TrainingSetup) -> ModelStates:
         grads_full = grad_pp * T
         if shard_grad:
             grads_full //= n
-        grads_persistent = grads_full if s.grad_accum > 1 else 0
+        # DDP (world > 1) allocates its all-reduce buckets when it wraps the model and the trainer makes the
+        # gradients views into them (gradient_as_bucket_view): gradient memory is there from the first forward.
+        ddp_buckets = s.strategy == "ddp" and n > 1
+        grads_persistent = grads_full if s.grad_accum > 1 or ddp_buckets else 0
         step_fp32_grad = 0
 
     # -- optimizer step temporaries ----------------------------------------------------------------------------
@@ -491,8 +494,15 @@ def overhead_bytes(s: TrainingSetup, allocated_peak: int) -> int:
     """CUDA context, NCCL buffers and the caching allocator's reserve above the allocated peak."""
     if s.device == "cpu":
         return 0
+    from .calibration import for_setup
+
+    cal = for_setup(s)   # `scaletrain validate --save` measured these on this GPU kind and stack
     ctx = CUDA_CONTEXT_BYTES + (NCCL_BUFFER_BYTES if s.world_size > 1 else 0)
-    return ctx + int(ALLOCATOR_RESERVE_FRACTION * allocated_peak)
+    reserve = ALLOCATOR_RESERVE_FRACTION
+    if cal is not None:
+        ctx = cal.context_bytes if cal.context_bytes is not None else ctx
+        reserve = cal.allocator_reserve_fraction if cal.allocator_reserve_fraction is not None else reserve
+    return ctx + int(reserve * allocated_peak)
 
 
 def estimate_memory(s: TrainingSetup, headroom_fraction: float = 0.10,

@@ -73,13 +73,12 @@ class Plan:
 def evaluate(setup: TrainingSetup, *, headroom_fraction: float = 0.10, name: str = "plan",
              explanation: str = "", notes: tuple[str, ...] = (), with_time: bool = True) -> Plan:
     """Run the memory (and, when available, time) model for one fully specified setup."""
+    from .calibration import for_setup
+    from .timing import estimate_time
+
     mem = estimate_memory(setup, headroom_fraction)
-    time_est = None
-    if with_time:
-        try:
-            from .timing import estimate_time
-        except ImportError:  # the time model lands with the planner issue
-            estimate_time = None
-        if estimate_time is not None:
-            time_est = estimate_time(setup)
+    time_est = estimate_time(setup) if with_time else None
+    cal = for_setup(setup)
+    if cal is not None:   # both estimators picked the profile up; the plan says so
+        notes = (*notes, cal.describe())
     return Plan(setup=setup, memory=mem, time=time_est, explanation=explanation, notes=notes, name=name)

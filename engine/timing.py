@@ -120,6 +120,7 @@ class TimeConstants:
     dequant_hbm_efficiency: float = DEQUANT_HBM_EFFICIENCY
     host_memory_gbps: float = HOST_MEMORY_GBPS
     utilization_override: float | None = None   # a measured utilization for this exact GPU/method replaces the table
+    compute_scale: float = 1.0                  # measured / predicted compute time from `validate --save`
 
     def with_(self, **changes: Any) -> "TimeConstants":
         return replace(self, **changes)
@@ -292,10 +293,18 @@ def _param_bytes_gathered(s: TrainingSetup) -> int:
     return base + cb * s.trainable_params
 
 
+def calibrated_constants(s: TrainingSetup) -> TimeConstants:
+    """The default constants, with the compute scale `validate --save` measured on this GPU kind, if any."""
+    from .calibration import for_setup
+
+    cal = for_setup(s)
+    return DEFAULT_CONSTANTS if cal is None else DEFAULT_CONSTANTS.with_(compute_scale=cal.compute_scale)
+
+
 # ---- the estimate ------------------------------------------------------------------------------------------------
 def estimate_time(s: TrainingSetup, constants: TimeConstants | None = None) -> TimeEstimate:
     """Seconds per optimizer step for one fully specified setup (pure arithmetic, microseconds)."""
-    c = constants or DEFAULT_CONSTANTS
+    c = constants or calibrated_constants(s)
     hw = s.hardware
     g = hw.gpu
     n = s.world_size
@@ -312,6 +321,7 @@ def estimate_time(s: TrainingSetup, constants: TimeConstants | None = None) -> T
         bound = _cpu_elementwise_seconds(s) / (fwd_micro + bwd_micro)
         if bound > 1.0:
             fwd_micro, bwd_micro = fwd_micro * bound, bwd_micro * bound
+    fwd_micro, bwd_micro = fwd_micro * c.compute_scale, bwd_micro * c.compute_scale
     compute_micro = fwd_micro + bwd_micro
 
     # QLoRA dequantization: every pass over a quantized linear (fwd, bwd, recompute) rebuilds a 16-bit copy.

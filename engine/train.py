@@ -148,7 +148,13 @@ def make_accelerator(cfg: RunConfig) -> Any:
         else:
             _check_ds_config(acc, cfg)
         return acc
-    return Accelerator(cpu=not torch.cuda.is_available(), gradient_accumulation_steps=cfg.grad_accum)
+    # DDP's default keeps a second, flat copy of every gradient in its all-reduce buckets; bucket views make the
+    # gradients live inside the buckets instead (torch DDP docs: saves "the total gradients size"). The memory
+    # model counts the buckets as persistent gradients (engine/memory.py).
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    return Accelerator(cpu=not torch.cuda.is_available(), gradient_accumulation_steps=cfg.grad_accum,
+                       kwargs_handlers=[DistributedDataParallelKwargs(gradient_as_bucket_view=True)])
 
 
 def _check_ds_config(acc: Any, cfg: RunConfig) -> None:

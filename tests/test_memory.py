@@ -114,3 +114,10 @@ def test_qwen3_4b_on_4090s_fits_only_with_sharding():
     kw = dict(hardware=parse_gpus("8xRTX4090"), micro_batch=2, seq_len=2048, grad_ckpt=True)
     assert estimate_memory(setup(strategy="zero3", **kw)).fits
     assert not estimate_memory(setup(strategy="ddp", **kw)).fits
+
+
+def test_ddp_buckets_hold_gradients_from_the_first_forward():
+    one = model_states(setup(hardware=parse_gpus("1xH100"), strategy="ddp"))
+    eight = model_states(setup(hardware=parse_gpus("8xH100"), strategy="ddp"))
+    assert one.gradients_persistent == 0                     # no DDP wrapper on one process
+    assert eight.gradients_persistent == eight.gradients_full == 4 * QWEN3.params
