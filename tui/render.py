@@ -21,24 +21,25 @@ def _console() -> Console:
 
 
 def memory_bar(components: dict[str, int], capacity: int, usable: int, width: int = 48) -> Text:
-    """One stacked bar of the components against the card; '|' marks the headroom line."""
-    text = Text()
-    used = 0
+    """One stacked bar of the components against the card ('·' free); '|' marks the headroom limit even when
+    the bar runs past it, and cells beyond the card's capacity are drawn after a '▕' edge."""
+    cells: list[tuple[str, str]] = []
+    acc = 0.0
     for name, b in components.items():
-        cells = int(round(b / capacity * width))
-        cells = min(cells, width + 8 - used)
-        if cells > 0:
-            text.append("█" * cells, style=COMPONENT_STYLE.get(name, "white"))
-            used += cells
-    line = int(usable / capacity * width)
-    if used < line:
-        text.append("·" * (line - used), style="grey35")
-        used = line
-    if used == line:
-        text.append("|", style="bold")
-        used += 1
-    if used < width + 1:
-        text.append("·" * (width + 1 - used), style="grey35")
+        acc += b / capacity * width
+        while len(cells) < int(round(acc)):
+            cells.append(("█", COMPONENT_STYLE.get(name, "white")))
+    over = cells[width:]
+    cells = cells[:width] + [("·", "grey35")] * max(0, width - len(cells))
+    line = min(width - 1, int(usable / capacity * width))
+    cells[line] = ("|", "bold red" if cells[line][0] == "█" else "bold")
+    text = Text()
+    for ch, style in cells:
+        text.append(ch, style=style)
+    if over:
+        text.append("▕", style="bold red")
+        for ch, style in over[:width // 2]:
+            text.append(ch, style=style)
     return text
 
 

@@ -164,7 +164,8 @@ stage, precision, sequence length) is refused, and `A` applies it from step 0 in
         self.launching = True
         self.app.call_from_thread(self.set_status, "resuming from the last checkpoint…" if resume else "launching…")
         try:
-            result = launch(self.run.path, resume=resume, env=env)
+            # the screen going away (ctrl+q, app exit, a failed test) stops every rank: no orphans
+            result = launch(self.run.path, resume=resume, env=env, stop=self._stop)
         except ScaletrainError as e:
             self.app.call_from_thread(self.set_status, f"launch failed: {e}", "bold red")
             return
