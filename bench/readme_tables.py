@@ -58,7 +58,29 @@ def bench_plan() -> str:
     return "\n".join(out).rstrip()
 
 
-SECTIONS = {"cpu-groundtruth": cpu_groundtruth, "bench-plan": bench_plan}
+def bench_ui() -> str:
+    """The monitor's sampling cost and the wizard's paint/recompute times."""
+    out = ["| what | measured | target | file |", "|---|---:|---:|---|"]
+    for f in sorted(RESULTS.glob("bench_sampler-*.json")):
+        d = json.loads(f.read_text())
+        out.append(f"| monitor sampling at {d['interval_seconds']:.0f} Hz ({d['gpus_sampled']} GPUs via "
+                   f"{d['nvml']}, {d['rank_processes_sampled']} rank processes, {d['log_files_tailed']} logs) | "
+                   f"{100 * d['sampler_thread_core_fraction']:.2f}% of a core | "
+                   f"< {100 * d['target_core_fraction']:.0f}% | `{f.name}` |")
+    for f in sorted(RESULTS.glob("bench_wizard-*.json")):
+        d = json.loads(f.read_text())
+        fp = d["first_paint_terminal"]["seconds"]
+        out.append(f"| wizard first paint in tmux (process start included), median / max | "
+                   f"{fp['median']:.2f} s / {fp['max']:.2f} s | < {d['first_paint_terminal']['target_seconds']:.0f} s "
+                   f"| `{f.name}` |")
+        for case, r in d.get("recompute_per_key", {}).items():
+            ui = r["ui_thread_engine_and_widget_updates_seconds"]
+            out.append(f"| wizard what-if key, engine + widget updates ({case}), median / p95 | "
+                       f"{1000 * ui['median']:.1f} ms / {1000 * ui['p95']:.1f} ms | < 16 ms | `{f.name}` |")
+    return "\n".join(out) + "\n\nCommands: `python bench/bench_sampler.py`, `python bench/bench_wizard.py` (AMD EPYC, 2 cores)."
+
+
+SECTIONS = {"cpu-groundtruth": cpu_groundtruth, "bench-plan": bench_plan, "bench-ui": bench_ui}
 
 
 def main() -> int:

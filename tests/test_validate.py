@@ -96,3 +96,20 @@ def test_absurd_measurement_is_not_saved(config_dir):
 def test_validate_bad_steps(capsys, config_dir):
     assert main(["validate", "--preset", "cpu-tiny", "--steps", "1"]) == 2
     assert "--steps must be at least" in capsys.readouterr().err
+
+
+def test_accuracy_sweep_harness_runs_end_to_end_on_cpu(tmp_path, config_dir):
+    """bench/accuracy.py is the GPU sweep; its CPU smoke mode proves the harness and the record schema."""
+    import sys as _sys
+    _sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import accuracy
+
+    out = tmp_path / "acc.json"
+    assert accuracy.main(["--cpu-smoke", "--only", "0", "--steps", "4", "--out", str(out),
+                          "--run-root", str(tmp_path / "runs")]) == 0
+    rec = json.loads(out.read_text())["records"][0]
+    for key in ("gpu", "model", "method", "strategy", "grad_ckpt", "seq_len", "predicted_peak_bytes",
+                "measured_peak_bytes", "measured_reserved_bytes", "predicted_step_seconds", "measured_step_seconds"):
+        assert key in rec
+    assert rec["gpu"] == "CPU" and rec["measured_peak_bytes"] > 0
+    assert abs(rec["predicted_peak_bytes"] - rec["measured_peak_bytes"]) / rec["measured_peak_bytes"] <= 0.20
