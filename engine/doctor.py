@@ -669,7 +669,12 @@ def run_dir_inputs(run_dir: Path) -> tuple[list[Path], dict[str, Any] | None, di
     plan = None
     if rd.plan.exists():
         plan = rd.read_plan()
-    codes, first = read_status(rd.status)
+    codes: dict[int, int] = {}
+    first = None
+    for path in rd.node_statuses():        # status.json, plus status-node-<R>.json from the other nodes
+        node_codes, node_first = read_status(path)
+        codes.update(node_codes)
+        first = first if first is not None else node_first
     return logs, plan, codes, first
 
 

@@ -124,6 +124,36 @@ def find_gpu(name: str) -> GpuSpec:
     )
 
 
+# Inter-node links, Gb/s per node, one direction (nominal line rate of one port; a node with several NICs has their
+# sum: give it with --inter-node-gbps). InfiniBand: EDR 100, HDR 200, NDR 400, XDR 800 Gb/s per 4x port (IBTA
+# roadmap); Ethernet by its name. timing.py applies its achievable fraction (INTER_NODE_EFFICIENCY).
+INTER_NODE_LINKS: dict[str, float] = {
+    "edr": 100.0, "hdr": 200.0, "ndr": 400.0, "xdr": 800.0,
+    "10gbe": 10.0, "25gbe": 25.0, "40gbe": 40.0, "50gbe": 50.0, "100gbe": 100.0, "200gbe": 200.0, "400gbe": 400.0,
+}
+DEFAULT_INTER_NODE_LINK = "hdr"       # one HDR InfiniBand port: the common GPU-cluster fabric of the A100 era
+
+
+def inter_node_gbit_s(value: str | float | int) -> float:
+    """--inter-node-gbps: a number of Gb/s (400) or a link name (ndr, hdr, 100gbe); one line on anything else."""
+    accepted = f"a number of Gb/s (e.g. 400) or one of {', '.join(INTER_NODE_LINKS)}"
+    if isinstance(value, str):
+        key = re.sub(r"[^a-z0-9.]", "", value.lower())
+        if key in INTER_NODE_LINKS:
+            return INTER_NODE_LINKS[key]
+        try:
+            gbps = float(key.removesuffix("gbps").removesuffix("gbs").removesuffix("gb") or "nan")
+        except ValueError:
+            raise ScaletrainError(f"--inter-node-gbps {value!r} is not accepted; give {accepted}") from None
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ScaletrainError(f"--inter-node-gbps {value!r} is not accepted; give {accepted}")
+    else:
+        gbps = float(value)
+    if not gbps > 0 or gbps == float("inf"):
+        raise ScaletrainError(f"--inter-node-gbps must be positive (got {value}); give {accepted}")
+    return gbps
+
+
 @dataclass(frozen=True)
 class Hardware:
     """What a plan runs on: one GPU kind, GPUs per node, nodes, and how nodes are linked."""
@@ -131,7 +161,8 @@ class Hardware:
     gpu: GpuSpec
     gpus_per_node: int
     nodes: int = 1
-    inter_node_gbit_s: float = 200.0  # Gb/s per node, one direction; 200 = one HDR InfiniBand port (--inter-node-gbps)
+    # Gb/s per node, one direction (--inter-node-gbps); default one HDR InfiniBand port
+    inter_node_gbit_s: float = INTER_NODE_LINKS[DEFAULT_INTER_NODE_LINK]
     source: str = "catalog"         # "catalog" (planned) or "detected" (NVML)
     driver: str | None = None
 
@@ -150,7 +181,7 @@ class Hardware:
 _GPUS_RE = re.compile(r"^\s*(?:(\d+)\s*[x×*]\s*)?(?:(\d+)\s*[x×*]\s*)?(.+?)\s*$", re.IGNORECASE)
 
 
-def parse_gpus(text: str, *, nodes: int | None = None, inter_node_gbps: float | None = None) -> Hardware:
+def parse_gpus(text: str, *, nodes: int | None = None, inter_node_gbps: str | float | None = None) -> Hardware:
     """Parse `4xH200`, `8xRTX4090`, `2x8xH100` (nodes × GPUs per node) or a bare name (one GPU).
 
     `auto` is handled by the caller through nvml.detect(); it is not a catalog name.
@@ -178,9 +209,7 @@ def parse_gpus(text: str, *, nodes: int | None = None, inter_node_gbps: float | 
         raise ScaletrainError(f"{per_node} GPUs per node is not a machine; use NODESxGPUSxNAME, e.g. 2x8xH100")
     hw = Hardware(gpu=gpu, gpus_per_node=per_node, nodes=n_nodes)
     if inter_node_gbps is not None:
-        if inter_node_gbps <= 0:
-            raise ScaletrainError(f"--inter-node-gbps must be positive (got {inter_node_gbps})")
-        hw = replace(hw, inter_node_gbit_s=float(inter_node_gbps))
+        hw = replace(hw, inter_node_gbit_s=inter_node_gbit_s(inter_node_gbps))
     return hw
 
 

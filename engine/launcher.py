@@ -9,6 +9,10 @@ Per-rank logs: launch_argv passes `--tee 3 --log_dir logs/elastic`, and the envi
 prefix to `[rank<global rank>]:`; lines are split into logs/rank-<i>.log, the launcher's own into
 logs/launcher.log.
 
+Multi-node: `launch(run_dir, machine_rank=R)` starts node R's share (accelerate's `--machine_rank R`) from the same
+files as every other node. Global rank numbering keeps the rank logs of nodes sharing a run directory apart; node
+R > 0 writes its own logs/launcher-node-<R>.log and status-node-<R>.json (rundir.RunDir.node_status).
+
 status.json: {"state": running|finished|failed|interrupted, "exit_code" (the training's: the first failing rank's,
 signal N → 128+N; 130 after Ctrl-C), "launcher_exit_code" (accelerate's own), "first_failing_rank",
 "failing_rank_exit_code", "exit_codes" {rank: code as torchrun reports it}, "pids" {"launcher", "accelerate",
@@ -31,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .errors import ScaletrainError
-from .rundir import RunDir, TrainOptions, atomic_write, launch_argv
+from .rundir import RunDir, TrainOptions, atomic_write, check_host, launch_argv
 
 PREFIX_TEMPLATE = "[rank${rank}]:"          # torchrun's TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE; ${rank} is global
 # "[rank3]:" (ours) or torchrun's default "[<role><local rank>]:" when launch.sh is run by hand
@@ -169,10 +173,11 @@ class ProcessTree:
 class RankLogs:
     """Split prefixed console lines into logs/rank-<i>.log; the rest goes to logs/launcher.log."""
 
-    def __init__(self, run: RunDir, *, single_process: bool, rank_offset: int = 0):
+    def __init__(self, run: RunDir, *, single_process: bool, rank_offset: int = 0, launcher_log: str = LAUNCHER_LOG):
         self.run = run
         self.single = single_process
         self.rank_offset = rank_offset
+        self.launcher_log = launcher_log
         self._files: dict[str, Any] = {}
         self._lock = threading.Lock()
         self.launcher_lines: list[str] = []
@@ -183,7 +188,7 @@ class RankLogs:
         stamp = datetime.now().isoformat(timespec="seconds")
         for r in ranks:
             self.feed_raw(self.run.rank_log(r).name, f"==> scaletrain launch {stamp} <==")
-        self.feed_raw(LAUNCHER_LOG, f"==> scaletrain launch {stamp} <==")
+        self.feed_raw(self.launcher_log, f"==> scaletrain launch {stamp} <==")
 
     def feed_raw(self, name: str, text: str) -> None:
         with self._lock:
@@ -205,13 +210,13 @@ class RankLogs:
             text = line[m.end():]
             name = self.run.rank_log(rank).name
         else:
-            rank, text, name = (0 if self.single else None), line, LAUNCHER_LOG
+            rank, text, name = (0 if self.single else None), line, self.launcher_log
             self.launcher_lines.append(line)
         with self._lock:
             f = self._file(name)
             f.write(text + "\n")
             f.flush()
-            if rank is not None and name == LAUNCHER_LOG:
+            if rank is not None and name == self.launcher_log:
                 g = self._file(self.run.rank_log(rank).name)
                 g.write(text + "\n")
                 g.flush()
@@ -224,11 +229,12 @@ class RankLogs:
             self._files.clear()
 
 
-def parse_failures(lines: Sequence[str]) -> tuple[int | None, int | None, dict[int, int]]:
+def parse_failures(lines: Sequence[str], rank_offset: int = 0) -> tuple[int | None, int | None, dict[int, int]]:
     """From torchrun's failure summary: (first failing rank, its exit code, every reported rank's exit code).
 
     The first failing rank is the "Root Cause (first observed failure)" block; the ranks torchrun then stopped
-    (exit -15) are listed under "Failures:". Without a summary, the agent's "failed (exitcode: N) local_rank: R".
+    (exit -15) are listed under "Failures:". Without a summary, the agent's "failed (exitcode: N) local_rank: R"
+    (a local rank: this node's first global rank, rank_offset, is added).
     """
     codes: dict[int, int] = {}
     root: tuple[int | None, int | None] = (None, None)
@@ -247,9 +253,9 @@ def parse_failures(lines: Sequence[str]) -> tuple[int | None, int | None, dict[i
     if root[0] is None:
         for line in lines:
             if m := _AGENT_FAIL_RE.search(line):
-                codes.setdefault(int(m.group(2)), int(m.group(1)))
+                codes.setdefault(int(m.group(2)) + rank_offset, int(m.group(1)))
                 if root[0] is None:
-                    root = (int(m.group(2)), int(m.group(1)))
+                    root = (int(m.group(2)) + rank_offset, int(m.group(1)))
     return root[0], root[1], codes
 
 
@@ -277,17 +283,19 @@ def _pid_alive(pid: int) -> bool:
     return bool(st) and st[1] != "Z"
 
 
-def preflight(run: RunDir, plan: dict[str, Any], script: str | None) -> dict[str, Any]:
-    """Refuse what would fail after the processes start: missing files, a run already running."""
+def preflight(run: RunDir, plan: dict[str, Any], script: str | None, machine_rank: int | None = None) -> dict[str, Any]:
+    """Refuse what would fail after the processes start: missing files, this node's share already running."""
     cfg = _read_yaml(run.accelerate_config)
-    if run.status.exists():
+    status = run.node_status(machine_rank)
+    if status.exists():
         try:
-            old = json.loads(run.status.read_text())
+            old = json.loads(status.read_text())
         except ValueError:
             old = {}
         pid = (old.get("pids") or {}).get("launcher")
         if old.get("state") == "running" and isinstance(pid, int) and pid != os.getpid() and _pid_alive(pid):
-            raise ScaletrainError(f"{run.path} is already running (launcher pid {pid}); stop it first")
+            what = f"node {machine_rank} of {run.path}" if machine_rank else str(run.path)
+            raise ScaletrainError(f"{what} is already running (launcher pid {pid}); stop it first")
     if script:
         if not Path(script).expanduser().is_file():
             raise ScaletrainError(f"script {script} does not exist")
@@ -309,12 +317,12 @@ def preflight(run: RunDir, plan: dict[str, Any], script: str | None) -> dict[str
 
 @dataclass
 class _Status:
-    run: RunDir
+    path: Path                              # this node's status file (RunDir.node_status)
     doc: dict[str, Any] = field(default_factory=dict)
 
     def write(self, **changes: Any) -> None:
         self.doc.update(changes)
-        atomic_write(self.run.status, json.dumps(self.doc, indent=2) + "\n", backup=False)
+        atomic_write(self.path, json.dumps(self.doc, indent=2) + "\n", backup=False)
 
 
 @dataclass(frozen=True)
@@ -327,6 +335,17 @@ class PreparedLaunch:
     single_process: bool
     rank_offset: int
     local_ranks: range
+    machine_rank: int = 0
+    num_machines: int = 1
+    main_process_ip: str | None = None
+
+    @property
+    def status(self) -> Path:
+        return self.run.node_status(self.machine_rank)
+
+    @property
+    def launcher_log(self) -> Path:
+        return self.run.launcher_log(self.machine_rank)
 
 
 def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None,
@@ -341,7 +360,9 @@ def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None 
         plan["train"] = {**(plan.get("train") or {}), "script": str(Path(script).expanduser().resolve()),
                          "script_args": list(script_args)}
     train = TrainOptions.from_json(plan.get("train"))
-    cfg = preflight(run, plan, train.script)
+    if main_process_ip is not None:
+        main_process_ip = check_host(main_process_ip)
+    cfg = preflight(run, plan, train.script, machine_rank)
     argv = launch_argv(run, plan, machine_rank=machine_rank, main_process_ip=main_process_ip)
     if resume:
         if train.script:
@@ -354,10 +375,28 @@ def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None 
     except (TypeError, ValueError):
         raise ScaletrainError(f"{run.accelerate_config}: num_processes, num_machines and machine_rank must be "
                               "whole numbers") from None
+    node = machine_rank if machine_rank is not None else cfg_rank
+    head = main_process_ip or cfg.get("main_process_ip")
+    _check_node(run, node, nmachines, head)
     single = nprocs <= 1 or bool(cfg.get("use_cpu")) or cfg.get("distributed_type") == "NO"
     per_node = max(1, nprocs // max(1, nmachines))
-    offset = (machine_rank if machine_rank is not None else cfg_rank) * per_node
-    return PreparedLaunch(run, argv, nprocs, single, offset, range(offset, offset + (1 if single else per_node)))
+    offset = node * per_node
+    return PreparedLaunch(run, argv, nprocs, single, offset, range(offset, offset + (1 if single else per_node)),
+                          machine_rank=node, num_machines=nmachines, main_process_ip=str(head) if head else None)
+
+
+def _check_node(run: RunDir, node: int, nmachines: int, head: Any) -> None:
+    """A node's rank must exist in the plan, and a multi-node launch needs the head node's address."""
+    if node < 0 or node >= nmachines:
+        if nmachines == 1:
+            raise ScaletrainError(f"--machine-rank {node}: {run.path} is a single-node plan (machine rank 0 only); "
+                                  "plan with --nodes N for a multi-node run")
+        raise ScaletrainError(f"--machine-rank {node} is outside this plan's {nmachines} nodes; give 0 (the head "
+                              f"node) to {nmachines - 1}")
+    if nmachines > 1 and not head:
+        raise ScaletrainError(f"this plan runs on {nmachines} nodes and names no head-node address; pass "
+                              "--main-process-ip HEAD (the address of machine rank 0, reachable from every node) "
+                              "to `scaletrain launch`, or when writing the plan")
 
 
 def launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None, main_process_ip: str | None = None,
@@ -374,14 +413,15 @@ def launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None, 
     """
     prep = prepare_launch(run_dir, machine_rank=machine_rank, main_process_ip=main_process_ip, resume=resume,
                           script=script, script_args=script_args)
-    run, argv, nprocs = prep.run, prep.argv, prep.num_processes
-    logs = RankLogs(run, single_process=prep.single_process, rank_offset=prep.rank_offset)
+    run, argv = prep.run, prep.argv
+    logs = RankLogs(run, single_process=prep.single_process, rank_offset=prep.rank_offset,
+                    launcher_log=prep.launcher_log.name)
     logs.start(prep.local_ranks)
     child_env = dict(os.environ if env is None else env)
     child_env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = PREFIX_TEMPLATE
     child_env["PYTHONUNBUFFERED"] = "1"
 
-    status = _Status(run)
+    status = _Status(prep.status)
     started = datetime.now().isoformat(timespec="seconds")
     old_signals = _install_signals()          # before Popen: the child must not inherit an ignored SIGINT
     try:
@@ -425,6 +465,7 @@ def launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None, 
         for t in readers:
             t.start()
         status.write(state="running", started=started, argv=argv, machine_rank=machine_rank,
+                     num_machines=prep.num_machines, local_ranks=list(prep.local_ranks),
                      **_pid_fields(proc.pid, {}, tree))
         while proc.poll() is None:
             refresh()
@@ -453,9 +494,10 @@ def launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None, 
         on_tick()
 
     rc = proc.returncode
-    rank, rank_code, codes = (None, None, {}) if interrupted else parse_failures(logs.launcher_lines)
+    rank, rank_code, codes = ((None, None, {}) if interrupted
+                              else parse_failures(logs.launcher_lines, prep.rank_offset))
     if rc == 0 and not codes:
-        codes = {r: 0 for r in range(nprocs)}
+        codes = {r: 0 for r in prep.local_ranks}
     if interrupted:
         code = EXIT_INTERRUPTED
     elif rank_code is not None and rank_code != 0:

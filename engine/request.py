@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from .errors import ScaletrainError
-from .hardware import Hardware, parse_gpus
+from .hardware import Hardware, inter_node_gbit_s, parse_gpus
 from .models import BLOCK_LINEARS, load_model
 from .plan import Plan, evaluate
 from .setup import ResidentModel, TrainingSetup
@@ -70,10 +70,12 @@ def _positive(name: str, v: Any, allow_none: bool = True) -> None:
 
 
 def resolve_hardware(req: PlanRequest) -> Hardware:
+    """The request's hardware; --inter-node-gbps (Gb/s or a link name such as ndr) reaches Hardware as Gb/s."""
+    link = None if req.inter_node_gbps is None else inter_node_gbit_s(req.inter_node_gbps)
     if (req.gpus or "").strip().lower() == "auto":
         from .detect import hardware_from_detection
-        return hardware_from_detection(nodes=req.nodes, inter_node_gbps=req.inter_node_gbps)
-    return parse_gpus(req.gpus, nodes=req.nodes, inter_node_gbps=req.inter_node_gbps)
+        return hardware_from_detection(nodes=req.nodes, inter_node_gbps=link)
+    return parse_gpus(req.gpus, nodes=req.nodes, inter_node_gbps=link)
 
 
 def base_setup(req: PlanRequest, hardware: Hardware | None = None) -> TrainingSetup:

@@ -6,16 +6,21 @@
       ds_config.json          DeepSpeed strategies (zero1/2/3)
       launch.sh               the exact command, runnable by hand (same argv the launcher runs)
       sbatch.sh               multi-node plans
-      logs/rank-<i>.log       one file per rank
-      metrics.jsonl           one JSON line per optimizer step (trainer)
+      logs/rank-<i>.log       one file per rank, numbered by global rank (disjoint across nodes)
+      logs/launcher.log       the launcher's own output (node R > 0 of a multi-node run: launcher-node-<R>.log)
+      metrics.jsonl           one JSON line per optimizer step (trainer, global rank 0 only)
       checkpoints/step-<n>/   trainer checkpoints
-      status.json             launcher: exit code, first failing rank, pids
+      status.json             launcher: exit code, first failing rank, pids (node R > 0: status-node-<R>.json)
+
+Multi-node: every node runs from the same files (the YAML holds machine_rank 0; each node's launch passes its own
+--machine_rank). Nodes sharing one run directory (a shared filesystem, or the loopback test) write disjoint files.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, fields
@@ -24,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ScaletrainError
+
+
+NODE_STATUS_PREFIX = "status-node-"
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,22 @@ class RunDir:
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank-{rank}.log"
 
+    def node_status(self, machine_rank: int | None = None) -> Path:
+        """One node's launcher status: status.json on the head node (and for every single-node run)."""
+        r = machine_rank or 0
+        return self.status if r == 0 else self.path / f"{NODE_STATUS_PREFIX}{r}.json"
+
+    def node_statuses(self) -> list[Path]:
+        """Every node's status file present, head node first."""
+        others = sorted(self.path.glob(f"{NODE_STATUS_PREFIX}*.json"),
+                        key=lambda p: int(p.stem[len(NODE_STATUS_PREFIX):]) if p.stem[len(NODE_STATUS_PREFIX):]
+                        .isdigit() else 1 << 30)
+        return ([self.status] if self.status.exists() else []) + others
+
+    def launcher_log(self, machine_rank: int | None = None) -> Path:
+        r = machine_rank or 0
+        return self.logs / ("launcher.log" if r == 0 else f"launcher-node-{r}.log")
+
     def read_plan(self) -> dict[str, Any]:
         try:
             return json.loads(self.plan.read_text())
@@ -89,6 +113,18 @@ class RunDir:
             raise ScaletrainError(f"{self.path} is not a run directory (no plan.json)") from None
         except json.JSONDecodeError as e:
             raise ScaletrainError(f"{self.plan} is not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+_HOST_RE = re.compile(r"^[A-Za-z0-9._:\-\[\]%]+$")     # hostnames, IPv4, IPv6 (bracketed or not)
+
+
+def check_host(text: str) -> str:
+    """A head-node address as accelerate passes it to torchrun: a hostname or an IP, nothing a shell would read."""
+    host = str(text).strip()
+    if not host or not _HOST_RE.match(host):
+        raise ScaletrainError(f"--main-process-ip {text!r} is not a host name or IP address; give the head node's "
+                              "address as every node reaches it, e.g. 10.0.0.1 or node001")
+    return host
 
 
 def default_run_dir(name: str, root: str | os.PathLike[str] = "runs") -> Path:

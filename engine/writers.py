@@ -9,7 +9,9 @@ files with accelerate's and DeepSpeed's own parsers.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import shlex
 import shutil
 import tempfile
@@ -25,7 +27,8 @@ from .memory import (DS_ALLGATHER_BUCKET_ELEMS, DS_PREFETCH_BUCKET_ELEMS, DS_RED
                      DS_SUB_GROUP_ELEMS)
 from .plan import Plan
 from .request import PlanRequest
-from .rundir import RunDir, TrainOptions, atomic_write, default_run_dir, launch_argv
+from .rundir import NODE_STATUS_PREFIX, RunDir, TrainOptions, atomic_write, check_host, default_run_dir, launch_argv
+from .units import fmt_seconds
 
 # ---- constants ---------------------------------------------------------------------------------------------------
 # Rendezvous port: torch.distributed's customary 29500 plus a per-run offset derived from the run directory, so two
@@ -149,6 +152,9 @@ def render_accelerate_yaml(cfg: dict[str, Any], plan: Plan) -> str:
     s = plan.setup
     head = (f"# accelerate config for scaletrain plan {plan.name!r}: {s.hardware.describe()}, {s.strategy}, "
             f"{s.precision}\n# written by scaletrain; accelerate launch --config_file THIS_FILE ...\n")
+    if s.hardware.nodes > 1:
+        head += (f"# {s.hardware.nodes} machines × {s.hardware.gpus_per_node} processes; the same file on every node: "
+                 "node R adds --machine_rank R (machine_rank below is the head node's)\n")
     return head + yaml.safe_dump(cfg, sort_keys=True)
 
 
@@ -225,60 +231,181 @@ def deepspeed_config(plan: Plan, train: TrainOptions) -> dict[str, Any] | None:
 # ---- scripts ---------------------------------------------------------------------------------------------------
 _RANK_TOKEN = "__SCALETRAIN_MACHINE_RANK__"
 _IP_TOKEN = "__SCALETRAIN_MAIN_PROCESS_IP__"
+# torchrun's line prefix (${rank} is the global rank), the same the launcher sets: rank attribution by hand or
+# under SLURM works like under `scaletrain launch`.
+LINE_PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
+LINE_PREFIX = "[rank${rank}]:"
+# SLURM --time: the plan's predicted run time × this margin, plus start-up. The time model is a planning estimate
+# (uncalibrated until `scaletrain validate --save` has measured these cards), and SLURM kills a job at its limit,
+# losing everything since the last checkpoint: overestimating costs queue priority, underestimating costs the run.
+SBATCH_TIME_MARGIN = 1.5
+# Start-up the step time does not cover: rendezvous, loading the model from a shared filesystem, the final save.
+SBATCH_STARTUP_SECONDS = 15 * 60
+# --cpus-per-task: cores per training process for its Python loop, NCCL's proxy thread and data loading (the
+# bundled trainer tokenizes up front and loads no worker processes). Override with `sbatch --cpus-per-task=N`.
+SBATCH_CPUS_PER_PROCESS = 4
+SECONDS_PER_MINUTE = 60
+MINUTES_PER_DAY = 24 * 60
 
 
 def _shell_words(argv: list[str], subst: dict[str, str]) -> str:
     return " ".join(subst.get(a, shlex.quote(a)) for a in argv)
 
 
+def _node_argv(run: RunDir, doc: dict[str, Any], python: str | None) -> list[str]:
+    """launch_argv with placeholders for the machine rank and the head-node address (filled in per node)."""
+    argv = launch_argv(run, doc, machine_rank=0, main_process_ip=_IP_TOKEN, python=python)
+    argv[argv.index("--machine_rank") + 1] = _RANK_TOKEN
+    return argv
+
+
 def launch_script(plan: Plan, run: RunDir, doc: dict[str, Any], *, main_process_ip: str | None = None,
                   python: str | None = None) -> str:
     """launch.sh: the argument list the launcher runs, runnable by hand (multi-node: one call per node)."""
     s = plan.setup
+    hw = s.hardware
     lines = ["#!/usr/bin/env bash",
-             f"# scaletrain run {plan.name!r}: {s.model.name} on {s.hardware.describe()} ({s.strategy}, {s.precision}).",
+             f"# scaletrain run {plan.name!r}: {s.model.name} on {hw.describe()} ({s.strategy}, {s.precision}).",
              "# The same argument list `scaletrain launch RUN_DIR` runs."]
-    if s.hardware.nodes > 1:
-        argv = launch_argv(run, doc, machine_rank=0, main_process_ip=_IP_TOKEN, python=python)
-        argv[argv.index("--machine_rank") + 1] = _RANK_TOKEN
-        ip = shlex.quote(main_process_ip or "")
-        lines += ["# Multi-node: run on every node with its rank, e.g. `bash launch.sh 0 HEAD_IP` on the head node.",
-                  "set -euo pipefail",
-                  'MACHINE_RANK="${1:?usage: launch.sh MACHINE_RANK [MAIN_PROCESS_IP]}"',
-                  f'MAIN_PROCESS_IP="${{2:-{ip}}}"',
-                  'if [ -z "$MAIN_PROCESS_IP" ]; then echo "launch.sh: give the head node address" >&2; exit 2; fi',
-                  "exec " + _shell_words(argv, {_RANK_TOKEN: '"$MACHINE_RANK"', _IP_TOKEN: '"$MAIN_PROCESS_IP"'})]
-    else:
+    if hw.nodes <= 1:
         argv = launch_argv(run, doc, python=python)
         lines += ["set -euo pipefail", "exec " + _shell_words(argv, {})]
+        return "\n".join(lines) + "\n"
+    last = hw.nodes - 1
+    ip = main_process_ip or ""
+    usage = "bash launch.sh MACHINE_RANK [MAIN_PROCESS_IP]"
+    lines += [
+        f"# Multi-node, {hw.nodes} nodes × {hw.gpus_per_node} processes: the same files on every node, each",
+        f"# started with its machine rank (0 on the head node, up to {last}) and the head node's address:",
+        f"#   {usage}",
+        "# The rank may instead come from $MACHINE_RANK, or $SLURM_NODEID inside an srun task; the address from",
+        "# $MAIN_PROCESS_IP" + (f" (default {ip}, given at plan time)." if ip else "."),
+        "# `scaletrain launch RUN_DIR --machine-rank R [--main-process-ip HEAD]` does the same with per-rank logs.",
+        "set -euo pipefail",
+        'MACHINE_RANK="${1:-${MACHINE_RANK:-${SLURM_NODEID:-}}}"',
+        f'MAIN_PROCESS_IP="${{2:-${{MAIN_PROCESS_IP:-{ip}}}}}"',          # ip: check_host's characters only
+        'case "$MACHINE_RANK" in',
+        f"  ''|*[!0-9]*) echo \"launch.sh: which node is this? give its MACHINE_RANK (0 on the head node, up to "
+        f"{last}): {usage}\" >&2; exit 2 ;;",
+        "esac",
+        f'if [ "$MACHINE_RANK" -gt {last} ]; then',
+        f'  echo "launch.sh: MACHINE_RANK $MACHINE_RANK is outside this plan\'s {hw.nodes} nodes (0 to {last})" >&2',
+        "  exit 2",
+        "fi",
+        'if [ -z "$MAIN_PROCESS_IP" ]; then',
+        f'  echo "launch.sh: give the head node\'s address: {usage} (or set MAIN_PROCESS_IP)" >&2; exit 2',
+        "fi",
+        f"export {LINE_PREFIX_ENV}={shlex.quote(LINE_PREFIX)}",
+        "exec " + _shell_words(_node_argv(run, doc, python),
+                               {_RANK_TOKEN: '"$MACHINE_RANK"', _IP_TOKEN: '"$MAIN_PROCESS_IP"'}),
+    ]
     return "\n".join(lines) + "\n"
 
 
-def sbatch_script(plan: Plan, run: RunDir, doc: dict[str, Any], *, python: str | None = None) -> str | None:
-    """A basic SLURM script for multi-node plans: one srun task per node, rank from $SLURM_PROCID.
+def node_launch_commands(plan: Plan, run: RunDir, *, main_process_ip: str | None = None) -> list[str]:
+    """`scaletrain launch` for each node of a multi-node plan, head node first (empty for one node)."""
+    nodes = plan.setup.hardware.nodes
+    if nodes <= 1:
+        return []
+    ip = [] if main_process_ip else ["--main-process-ip", "HEAD_ADDRESS"]
+    return [shlex.join(["scaletrain", "launch", str(run.path), "--machine-rank", str(r), *ip]) for r in range(nodes)]
 
-    The single-quoted `bash -c` makes $SLURM_PROCID expand on each node (shared/reference/tui-launch-monitor.md §4).
-    None for single-node plans.
+
+def predicted_run_seconds(plan: Plan, train: TrainOptions) -> float | None:
+    """What the trainer will run: max_steps × the step time when set, else the plan's epochs (needs a dataset
+    size); None when the plan cannot say."""
+    t = plan.time
+    if t is None:
+        return None
+    if train.max_steps is not None:
+        return train.max_steps * t.step_seconds
+    return t.total_seconds
+
+
+def slurm_time(seconds: float) -> str:
+    """SLURM's --time, whole minutes rounded up: HH:MM:SS, or D-HH:MM:SS from a day on."""
+    minutes = max(1, math.ceil(seconds / SECONDS_PER_MINUTE))
+    days, rest = divmod(minutes, MINUTES_PER_DAY)
+    hhmmss = f"{rest // 60:02d}:{rest % 60:02d}:00"
+    return f"{days}-{hhmmss}" if days else hhmmss
+
+
+def _sbatch_path(path: Path, pattern: str) -> str:
+    """A path with a SLURM filename pattern (%j, %n) appended; a literal % in the path is doubled."""
+    return str(path).replace("%", "%%") + "/" + pattern
+
+
+def _sbatch_arg(text: str) -> str:
+    """An #SBATCH value: bare when safe, else in double quotes (sbatch's own directive parser reads those)."""
+    return text if re.fullmatch(r"[A-Za-z0-9._/%:=+-]+", text) else '"' + text.replace('"', "") + '"'
+
+
+def sbatch_script(plan: Plan, run: RunDir, doc: dict[str, Any], *, python: str | None = None) -> str | None:
+    """sbatch.sh for multi-node plans: one srun task per node starting that node's `accelerate launch`.
+
+    Head node from the job's node list, c10d rendezvous on the plan's port, the machine rank from each task's
+    $SLURM_NODEID (single-quoted `bash -c`, so it expands on the node: shared/reference/tui-launch-monitor.md §4),
+    one log per node, --time from the plan's predicted time. None for single-node plans.
     """
-    hw = plan.setup.hardware
+    s = plan.setup
+    hw = s.hardware
     if hw.nodes <= 1:
         return None
-    argv = launch_argv(run, doc, machine_rank=0, main_process_ip=_IP_TOKEN, python=python)
-    argv[argv.index("--machine_rank") + 1] = _RANK_TOKEN
-    inner = _shell_words(argv, {_RANK_TOKEN: "$SLURM_PROCID", _IP_TOKEN: "$MAIN_PROCESS_IP"})
-    gres = "" if hw.gpu.key == "CPU" else f"#SBATCH --gres=gpu:{hw.gpus_per_node}\n"
-    return (
-        "#!/bin/bash\n"
-        f"#SBATCH --job-name={shlex.quote(plan.name)}\n"
-        f"#SBATCH --nodes={hw.nodes}\n"
-        "#SBATCH --ntasks-per-node=1\n"
-        f"{gres}"
-        f"#SBATCH --output={shlex.quote(str(run.logs))}/slurm-%j.out\n"
-        f"# scaletrain plan {plan.name!r}: {hw.describe()}. Submit with: sbatch {shlex.quote(str(run.sbatch_sh))}\n"
-        "set -euo pipefail\n"
-        'export MAIN_PROCESS_IP="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"\n'
-        f"srun bash -c {shlex.quote(inner)}\n"
-    )
+    train = TrainOptions.from_json(doc.get("train"))
+    port = main_process_port(run)
+    argv = _node_argv(run, doc, python)
+    at = argv.index(_IP_TOKEN) + 1
+    argv[at:at] = ["--main_process_port", str(port), "--rdzv_backend", "c10d"]
+    inner = "exec " + _shell_words(argv, {_RANK_TOKEN: '"$SLURM_NODEID"', _IP_TOKEN: '"$HEAD_NODE"'})
+    cpus = SBATCH_CPUS_PER_PROCESS * hw.gpus_per_node
+    predicted = predicted_run_seconds(plan, train)
+    head = [
+        "#!/bin/bash",
+        f"# scaletrain plan {plan.name!r}: {s.model.name} on {hw.describe()} ({s.strategy}, {s.precision}), "
+        f"{s.world_size} processes.",
+        f"# Submit from a login node: sbatch {shlex.quote(str(run.sbatch_sh))}",
+        "# Partition and account: sbatch reads them from the environment, so this file needs no edit:",
+        f"#   SBATCH_PARTITION=gpu SBATCH_ACCOUNT=myproject sbatch {shlex.quote(str(run.sbatch_sh))}",
+        "# (or sbatch -p gpu -A myproject ...), or delete one '#' from the ##SBATCH lines below. Options given to",
+        "# sbatch override the #SBATCH lines here (e.g. sbatch --time=2-00:00:00 or --cpus-per-task=N).",
+        f"#SBATCH --job-name={re.sub(r'[^A-Za-z0-9._-]', '-', plan.name) or 'scaletrain'}",
+        f"#SBATCH --nodes={hw.nodes}",
+        "#SBATCH --ntasks-per-node=1",
+    ]
+    if hw.gpu.key != "CPU":
+        head.append(f"#SBATCH --gres=gpu:{hw.gpus_per_node}")
+    head.append(f"#SBATCH --cpus-per-task={cpus}")
+    if predicted is not None:
+        head.append(f"#SBATCH --time={slurm_time(predicted * SBATCH_TIME_MARGIN + SBATCH_STARTUP_SECONDS)}")
+    head += [f"#SBATCH --output={_sbatch_arg(_sbatch_path(run.logs, 'slurm-%j.out'))}",
+             "##SBATCH --partition=YOUR_PARTITION",
+             "##SBATCH --account=YOUR_ACCOUNT",
+             "#"]
+    steps = train.max_steps if train.max_steps is not None else (plan.time.total_steps if plan.time else None)
+    if predicted is not None:
+        head.append(f"# --time: {steps:,} steps × {fmt_seconds(plan.time.step_seconds)} predicted = "
+                    f"{fmt_seconds(predicted)}, × {SBATCH_TIME_MARGIN:g} margin + "
+                    f"{fmt_seconds(SBATCH_STARTUP_SECONDS)} start-up, rounded up to the minute.")
+    else:
+        head.append("# --time: the plan has no run-time estimate (give --dataset-size, or train.max_steps): set "
+                    "it with sbatch --time=..., else the partition's default limit applies.")
+    head += [f"# --cpus-per-task: {SBATCH_CPUS_PER_PROCESS} cores × {hw.gpus_per_node} processes per node.",
+             f"# Every node runs {shlex.quote(argv[0])}: the same environment must exist there (a shared filesystem)."]
+    body = [
+        "set -euo pipefail",
+        ': "${SLURM_JOB_NODELIST:?submit this script with sbatch}"',
+        'HEAD_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        "export HEAD_NODE",
+        f"export {LINE_PREFIX_ENV}={shlex.quote(LINE_PREFIX)}      # every line carries its global rank",
+        "export PYTHONUNBUFFERED=1",
+        f'echo "scaletrain: {hw.nodes} nodes, head node $HEAD_NODE, c10d rendezvous on port {port}; '
+        f'logs in {shlex.quote(str(run.logs))}/node-<N>.log"',
+        "# One task per node, so $SLURM_NODEID (here equal to $SLURM_PROCID) is the machine rank. The single quotes",
+        "# leave $SLURM_NODEID and $HEAD_NODE to each node's own shell.",
+        f"srun --nodes={hw.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 "
+        f"--output={shlex.quote(_sbatch_path(run.logs, 'node-%n.log'))} bash -c {shlex.quote(inner)}",
+    ]
+    return "\n".join(head + body) + "\n"
 
 
 # ---- the run directory -----------------------------------------------------------------------------------------
@@ -298,6 +425,8 @@ def checked_train(train: TrainOptions) -> TrainOptions:
 def render_run_files(plan: Plan, request: PlanRequest, train: TrainOptions, run: RunDir, *,
                      main_process_ip: str | None = None) -> dict[str, tuple[str, int | None]]:
     """File name → (text, mode) for everything the run directory holds before launch."""
+    if main_process_ip is not None:
+        main_process_ip = check_host(main_process_ip)
     doc = plan_document(plan, request, train)
     files: dict[str, tuple[str, int | None]] = {
         run.plan.name: (json.dumps(doc, indent=2) + "\n", None),
@@ -324,6 +453,7 @@ def _existing_plan(run: RunDir) -> dict[str, Any] | None:
 def _supersede(run: RunDir) -> Path | None:
     """Move the previous run's layout files into superseded-<stamp>/ (kept, never deleted)."""
     present = [run.path / n for n in LAYOUT_NAMES if (run.path / n).exists()]
+    present += sorted(run.path.glob(f"{NODE_STATUS_PREFIX}*.json"))          # other nodes' launcher status
     if not present:
         return None
     dest = run.path / f"{SUPERSEDED_PREFIX}{datetime.now().strftime('%Y%m%d-%H%M%S')}"

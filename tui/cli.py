@@ -31,6 +31,12 @@ def _resident(text: str) -> tuple[str, int]:
     return (model, int(bits))
 
 
+def _inter_node(text: str) -> float:
+    """--inter-node-gbps 400 or --inter-node-gbps ndr (engine.hardware.INTER_NODE_LINKS)."""
+    from scaletrain.engine.hardware import inter_node_gbit_s
+    return inter_node_gbit_s(text)
+
+
 def add_plan_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("what to train")
     g.add_argument("--model", help="catalog id (scaletrain models), config.json path or folder, or HF cache id")
@@ -43,7 +49,9 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("hardware")
     g.add_argument("--gpus", help="auto | 4xH200 | 8xRTX4090 | 2x8xH100 (nodes × GPUs per node)")
     g.add_argument("--nodes", type=int)
-    g.add_argument("--inter-node-gbps", type=float, help="inter-node link, Gb/s (default 200, HDR InfiniBand)")
+    g.add_argument("--inter-node-gbps", type=_inter_node, metavar="GBPS|LINK",
+                   help="inter-node link per node, Gb/s or a name: edr, hdr, ndr, xdr, 10gbe … 400gbe "
+                        "(default 200, one HDR InfiniBand port)")
     g = p.add_argument_group("how")
     g.add_argument("--strategy", choices=["ddp", "zero1", "zero2", "zero3", "fsdp"])
     g.add_argument("--offload", choices=["none", "optimizer", "all"])

@@ -42,6 +42,22 @@ def save_preset_from_args(console: Console, args: argparse.Namespace, request: A
                   + (f" (previous version kept as {backup})" if backup else ""))
 
 
+def print_node_commands(console: Console, plan: Any, run: RunDir, main_process_ip: str | None, lead: str) -> None:
+    """How to start the run: one command, or one per node (any order) plus sbatch for a multi-node plan."""
+    from scaletrain.engine.writers import node_launch_commands
+
+    cmds = node_launch_commands(plan, run, main_process_ip=main_process_ip)
+    if not cmds:
+        console.print(f"{lead} Launch with `scaletrain launch {run.path}` or `bash {run.launch_sh}`")
+        return
+    console.print(f"{lead} {len(cmds)} nodes, the same run directory on each; start every node (in any order):")
+    for rank, cmd in enumerate(cmds):
+        console.print(f"  node {rank}: {cmd}", markup=False, highlight=False, soft_wrap=True)
+    if run.sbatch_sh.exists():
+        console.print(f"  or on SLURM: sbatch {run.sbatch_sh}  (partition/account: see its header)", markup=False,
+                      soft_wrap=True)
+
+
 def check_local_gpus(plan: Any, run: RunDir) -> None:
     """A GPU plan launched here needs this node's GPUs (counted with NVML); refuse early instead of failing late."""
     s = plan.setup
@@ -79,10 +95,12 @@ def run_headless(args: argparse.Namespace) -> int:
     print_written(console, run)
     if not plan.fits:
         console.print("[yellow]warning:[/] the plan does not fit in memory; the run will likely run out of memory")
+    ip = getattr(args, "main_process_ip", None)
     if getattr(args, "dry_run", False):
-        console.print(f"dry run: nothing launched. Launch with `scaletrain launch {run.path}` "
-                      f"or `bash {run.launch_sh}`")
+        print_node_commands(console, plan, run, ip, "dry run: nothing launched.")
         return 0
+    if plan.setup.hardware.nodes > 1:
+        print_node_commands(console, plan, run, ip, "this machine starts node 0, the head node.")
     check_local_gpus(plan, run)
     try:
         from scaletrain.tui.progress import stream_run
@@ -91,4 +109,4 @@ def run_headless(args: argparse.Namespace) -> int:
             raise
         raise ScaletrainError(f"launching is not available in this build ({e.name} is missing); the run directory "
                               f"is written: {run.path} (bash {run.launch_sh} runs it)") from None
-    return stream_run(run.path, main_process_ip=getattr(args, "main_process_ip", None))
+    return stream_run(run.path, main_process_ip=ip)

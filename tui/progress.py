@@ -38,8 +38,8 @@ def stream_run(run_dir: str | os.PathLike[str], *, machine_rank: int | None = No
                main_process_ip: str | None = None, resume: bool = False, script: str | None = None,
                script_args: Sequence[str] = (), echo_logs: bool = False, console: Console | None = None) -> int:
     """Launch the run, show progress until it ends, print a one-paragraph outcome; return the training's code."""
-    prepare_launch(run_dir, machine_rank=machine_rank, main_process_ip=main_process_ip, resume=resume,
-                   script=script, script_args=script_args)      # bad input: one line, before any output
+    prep = prepare_launch(run_dir, machine_rank=machine_rank, main_process_ip=main_process_ip, resume=resume,
+                          script=script, script_args=script_args)      # bad input: one line, before any output
     run = RunDir(run_dir)
     con = console or Console(highlight=False)
     tail = MetricsTail(run.metrics)
@@ -59,14 +59,20 @@ def stream_run(run_dir: str | os.PathLike[str], *, machine_rank: int | None = No
                                    markup=True, highlight=False, soft_wrap=True)
 
     con.print(f"[bold]scaletrain[/] launching {run.path}  (logs: {run.logs}, Ctrl-C stops every rank)")
+    if prep.num_machines > 1:
+        ranks = prep.local_ranks
+        con.print(f"node {prep.machine_rank} of {prep.num_machines} (0 is the head node, {prep.main_process_ip}): "
+                  f"global ranks {ranks.start}–{ranks.stop - 1}; the other nodes start with "
+                  f"`scaletrain launch {run.path} --machine-rank R`"
+                  + ("" if prep.machine_rank == 0 else "; metrics come from global rank 0 on the head node"))
     with progress:
         result = launch(run.path, machine_rank=machine_rank, main_process_ip=main_process_ip, resume=resume,
                         script=script, script_args=script_args, on_output=on_output, on_tick=on_tick)
-    _report(con, run, result, summarize(tail.series))
+    _report(con, run, result, summarize(tail.series), prep.status)
     return result.exit_code
 
 
-def _report(con: Console, run: RunDir, result: Any, s: MetricsSummary | None) -> None:
+def _report(con: Console, run: RunDir, result: Any, s: MetricsSummary | None, status: Any) -> None:
     if s is not None:
         mem = (f", peak {fmt_bytes(s.peak_allocated_bytes)} allocated" if s.peak_allocated_bytes is not None
                else f", peak host RSS {fmt_bytes(s.peak_host_rss_bytes)}/rank" if s.peak_host_rss_bytes else "")
@@ -80,8 +86,9 @@ def _report(con: Console, run: RunDir, result: Any, s: MetricsSummary | None) ->
     else:
         where = (f"rank {result.first_failing_rank} failed first (exit {result.failing_rank_exit_code})"
                  if result.first_failing_rank is not None else f"accelerate exited {result.launcher_exit_code}")
-        con.print(f"[red]failed[/]: {where}; exit code {result.exit_code}; status {run.status}")
-        rank = result.first_failing_rank if result.first_failing_rank is not None else 0
+        con.print(f"[red]failed[/]: {where}; exit code {result.exit_code}; status {status}")
+        rank = (result.first_failing_rank if result.first_failing_rank is not None
+                else min(result.exit_codes, default=0))
         lines = rank_log_tail(run.path, rank, FAILURE_LOG_LINES)
         if lines:
             con.rule(f"last lines of {run.rank_log(rank).name}")
