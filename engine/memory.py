@@ -190,7 +190,9 @@ def model_states(s: TrainingSetup) -> ModelStates:
         host_opt, optimizer = optimizer, 0
 
     # -- gradients -------------------------------------------------------------------------------------------------
-    grad_pp = 4 if _master_in_model(s) and s.method == "full" or s.method != "full" and not ds else cb
+    # gradients take the trainable weights' dtype: fp32 under accelerate/FSDP mixed precision and for PEFT's
+    # fp32 adapters, 16-bit inside a DeepSpeed model
+    grad_pp = cb if ds and s.precision != "fp32" else 4
     if ds and s.precision != "fp32":
         # DeepSpeed: 16-bit grads for the ipg bucket + an fp32 gradient partition for the step (ZeRO-1/2);
         # ZeRO-3 keeps the grad partition in 16-bit and converts one optimizer sub-group to fp32 at the step.
@@ -451,20 +453,18 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     acts += final_norm
     # loss: logits + fp32 copy + log_softmax output while it runs
     mark("loss", acts + cache, lg["forward_transient"] + lg["saved"], grads, gather=gather_head)
-    logits_held = lg["saved"]
     # backward through cross-entropy: saved output + its grad + input grad
-    mark("backward", acts, logits_held + lg["backward_transient"], grads, gather=gather_head)
-    logits_held = 0
+    mark("backward", acts, lg["saved"] + lg["backward_transient"], grads, gather=gather_head)
     # lm_head backward: logits grad (compute dtype) is consumed, the lm_head/embedding weight grad appears
     head_grad = 0
     if s.method == "full" and not (s.strategy in ("zero1", "zero2", "zero3") and s.precision != "fp32"):
-        head_grad = _grad_share(ms, m.vocab_size * m.hidden_size, s)
-    mark("backward", acts, e * t * m.vocab_size, grads, gather=gather_head + (gather_head if s.method == "full" else 0))
-    if s.grad_accum == 1 or ms.gradients_persistent == 0:
+        head_grad = _grad_share(m.vocab_size * m.hidden_size, s)
+    head_grad_gather = gather_head if s.method == "full" else 0   # ZeRO-3/FSDP: the unsharded lm_head grad
+    mark("backward", acts, e * t * m.vocab_size, grads, gather=gather_head + head_grad_gather)
+    if ms.gradients_persistent == 0:   # else the buffers (accumulation, DDP buckets) already hold it
         grads += head_grad
     acts -= final_norm
-    block_grad = _grad_share(ms, m.block_params(), s) if s.method == "full" else _grad_share(
-        ms, s.trainable_params // max(L, 1), s)
+    block_grad = _grad_share(m.block_params() if s.method == "full" else s.trainable_params // max(L, 1), s)
     for _ in range(L):
         # under checkpointing the block's own tensors are recomputed on top of its saved input
         below = acts - per_block_saved
@@ -480,7 +480,7 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     return {"phase_peaks": phase_peaks, "parts": parts_at_peak, "states": ms}
 
 
-def _grad_share(ms: ModelStates, n_params: int, s: TrainingSetup) -> int:
+def _grad_share(n_params: int, s: TrainingSetup) -> int:
     """Gradient bytes a group of parameters adds on this GPU as backward reaches it."""
     if s.method != "full":
         return 4 * n_params
