@@ -205,15 +205,11 @@ def read_lines(path: Path) -> list[LogLine]:
 # ---- matching --------------------------------------------------------------------------------------------------
 def _scan(lines: list[LogLine]) -> list[Event]:
     events: list[Event] = []
-    n = len(lines)
-    i = 0
-    while i < n:
-        ln = lines[i]
+    for i, ln in enumerate(lines):
         ev = (_match_oom(lines, i) or _match_host(ln) or _match_nccl(lines, i) or _match_fp16(ln)
               or _match_config(lines, i) or _match_elastic(lines, i) or _match_exception(lines, i))
         if ev is not None:
             events.append(ev)
-        i += 1
     return events
 
 
@@ -404,7 +400,10 @@ def _match_exception(lines: list[LogLine], i: int) -> Event | None:
     """The last line of a Python traceback that no specific signature explained."""
     ln = lines[i]
     m = RE_EXCEPTION.match(ln.body.strip())
-    if not m or not _traceback_of(lines, i):
+    if not m:
+        return None
+    tb = _traceback_of(lines, i)
+    if not tb:
         return None
     name = m.group(1)
     if name in ("ChildFailedError", "CalledProcessError", "KeyboardInterrupt"):
@@ -413,7 +412,7 @@ def _match_exception(lines: list[LogLine], i: int) -> Event | None:
             or RE_PEER_LOST.search(m.group(2) or ""):
         return Event("nccl_error", CONSEQUENCE, ln, ln.rank, None, {"exception": name}, [ln])
     return Event("unknown", EXCEPTION, ln, ln.rank, None, {"exception": name, "message": (m.group(2) or "")[:300]},
-                 _traceback_of(lines, i)[-2:-1] + [ln])
+                 tb[-2:-1] + [ln])
 
 
 # ---- choosing the first failure -------------------------------------------------------------------------------
@@ -544,13 +543,7 @@ def _replace(d: Diagnosis, **changes: Any) -> Diagnosis:
 
 
 def _dedupe(items: Iterable[str]) -> list[str]:
-    seen: set[str] = set()
-    out = []
-    for x in items:
-        if x not in seen:
-            seen.add(x)
-            out.append(x)
-    return out
+    return list(dict.fromkeys(items))
 
 
 def _local_rank(rank: int, plan_json: dict[str, Any] | None) -> int:
@@ -689,6 +682,11 @@ def read_status(path: Path) -> tuple[dict[int, int], int | None]:
         st = json.loads(Path(path).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return {}, None
+    return status_codes(st)
+
+
+def status_codes(st: dict[str, Any]) -> tuple[dict[int, int], int | None]:
+    """Per-rank exit codes and the first failing rank from a parsed status.json."""
     codes: dict[int, int] = {}
     raw = st.get("exit_codes") or st.get("rank_exit_codes") or {}
     if isinstance(raw, dict):

@@ -35,9 +35,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .errors import ScaletrainError
-from .rundir import RunDir, TrainOptions, atomic_write, check_host, launch_argv
+from .rundir import LINE_PREFIX, LINE_PREFIX_ENV, RunDir, TrainOptions, atomic_write, check_host, launch_argv
 
-PREFIX_TEMPLATE = "[rank${rank}]:"          # torchrun's TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE; ${rank} is global
 # "[rank3]:" (ours) or torchrun's default "[<role><local rank>]:" when launch.sh is run by hand
 _PREFIX_RE = re.compile(r"^\[(rank|[A-Za-z_]\w*?)(\d+)\]:")
 _ROOT_CAUSE = "Root Cause (first observed failure)"   # torch/distributed/elastic/multiprocessing/errors
@@ -49,7 +48,6 @@ POLL_SECONDS = 0.25
 READER_JOIN_SECONDS = 5.0
 EXIT_INTERRUPTED = 130                      # shell convention for SIGINT
 SIGNAL_EXIT_BASE = 128                      # shell convention: killed by signal N → 128 + N
-LAUNCHER_LOG = "launcher.log"
 
 
 @dataclass(frozen=True)
@@ -173,11 +171,11 @@ class ProcessTree:
 class RankLogs:
     """Split prefixed console lines into logs/rank-<i>.log; the rest goes to logs/launcher.log."""
 
-    def __init__(self, run: RunDir, *, single_process: bool, rank_offset: int = 0, launcher_log: str = LAUNCHER_LOG):
+    def __init__(self, run: RunDir, *, single_process: bool, rank_offset: int = 0, launcher_log: str | None = None):
         self.run = run
         self.single = single_process
         self.rank_offset = rank_offset
-        self.launcher_log = launcher_log
+        self.launcher_log = launcher_log or run.launcher_log().name
         self._files: dict[str, Any] = {}
         self._lock = threading.Lock()
         self.launcher_lines: list[str] = []
@@ -192,15 +190,15 @@ class RankLogs:
 
     def feed_raw(self, name: str, text: str) -> None:
         with self._lock:
-            f = self._file(name)
-            f.write(text + "\n")
-            f.flush()
+            self._write(name, text)
 
-    def _file(self, name: str) -> Any:
+    def _write(self, name: str, text: str) -> None:
+        """Append one line to logs/<name> and flush (caller holds the lock)."""
         f = self._files.get(name)
         if f is None:
             f = self._files[name] = (self.run.logs / name).open("a", encoding="utf-8")
-        return f
+        f.write(text + "\n")
+        f.flush()
 
     def feed(self, line: str) -> tuple[int | None, str]:
         """Route one line; returns (rank or None for the launcher, the line without its prefix)."""
@@ -213,13 +211,9 @@ class RankLogs:
             rank, text, name = (0 if self.single else None), line, self.launcher_log
             self.launcher_lines.append(line)
         with self._lock:
-            f = self._file(name)
-            f.write(text + "\n")
-            f.flush()
+            self._write(name, text)
             if rank is not None and name == self.launcher_log:
-                g = self._file(self.run.rank_log(rank).name)
-                g.write(text + "\n")
-                g.flush()
+                self._write(self.run.rank_log(rank).name, text)
         return rank, text
 
     def close(self) -> None:
@@ -283,7 +277,7 @@ def _pid_alive(pid: int) -> bool:
     return bool(st) and st[1] != "Z"
 
 
-def preflight(run: RunDir, plan: dict[str, Any], script: str | None, machine_rank: int | None = None) -> dict[str, Any]:
+def preflight(run: RunDir, train: TrainOptions, machine_rank: int | None = None) -> dict[str, Any]:
     """Refuse what would fail after the processes start: missing files, this node's share already running."""
     cfg = _read_yaml(run.accelerate_config)
     status = run.node_status(machine_rank)
@@ -296,13 +290,12 @@ def preflight(run: RunDir, plan: dict[str, Any], script: str | None, machine_ran
         if old.get("state") == "running" and isinstance(pid, int) and pid != os.getpid() and _pid_alive(pid):
             what = f"node {machine_rank} of {run.path}" if machine_rank else str(run.path)
             raise ScaletrainError(f"{what} is already running (launcher pid {pid}); stop it first")
-    if script:
-        if not Path(script).expanduser().is_file():
-            raise ScaletrainError(f"script {script} does not exist")
+    if train.script:
+        if not Path(train.script).expanduser().is_file():
+            raise ScaletrainError(f"script {train.script} does not exist")
         return cfg
     from .train import read_run_config
     read_run_config(run.path)             # the trainer's own reading of plan.json: bad options fail here, once
-    train = TrainOptions.from_json(plan.get("train"))
     if train.dataset is not None and not Path(train.dataset).expanduser().is_file():
         raise ScaletrainError(f"dataset {train.dataset} does not exist; give a JSONL file (text, prompt/response or "
                               "messages per line)")
@@ -362,7 +355,7 @@ def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None 
     train = TrainOptions.from_json(plan.get("train"))
     if main_process_ip is not None:
         main_process_ip = check_host(main_process_ip)
-    cfg = preflight(run, plan, train.script, machine_rank)
+    cfg = preflight(run, train, machine_rank)
     argv = launch_argv(run, plan, machine_rank=machine_rank, main_process_ip=main_process_ip)
     if resume:
         if train.script:
@@ -403,22 +396,24 @@ def launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None, 
            on_output: Callable[[int | None, str], None] | None = None, on_tick: Callable[[], None] | None = None,
            resume: bool = False, script: str | None = None, script_args: Sequence[str] = (),
            env: dict[str, str] | None = None, stop: threading.Event | None = None,
-           stop_grace_seconds: tuple[float, float] = STOP_GRACE_SECONDS) -> LaunchResult:
+           stop_grace_seconds: tuple[float, float] = STOP_GRACE_SECONDS,
+           prepared: PreparedLaunch | None = None) -> LaunchResult:
     """Run the run directory's launch argv to the end (or until Ctrl-C / SIGTERM / `stop` set) and record
     status.json.
 
     on_output(rank, line) sees every console line (rank None: the launcher itself); on_tick() runs every poll.
     Signals reach only the main thread: a caller running this in a worker thread stops the run by setting `stop`.
     script/script_args run a user script under the written configs instead of the bundled trainer.
+    prepared: what prepare_launch returned for these same arguments (a caller that checked first), not redone.
     """
-    prep = prepare_launch(run_dir, machine_rank=machine_rank, main_process_ip=main_process_ip, resume=resume,
-                          script=script, script_args=script_args)
+    prep = prepared or prepare_launch(run_dir, machine_rank=machine_rank, main_process_ip=main_process_ip,
+                                      resume=resume, script=script, script_args=script_args)
     run, argv = prep.run, prep.argv
     logs = RankLogs(run, single_process=prep.single_process, rank_offset=prep.rank_offset,
                     launcher_log=prep.launcher_log.name)
     logs.start(prep.local_ranks)
     child_env = dict(os.environ if env is None else env)
-    child_env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = PREFIX_TEMPLATE
+    child_env[LINE_PREFIX_ENV] = LINE_PREFIX
     child_env["PYTHONUNBUFFERED"] = "1"
 
     status = _Status(prep.status)
@@ -569,13 +564,6 @@ def rank_log_tail(run_dir: str | os.PathLike[str], rank: int, lines: int = 20) -
     except FileNotFoundError:
         return []
     return text.splitlines()[-lines:]
-
-
-def read_status(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    try:
-        return json.loads(RunDir(run_dir).status.read_text())
-    except (FileNotFoundError, ValueError):
-        return None
 
 
 if __name__ == "__main__":       # python -m scaletrain.engine.launcher RUN_DIR (no progress view)

@@ -66,8 +66,7 @@ class Candidate:
         return self.step_seconds / self.setup.effective_batch
 
     def key(self) -> tuple:
-        s = self.setup
-        return (s.strategy, s.offload, s.grad_ckpt, s.micro_batch, s.grad_accum)
+        return search_key(self.setup)
 
     def rank_key(self) -> tuple:
         s = self.setup
@@ -111,7 +110,13 @@ class SearchResult:
     fixed: dict[str, Any]
 
 
-def _divisors(n: int) -> list[int]:
+def search_key(s: TrainingSetup) -> tuple:
+    """The SEARCH_FIELDS values of a setup: what the planner chooses."""
+    return tuple(getattr(s, f) for f in SEARCH_FIELDS)
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of n, ascending."""
     small, large = [], []
     for d in range(1, math.isqrt(n) + 1):
         if n % d == 0:
@@ -127,8 +132,7 @@ def _is_prime(n: int) -> bool:
 
 def _nearest(target: int, unit: int) -> list[int]:
     lower = target // unit * unit
-    out = [x for x in (lower, lower + unit) if x >= unit and x != target]
-    return out
+    return [x for x in (lower, lower + unit) if x >= unit and x != target]
 
 
 def check_target(target: int, world: int, micro: int | None = None, accum: int | None = None) -> None:
@@ -169,10 +173,6 @@ def _configs(base: TrainingSetup, fixed: dict[str, Any]) -> Iterable[TrainingSet
                     continue   # a combination the stack does not support (e.g. offload with DDP)
 
 
-def _evaluate(setup: TrainingSetup, headroom: float, name: str) -> Candidate:
-    return Candidate(evaluate(setup, headroom_fraction=headroom, name=name))
-
-
 def search(base: TrainingSetup, *, target: int | None, fixed: dict[str, Any], headroom: float = 0.10,
            name: str = "plan") -> SearchResult:
     """Best split of every allowed configuration; `fixed` holds the SEARCH_FIELDS the user set.
@@ -203,21 +203,23 @@ def search(base: TrainingSetup, *, target: int | None, fixed: dict[str, Any], he
             leanest_by[setup.strategy] = c
         return c
 
-    for cfg in _configs(base, fixed):
-        if target is not None:
-            per_gpu = target // world
-            if mb_fixed:
-                splits = [(mb_fixed, per_gpu // mb_fixed)]
-            elif ga_fixed:
-                splits = [(per_gpu // ga_fixed, ga_fixed)]
-            else:
-                splits = [(d, per_gpu // d) for d in _divisors(per_gpu) if d <= MAX_MICRO_BATCH]
-        elif mb_fixed:
-            splits = [(mb_fixed, ga_fixed or 1)]
+    # the candidate splits depend on the target and the fixed split only: the same for every configuration
+    if target is not None:
+        per_gpu = target // world
+        if mb_fixed:
+            splits = [(mb_fixed, per_gpu // mb_fixed)]
+        elif ga_fixed:
+            splits = [(per_gpu // ga_fixed, ga_fixed)]
         else:
-            splits = [(m, ga_fixed or 1) for m in range(1, MAX_MICRO_BATCH_WITHOUT_TARGET + 1)]
-        special = splits[-1] if len(splits) > 1 and splits[-1][1] == 1 and splits[0][1] > 1 else None
-        monotone = splits[:-1] if special else splits
+            splits = [(d, per_gpu // d) for d in divisors(per_gpu) if d <= MAX_MICRO_BATCH]
+    elif mb_fixed:
+        splits = [(mb_fixed, ga_fixed or 1)]
+    else:
+        splits = [(m, ga_fixed or 1) for m in range(1, MAX_MICRO_BATCH_WITHOUT_TARGET + 1)]
+    special = splits[-1] if len(splits) > 1 and splits[-1][1] == 1 and splits[0][1] > 1 else None
+    monotone = splits[:-1] if special else splits
+
+    for cfg in _configs(base, fixed):
         best = _largest_fitting(cfg, monotone, probe)
         if special is not None and (best is None or best.setup.micro_batch < special[0]):
             c = probe(cfg, special)
@@ -340,12 +342,11 @@ def explain(best: Candidate, res: SearchResult) -> str:
 
 
 def _nothing_fits(base: TrainingSetup, res: SearchResult, headroom: float) -> str:
-    hw = base.hardware
     lean = res.leanest
-    usable = fmt_bytes(int(hw.gpu.memory_bytes * (1 - headroom)))
-    where = f"{hw.describe()}" + (f" at effective batch {res.target}" if res.target else "")
+    where = base.hardware.describe() + (f" at effective batch {res.target}" if res.target else "")
     if lean is None:
         return f"nothing to evaluate on {where}: no strategy/offload combination is valid for these choices"
+    usable = fmt_bytes(lean.plan.memory.usable_bytes)
     fixed = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in res.fixed.items())
     hint = f"; or drop {fixed} to let the planner choose" if fixed else ""
     split_fixed = [k for k in ("micro_batch", "grad_accum") if k in res.fixed]
@@ -385,7 +386,7 @@ def rank_alternatives(plan: Plan, top: int = TOP_ALTERNATIVES) -> list[dict[str,
         fixed = {}
     res = search(s, target=s.effective_batch, fixed=fixed, headroom=plan.memory.headroom_fraction, name=plan.name)
     out = []
-    current = (s.strategy, s.offload, s.grad_ckpt, s.micro_batch, s.grad_accum)
+    current = search_key(s)
     for rank, c in enumerate(res.ranked[:top], start=1):
         row = c.to_json()
         row["rank"] = rank
@@ -406,14 +407,14 @@ def batch_table(plan: Plan, max_rows: int = 12) -> list[dict[str, Any]]:
     misses = 0
     for mb in micros:
         ga = per_gpu // mb if per_gpu % mb == 0 else s.grad_accum
-        c = _evaluate(s.with_(micro_batch=mb, grad_accum=ga), hr, plan.name)
-        m = c.plan.memory
+        p = evaluate(s.with_(micro_batch=mb, grad_accum=ga), headroom_fraction=hr, name=plan.name)
+        m = p.memory
         rows.append({
-            "micro_batch": mb, "grad_accum": ga, "effective_batch": c.setup.effective_batch,
-            "keeps_effective_batch": c.setup.effective_batch == s.effective_batch,
+            "micro_batch": mb, "grad_accum": ga, "effective_batch": p.setup.effective_batch,
+            "keeps_effective_batch": p.setup.effective_batch == s.effective_batch,
             "per_gpu_bytes": m.total_bytes, "activations_bytes": m.activations_bytes, "logits_bytes": m.logits_bytes,
             "usable_bytes": m.usable_bytes, "fits": m.fits, "headroom_bytes": m.headroom_bytes,
-            "step_seconds": c.step_seconds, "tokens_per_second": c.plan.time.tokens_per_second,
+            "step_seconds": p.time.step_seconds, "tokens_per_second": p.time.tokens_per_second,
             "current": mb == s.micro_batch,
         })
         misses = 0 if m.fits else misses + 1
@@ -425,54 +426,50 @@ def batch_table(plan: Plan, max_rows: int = 12) -> list[dict[str, Any]]:
 def gpus_table(plan: Plan, counts: tuple[tuple[int, int], ...] = TABLE_GPU_COUNTS) -> list[dict[str, Any]]:
     """Each catalog GPU × count at this plan's effective batch: fits?, the planner's choice, its time."""
     s = plan.setup
-    hr = plan.memory.headroom_fraction
+    return [_gpus_row(plan, Hardware(gpu=gpu, gpus_per_node=per_node, nodes=nodes,
+                                     inter_node_gbit_s=s.hardware.inter_node_gbit_s))
+            for gpu in GPU_CATALOG for nodes, per_node in counts]
+
+
+def _gpus_row(plan: Plan, hw: Hardware) -> dict[str, Any]:
+    """One `--table gpus` row: the planner's choice on `hw`, or why nothing is chosen."""
+    s = plan.setup
+    gpu = hw.gpu
     target = s.effective_batch
-    rows: list[dict[str, Any]] = []
-    for gpu in GPU_CATALOG:
-        for nodes, per_node in counts:
-            hw = Hardware(gpu=gpu, gpus_per_node=per_node, nodes=nodes,
-                          inter_node_gbit_s=s.hardware.inter_node_gbit_s)
-            row: dict[str, Any] = {"gpu": gpu.key, "gpu_memory_bytes": gpu.memory_bytes, "nodes": nodes,
-                                   "gpus_per_node": per_node, "world_size": hw.world_size, "fits": False}
-            if s.precision == "bf16" and s.device == "cuda" and not gpu.supports_bf16:
-                row["reason"] = "no bf16 support (plan with --precision fp16)"
-                rows.append(row)
-                continue
-            if target % hw.world_size:
-                row["reason"] = f"{target} is not a multiple of {hw.world_size} GPUs"
-                rows.append(row)
-                continue
-            try:
-                res = search(s.with_(hardware=hw), target=target, fixed={}, headroom=hr, name=plan.name)
-            except ScaletrainError as e:
-                row["reason"] = str(e)
-                rows.append(row)
-                continue
-            if not res.ranked:
-                lean = res.leanest
-                row["reason"] = (f"needs ≥ {fmt_bytes(lean.per_gpu_bytes)} per GPU" if lean
-                                 else "no valid combination")
-                row["per_gpu_bytes"] = lean.per_gpu_bytes if lean else None
-                rows.append(row)
-                continue
-            best = res.ranked[0]
-            row.update(best.to_json())
-            row["fits"] = True
-            row["description"] = best.describe()
-            rows.append(row)
-    return rows
+    row: dict[str, Any] = {"gpu": gpu.key, "gpu_memory_bytes": gpu.memory_bytes, "nodes": hw.nodes,
+                           "gpus_per_node": hw.gpus_per_node, "world_size": hw.world_size, "fits": False}
+    if s.precision == "bf16" and s.device == "cuda" and not gpu.supports_bf16:
+        row["reason"] = "no bf16 support (plan with --precision fp16)"
+        return row
+    if target % hw.world_size:
+        row["reason"] = f"{target} is not a multiple of {hw.world_size} GPUs"
+        return row
+    try:
+        res = search(s.with_(hardware=hw), target=target, fixed={}, headroom=plan.memory.headroom_fraction,
+                     name=plan.name)
+    except ScaletrainError as e:
+        row["reason"] = str(e)
+        return row
+    if not res.ranked:
+        lean = res.leanest
+        row["reason"] = f"needs ≥ {fmt_bytes(lean.per_gpu_bytes)} per GPU" if lean else "no valid combination"
+        row["per_gpu_bytes"] = lean.per_gpu_bytes if lean else None
+        return row
+    best = res.ranked[0]
+    row.update(best.to_json())
+    row["fits"] = True
+    row["description"] = best.describe()
+    return row
 
 
 def with_tables(plan: Plan, *, alternatives: bool = False, table: str | None = None) -> Plan:
     """The plan with `alternatives` / `table` added to its extras (and so to `plan --json`)."""
+    tables = {"batch": batch_table, "gpus": gpus_table}
+    if table is not None and table not in tables:   # refuse before any search runs
+        raise ScaletrainError(f"--table {table!r} is not accepted; use batch or gpus")
     extras = dict(plan.extras)
     if alternatives:
         extras["alternatives"] = rank_alternatives(plan)
     if table is not None:
-        if table == "batch":
-            extras["table"] = {"kind": "batch", "rows": batch_table(plan)}
-        elif table == "gpus":
-            extras["table"] = {"kind": "gpus", "rows": gpus_table(plan)}
-        else:
-            raise ScaletrainError(f"--table {table!r} is not accepted; use batch or gpus")
+        extras["table"] = {"kind": table, "rows": tables[table](plan)}
     return replace(plan, extras=extras)

@@ -74,12 +74,6 @@ def split_changes(changes: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
     return plan_c, train_c, env_c
 
 
-def newest_checkpoint(run: RunDir) -> Path | None:
-    from .train import newest_checkpoint as newest   # the trainer's own rule (no torch at import)
-
-    return newest(run)
-
-
 def resume_blocker(old_json: dict[str, Any], new_plan: Any, plan_c: dict[str, Any],
                    train_c: dict[str, Any]) -> str | None:
     """Why the newest checkpoint cannot be resumed under the changed plan (None: it can)."""
@@ -147,6 +141,7 @@ def apply_remedy(run_dir: str | os.PathLike[str], changes: dict[str, Any], *, re
     """
     from .doctor import plan_from_json
     from .request import make_plan
+    from .train import newest_checkpoint          # the trainer's own rule (no torch at import)
     from .writers import render_run_files
 
     run = RunDir(run_dir)

@@ -13,13 +13,13 @@ is memory the model did not see, and every remedy's prediction is charged the sa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .errors import ScaletrainError
 from .hardware import Hardware
 from .plan import Plan, evaluate
-from .planner import STRATEGY_LABEL
+from .planner import SEARCH_FIELDS, STRATEGY_LABEL, divisors, search
 from .setup import TrainingSetup
 from .units import fmt_bytes
 
@@ -91,7 +91,7 @@ def _make(title: str, kind: str, changes: dict[str, Any], setup: TrainingSetup, 
 def _split_for(setup: TrainingSetup, per_gpu: int, max_micro: int, base: Plan, gap: int,
                capacity: int) -> TrainingSetup | None:
     """The largest micro batch ≤ max_micro dividing the per-GPU batch that fits (keeps the effective batch)."""
-    for mb in sorted((d for d in range(1, max_micro + 1) if per_gpu % d == 0), reverse=True):
+    for mb in reversed([d for d in divisors(per_gpu) if d <= max_micro]):
         cand = setup.with_(micro_batch=mb, grad_accum=per_gpu // mb)
         if _fits(evaluate(cand, headroom_fraction=base.memory.headroom_fraction, with_time=False), gap, capacity):
             return cand
@@ -120,8 +120,6 @@ def _with_split(title: str, kind: str, changes: dict[str, Any], setup: TrainingS
 
 def _replan(plan: Plan, gap: int, capacity: int) -> Remedy | None:
     """The planner's best combination at the same effective batch, with the observed gap kept free."""
-    from .planner import search
-
     s = plan.setup
     usable = min(capacity, plan.memory.capacity_bytes) * (1.0 - plan.memory.headroom_fraction) - gap
     if usable <= 0 or s.effective_batch % s.world_size:
@@ -131,8 +129,7 @@ def _replan(plan: Plan, gap: int, capacity: int) -> Remedy | None:
     if not res.ranked:
         return None
     b = res.ranked[0].setup
-    changes = {k: getattr(b, k) for k in ("strategy", "offload", "grad_ckpt", "micro_batch", "grad_accum")
-               if getattr(b, k) != getattr(s, k)}
+    changes = {k: getattr(b, k) for k in SEARCH_FIELDS if getattr(b, k) != getattr(s, k)}
     if not changes:
         return None
     return _make(f"re-plan: {res.ranked[0].describe()}", "replan", changes, b, plan, gap, capacity)
@@ -148,7 +145,7 @@ def rank_remedies(plan: Plan, failure: dict[str, Any] | None = None) -> list[Rem
     per_gpu = s.micro_batch * s.grad_accum
 
     # 1. smaller micro batch, more accumulation (same effective batch): every divisor below the current one
-    for mb in sorted((d for d in range(1, s.micro_batch) if per_gpu % d == 0), reverse=True):
+    for mb in reversed([d for d in divisors(per_gpu) if d < s.micro_batch]):
         out.append(_make(f"micro batch {mb} × accum {per_gpu // mb} (was {s.micro_batch} × {s.grad_accum})",
                          "split", {"micro_batch": mb, "grad_accum": per_gpu // mb},
                          s.with_(micro_batch=mb, grad_accum=per_gpu // mb), plan, gap, capacity))
@@ -174,10 +171,9 @@ def rank_remedies(plan: Plan, failure: dict[str, Any] | None = None) -> list[Rem
                                                                                   and strat == "fsdp"):
             strat = "zero3"   # FSDP has no optimizer-only offload (see planner._configs)
         changes: dict[str, Any] = {"offload": off}
-        if strat != s.strategy:
-            changes["strategy"] = strat
         title = f"offload {'optimizer states' if off == 'optimizer' else 'optimizer states and parameters'} to CPU"
         if strat != s.strategy:
+            changes["strategy"] = strat
             title += f" ({STRATEGY_LABEL[strat]})"
         out.append(_with_split(title, "offload", changes, s.with_(strategy=strat, offload=off), plan, gap,
                                capacity))
@@ -206,7 +202,7 @@ def rank_remedies(plan: Plan, failure: dict[str, Any] | None = None) -> list[Rem
         cand = s.with_(hardware=hw)
         if s.effective_batch % w == 0:
             pg = s.effective_batch // w
-            mb = max(d for d in range(1, min(s.micro_batch, pg) + 1) if pg % d == 0)
+            mb = max(d for d in divisors(pg) if d <= s.micro_batch)
             cand = cand.with_(micro_batch=mb, grad_accum=pg // mb)
         out.append(_make(f"{hw.describe()} ({w} GPUs instead of {world})", "gpus",
                          {"gpus": hw.describe(), "micro_batch": cand.micro_batch, "grad_accum": cand.grad_accum},
@@ -234,14 +230,9 @@ def rank_remedies(plan: Plan, failure: dict[str, Any] | None = None) -> list[Rem
 
 def _more_gpus(hw: Hardware) -> list[Hardware]:
     """The next sizes up: fill the node to 8 GPUs, then double the nodes."""
-    out = []
     if hw.gpus_per_node < MAX_GPUS_PER_NODE and hw.nodes == 1:
-        out.append(Hardware(gpu=hw.gpu, gpus_per_node=min(MAX_GPUS_PER_NODE, hw.gpus_per_node * 2), nodes=1,
-                            inter_node_gbit_s=hw.inter_node_gbit_s, source=hw.source, driver=hw.driver))
-    else:
-        out.append(Hardware(gpu=hw.gpu, gpus_per_node=hw.gpus_per_node, nodes=hw.nodes * 2,
-                            inter_node_gbit_s=hw.inter_node_gbit_s, source=hw.source, driver=hw.driver))
-    return out
+        return [replace(hw, gpus_per_node=min(MAX_GPUS_PER_NODE, hw.gpus_per_node * 2))]
+    return [hw.with_nodes(hw.nodes * 2)]
 
 
 def describe(r: Remedy) -> str:

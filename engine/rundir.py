@@ -32,6 +32,10 @@ from .errors import ScaletrainError
 
 
 NODE_STATUS_PREFIX = "status-node-"
+# torchrun's console line prefix (${rank} is the global rank): the launcher sets it, launch.sh and sbatch.sh export
+# it, so rank attribution works the same by hand, under SLURM and under `scaletrain launch`.
+LINE_PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
+LINE_PREFIX = "[rank${rank}]:"
 
 
 @dataclass(frozen=True)

@@ -410,7 +410,7 @@ def memory_views(plan_json: dict[str, Any] | None, peak_memory: Iterable[Any]) -
 
 def read_run_status(path: Path) -> RunStatus:
     """status.json (the launcher's): state, exit codes, first failing rank, pids. Absent → 'starting'."""
-    from .doctor import read_status
+    from .doctor import status_codes
 
     try:
         st = json.loads(Path(path).read_text())
@@ -418,7 +418,7 @@ def read_run_status(path: Path) -> RunStatus:
         return RunStatus("starting")
     except (json.JSONDecodeError, OSError):
         return RunStatus("unknown")
-    codes, first = read_status(path)
+    codes, first = status_codes(st)
     code = st.get("exit_code", st.get("returncode"))
     state = st.get("state") or st.get("status")
     if state not in ("starting", "running", "finished", "failed", "interrupted"):
@@ -454,7 +454,10 @@ class RunWatcher:
             raise ScaletrainError(f"{self.run.path} is not a run directory (no plan.json, metrics.jsonl or logs/)")
         self.metrics = MetricsTail(self.run.metrics)
         self.tails: dict[Path, LogTail] = {}
+        self._seen_steps = 0                       # len(series) the cached numbers below were made from
         self._losses: tuple[float, ...] = ()
+        self._summary: Any = None
+        self._memory: tuple[RankMemoryView, ...] = ()
 
     @property
     def predicted_peak_bytes(self) -> int | None:
@@ -484,10 +487,12 @@ class RunWatcher:
 
         new = self.metrics.poll()
         series = self.metrics.series
-        if new or len(self._losses) > len(series):
+        if new or len(series) != self._seen_steps:     # the series only changes in poll (new steps, or a reset)
+            self._seen_steps = len(series)
             self._losses = tuple(r.loss for r in series[-LOSS_HISTORY_STEPS:])
-        summary = summarize(series) if series else None
-        mem = memory_views(self.plan_json, series[-1].peak_memory) if series else ()
+            self._summary = summarize(series) if series else None
+            self._memory = memory_views(self.plan_json, series[-1].peak_memory) if series else ()
+        summary, mem = self._summary, self._memory
         lines: list[tuple[int | None, str]] = []
         for t in self._log_tails():
             lines.extend((t.rank, ln) for ln in t.poll())

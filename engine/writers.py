@@ -27,7 +27,8 @@ from .memory import (DS_ALLGATHER_BUCKET_ELEMS, DS_PREFETCH_BUCKET_ELEMS, DS_RED
                      DS_SUB_GROUP_ELEMS)
 from .plan import Plan
 from .request import PlanRequest
-from .rundir import NODE_STATUS_PREFIX, RunDir, TrainOptions, atomic_write, check_host, default_run_dir, launch_argv
+from .rundir import (LINE_PREFIX, LINE_PREFIX_ENV, NODE_STATUS_PREFIX, RunDir, TrainOptions, atomic_write,
+                     check_host, default_run_dir, launch_argv)
 from .units import fmt_seconds
 
 # ---- constants ---------------------------------------------------------------------------------------------------
@@ -231,10 +232,6 @@ def deepspeed_config(plan: Plan, train: TrainOptions) -> dict[str, Any] | None:
 # ---- scripts ---------------------------------------------------------------------------------------------------
 _RANK_TOKEN = "__SCALETRAIN_MACHINE_RANK__"
 _IP_TOKEN = "__SCALETRAIN_MAIN_PROCESS_IP__"
-# torchrun's line prefix (${rank} is the global rank), the same the launcher sets: rank attribution by hand or
-# under SLURM works like under `scaletrain launch`.
-LINE_PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
-LINE_PREFIX = "[rank${rank}]:"
 # SLURM --time: the plan's predicted run time × this margin, plus start-up. The time model is a planning estimate
 # (uncalibrated until `scaletrain validate --save` has measured these cards), and SLURM kills a job at its limit,
 # losing everything since the last checkpoint: overestimating costs queue priority, underestimating costs the run.

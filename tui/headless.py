@@ -88,14 +88,13 @@ def run_headless(args: argparse.Namespace) -> int:
         save_preset_from_args(console, args, request, train, plan)
         if not getattr(args, "headless", False):
             return 0
+    ip = getattr(args, "main_process_ip", None)
     run = write_run_dir(plan, request, train, getattr(args, "run_dir", None),
-                        overwrite=bool(getattr(args, "overwrite", False)),
-                        main_process_ip=getattr(args, "main_process_ip", None))
+                        overwrite=bool(getattr(args, "overwrite", False)), main_process_ip=ip)
     print_plan(plan)
     print_written(console, run)
     if not plan.fits:
         console.print("[yellow]warning:[/] the plan does not fit in memory; the run will likely run out of memory")
-    ip = getattr(args, "main_process_ip", None)
     if getattr(args, "dry_run", False):
         print_node_commands(console, plan, run, ip, "dry run: nothing launched.")
         return 0

@@ -13,7 +13,7 @@ import sys
 from typing import Any, Callable, Sequence
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.hardware import parse_gpus
+from scaletrain.engine.hardware import GPU_CATALOG, parse_gpus
 from scaletrain.engine.models import catalog_ids, load_model
 from scaletrain.engine.setup import METHODS
 from scaletrain.tui import run_files
@@ -124,8 +124,6 @@ def ask_hardware(ask: Any, state: WizardState) -> tuple[WizardState, Any]:
             _say(f"No GPU detected on this machine ({detection.error or 'none visible'}). "
                  "Plan for hardware from the catalog.")
     default = state.request.gpus if state.hw_source == "catalog" else DEFAULT_CATALOG_GPUS
-    from scaletrain.engine.hardware import GPU_CATALOG
-
     hw = ask.text(f"GPUs to plan for, e.g. 4xH200 or 2x8xH100 (catalog: {', '.join(g.key for g in GPU_CATALOG)}, "
                   "CPU)", default, lambda t: parse_gpus(t, nodes=None))
     return state.with_catalog_hardware(hw.gpu.key, hw.gpus_per_node, hw.nodes), detection

@@ -40,7 +40,7 @@ def stream_run(run_dir: str | os.PathLike[str], *, machine_rank: int | None = No
     """Launch the run, show progress until it ends, print a one-paragraph outcome; return the training's code."""
     prep = prepare_launch(run_dir, machine_rank=machine_rank, main_process_ip=main_process_ip, resume=resume,
                           script=script, script_args=script_args)      # bad input: one line, before any output
-    run = RunDir(run_dir)
+    run = prep.run
     con = console or Console(highlight=False)
     tail = MetricsTail(run.metrics)
     tail.poll()                      # a resumed run: earlier steps are history, the bar starts from them
@@ -67,7 +67,7 @@ def stream_run(run_dir: str | os.PathLike[str], *, machine_rank: int | None = No
                   + ("" if prep.machine_rank == 0 else "; metrics come from global rank 0 on the head node"))
     with progress:
         result = launch(run.path, machine_rank=machine_rank, main_process_ip=main_process_ip, resume=resume,
-                        script=script, script_args=script_args, on_output=on_output, on_tick=on_tick)
+                        script=script, script_args=script_args, on_output=on_output, on_tick=on_tick, prepared=prep)
     _report(con, run, result, summarize(tail.series), prep.status)
     return result.exit_code
 

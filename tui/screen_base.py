@@ -44,11 +44,15 @@ class WizardStep(Screen):
 
     def refuse(self, error: ScaletrainError) -> None:
         """Show a refusal in place: next to the field it names (a FieldError), and on the status line."""
+        self.show_field_error(error)
+        self.set_status(str(error), error=True)
+
+    def show_field_error(self, error: ScaletrainError) -> None:
+        """Show a FieldError next to the field it names (any other refusal names no field)."""
         name = getattr(error, "field_name", None)
         if name:
             for field in self.query(f"#field-{name}").results(Field):
                 field.show_error(str(error))
-        self.set_status(str(error), error=True)
 
     def clear_field_errors(self) -> None:
         for field in self.query(Field):

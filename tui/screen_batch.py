@@ -81,6 +81,10 @@ and the time. With a **base LR** tuned at a **base batch**, it shows what the sq
             self.focus_next()
 
     # ---- the live solver -------------------------------------------------------------------------------------
+    def candidate(self, state: WizardState, values: dict[str, str]) -> tuple[WizardState, Plan]:
+        """The fields applied to `state` (changed inputs drop the plan step's choices) and the engine's plan."""
+        return plannable(apply_batch_fields(state, values).rebased(state), self.wizard.detection)
+
     def resolve(self) -> None:
         self.solve(self.wizard.state, self.values())
 
@@ -90,7 +94,7 @@ and the time. With a **base LR** tuned at a **base batch**, it shows what the sq
         plan: Plan | None = None
         error: ScaletrainError | None = None
         try:
-            _state, plan = plannable(apply_batch_fields(state, values).rebased(state), self.wizard.detection)
+            _state, plan = self.candidate(state, values)
         except ScaletrainError as e:
             error = e
         except Exception as e:  # an unexpected failure is shown in place, never a traceback
@@ -101,15 +105,14 @@ and the time. With a **base LR** tuned at a **base batch**, it shows what the sq
     def _solved(self, plan: Plan | None, error: ScaletrainError | None) -> None:
         self.clear_field_errors()
         if isinstance(error, FieldError):
-            self.query_one(f"#field-{error.field_name}", Field).show_error(str(error))
+            self.show_field_error(error)
         elif error is not None and ("effective batch" in str(error) or "micro batch" in str(error)):
             self.query_one("#field-effective_batch", Field).show_error(str(error))
         self.query_one(SolverPanel).show(plan, error)
 
     def action_next(self) -> None:
         try:
-            state, _plan = plannable(apply_batch_fields(self.wizard.state, self.values()).rebased(self.wizard.state),
-                                     self.wizard.detection)
+            state, _plan = self.candidate(self.wizard.state, self.values())
         except ScaletrainError as e:
             self.refuse(e)
             return

@@ -15,7 +15,7 @@ from scaletrain.engine.nvml import DetectionResult
 from scaletrain.engine.units import fmt_bytes
 from scaletrain.tui.screen_base import WizardStep
 from scaletrain.tui.widget_field import Field
-from scaletrain.tui.wizard_state import FieldError, WizardState, catalog_gpus, field_value, hardware_for, parse_int
+from scaletrain.tui.wizard_state import WizardState, catalog_gpus, field_value, hardware_for, parse_int
 
 
 def describe_detection(res: DetectionResult | None) -> Text:
@@ -143,8 +143,7 @@ there is no GPU here. Set GPUs per node and the number of nodes. `ctrl+n` checks
         try:
             hw = hardware_for(self.candidate(), self.wizard.detection)
         except ScaletrainError as e:
-            if isinstance(e, FieldError):
-                self.query_one(f"#field-{e.field_name}", Field).show_error(str(e))
+            self.show_field_error(e)
             summary.update(Text(f"✗ {e}", style="bold red"))
             return
         mem = "host RAM" if hw.gpu.key == CPU_DEVICE.key else f"{fmt_bytes(hw.gpu.memory_bytes)} each"

@@ -37,8 +37,8 @@ def remedy_label(r: Any) -> Text:
     elif r.changes:
         from scaletrain.engine.relaunch import likely_resumes
 
-        t.append("  resumes" if likely_resumes(r.changes, r.keeps_effective_batch) else "  from step 0 (A)",
-                 style="cyan" if likely_resumes(r.changes, r.keeps_effective_batch) else "yellow")
+        resumes = likely_resumes(r.changes, r.keeps_effective_batch)
+        t.append("  resumes" if resumes else "  from step 0 (A)", style="cyan" if resumes else "yellow")
     return t
 
 
