@@ -852,10 +852,8 @@ def _known(title: str, changes: dict[str, Any], plan: Any, *, applicable: bool =
 
 
 def _planner_remedies(plan: Any, diag: Diagnosis | None) -> list[RemedyOut]:
-    try:
-        from .remedies import rank_remedies
-    except ImportError:  # the planner's remedy ranking is not in this build
-        return []
+    from .remedies import rank_remedies
+
     return [RemedyOut(title=r.title, changes=dict(r.changes), predicted_per_gpu_bytes=r.predicted_per_gpu_bytes,
                       predicted_step_seconds=r.predicted_step_seconds, effective_batch=r.effective_batch,
                       keeps_effective_batch=r.keeps_effective_batch, fits=r.fits,

@@ -120,23 +120,9 @@ def make_plan(req: PlanRequest, hardware: Hardware | None = None) -> Plan:
             raise ScaletrainError(
                 f"micro batch {req.micro_batch} × grad accum {req.grad_accum} × {setup.world_size} GPUs = {got}, "
                 f"not the effective batch {req.effective_batch}; drop one of them and scaletrain solves it")
-    try:
-        from .planner import finalize, solve
-    except ImportError:
-        finalize = solve = None
-    if solve is not None and not _fully_fixed(req):
+    from .planner import finalize, solve   # here: the planner imports this module
+
+    if not _fully_fixed(req):
         return solve(req, setup)
-    # no planner choice needed (or available): derive accumulation from the target where it divides
-    ga = req.grad_accum
-    mb = req.micro_batch or 1
-    if ga is None and req.effective_batch is not None:
-        denom = mb * setup.world_size
-        if req.effective_batch % denom:
-            raise ScaletrainError(
-                f"effective batch {req.effective_batch} is not a multiple of micro batch {mb} × "
-                f"{setup.world_size} GPUs = {denom}; nearest reachable: "
-                f"{max(denom, req.effective_batch // denom * denom)} or {(req.effective_batch // denom + 1) * denom}")
-        ga = req.effective_batch // denom
-    setup = setup.with_(micro_batch=mb, grad_accum=ga or 1)
-    plan = evaluate(setup, headroom_fraction=req.headroom, name=req.name)
-    return finalize(plan, req) if finalize is not None else plan
+    # every choice fixed: base_setup already holds them, nothing to search
+    return finalize(evaluate(setup, headroom_fraction=req.headroom, name=req.name), req)

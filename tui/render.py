@@ -81,10 +81,8 @@ def print_plan(plan: Any, *, alternatives: bool = False, table: str | None = Non
     for note in plan.notes:
         c.print(f"[yellow]note:[/] {note}")
     if alternatives or table:
-        try:
-            from scaletrain.tui.render_tables import print_extra_tables
-        except ModuleNotFoundError:
-            return
+        from scaletrain.tui.render_tables import print_extra_tables
+
         print_extra_tables(c, plan, alternatives=alternatives, table=table)
 
 

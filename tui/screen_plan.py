@@ -129,15 +129,12 @@ the line with the engine's message. The **alternatives** table ranks what fits; 
     @work(thread=True, exclusive=True, group="alternatives")
     def load_alternatives(self, plan: Plan) -> None:
         """The planner's ranked table at this effective batch (a full search: off the UI thread)."""
+        from scaletrain.engine.planner import with_tables
+
         try:
-            from scaletrain.engine.planner import with_tables
-        except ImportError:
-            rows: list[dict[str, Any]] = []
-        else:
-            try:
-                rows = with_tables(plan, alternatives=True).extras.get("alternatives", [])
-            except Exception:  # the table is an extra: without it the plan step still works
-                rows = []
+            rows: list[dict[str, Any]] = with_tables(plan, alternatives=True).extras.get("alternatives", [])
+        except Exception:  # the table is an extra: without it the plan step still works
+            rows = []
         if not get_current_worker().is_cancelled:
             self.app.call_from_thread(self._fill_alternatives, rows)
 

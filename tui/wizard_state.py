@@ -257,10 +257,8 @@ def plan_what_if(state: WizardState, detection: DetectionResult | None) -> tuple
 
 
 def _leanest_over_the_line(state: WizardState, detection: DetectionResult | None) -> Plan | None:
-    try:
-        from scaletrain.engine.planner import fixed_fields, search
-    except ImportError:        # without the planner, make_plan evaluates the fixed setup and never refuses a fit
-        return None
+    from scaletrain.engine.planner import fixed_fields, search
+
     req = state.request
     try:
         res = search(base_setup(req, hardware_for(state, detection)), target=req.effective_batch,
