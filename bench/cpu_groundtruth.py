@@ -33,14 +33,33 @@ class Case:
     seq_len: int = 256
     grad_accum: int = 1
     lora_rank: int = 8
-    precision: str = "fp32"      # "bf16": fp32 weights + torch.autocast, as accelerate's mixed precision runs
+    precision: str = "fp32"      # "bf16": 16-bit compute, as the weights below decide
+    master_weights: str = "fp32"  # full fine-tuning under bf16: fp32 weights + torch.autocast, or bf16 weights only
+    base_bits: int = 16          # LoRA under bf16: a bf16 base (the trainer's, autocast on) or 32 (an fp32 base)
+    optimizer_impl: str = "for-loop"   # torch's CPU default; "fused" is what the trainer and HF Trainer run
     overrides: tuple[tuple[str, int], ...] = ()   # config fields changed from the catalog entry
+
+    @property
+    def measure_precision(self) -> str:
+        """engine/measure.py's name for the regime: which weights, and whether autocast runs."""
+        if self.precision == "fp32":
+            return "fp32"
+        if self.method == "full":
+            return "bf16-pure" if self.master_weights == "bf16" else "bf16"
+        return "bf16" if self.base_bits == 32 else "bf16-autocast"
 
     @property
     def label(self) -> str:
         m = self.model.split("/")[-1]
-        bits = [m, self.method, self.precision, self.attn, "ckpt" if self.grad_ckpt else "no-ckpt",
+        prec = self.precision
+        if prec == "bf16":
+            prec = {"bf16": "bf16 autocast", "bf16-pure": "bf16 weights", "bf16-autocast": "bf16 base"}[
+                self.measure_precision] + (" (fp32 base)" if self.base_bits == 32 else "")
+            prec = prec.replace("bf16 autocast (fp32 base)", "bf16 autocast, fp32 base")
+        bits = [m, self.method, prec, self.attn, "ckpt" if self.grad_ckpt else "no-ckpt",
                 f"b{self.micro_batch}×s{self.seq_len}"]
+        if self.optimizer_impl != "for-loop":
+            bits.append(f"{self.optimizer_impl} AdamW")
         if self.grad_accum > 1:
             bits.append(f"ga{self.grad_accum}")
         if self.overrides:
@@ -75,8 +94,26 @@ CASES = [
     Case("scaletrain/tiny-gemma3", precision="bf16", grad_ckpt=True, seq_len=512,
          overrides=(("hidden_size", 256), ("intermediate_size", 1024), ("num_hidden_layers", 4))),
     Case("scaletrain/tiny-olmo2", precision="bf16"),
+    # bf16 weights with no fp32 master (--master-weights bf16), and plain HF loops with fused AdamW
+    Case("scaletrain/tiny-qwen2", precision="bf16", master_weights="bf16", seq_len=512, micro_batch=1,
+         overrides=(("hidden_size", 256), ("intermediate_size", 768), ("num_hidden_layers", 4))),
+    Case("scaletrain/tiny-llama", precision="bf16", master_weights="bf16", grad_ckpt=True, optimizer_impl="fused"),
+    Case("scaletrain/tiny-gemma3", precision="bf16", master_weights="bf16", attn="eager"),
+    Case("scaletrain/tiny-olmo2", precision="bf16", master_weights="bf16", optimizer_impl="fused"),
+    Case("scaletrain/tiny-qwen3", precision="bf16", optimizer_impl="fused", seq_len=512, micro_batch=1,
+         overrides=(("hidden_size", 256), ("intermediate_size", 768), ("num_hidden_layers", 4))),
+    Case("scaletrain/tiny-qwen2", precision="bf16", optimizer_impl="fused", micro_batch=1, seq_len=16),
+    Case("scaletrain/tiny-qwen2", precision="bf16", master_weights="bf16", optimizer_impl="fused", micro_batch=1,
+         seq_len=16),
+    Case("scaletrain/tiny-llama", optimizer_impl="foreach", micro_batch=1, seq_len=16),
+    # LoRA as the trainer runs it: a bf16 base under autocast, or an fp32 base under autocast
+    Case("scaletrain/tiny-qwen3", method="lora", precision="bf16", optimizer_impl="fused", seq_len=512,
+         micro_batch=1, overrides=(("hidden_size", 256), ("intermediate_size", 768), ("num_hidden_layers", 4))),
+    Case("scaletrain/tiny-gemma3", method="lora", precision="bf16", grad_ckpt=True, optimizer_impl="fused"),
+    Case("scaletrain/tiny-llama", method="lora", precision="bf16", base_bits=32, attn="eager"),
+    Case("scaletrain/tiny-olmo2", method="lora", precision="bf16", base_bits=32, grad_ckpt=True),
 ]
-QUICK = [CASES[i] for i in (0, 2, 3, 4, 6, 9, 10, 13, 15, 17)]
+QUICK = [CASES[i] for i in (0, 2, 3, 4, 6, 9, 10, 13, 15, 17, 19, 23, 25, 26, 29)]
 
 
 def config_for(case: Case) -> dict:
@@ -93,6 +130,7 @@ def setup_for(case: Case) -> TrainingSetup:
     return TrainingSetup(
         model=arch_from_config(config_for(case), case.model), hardware=parse_gpus("1xCPU"), method=case.method,
         lora_rank=case.lora_rank, lora_targets=BLOCK_LINEARS, strategy="ddp", precision=case.precision,
+        master_weights=case.master_weights, base_bits=case.base_bits, optimizer_impl=case.optimizer_impl,
         attn=case.attn, grad_ckpt=case.grad_ckpt, micro_batch=case.micro_batch, grad_accum=case.grad_accum,
         seq_len=case.seq_len, device="cpu",
     )
@@ -107,12 +145,13 @@ def run_case(case: Case) -> dict:
     measured = measure_step(
         config_for(case), method=case.method, lora_rank=case.lora_rank,
         lora_alpha=2 * case.lora_rank, lora_targets=BLOCK_LINEARS, micro_batch=case.micro_batch,
-        seq_len=case.seq_len, grad_ckpt=case.grad_ckpt, attn=case.attn, precision=case.precision,
-        optimizer="adamw", grad_accum=case.grad_accum, device="cpu")
+        seq_len=case.seq_len, grad_ckpt=case.grad_ckpt, attn=case.attn, precision=case.measure_precision,
+        optimizer="adamw", grad_accum=case.grad_accum, device="cpu", optimizer_impl=case.optimizer_impl)
     predicted = mem.allocated_peak_bytes
     return {
         "case": case.label, "model": case.model, "method": case.method, "attn": case.attn,
-        "precision": case.precision,
+        "precision": case.precision, "measure_precision": case.measure_precision,
+        "optimizer_impl": case.optimizer_impl,
         "grad_ckpt": case.grad_ckpt, "micro_batch": case.micro_batch, "seq_len": case.seq_len,
         "grad_accum": case.grad_accum,
         # the measured model carries the adapters too: base + trainable for LoRA

@@ -32,6 +32,15 @@ class GpuSpec:
     def supports_bf16(self) -> bool:
         return self.bf16_tflops > 0
 
+    @property
+    def arch(self) -> str:
+        """GPU generation ("hopper", "ampere", "ada", "volta"; "cpu" for the host): kernels, workspaces and
+        achievable efficiencies follow it. Cards outside the catalog fall back by their interconnect."""
+        if self.key in GPU_ARCH:
+            return GPU_ARCH[self.key]
+        return {"nvlink4": "hopper", "nvlink3": "ampere", "nvlink2": "volta", "loopback": "cpu"}.get(
+            self.interconnect, "ampere")
+
     def peak_tflops(self, precision: str) -> float:
         """Dense tensor peak for the compute dtype; fp32 training runs matmuls in TF32 where available."""
         if precision == "bf16":
@@ -40,6 +49,13 @@ class GpuSpec:
             return self.fp16_tflops
         return self.fp16_tflops / 2  # TF32 tensor cores run at half the 16-bit rate on Ampere/Ada/Hopper
 
+
+# Generation of each catalog card (NVIDIA architecture whitepapers).
+GPU_ARCH = {
+    "H200": "hopper", "H100-SXM": "hopper", "H100-PCIe": "hopper", "A100-80GB": "ampere", "A100-40GB": "ampere",
+    "A6000": "ampere", "RTX3090": "ampere", "L40S": "ada", "RTX4090": "ada", "L4": "ada", "V100": "volta",
+    "CPU": "cpu",
+}
 
 # Sources: NVIDIA datasheets (H200 SXM, H100 SXM/PCIe, A100, L40S, RTX A6000, V100) and the Ada/Ampere GeForce
 # whitepapers (RTX 4090: 165.2 dense fp16/bf16 TFLOP/s with fp32 accumulate; RTX 3090: 71 TFLOP/s).

@@ -59,7 +59,11 @@ __all__ = [
 ]
 
 _ATTN = {"eager": "eager", "sdpa": "sdpa", "flash": "flash_attention_2", "flash_attention_2": "flash_attention_2"}
-_PRECISIONS = ("fp32", "bf16", "bf16-pure")
+# fp32; bf16 = fp32 weights under torch.autocast (accelerate's mixed precision; LoRA on an fp32 base);
+# bf16-pure = bf16 weights, no autocast (--master-weights bf16, a plain loop on a bf16 model);
+# bf16-autocast = bf16 weights under autocast (the trainer's LoRA on a bf16 base)
+_PRECISIONS = ("fp32", "bf16", "bf16-pure", "bf16-autocast")
+_OPTIMIZER_IMPLS = ("default", "fused", "foreach", "for-loop")
 _METHODS = ("full", "lora", "qlora")
 _OPTIMIZERS = ("adamw", "sgd")
 # Linear modules inside the decoder blocks of llama-like models.  peft 0.21's "all-linear" gives exactly
@@ -128,7 +132,8 @@ def _resolve_device(device: str) -> str:
     raise ValueError(f"unknown device {device!r} (expected 'cpu' or 'cuda[:N]')")
 
 
-def _validate(method, attn, precision, optimizer, device, grad_accum, micro_batch, seq_len, warmup_steps):
+def _validate(method, attn, precision, optimizer, device, grad_accum, micro_batch, seq_len, warmup_steps,
+              optimizer_impl="default"):
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
     if attn not in _ATTN:
@@ -139,6 +144,8 @@ def _validate(method, attn, precision, optimizer, device, grad_accum, micro_batc
         raise ValueError(f"precision must be one of {_PRECISIONS}, got {precision!r}")
     if optimizer not in _OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {_OPTIMIZERS}, got {optimizer!r}")
+    if optimizer_impl not in _OPTIMIZER_IMPLS:
+        raise ValueError(f"optimizer_impl must be one of {_OPTIMIZER_IMPLS}, got {optimizer_impl!r}")
     if grad_accum < 1 or micro_batch < 1 or seq_len < 2 or warmup_steps < 0:
         raise ValueError("grad_accum>=1, micro_batch>=1, seq_len>=2 and warmup_steps>=0 are required")
 
@@ -172,7 +179,7 @@ class TrainingSetup:
 def build_training_setup(hf_config: dict, *, method: str = "full", lora_rank: int = 8, lora_alpha: int = 16,
                          lora_targets: tuple[str, ...] | None = None, grad_ckpt: bool = False,
                          attn: str = "sdpa", precision: str = "fp32", optimizer: str = "adamw",
-                         device: str = "cpu", seed: int = 0) -> TrainingSetup:
+                         device: str = "cpu", seed: int = 0, optimizer_impl: str = "default") -> TrainingSetup:
     """Build model (+LoRA) and optimizer exactly as ``measure_step`` does (exposed for tests)."""
     import warnings
 
@@ -183,11 +190,12 @@ def build_training_setup(hf_config: dict, *, method: str = "full", lora_rank: in
                                 category=FutureWarning)
         return _build_training_setup(hf_config, method=method, lora_rank=lora_rank, lora_alpha=lora_alpha,
                                      lora_targets=lora_targets, grad_ckpt=grad_ckpt, attn=attn,
-                                     precision=precision, optimizer=optimizer, device=device, seed=seed)
+                                     precision=precision, optimizer=optimizer, device=device, seed=seed,
+                                     optimizer_impl=optimizer_impl)
 
 
 def _build_training_setup(hf_config, *, method, lora_rank, lora_alpha, lora_targets, grad_ckpt, attn,
-                          precision, optimizer, device, seed) -> TrainingSetup:
+                          precision, optimizer, device, seed, optimizer_impl="default") -> TrainingSetup:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -202,7 +210,7 @@ def _build_training_setup(hf_config, *, method, lora_rank, lora_alpha, lora_targ
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_impl, dtype=torch.float32)
         if getattr(model.config, "tie_word_embeddings", False):
             model.tie_weights()
-        if precision == "bf16-pure":
+        if precision in ("bf16-pure", "bf16-autocast"):
             model = model.to(torch.bfloat16)
         model = model.to(dev)
 
@@ -246,13 +254,15 @@ def _build_training_setup(hf_config, *, method, lora_rank, lora_alpha, lora_targ
     model.train()
 
     trainable = [p for p in _unique_params(model) if p.requires_grad]
+    impl = {"default": {}, "fused": {"fused": True}, "foreach": {"foreach": True},
+            "for-loop": {"foreach": False}}[optimizer_impl]
     if optimizer == "adamw":
-        opt = torch.optim.AdamW(trainable, lr=1e-4)
+        opt = torch.optim.AdamW(trainable, lr=1e-4, **impl)
     else:
-        opt = torch.optim.SGD(trainable, lr=1e-4, momentum=0.9)
+        opt = torch.optim.SGD(trainable, lr=1e-4, momentum=0.9, **impl)
 
     dev_type = torch.device(dev).type
-    if precision == "bf16":
+    if precision in ("bf16", "bf16-autocast"):
         def autocast():
             return torch.autocast(device_type=dev_type, dtype=torch.bfloat16)
     else:
@@ -462,18 +472,21 @@ def measure_step(hf_config: dict, *, method: str = "full", lora_rank: int = 8, l
                  lora_targets: tuple[str, ...] | None = None, micro_batch: int = 1, seq_len: int = 128,
                  grad_ckpt: bool = False, attn: str = "sdpa", precision: str = "fp32",
                  optimizer: str = "adamw", grad_accum: int = 1, device: str = "cpu", seed: int = 0,
-                 warmup_steps: int = 1, _debug: dict | None = None) -> MeasuredStep:
+                 warmup_steps: int = 1, optimizer_impl: str = "default",
+                 _debug: dict | None = None) -> MeasuredStep:
     """Measure the memory (and time) of one steady-state optimizer step; see the module doc.
 
     ``_debug`` (internal): a dict that receives the raw ``CpuTimelineReading`` and the live-at-start
     byte count on cpu, for tests and calibration scripts.
     """
-    _validate(method, attn, precision, optimizer, device, grad_accum, micro_batch, seq_len, warmup_steps)
+    _validate(method, attn, precision, optimizer, device, grad_accum, micro_batch, seq_len, warmup_steps,
+              optimizer_impl)
     import torch
 
     setup = build_training_setup(hf_config, method=method, lora_rank=lora_rank, lora_alpha=lora_alpha,
                                  lora_targets=lora_targets, grad_ckpt=grad_ckpt, attn=attn,
-                                 precision=precision, optimizer=optimizer, device=device, seed=seed)
+                                 precision=precision, optimizer=optimizer, device=device, seed=seed,
+                                 optimizer_impl=optimizer_impl)
     dev = setup.device
     model, opt = setup.model, setup.optimizer
 

@@ -8,10 +8,13 @@ The peak of a training step is the largest of a few moments, not the sum of ever
                activations are freed layer by layer while gradients appear
   step         model states + gradients + the optimizer's temporaries
 
-`simulate_step` walks these moments for one micro-batch with the tensors the stack really keeps (see the
-per-term docstrings), and `estimate_memory` reports the breakdown at the peak moment, plus the CUDA
-context and allocator reserve. Every term is named after what it is; every constant says where it came from.
-Ground truth: tests/test_memory_groundtruth.py compares against torch.profiler on CPU.
+`numerics` says which dtype every tensor has in the launched stack; `block_activations` lists, per token, what
+one decoder block saves for backward under those dtypes (checked byte for byte against torch's saved-tensor hooks
+on CPU, tests/test_memory_saved.py); `simulate_step` walks the moments above for one micro-batch and
+`estimate_memory` reports the breakdown at the peak, plus CUDA context, workspaces and the allocator reserve.
+Every term is named after what it is; every constant says where it came from.
+Ground truth: tests/test_memory_groundtruth.py compares whole steps against torch.profiler on CPU, and
+bench/results/h100-2026-11-23.json against torch.cuda.max_memory_allocated on an H100.
 """
 
 from __future__ import annotations
@@ -25,25 +28,42 @@ from .setup import TrainingSetup, quantized_linear_bytes
 GiB = 1024**3
 MiB = 1024**2
 
-# CUDA context + cuBLAS/cuDNN workspaces created by the first kernels, torch 2.x with lazy module loading.
-# HF model-memory-anatomy doc: 1.3 GB on V100 (eager module loading); torch ≥ 2.1 loads kernels lazily:
-# ~0.5 GiB seen on A100/H100 in nvidia-smi after the first matmul. Calibrated per GPU by `validate --save`.
+# CUDA context + module images created by the first kernels, torch 2.x with lazy module loading: not in
+# torch.cuda.max_memory_allocated, only in nvidia-smi / NVML. HF model-memory-anatomy doc: 1.3 GB on V100 with
+# eager loading; ~0.5 GiB on A100/H100 with lazy loading. The H100 run of 2026-11-23 saw 483 MiB in use before the
+# first step (../shared/measurements/h100-2026-11-23/e2e-monitor-headless.txt). Calibrated by `validate --save`.
 CUDA_CONTEXT_BYTES = 512 * MiB
 # NCCL communicator buffers per process when world > 1 (NCCL_BUFFSIZE 4 MiB × channels × peers, order 100s MiB).
 NCCL_BUFFER_BYTES = 256 * MiB
-# Caching-allocator reserve above the allocated peak (fragmentation). AnswerAI Llama-2-7B LoRA: 8.28 GiB
-# allocated vs 10.24 GiB reserved (24 %); Megatron uses ×1.05. We take 8 % until a GPU calibration replaces it.
-ALLOCATOR_RESERVE_FRACTION = 0.08
+# Caching-allocator reserve above the allocated peak (cached free blocks, fragmentation). On the H100
+# (accuracy-sweep.json, max_memory_reserved / max_memory_allocated − 1): 4-19 % with plain PyTorch (median 10 %),
+# 25-41 % with DeepSpeed, on a card with room to spare: the allocator grows its cache rather than search it while
+# cudaMalloc succeeds, and frees cached blocks and retries before it reports an OOM, so reserved memory overstates
+# what a run needs. We plan with the plain-PyTorch median; `validate --save` stores the measured value.
+ALLOCATOR_RESERVE_FRACTION = 0.10
+# cuBLAS workspace, allocated through torch's caching allocator (so inside max_memory_allocated) once per
+# (thread, stream) handle: torch sets CUBLAS_WORKSPACE_CONFIG ":4096:8" (32 MiB) on Hopper and newer and
+# ":4096:2:16:8" (~8 MiB) before (aten/src/ATen/cuda/CublasHandlePool.cpp). Forward runs on the Python thread,
+# backward on autograd's device thread: two handles.
+CUBLAS_WORKSPACE_BYTES = {"hopper": 32 * MiB, "blackwell": 32 * MiB}
+CUBLAS_WORKSPACE_BYTES_OLDER = 8 * MiB + 128 * 1024
+CUBLAS_HANDLES = 2
 # DeepSpeed bucket defaults as our ds_config writer emits them (writers read the same numbers from here).
 DS_REDUCE_BUCKET_ELEMS = 200_000_000     # ipg / reduce bucket, elements (DeepSpeed default 5e8; we write 2e8)
 DS_ALLGATHER_BUCKET_ELEMS = 200_000_000  # ZeRO-1/2 all-gather bucket after the step
 DS_SUB_GROUP_ELEMS = 1_000_000_000       # ZeRO-3 optimizer sub-group (DeepSpeed default 1e9)
 DS_PREFETCH_BUCKET_ELEMS = 50_000_000    # ZeRO-3 stage3_prefetch_bucket_size (DeepSpeed default 5e7)
+DS_STRATEGIES = ("zero1", "zero2", "zero3")
 
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """Per-GPU bytes at the predicted peak moment. `total_bytes` = sum of the six components."""
+    """Per-GPU bytes at the predicted peak moment. `total_bytes` = sum of the six components.
+
+    `overhead_bytes` holds what is not a tensor of the model: the cuBLAS workspaces (allocated through torch's
+    allocator, so inside torch.cuda.max_memory_allocated), the CUDA context and NCCL buffers, and the
+    caching allocator's reserve above the allocated peak (both outside it).
+    """
 
     weights_bytes: int
     gradients_bytes: int
@@ -57,10 +77,12 @@ class MemoryBreakdown:
     phase_peaks: dict[str, int] = field(default_factory=dict)   # allocated bytes at each phase's peak
     model_states_unsharded_bytes: int = 0                         # what one GPU would hold without sharding
     host_bytes_per_gpu: int = 0                                   # CPU RAM for offloaded states, per GPU
+    workspace_bytes: int = 0                                      # the part of overhead inside the allocator
 
     @property
     def allocated_peak_bytes(self) -> int:
-        return self.total_bytes - self.overhead_bytes
+        """What torch.cuda.max_memory_allocated reports at the peak (the profiler's peak on CPU)."""
+        return self.total_bytes - self.overhead_bytes + self.workspace_bytes
 
     @property
     def total_bytes(self) -> int:
@@ -99,44 +121,98 @@ class MemoryBreakdown:
             "headroom_bytes": self.headroom_bytes,
             "model_states_unsharded_bytes": self.model_states_unsharded_bytes,
             "host_bytes_per_gpu": self.host_bytes_per_gpu,
+            "workspace_bytes": self.workspace_bytes,
         }
+
+
+# ---- numerics: the dtype of every kind of tensor in the launched stack ----------------------------------------
+@dataclass(frozen=True)
+class Numerics:
+    """Bytes per element of each kind of tensor, as the stack the plan launches really keeps them."""
+
+    compute: int             # linear outputs, attention tensors, MLP intermediates, logits
+    residual: int            # the residual stream between blocks, and what the RMSNorms return
+    autocast: bool           # torch.autocast (accelerate's mixed precision) casts each linear's input per call
+    weight: int              # a trainable weight of full fine-tuning as the model holds it
+    frozen: int              # a frozen base weight outside quantized linears (LoRA / QLoRA)
+    adapter: int             # a LoRA adapter weight (PEFT keeps fp32; DeepSpeed casts the module to 16-bit)
+    trainable_copies: bool   # fp32 trainable weights under autocast: a 16-bit copy per forward, cached, saved
+    frozen_copies: bool      # fp32 frozen block linears under autocast: a 16-bit copy per call, saved for backward
+    fp32_head: bool          # a frozen fp32 lm_head under autocast: its 16-bit copy is saved for backward
+    state: int               # an optimizer-state element: fp32, or bf16 when torch AdamW runs on bf16 weights
+
+
+def uses_deepspeed(s: TrainingSetup) -> bool:
+    return s.strategy in DS_STRATEGIES
+
+
+def numerics(s: TrainingSetup) -> Numerics:
+    """Which dtypes the launched stack uses (accelerate + DeepSpeed/FSDP + transformers + PEFT).
+
+    accelerate's mixed precision keeps the model's own weights and wraps forward in torch.autocast; DeepSpeed
+    casts the module to 16-bit and keeps an fp32 master in its optimizer; FSDP2's MixedPrecisionPolicy gathers
+    16-bit copies of fp32 shards; `--master-weights bf16` trains bf16 weights with no fp32 copy at all. PEFT keeps
+    adapters in fp32 and prepare_model_for_kbit_training upcasts every non-quantized weight to fp32 (QLoRA).
+    """
+    if s.precision == "fp32":
+        return Numerics(4, 4, False, 4, 4, 4, False, False, False, 4)
+    c = 2
+    if s.method == "full":
+        if uses_deepspeed(s):
+            return Numerics(c, c, False, c, 0, 0, False, False, False, 4)
+        if s.master_weights == "bf16":
+            return Numerics(c, c, False, c, 0, 0, False, False, False, c)
+        if s.strategy == "fsdp":
+            return Numerics(c, c, False, 4, 0, 0, False, False, False, 4)
+        return Numerics(c, 4, True, 4, 0, 0, True, False, False, 4)
+    if uses_deepspeed(s):
+        return Numerics(c, c, False, 0, c, c, False, False, False, 4)
+    fp32_base = s.base_bits in (4, 8, 32)          # QLoRA: upcast by prepare_model_for_kbit_training
+    if s.strategy == "fsdp":
+        return Numerics(c, c, True, 0, c, 4, False, False, False, 4)
+    return Numerics(c, 4 if fp32_base else c, True, 0, 4 if fp32_base else c, 4, False, s.base_bits == 32,
+                    fp32_base, 4)
+
+
+def autocast_regime(s: TrainingSetup) -> bool:
+    """fp32 weights computed in 16-bit by torch.autocast (accelerate mixed precision on an fp32 model)."""
+    nm = numerics(s)
+    return nm.autocast and nm.residual == 4
 
 
 # ---- model states ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ModelStates:
-    """Bytes one GPU keeps for the whole step (weights, optimizer) and the gradient bytes of a full step."""
+    """Bytes one GPU keeps for weights and optimizer, and its gradient bytes at each moment of a step."""
 
     weights: int              # trained model's weights resident on this GPU (+ resident inference models)
     optimizer: int            # optimizer states incl. fp32 master copies kept by the optimizer
-    gradients_full: int       # gradient bytes once backward finished (what the step reads)
-    gradients_persistent: int # gradient buffers alive during forward as well (accumulation, DeepSpeed partitions)
+    gradients_persistent: int # gradient buffers alive during forward (accumulation, DDP buckets, ZeRO-3 partition)
+    gradients_backward: int   # gradient bytes once backward finished
+    gradients_step: int       # gradient bytes while the optimizer steps (DeepSpeed's fp32 conversion included)
     step_temporaries: int     # extra bytes the optimizer step allocates
     host: int                 # bytes offloaded to CPU RAM
     unsharded: int            # weights + grads + optimizer with no sharding at all
+    grows_in_backward: bool   # gradients appear block by block in backward (else they sit in buffers from the start)
+
+    @property
+    def gradients_full(self) -> int:
+        return self.gradients_backward
 
 
-def _compute_bytes(s: TrainingSetup) -> int:
-    return 4 if s.precision == "fp32" else 2
-
-
-def _uses_deepspeed(s: TrainingSetup) -> bool:
-    return s.strategy in ("zero1", "zero2", "zero3")
-
-
-def _master_in_model(s: TrainingSetup) -> bool:
-    """accelerate/FSDP mixed precision keep fp32 weights in the model and autocast; DeepSpeed keeps 16-bit
-    weights and an fp32 master copy inside its optimizer."""
-    return s.precision == "fp32" or not _uses_deepspeed(s)
-
-
-def optimizer_state_bytes_per_param(optimizer: str) -> float:
+def optimizer_state_bytes_per_param(optimizer: str, state_bytes: int = 4) -> float:
     """States per trainable parameter, excluding any fp32 master copy.
 
-    AdamW: exp_avg + exp_avg_sq in fp32 (8 B). bitsandbytes 8-bit AdamW: two uint8 states (2 B) plus an fp32
-    absmax per 256-value block for each (8/256 B). SGD with momentum: one fp32 buffer (4 B).
+    AdamW: exp_avg + exp_avg_sq in the state dtype (fp32: 8 B; torch AdamW on bf16 weights keeps bf16 states: 4 B).
+    bitsandbytes 8-bit AdamW: two uint8 states (2 B) plus an fp32 absmax per 256-value block for each (8/256 B).
+    SGD with momentum: one buffer in the state dtype.
     """
-    return {"adamw": 8.0, "adamw-8bit": 2.0 + 8.0 / 256, "sgd": 4.0}[optimizer]
+    return {"adamw": 2.0 * state_bytes, "adamw-8bit": 2.0 + 8.0 / 256, "sgd": float(state_bytes)}[optimizer]
+
+
+def _ds_bucket(s: TrainingSetup, cb: int) -> int:
+    """One DeepSpeed ipg/reduce bucket (16-bit), never larger than what it collects."""
+    return cb * min(s.trainable_params, DS_REDUCE_BUCKET_ELEMS)
 
 
 def model_states(s: TrainingSetup) -> ModelStates:
@@ -144,36 +220,31 @@ def model_states(s: TrainingSetup) -> ModelStates:
     n = s.world_size
     P = m.params
     T = s.trainable_params
-    cb = _compute_bytes(s)
-    opt_pp = optimizer_state_bytes_per_param(s.optimizer)
-    ds = _uses_deepspeed(s)
+    nm = numerics(s)
+    cb = nm.compute
+    opt_pp = optimizer_state_bytes_per_param(s.optimizer, nm.state)
+    ds = uses_deepspeed(s)
     shard_opt = s.strategy in ("zero1", "zero2", "zero3", "fsdp")
     shard_grad = s.strategy in ("zero2", "zero3", "fsdp")
     shard_param = s.strategy in ("zero3", "fsdp")
 
     # -- weights ------------------------------------------------------------------------------------------------
     if s.method == "full":
-        wbytes_pp = 4 if _master_in_model(s) else cb
+        trainable_weight_bytes = nm.weight * P
         frozen_bytes = 0
-        trainable_weight_bytes = wbytes_pp * P
     else:
-        # Frozen base: targeted linears quantized (QLoRA NF4 / 8-bit) or 16-bit; the rest (embeddings, norms,
-        # lm_head) stays 16-bit, except that peft's prepare_model_for_kbit_training upcasts it to fp32.
+        # Frozen base: targeted linears quantized (QLoRA NF4 / 8-bit) or in the base dtype; the rest (embeddings,
+        # norms, lm_head) in the base dtype, fp32 under QLoRA (prepare_model_for_kbit_training).
         lin = m.targeted_linear_params(s.lora_targets)
-        rest = P - lin
-        lin_bytes = quantized_linear_bytes(lin, s.base_bits) if s.base_bits in (4, 8) else cb * lin
-        rest_bytes = (4 if s.base_bits in (4, 8) else cb) * rest
-        frozen_bytes = lin_bytes + rest_bytes
-        # PEFT keeps adapters in fp32 (autocast_adapter_dtype=True); DeepSpeed casts the module to 16-bit.
-        wbytes_pp = cb if ds and s.precision != "fp32" else 4
-        trainable_weight_bytes = wbytes_pp * T
+        lin_bytes = quantized_linear_bytes(lin, s.base_bits) if s.base_bits in (4, 8) else nm.frozen * lin
+        frozen_bytes = lin_bytes + nm.frozen * (P - lin)
+        trainable_weight_bytes = nm.adapter * T
     weights = trainable_weight_bytes + frozen_bytes
     if shard_param:
         weights = weights // n
+    host_weights = 0
     if s.offload == "all":
         host_weights, weights = weights, 0
-    else:
-        host_weights = 0
     weights += sum(r.weight_bytes() for r in s.residents)
 
     # -- optimizer (+ DeepSpeed's fp32 master) -----------------------------------------------------------------
@@ -190,58 +261,73 @@ def model_states(s: TrainingSetup) -> ModelStates:
         host_opt, optimizer = optimizer, 0
 
     # -- gradients -------------------------------------------------------------------------------------------------
-    # gradients take the trainable weights' dtype: fp32 under accelerate/FSDP mixed precision and for PEFT's
-    # fp32 adapters, 16-bit inside a DeepSpeed model
-    grad_pp = cb if ds and s.precision != "fp32" else 4
+    T_local = T // n if shard_opt else T
+    grows = True
     if ds and s.precision != "fp32":
-        # DeepSpeed: 16-bit grads for the ipg bucket + an fp32 gradient partition for the step (ZeRO-1/2);
-        # ZeRO-3 keeps the grad partition in 16-bit and converts one optimizer sub-group to fp32 at the step.
+        # DeepSpeed keeps gradients in the model dtype (data_types.grad_accum_dtype unset) and converts its own
+        # partition to fp32 only inside step() (deepspeed/runtime/zero/stage_1_and_2.py, stage3.py, 0.19).
+        part = cb * T // n
         if s.strategy == "zero3":
-            grads_full = cb * T // n
-            grads_persistent = grads_full
-            step_fp32_grad = 4 * min(T // n, DS_SUB_GROUP_ELEMS)
+            # grad_partitions_flat_buffer and the ipg bucket are allocated when the engine is built; the step
+            # flattens one sub-group's partition (16-bit) and converts it to fp32, one sub-group at a time
+            persistent = part + _ds_bucket(s, cb)
+            backward, grows = persistent, False
+            sub = min(T // n, DS_SUB_GROUP_ELEMS)
+            step = persistent + (cb + 4) * sub
         elif s.strategy == "zero2":
-            grads_full = 4 * T // n + cb * min(T, DS_REDUCE_BUCKET_ELEMS)
-            grads_persistent = 4 * T // n
-            step_fp32_grad = 0
-        else:  # zero1: full 16-bit grads all-reduced, fp32 partition for the step
-            grads_full = cb * T + 4 * T // n
-            grads_persistent = 4 * T // n
-            step_fp32_grad = 0
+            # grads_in_partition (16-bit, the whole partition at the first bucket flush) + the ipg bucket during
+            # backward; released after the step unless the next micro-step accumulates into it
+            persistent = part if s.grad_accum > 1 else 0
+            backward = part + _ds_bucket(s, cb)
+            step = part + 4 * T // n
+        else:
+            # ZeRO-1: param.grad accumulates in full 16-bit; step flattens this rank's partition and converts it
+            persistent = cb * T if s.grad_accum > 1 else 0
+            backward = cb * T
+            step = cb * T // n + part + 4 * T // n
         if s.offload in ("optimizer", "all"):
             # with the optimizer on the host, DeepSpeed copies each reduced gradient partition to pinned CPU
             # memory (fp32) as backward produces it; the GPU keeps only the reduce bucket in flight
             host_opt += 4 * T // n
-            grads_full = cb * min(T, DS_REDUCE_BUCKET_ELEMS)
-            grads_persistent = 0
-            step_fp32_grad = 0
+            persistent, backward, step, grows = 0, _ds_bucket(s, cb), 0, False
+        step_temp = 0
+        if s.offload == "none" and s.optimizer != "adamw-8bit" and s.optimizer_impl != "fused":
+            # DeepSpeed calls the client optimizer on its flat fp32 partition (ZeRO-3: one sub-group at a time):
+            # foreach AdamW's _foreach_sqrt copies it once
+            step_temp = 4 * (min(T // n, DS_SUB_GROUP_ELEMS) if s.strategy == "zero3" else T // n)
     else:
-        grads_full = grad_pp * T
+        grad_pp = nm.weight if s.method == "full" else nm.adapter
+        backward = grad_pp * T
         if shard_grad:
-            grads_full //= n
+            backward //= n
         # DDP (world > 1) allocates its all-reduce buckets when it wraps the model and the trainer makes the
         # gradients views into them (gradient_as_bucket_view): gradient memory is there from the first forward.
         ddp_buckets = s.strategy == "ddp" and n > 1
-        grads_persistent = grads_full if s.grad_accum > 1 or ddp_buckets else 0
-        step_fp32_grad = 0
-
-    # -- optimizer step temporaries ----------------------------------------------------------------------------
-    # torch AdamW on CUDA runs the multi-tensor (foreach) path: _foreach_sqrt(exp_avg_sqs) allocates one fp32
-    # tensor per parameter at once (+4 B/trainable param). On CPU it runs the single-tensor path, whose
-    # `exp_avg_sq.sqrt() / bias_correction2_sqrt` holds two temporaries of the largest parameter at a time.
-    # DeepSpeed's fused/CPU Adam works in place.
-    if s.offload != "none" or ds or s.optimizer != "adamw":
-        step_temp = step_fp32_grad
-    elif s.device == "cpu":
-        largest = m.embedding_params if s.method == "full" else _largest_lora_tensor(s)
-        step_temp = 2 * 4 * largest
-    else:
-        step_temp = 4 * T // (n if shard_opt else 1)
+        persistent = backward if s.grad_accum > 1 or ddp_buckets else 0
+        grows = persistent == 0
+        step = backward
+        step_temp = _optimizer_step_temporaries(s, nm, T_local)
 
     unsharded = (trainable_weight_bytes + frozen_bytes + int((opt_pp + master_pp) * T)
-                 + (grad_pp if not ds else cb + 4) * T)
-    return ModelStates(weights, optimizer, grads_full, grads_persistent, step_temp, host_weights + host_opt,
-                       unsharded)
+                 + ((nm.weight if s.method == "full" else nm.adapter) if not ds else cb + 4) * T)
+    return ModelStates(weights, optimizer, persistent, backward, step, step_temp, host_weights + host_opt,
+                       unsharded, grows)
+
+
+def _optimizer_step_temporaries(s: TrainingSetup, nm: Numerics, T_local: int) -> int:
+    """Extra bytes torch's optimizer allocates during step(), by implementation (torch/optim/adamw.py, sgd.py).
+
+    fused: one kernel updates in place. foreach AdamW: `_foreach_sqrt(exp_avg_sqs)` copies every second moment at
+    once (+1 state element per trainable parameter). for-loop AdamW: `exp_avg_sq.sqrt() / bias_correction2_sqrt`
+    holds two temporaries of the largest parameter tensor at a time. SGD's momentum and bitsandbytes' 8-bit AdamW
+    update in place. Offloaded optimizers step on the host.
+    """
+    if s.offload != "none" or s.optimizer != "adamw" or s.optimizer_impl == "fused":
+        return 0
+    if s.optimizer_impl == "foreach":
+        return nm.state * T_local
+    largest = s.model.embedding_params if s.method == "full" else _largest_lora_tensor(s)
+    return 2 * nm.state * largest
 
 
 def _largest_lora_tensor(s: TrainingSetup) -> int:
@@ -256,13 +342,16 @@ class LayerActivations:
 
     Backward runs the MLP half first and frees its tensors before the attention half runs, so the block's
     backward peak is max(everything + MLP-gradient temporaries, attention half + attention temporaries).
+    `weight_copies` are the 16-bit copies of fp32 weights autocast makes for this block (saved for backward).
     """
 
-    saved_attn: int      # block input, attention-side norms, q/k/v, attention output, softmax (eager)
-    saved_mlp: int       # residual after attention, MLP-side norms, the four B·S·I MLP tensors
+    saved_attn: int      # norms, what the q/k/v readers keep, q/k/v, attention output, softmax (eager)
+    saved_mlp: int       # norms, what gate/up keep, the four B·S·I MLP tensors (three under LoRA + the adapter's)
     fwd_transient: int   # extra bytes alive while the block runs forward
     mlp_bwd_transient: int
     attn_bwd_transient: int
+    weight_copies: int = 0
+    cached_copies: int = 0   # the part autocast's cache holds until forward returns (trainable fp32 weights)
 
     @property
     def saved(self) -> int:
@@ -274,99 +363,198 @@ class LayerActivations:
         return max(self.saved + self.mlp_bwd_transient, self.saved_attn + self.attn_bwd_transient)
 
 
-def autocast_regime(s: TrainingSetup) -> bool:
-    """accelerate mixed precision on fp32 weights (full fine-tuning under DDP): torch.autocast casts each
-    linear's input and weight to 16-bit per call, so the residual stream stays fp32 and every linear saves its
-    own 16-bit copies for backward. DeepSpeed, FSDP's MixedPrecision and 16-bit LoRA bases compute in a
-    16-bit model instead."""
-    return s.precision in ("bf16", "fp16") and s.method == "full" and s.strategy == "ddp"
+def _norm_saved(width: int, rows: int, in_bytes: int, trainable: bool, style: str) -> int:
+    """Per token: what one RMSNorm over `width` saves for backward (transformers' RMSNorm modules).
+
+    Its input in fp32 (the input itself when it is fp32 already, else an upcast copy) and 1/rms per row; when its
+    weight trains, also the normalized value the weight multiplies: `weight * y.to(input dtype)` (Llama, Qwen,
+    Mistral) or fp32 y (OLMo 2's `(weight * y).to(dtype)`, Gemma's `y * (1 + weight)`).
+    """
+    out = 4 * width + 4 * rows
+    if trainable:
+        out += in_bytes * width if style == "llama" else 4 * width
+    return out
 
 
-def autocast_weight_copies_bytes(s: TrainingSetup) -> int:
-    """16-bit copies of one block's linear weights that autocast makes (and backward keeps) per forward."""
-    if not autocast_regime(s):
+def _reader_saved(width: int, src_bytes: int, readers: int, adapted: int, nm: Numerics, full: bool,
+                  shared_with_attention: bool = False) -> int:
+    """Per token: what the linears reading one tensor of `width` (`src_bytes` per element) save of it.
+
+    Full fine-tuning: each weight gradient needs the input. Under autocast an fp32 input is cast per linear (one
+    16-bit copy each); otherwise all readers share the tensor (`shared_with_attention`: sdpa already keeps it).
+    LoRA: frozen base linears save nothing of their input (torch saves only what a needed gradient reads); each
+    adapter saves what lora_A multiplies: its own 16-bit cast under autocast, else PEFT's cast to the adapter
+    dtype (a no-op, so one shared tensor, when the dtypes already agree).
+    """
+    if full:
+        if nm.autocast and src_bytes == 4:
+            return readers * 2 * width
+        return 0 if shared_with_attention else src_bytes * width
+    if adapted == 0:
         return 0
-    return 2 * sum(a * b for a, b, _ in s.model.linear_shapes().values())
+    if nm.autocast:
+        return adapted * 2 * width
+    if src_bytes == nm.adapter:
+        return 0 if shared_with_attention else src_bytes * width
+    return adapted * nm.adapter * width
 
 
 def block_activations(s: TrainingSetup, micro_batch: int | None = None) -> LayerActivations:
-    """Tensors a decoder block saves for backward, per micro-batch (HF Llama-style eager/sdpa blocks).
+    """Tensors one HF decoder block (Llama/Qwen/Mistral/Gemma/OLMo 2 layout) saves for backward, per micro-batch.
 
-    Residual stream, norms, q/k/v after RoPE, the attention output, and four B·S·I MLP tensors
-    (gate, up, act(gate), act·up). Eager attention also keeps the fp32 softmax probabilities (B·heads·S²).
-    Under mixed precision, RMSNorm's fp32 upcast is saved as well; LoRA adds its rank-r intermediates.
+    Per token: each RMSNorm's fp32 input and 1/rms (+ the normalized value when its weight trains), what the
+    linears keep of their inputs (see _reader_saved), q/k/v as attention receives them (sdpa/flash keep k and v at
+    the kv-head width and an fp32 log-sum-exp; eager repeats k and v to all heads and keeps the fp32 softmax and its
+    16-bit cast), the attention output, and the MLP's gate, up, act(gate) and act·up. LoRA adds each adapter's
+    rank-r intermediate. Checked byte for byte against torch's saved-tensor hooks (tests/test_memory_saved.py).
     """
     m = s.model
+    nm = numerics(s)
     b = micro_batch or s.micro_batch
     t = b * s.seq_len
+    S = s.seq_len
     h, i, qd, kvd = m.hidden_size, m.intermediate_size, m.q_dim, m.kv_dim
-    e = _compute_bytes(s)
-    full = s.method == "full"
-    norm_upcast = 4 if e == 2 else 0   # RMSNorm: hidden.to(float32) is a new tensor only for 16-bit inputs
+    nh, nkv = m.num_heads, m.num_kv_heads
+    c, r = nm.compute, nm.residual
     fam = m.family
-    s2 = b * m.num_heads * s.seq_len * s.seq_len   # attention score elements
+    style = fam.get("norm_style", "llama")
+    full = s.method == "full"
+    targets = set() if full else set(s.lora_targets)
 
-    def norm_saved(width: int) -> int:
-        # pow(2) and x*rsqrt save the (upcast) input; weight*y saves y only if the norm weight trains
-        return t * width * (norm_upcast + (e if full else 0))
+    def n_adapted(*names: str) -> int:
+        return sum(1 for x in names if x in targets)
 
-    def lora_saved(targets: set[str]) -> int:
-        if full:
-            return 0
-        shapes = m.linear_shapes()
-        mine = [x for x in s.lora_targets if x in targets]
-        out = len(mine) * t * s.lora_rank * 4                           # lora_A output (fp32 adapters)
-        if e == 2:
-            out += sum(t * shapes[x][0] * e for x in mine)              # input cast for the fp32 adapter path
-        return out
+    def adapter_out(*names: str) -> int:
+        return n_adapted(*names) * s.lora_rank * (2 if nm.autocast else nm.adapter)
 
-    amp = autocast_regime(s)
-    res = 4 if amp else e                              # residual stream bytes: fp32 under autocast (fp32 weights)
-
-    def norms(kinds: tuple[str, ...], readers: int) -> int:
-        """Norm tensors on one side of the block; `readers` linears read the pre-norm output (q,k,v or gate,up)."""
-        out = 0
-        for kind in fam["norms"]:
-            if kind not in kinds:
-                continue
-            if not amp:
-                out += norm_saved(h) + t * h * e       # pre-norm output (linear input) / post-norm input
-            elif kind.startswith("pre"):
-                out += t * h * 4 + readers * t * h * e  # fp32 y, and each reader's own 16-bit cast of the output
-            else:
-                out += t * h * (4 + 4)                 # 16-bit sublayer output upcast, fp32 y
-        if amp and not any(k.startswith("pre") and k in kinds for k in fam["norms"]):
-            out += readers * t * h * e                 # no pre-norm (OLMo 2): readers cast the fp32 residual
-        return out
-
-    # -- attention half ----------------------------------------------------------------------------------------
-    attn = t * h * res                                 # block input (residual stream)
-    attn += norms(("pre_attn", "post_attn"), 3)
-    if fam["qk_norm"]:
-        attn += norm_saved(qd + kvd) + t * (qd + kvd) * e
-    repeat_kv = s.attn == "eager"                      # sdpa on torch ≥ 2.5 passes enable_gqa (no repeat)
-    k_saved = qd if repeat_kv else kvd
-    attn += t * (qd + 2 * k_saved) * e                 # q, k, v after RoPE (k, v repeated to all heads: eager)
-    attn += t * qd * e                                 # attention output as o_proj input
+    # -- attention half (per token) ------------------------------------------------------------------------------
+    attn = 0
+    if "pre_attn" in fam["norms"]:
+        attn += _norm_saved(h, 1, r, full, style)
+    attn += _reader_saved(h, r, 3, n_adapted("q_proj", "k_proj", "v_proj"), nm, full)
+    qk = fam["qk_norm"]
+    if qk:
+        qk_style = "gemma" if style == "gemma" else ("olmo" if style == "olmo" else "llama")
+        rows_q, rows_k = (nh, nkv) if qk == "head" else (1, 1)
+        attn += _norm_saved(qd, rows_q, c, full, qk_style) + _norm_saved(kvd, rows_k, c, full, qk_style)
     if s.attn == "eager":
-        attn += s2 * (4 + (e if e == 2 else 0))        # fp32 softmax (+ its 16-bit cast under mixed precision)
+        # q, k and v repeated to every head, fp32 softmax (+ its 16-bit cast), the transposed output for o_proj
+        attn += 3 * c * qd + nh * S * (4 + (c if c < 4 else 0))
+        attn += _reader_saved(qd, c, 1, n_adapted("o_proj"), nm, full)
     else:
-        attn += t * qd * e                             # sdpa keeps its output for backward
-        attn += b * m.num_heads * s.seq_len * 4        # flash/efficient kernels keep the fp32 logsumexp
-    attn += lora_saved({"q_proj", "k_proj", "v_proj", "o_proj"})
+        attn += c * (qd + 2 * kvd) + 4 * nh + c * qd       # q, k, v, fp32 log-sum-exp, output (o_proj's input)
+        attn += _reader_saved(qd, c, 1, n_adapted("o_proj"), nm, full, shared_with_attention=True)
+    windowed = sliding_layers(s)
+    if windowed and s.attn != "eager":
+        # a sliding-window layer passes sdpa a mask, so transformers repeats k and v to every head
+        # (integrations/sdpa_attention.py use_gqa_in_sdpa): the extra width, averaged over the blocks
+        attn += windowed * 2 * c * (qd - kvd) // m.num_layers
+    attn += adapter_out("q_proj", "k_proj", "v_proj", "o_proj")
+    if "post_attn" in fam["norms"]:
+        attn += _norm_saved(h, 1, c, full, style)
 
-    # -- MLP half ------------------------------------------------------------------------------------------------
-    mlp = t * h * res                                  # residual after attention
-    mlp += norms(("pre_mlp", "post_mlp"), 2)
-    mlp += 4 * t * i * e                               # gate, up, act(gate), act·up
-    mlp += lora_saved({"gate_proj", "up_proj", "down_proj"})
+    # -- MLP half (per token) -------------------------------------------------------------------------------------
+    mlp = 0
+    if "pre_mlp" in fam["norms"]:
+        mlp += _norm_saved(h, 1, r, full, style)
+    mlp += _reader_saved(h, r, 2, n_adapted("gate_proj", "up_proj"), nm, full)
+    mlp += 3 * c * i                                     # gate (act input), up, act(gate)
+    mlp += c * i if full else _reader_saved(i, c, 1, n_adapted("down_proj"), nm, full)   # act·up for down_proj
+    mlp += adapter_out("gate_proj", "up_proj", "down_proj")
+    if "post_mlp" in fam["norms"]:
+        mlp += _norm_saved(h, 1, c, full, style)
 
+    # -- per block, independent of tokens --------------------------------------------------------------------------
+    const = 0
+    if style == "gemma":   # each norm keeps its fp32 (1 + weight)
+        const += 4 * h * len(fam["norms"]) + (8 * m.head_dim if qk == "head" else 0)
+    copies, cached = weight_copies_bytes(s)
+
+    s2 = b * nh * S * S   # attention score elements
     # forward: eager holds the raw scores and the masked scores (fp32) while softmax runs
-    fwd_t = 2 * s2 * 4 if s.attn == "eager" else t * i * e
-    # backward: gradients of the B·S·I intermediates; eager's softmax input/output gradients (2 × B·heads·S²)
-    mlp_bwd_t = 2 * t * i * e
-    attn_bwd_t = 2 * s2 * 4 if s.attn == "eager" else 3 * t * qd * e
-    return LayerActivations(attn, mlp, fwd_t, mlp_bwd_t, attn_bwd_t)
+    fwd_t = 2 * s2 * 4 if s.attn == "eager" else t * i * c
+    # backward: gradients of the B·S·I intermediates; eager's softmax input/output gradients (2 × B·heads·S²);
+    # sdpa's gradients of q, k, v (CPU kernels) or FlashAttention-2's (CUDA, see _flash_backward_bytes)
+    mlp_bwd_t = 2 * t * i * c
+    if s.attn == "eager":
+        attn_bwd_t = 2 * s2 * 4
+    elif s.device == "cuda":
+        attn_bwd_t = t * _flash_backward_bytes(s, c)
+    else:
+        attn_bwd_t = 3 * t * qd * c
+    if nm.trainable_copies:   # the 16-bit weight gradient of the largest linear before its fp32 conversion
+        mlp_bwd_t += c * max(a * o for a, o, _ in m.linear_shapes().values())
+    return LayerActivations(t * attn + const, t * mlp, fwd_t, mlp_bwd_t, attn_bwd_t, copies, cached)
+
+
+def sliding_layers(s: TrainingSetup) -> int:
+    """Blocks whose attention is windowed at this sequence length (Gemma 3's local layers, Mistral v0.1): they
+    need an explicit mask once the sequence is longer than the window."""
+    cfg = s.model.config
+    window = cfg.get("sliding_window")
+    if not window or s.seq_len <= int(window):
+        return 0
+    types = cfg.get("layer_types")
+    if types:
+        return sum(1 for x in types if x == "sliding_attention")
+    if s.model.model_type == "mistral" or cfg.get("use_sliding_window"):
+        return s.model.num_layers
+    return 0
+
+
+def _flash_backward_bytes(s: TrainingSetup, c: int) -> int:
+    """Per token: what FlashAttention-2's backward allocates (flash_api.cpp mha_bwd, used by torch's sdpa on CUDA).
+
+    dq, dk, dv (dk/dv at all heads when kv heads are shared, then summed to the kv width), the fp32 dq accumulator
+    and the fp32 softmax row sums.
+    """
+    m = s.model
+    qd, kvd, nh = m.q_dim, m.kv_dim, m.num_heads
+    grads = c * 3 * qd + (c * 2 * kvd if m.num_kv_heads < nh else 0)
+    return grads + 4 * qd + 4 * nh
+
+
+def weight_copies_bytes(s: TrainingSetup) -> tuple[int, int]:
+    """16-bit copies of one block's fp32 weights that autocast makes per forward and backward keeps: (all, cached).
+
+    Trainable fp32 weights (full fine-tuning under accelerate's mixed precision) are cast once per forward and
+    cached until forward returns; frozen fp32 base linears (LoRA on an fp32 base) are cast at every call and
+    not cached (torch caches only leaves that require grad); PEFT's fp32 adapters under autocast are cached.
+    """
+    nm = numerics(s)
+    block_w = sum(a * o for a, o, _ in s.model.linear_shapes().values())
+    cached = 2 * block_w if nm.trainable_copies else 0
+    if s.method != "full" and nm.autocast and nm.adapter == 4:
+        cached += 2 * s.trainable_params // max(s.model.num_layers, 1)
+    return cached + (2 * block_w if nm.frozen_copies else 0), cached
+
+
+def outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> dict[str, int]:
+    """What the step keeps outside the decoder blocks, per micro-batch.
+
+    `shared`: rotary cos/sin (one set; Gemma 3 has a local and a global one), the token ids and a sliding-window
+    mask; `final`: the final norm and what lm_head keeps of its input, plus autocast's 16-bit copy of an fp32
+    lm_head; `labels`: the shifted labels cross-entropy keeps (int64).
+    """
+    m = s.model
+    nm = numerics(s)
+    b = micro_batch or s.micro_batch
+    t = b * s.seq_len
+    h = m.hidden_size
+    full = s.method == "full"
+    style = m.family.get("norm_style", "llama")
+    rope_sets = 2 if m.model_type == "gemma3_text" else 1
+    shared = rope_sets * 2 * t * m.head_dim * nm.residual + 8 * t
+    window_mask = b * s.seq_len * s.seq_len * nm.compute if (s.attn != "eager" and sliding_layers(s)) else 0
+    final = t * _norm_saved(h, 1, nm.residual, full, style)
+    if full:
+        final += t * _reader_saved(h, nm.residual, 1, 0, nm, True)
+    if nm.trainable_copies or nm.fp32_head:
+        final += 2 * m.vocab_size * h
+    # the window mask sdpa keeps for backward (cast to the q dtype): through backward without checkpointing, with
+    # it only while a block is recomputed
+    return {"shared": shared + (0 if s.grad_ckpt else window_mask), "final": final, "labels": 8 * t,
+            "window_mask": window_mask}
 
 
 def logits_bytes(s: TrainingSetup, micro_batch: int | None = None) -> dict[str, int]:
@@ -378,9 +566,9 @@ def logits_bytes(s: TrainingSetup, micro_batch: int | None = None) -> dict[str, 
     """
     b = micro_batch or s.micro_batch
     tv = b * s.seq_len * s.model.vocab_size
-    e = _compute_bytes(s)
+    c = numerics(s).compute
     saved = 4 * tv                                   # log_softmax output
-    fwd = e * tv + (4 * tv if e == 2 else 0)         # logits (+ fp32 copy) while log_softmax runs
+    fwd = c * tv + (4 * tv if c == 2 else 0)         # logits (+ fp32 copy) while log_softmax runs
     bwd = 4 * tv + 4 * tv                            # grad of log_softmax output, grad of its input
     return {"saved": saved, "forward_transient": fwd, "backward_transient": bwd}
 
@@ -389,14 +577,18 @@ def logits_bytes(s: TrainingSetup, micro_batch: int | None = None) -> dict[str, 
 def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str, Any]:
     """Walk one (last) micro-step and the optimizer step; return the peak of each phase and the peak's parts."""
     m = s.model
+    nm = numerics(s)
     b = micro_batch or s.micro_batch
     t = b * s.seq_len
-    e = _compute_bytes(s)
+    c = nm.compute
     ms = model_states(s)
     layer = block_activations(s, b)
     lg = logits_bytes(s, b)
+    out = outside_blocks(s, b)
     n = s.world_size
     L = m.num_layers
+    V, h = m.vocab_size, m.hidden_size
+    full = s.method == "full"
     static = ms.weights + ms.optimizer
 
     # ZeRO-3 / FSDP: the gathered 16-bit copy of the block being computed plus the prefetched next one;
@@ -407,16 +599,15 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
         prefetch = min(blk, DS_PREFETCH_BUCKET_ELEMS) if s.strategy == "zero3" else blk
         gather_block = gb * (blk + prefetch)
         gather_head = gb * (m.embedding_params if m.tie_embeddings else m.vocab_size * m.hidden_size)
-        grad_gather_block = gb * blk if s.method == "full" else 0
+        grad_gather_block = gb * blk if full else 0
     else:
         gather_block = gather_head = grad_gather_block = 0
 
     # what checkpointing keeps per block, and what recomputing one block costs in backward
-    res = 4 if autocast_regime(s) else e
-    mask = b * s.seq_len * s.seq_len * res if s.attn == "eager" else 0
-    wcopy = autocast_weight_copies_bytes(s)   # autocast's cast cache: held through forward; saved without ckpt
+    mask = b * s.seq_len * s.seq_len * nm.residual if s.attn == "eager" else 0
+    wcopy = layer.weight_copies
     if s.grad_ckpt:
-        per_block_saved = t * m.hidden_size * res
+        per_block_saved = t * h * nm.residual
         recompute = True
     else:
         per_block_saved = layer.saved + wcopy
@@ -424,14 +615,10 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
 
     # eager attention: transformers builds one additive causal mask (B×1×S×S, residual dtype) for all blocks;
     # it lives through backward only when checkpointing saves it as a block input, else until forward returns
-    embed_out = mask if s.grad_ckpt else 0
-    if autocast_regime(s):   # fp32 input and y, the lm_head input cast, lm_head's own weight copy
-        final_norm = t * m.hidden_size * (4 + 4 + e) + 2 * m.vocab_size * m.hidden_size
-    else:
-        final_norm = t * m.hidden_size * (e + (4 if e == 2 else 0) + (e if s.method == "full" else 0))
+    shared = out["shared"] + (mask if s.grad_ckpt else 0)
+    final = out["final"]
 
     grads = ms.gradients_persistent
-    acts = 0
     parts_at_peak: dict[str, Any] = {}
     phase_peaks = {"forward": 0, "loss": 0, "backward": 0, "step": 0}
 
@@ -443,51 +630,74 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
             parts_at_peak.update(total=total, phase=phase, activations=act + gather, logits=logit,
                                  gradients=grad, optimizer_extra=opt_extra)
 
-    # forward: blocks one by one
-    acts = embed_out
-    cache = 0 if s.grad_ckpt else mask        # alive only until the forward returns: autocast copies (ckpt), mask
+    # forward: blocks one by one. Under checkpointing, autocast's cache still holds every cast trainable weight
+    # until forward returns (saved copies count in per_block_saved otherwise); the eager mask lives until then too
+    acts = shared
+    cache = 0 if s.grad_ckpt else mask
     for _ in range(L):
         mark("forward", acts + cache + layer.fwd_transient, 0, grads, gather=gather_block)
         acts += per_block_saved
-        cache += wcopy if recompute else 0
-    acts += final_norm
-    # loss: logits + fp32 copy + log_softmax output while it runs
+        cache += layer.cached_copies if recompute else 0
+    acts += final
+    # loss: logits + fp32 copy + log_softmax output while it runs; shifted labels
+    acts += out["labels"]
     mark("loss", acts + cache, lg["forward_transient"] + lg["saved"], grads, gather=gather_head)
     # backward through cross-entropy: saved output + its grad + input grad
     mark("backward", acts, lg["saved"] + lg["backward_transient"], grads, gather=gather_head)
-    # lm_head backward: logits grad (compute dtype) is consumed, the lm_head/embedding weight grad appears
+    # lm_head backward: the logits' gradient (compute dtype) is consumed; the head's weight gradient appears
+    # (16-bit under autocast, then converted to the fp32 gradient)
     head_grad = 0
-    if s.method == "full" and not (s.strategy in ("zero1", "zero2", "zero3") and s.precision != "fp32"):
-        head_grad = _grad_share(m.vocab_size * m.hidden_size, s)
-    head_grad_gather = gather_head if s.method == "full" else 0   # ZeRO-3/FSDP: the unsharded lm_head grad
-    mark("backward", acts, e * t * m.vocab_size, grads, gather=gather_head + head_grad_gather)
-    if ms.gradients_persistent == 0:   # else the buffers (accumulation, DDP buckets) already hold it
+    if full and not (uses_deepspeed(s) and s.precision != "fp32"):
+        head_grad = _grad_share(V * h, s)
+    head_cast = c * V * h if (full and nm.trainable_copies) else 0
+    head_grad_gather = gather_head if full else 0   # ZeRO-3/FSDP: the unsharded lm_head grad
+    if ms.grows_in_backward:
+        mark("backward", acts, c * t * V, grads + head_grad, opt_extra=head_cast,
+             gather=gather_head + head_grad_gather)
         grads += head_grad
-    acts -= final_norm
-    block_grad = _grad_share(m.block_params() if s.method == "full" else s.trainable_params // max(L, 1), s)
+    else:   # the buffers (accumulation, DDP buckets, DeepSpeed) already hold it
+        mark("backward", acts, c * t * V, ms.gradients_backward, opt_extra=head_cast,
+             gather=gather_head + head_grad_gather)
+        grads = ms.gradients_backward
+    acts -= final + out["labels"]
+    block_grad = _grad_share(m.block_params() if full else s.trainable_params // max(L, 1), s)
     for _ in range(L):
-        # under checkpointing the block's own tensors are recomputed on top of its saved input
+        # under checkpointing the block's own tensors (and autocast's weight copies) are recomputed on top of
+        # its saved input
         below = acts - per_block_saved
-        mark("backward", below + (per_block_saved if recompute else 0) + layer.bwd_peak, 0, grads,
-             gather=gather_block + grad_gather_block)
+        recomputed = per_block_saved + wcopy + out["window_mask"] if recompute else 0
+        mark("backward", below + recomputed + layer.bwd_peak, 0, grads, gather=gather_block + grad_gather_block)
         acts -= per_block_saved
-        if ms.gradients_persistent == 0:
+        if ms.grows_in_backward:
             grads += block_grad
-    grads = max(grads, ms.gradients_full) if ms.gradients_persistent == 0 else ms.gradients_full
-    mark("backward", 0, 0, grads)
+    grads = max(grads, ms.gradients_backward)
+    # the embedding's backward writes a dense V×h gradient; with tied embeddings autograd adds it to lm_head's,
+    # which waits in the engine's input buffer: out of place (a third V×h tensor) unless lm_head's gradient is a
+    # fresh fp32 copy of autocast's 16-bit one, which the engine may add into (torch/csrc/autograd/input_buffer.cpp)
+    embed_bwd = _grad_share(V * h, s) * (1 if nm.trainable_copies else 2) if (full and m.tie_embeddings) else 0
+    mark("backward", acts, 0, grads, opt_extra=embed_bwd)
     # optimizer step
-    mark("step", 0, 0, grads, opt_extra=ms.step_temporaries)
+    mark("step", 0, 0, ms.gradients_step, opt_extra=ms.step_temporaries)
     return {"phase_peaks": phase_peaks, "parts": parts_at_peak, "states": ms}
 
 
 def _grad_share(n_params: int, s: TrainingSetup) -> int:
     """Gradient bytes a group of parameters adds on this GPU as backward reaches it."""
+    nm = numerics(s)
     if s.method != "full":
-        return 4 * n_params
-    per = 4 if _master_in_model(s) else _compute_bytes(s)
+        return nm.adapter * n_params
+    per = nm.weight
     if s.strategy in ("zero2", "zero3", "fsdp"):
         return per * n_params // s.world_size
     return per * n_params
+
+
+def workspace_bytes(s: TrainingSetup) -> int:
+    """cuBLAS workspaces inside the allocator (see CUBLAS_WORKSPACE_BYTES)."""
+    if s.device == "cpu":
+        return 0
+    per = CUBLAS_WORKSPACE_BYTES.get(s.hardware.gpu.arch, CUBLAS_WORKSPACE_BYTES_OLDER)
+    return CUBLAS_HANDLES * per
 
 
 def overhead_bytes(s: TrainingSetup, allocated_peak: int) -> int:
@@ -510,8 +720,9 @@ def estimate_memory(s: TrainingSetup, headroom_fraction: float = 0.10,
     sim = simulate_step(s, micro_batch)
     ms: ModelStates = sim["states"]
     parts = sim["parts"]
-    allocated = parts["total"]
-    overhead = overhead_bytes(s, allocated)
+    ws = workspace_bytes(s)
+    allocated = parts["total"] + ws
+    overhead = ws + overhead_bytes(s, allocated)
     return MemoryBreakdown(
         weights_bytes=ms.weights,
         gradients_bytes=parts["gradients"],
@@ -522,7 +733,8 @@ def estimate_memory(s: TrainingSetup, headroom_fraction: float = 0.10,
         peak_phase=parts["phase"],
         capacity_bytes=s.hardware.gpu.memory_bytes,
         headroom_fraction=headroom_fraction,
-        phase_peaks=sim["phase_peaks"],
+        phase_peaks={k: v + ws for k, v in sim["phase_peaks"].items()} if ws else sim["phase_peaks"],
         model_states_unsharded_bytes=ms.unsharded,
         host_bytes_per_gpu=ms.host,
+        workspace_bytes=ws,
     )

@@ -25,14 +25,18 @@ CATALOG_DIR = Path(__file__).parent / "catalog" / "models"
 #   qkv_bias:  "flag" → q,k,v,o follow config.attention_bias; "qkv" → q,k,v always biased, o not (Qwen2)
 #   qk_norm:   None | "head" (RMSNorm over head_dim, Qwen3/Gemma3) | "full" (over all heads, OLMo2)
 #   norms:     which RMSNorms a block has: pre-attention, post-attention, pre-MLP, post-MLP
+#   norm_style how the RMSNorm multiplies its weight, which decides what it saves for backward:
+#              "llama" weight * y.to(input dtype); "olmo" (weight * y).to(input dtype); "gemma" y * (1 + weight) in fp32
 _FAMILIES: dict[str, dict[str, Any]] = {
-    "llama": dict(qkv_bias="flag", qk_norm=None, norms=("pre_attn", "pre_mlp")),
-    "mistral": dict(qkv_bias="flag", qk_norm=None, norms=("pre_attn", "pre_mlp")),
-    "qwen2": dict(qkv_bias="qkv", qk_norm=None, norms=("pre_attn", "pre_mlp")),
-    "qwen3": dict(qkv_bias="flag", qk_norm="head", norms=("pre_attn", "pre_mlp")),
-    "gemma3_text": dict(qkv_bias="flag", qk_norm="head", norms=("pre_attn", "post_attn", "pre_mlp", "post_mlp")),
-    "gemma2": dict(qkv_bias="flag", qk_norm=None, norms=("pre_attn", "post_attn", "pre_mlp", "post_mlp")),
-    "olmo2": dict(qkv_bias="flag", qk_norm="full", norms=("post_attn", "post_mlp")),
+    "llama": dict(qkv_bias="flag", qk_norm=None, norms=("pre_attn", "pre_mlp"), norm_style="llama"),
+    "mistral": dict(qkv_bias="flag", qk_norm=None, norms=("pre_attn", "pre_mlp"), norm_style="llama"),
+    "qwen2": dict(qkv_bias="qkv", qk_norm=None, norms=("pre_attn", "pre_mlp"), norm_style="llama"),
+    "qwen3": dict(qkv_bias="flag", qk_norm="head", norms=("pre_attn", "pre_mlp"), norm_style="llama"),
+    "gemma3_text": dict(qkv_bias="flag", qk_norm="head", norms=("pre_attn", "post_attn", "pre_mlp", "post_mlp"),
+                        norm_style="gemma"),
+    "gemma2": dict(qkv_bias="flag", qk_norm=None, norms=("pre_attn", "post_attn", "pre_mlp", "post_mlp"),
+                   norm_style="gemma"),
+    "olmo2": dict(qkv_bias="flag", qk_norm="full", norms=("post_attn", "post_mlp"), norm_style="olmo"),
 }
 
 BLOCK_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

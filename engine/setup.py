@@ -19,6 +19,12 @@ OFFLOADS = ("none", "optimizer", "all")
 PRECISIONS = ("bf16", "fp16", "fp32")
 OPTIMIZERS = ("adamw", "adamw-8bit", "sgd")
 ATTNS = ("eager", "sdpa", "flash")
+MASTER_WEIGHTS = ("fp32", "bf16")
+# torch's three optimizer implementations (torch.optim docs: "for-loop", "foreach", "fused"); the bundled trainer
+# and the HF Trainer (optim "adamw_torch_fused") use fused; torch.optim.AdamW() left to itself runs foreach on
+# CUDA and the for-loop on CPU.
+OPTIMIZER_IMPLS = ("fused", "foreach", "for-loop")
+BASE_BITS = (4, 8, 16, 32)
 
 
 @dataclass(frozen=True)
@@ -63,11 +69,13 @@ class TrainingSetup:
     method: str = "full"
     lora_rank: int = 16
     lora_targets: tuple[str, ...] = BLOCK_LINEARS
-    base_bits: int = 16              # frozen base weights: 16 (lora), 4 (qlora NF4) or 8 (8-bit base)
+    base_bits: int = 16              # frozen base weights: 16 (lora), 4 (qlora NF4), 8 (8-bit base), 32 (fp32 base)
     strategy: str = "ddp"
     offload: str = "none"
     precision: str = "bf16"
     optimizer: str = "adamw"
+    optimizer_impl: str = "fused"
+    master_weights: str = "fp32"     # full fine-tuning: fp32 master weights (mixed precision) or bf16 weights only
     attn: str = "sdpa"
     grad_ckpt: bool = False
     micro_batch: int = 1
@@ -92,6 +100,9 @@ class TrainingSetup:
         one_of("precision", self.precision, PRECISIONS)
         one_of("optimizer", self.optimizer, OPTIMIZERS)
         one_of("attn", self.attn, ATTNS)
+        one_of("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
+        one_of("master_weights", self.master_weights, MASTER_WEIGHTS)
+        one_of("base_bits", self.base_bits, BASE_BITS)
         for name in ("micro_batch", "grad_accum", "seq_len", "lora_rank"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -102,10 +113,24 @@ class TrainingSetup:
             raise ScaletrainError(f"--tokens-per-sample must be ≥ 1 (got {self.tokens_per_sample})")
         if not self.epochs > 0:
             raise ScaletrainError(f"--epochs must be positive (got {self.epochs})")
+        if self.method == "qlora" and self.base_bits == 32:
+            raise ScaletrainError("--method qlora quantizes the base to 4 or 8 bits; use --method lora --base-bits 32 "
+                                  "for an fp32 base")
         if self.method == "qlora" and self.base_bits not in (4, 8):
             object.__setattr__(self, "base_bits", 4)
         if self.method == "full" and self.base_bits != 16:
-            raise ScaletrainError("a quantized base needs --method lora or qlora")
+            raise ScaletrainError("--base-bits sets the frozen base of --method lora or qlora; full fine-tuning "
+                                  "trains every weight (use --master-weights for their precision)")
+        if self.master_weights == "bf16":
+            if self.method != "full":
+                raise ScaletrainError("--master-weights bf16 applies to full fine-tuning; LoRA adapters are kept in "
+                                      "fp32 by PEFT (use --master-weights fp32)")
+            if self.precision != "bf16":
+                raise ScaletrainError(f"--master-weights bf16 trains bf16 weights, so it needs --precision bf16 "
+                                      f"(got {self.precision})")
+            if self.strategy in ("zero1", "zero2", "zero3"):
+                raise ScaletrainError("DeepSpeed keeps an fp32 master copy of 16-bit weights in its optimizer; use "
+                                      "--master-weights fp32 with ZeRO, or --strategy ddp/fsdp for bf16 weights only")
         if self.method in ("lora", "qlora"):
             self.model.lora_params(self.lora_rank, self.lora_targets)  # validates target names
         if self.offload != "none" and self.strategy not in ("zero1", "zero2", "zero3", "fsdp"):
@@ -147,7 +172,8 @@ class TrainingSetup:
             "method": self.method, "lora_rank": self.lora_rank if self.method != "full" else None,
             "lora_targets": list(self.lora_targets) if self.method != "full" else None,
             "base_bits": self.base_bits, "strategy": self.strategy, "offload": self.offload,
-            "precision": self.precision, "optimizer": self.optimizer, "attn": self.attn,
+            "precision": self.precision, "master_weights": self.master_weights, "optimizer": self.optimizer,
+            "optimizer_impl": self.optimizer_impl, "attn": self.attn,
             "grad_ckpt": self.grad_ckpt, "seq_len": self.seq_len, "device": self.device,
             "residents": [{"model": r.model.name, "bits": r.bits, "role": r.role} for r in self.residents],
         }

@@ -172,7 +172,8 @@ def derive_calibration(r: ValidationResult, source: str) -> Calibration:
     non_compute = t.step_seconds - t.compute_seconds
     # relative to the uncalibrated model: a plan made under an older profile already carries its scale
     scale = t.constants.compute_scale * max(1e-6, r.measured_step_seconds - non_compute) / t.compute_seconds
-    achieved = t.mfu * t.constants.compute_scale / scale if s.device != "cpu" else None
+    achieved = (t.model_flops_per_step / (r.measured_step_seconds * t.peak_flops)
+                if s.device != "cpu" and t.peak_flops > 0 else None)
     reserve = None
     if r.measured_reserved_bytes and r.measured_allocated_bytes:
         reserve = max(0.0, r.measured_reserved_bytes / r.measured_allocated_bytes - 1.0)

@@ -37,7 +37,15 @@ def test_model_states_per_strategy():
     z2 = model_states(setup(strategy="zero2"))
     z3 = model_states(setup(strategy="zero3"))
     assert z3.weights == (2 * P) // 8 and z3.optimizer == z1.optimizer
-    assert z3.gradients_full < z2.gradients_full < z1.gradients_full
+    # DeepSpeed keeps gradients in the model dtype until step(): ZeRO-1 holds full 16-bit grads in backward,
+    # ZeRO-2/3 this rank's 16-bit partition plus the reduce bucket; only ZeRO-3 allocates them with the engine
+    bucket = 2 * min(P, 200_000_000)
+    assert z1.gradients_backward == 2 * P
+    assert z2.gradients_backward == z3.gradients_backward == (2 * P) // 8 + bucket < z1.gradients_backward
+    assert z2.gradients_persistent == z1.gradients_persistent == 0 and z3.gradients_persistent == z3.gradients_backward
+    # the step converts the partition to fp32 (ZeRO-3: one sub-group at a time)
+    assert z2.gradients_step == (2 * P) // 8 + (4 * P) // 8
+    assert model_states(setup(strategy="zero2", grad_accum=4)).gradients_persistent == (2 * P) // 8
     off = model_states(setup(strategy="zero3", offload="optimizer"))
     assert off.optimizer == 0 and off.host >= z3.optimizer
 

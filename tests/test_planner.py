@@ -91,10 +91,22 @@ def test_unreachable_or_unfit_targets_are_one_line(capsys, argv, needles):
 
 def test_nothing_fits_names_the_leanest_option(capsys):
     assert main(["plan", "--model", "meta-llama/Llama-3.1-70B", "--gpus", "2xRTX4090", "--effective-batch",
-                 "64"]) == 2
+                 "64", "--offload", "none"]) == 2
     err = capsys.readouterr().err
     assert "nothing fits on 2xRTX4090 at effective batch 64" in err
     assert "needs" in err and "more GPUs" in err and err.count("\n") == 1
+
+
+def test_full_offload_keeps_only_buckets_on_the_gpu_and_says_what_the_host_needs():
+    """ZeRO-3 with everything offloaded: DeepSpeed moves each reduced gradient partition to pinned host memory as
+    backward produces it, so the GPU holds the gathers, the reduce bucket and the activations; the host holds the
+    rest, and the plan says how much."""
+    plan = make_plan(PlanRequest(model="meta-llama/Llama-3.1-70B", gpus="2xRTX4090", effective_batch=64))
+    s, m = plan.setup, plan.memory
+    assert (s.strategy, s.offload) == ("zero3", "all") and plan.fits
+    P = s.model.params
+    assert m.host_bytes_per_gpu >= (16 * P) // 2          # fp32 master + Adam + fp32 gradients, over 2 GPUs
+    assert m.weights_bytes == m.optimizer_bytes == 0
 
 
 def test_prime_target_on_one_gpu_is_solved_exactly():

@@ -12,8 +12,7 @@ from scaletrain.engine.hardware import parse_gpus
 from scaletrain.engine.models import load_model
 from scaletrain.engine.request import PlanRequest, base_setup, make_plan
 from scaletrain.engine.setup import TrainingSetup
-from scaletrain.engine.timing import (DEFAULT_CONSTANTS, TimeConstants, bus_bandwidth, estimate_time,
-                                      sample_flops)
+from scaletrain.engine.timing import DEFAULT_CONSTANTS, bus_bandwidth, estimate_time, sample_flops
 from scaletrain.tui.cli import main
 
 QWEN3_4B = "Qwen/Qwen3-4B"
@@ -47,8 +46,10 @@ def test_sixteen_gpus_at_256_give_629_steps_and_a_sublinear_speedup():
     assert t16.steps_per_epoch == math.ceil(160_791 / 256) == 629
     speedup = t8.epoch_seconds / t16.epoch_seconds
     assert 1.0 < speedup < 2.0
-    # the per-GPU work is identical; what grows is the collectives' (n-1)/n share over PCIe without P2P
-    assert t16.compute_seconds == pytest.approx(t8.compute_seconds)
+    # the per-GPU matmuls are identical; each GPU copies a smaller ZeRO-3 shard, and what grows is the
+    # collectives' (n-1)/n share over PCIe without P2P
+    assert t16.micro.matmul == pytest.approx(t8.micro.matmul)
+    assert t16.micro.gathers < t8.micro.gathers
     assert t16.communication_seconds > t8.communication_seconds
 
 
@@ -78,15 +79,15 @@ def test_backward_and_recompute_accounting():
     assert estimate_time(s.with_(method="lora")).model_flops_per_step < estimate_time(s).model_flops_per_step
 
 
-def test_mfu_is_the_assumed_utilization_and_calibration_overrides_it():
+def test_mfu_is_model_flops_over_the_predicted_step_and_calibration_scales_the_micro_steps():
     s = _seed_setup()
     t = estimate_time(s)
     assert 0 < t.mfu < 1
-    assert t.compute_seconds == pytest.approx(t.flops_per_step / (t.peak_flops * t.mfu))
-    half = estimate_time(s, DEFAULT_CONSTANTS.with_(utilization_override=0.2))
-    full = estimate_time(s, TimeConstants(utilization_override=0.4))
-    assert half.compute_seconds == pytest.approx(2 * full.compute_seconds)
-    assert 0 < t.end_to_end_mfu < t.mfu                              # communication and optimizer cost time too
+    assert t.mfu == pytest.approx(t.model_flops_per_step / (t.step_seconds * t.peak_flops))
+    slower = estimate_time(s, DEFAULT_CONSTANTS.with_(compute_scale=2.0))
+    assert slower.compute_seconds == pytest.approx(2 * t.compute_seconds)
+    assert slower.optimizer_seconds == pytest.approx(t.optimizer_seconds)   # the step is not a micro-step term
+    assert slower.mfu < t.mfu
 
 
 def test_geforce_without_p2p_and_slow_inter_node_links_are_slower():
@@ -171,3 +172,52 @@ def test_cpu_plans_are_bound_by_activation_traffic_for_tiny_models():
     t2 = estimate_time(s.with_(micro_batch=8))
     assert t2.compute_seconds == pytest.approx(2 * t.compute_seconds, rel=0.05)   # linear in tokens
     assert any(a.startswith("CPU:") for a in t.assumptions)
+
+
+def test_micro_step_is_bound_by_the_slower_of_host_and_device():
+    """A tiny batch leaves the GPU waiting for Python and autograd; a large one keeps the host ahead."""
+    small = estimate_time(_seed_setup("1xH100", strategy="ddp", micro_batch=1, seq_len=128, grad_ckpt=False))
+    large = estimate_time(_seed_setup("1xH100", strategy="ddp", micro_batch=8, seq_len=4096, grad_ckpt=True))
+    assert small.micro.host_bound and small.micro.seconds == small.micro.host
+    assert not large.micro.host_bound and large.micro.seconds == pytest.approx(large.micro.device)
+    assert any("host-bound" in a for a in small.assumptions)
+    # the host cost per micro-step does not depend on the tokens in it
+    assert small.micro.host == pytest.approx(estimate_time(_seed_setup(
+        "1xH100", strategy="ddp", micro_batch=2, seq_len=128, grad_ckpt=False)).micro.host)
+
+
+def test_every_device_term_grows_with_its_own_driver():
+    base = _seed_setup("1xH100", strategy="ddp", micro_batch=4, seq_len=2048, grad_ckpt=False)
+    t = estimate_time(base).micro
+    longer = estimate_time(base.with_(seq_len=4096, micro_batch=2)).micro     # same tokens, longer sequences
+    assert longer.matmul == pytest.approx(t.matmul, rel=0.01) and longer.attention > 1.9 * t.attention
+    ck = estimate_time(base.with_(grad_ckpt=True)).micro                      # the forward runs twice
+    assert ck.matmul > 1.2 * t.matmul and ck.memory_bound > t.memory_bound
+    lora = estimate_time(base.with_(method="lora")).micro                     # no weight gradients, adapters' traffic
+    assert lora.matmul < 0.8 * t.matmul and lora.memory_bound > t.memory_bound
+    eager = estimate_time(base.with_(attn="eager")).micro
+    assert eager.attention > t.attention
+
+
+def test_optimizer_bytes_by_implementation_and_deepspeed_step_work():
+    s = _seed_setup("1xH100", strategy="ddp", micro_batch=1, grad_accum=1, grad_ckpt=True)
+    fused = estimate_time(s.with_(optimizer_impl="fused")).optimizer_seconds
+    foreach = estimate_time(s.with_(optimizer_impl="foreach")).optimizer_seconds
+    P = s.model.params
+    hbm = s.hardware.gpu.hbm_gbps * 1e9 * DEFAULT_CONSTANTS.hbm_efficiency
+    # fused: weight r+w, gradient r, two fp32 moments r+w, + clipping's three gradient passes
+    assert fused == pytest.approx(P * (2 * 4 + 4 + 4 * 4 + 3 * 4) / hbm)
+    assert foreach == pytest.approx(P * (4 * 4 + 2 * 4 + 14 * 4 + 3 * 4) / hbm)
+    pure = estimate_time(s.with_(optimizer_impl="fused", master_weights="bf16")).optimizer_seconds
+    assert pure == pytest.approx(P * (2 * 2 + 2 + 4 * 2 + 3 * 2) / hbm)      # bf16 weights, grads and moments
+    z2 = estimate_time(s.with_(strategy="zero2")).optimizer_seconds
+    assert z2 > fused                                                          # flatten, fp32 conversion, copy back
+
+
+def test_zero3_on_one_gpu_pays_gathers_and_serial_hooks():
+    s = _seed_setup("1xH100", strategy="zero3", micro_batch=4, grad_accum=1)
+    t = estimate_time(s)
+    assert t.micro.serial_host and t.micro.gathers > 0
+    assert t.micro.seconds == pytest.approx(t.micro.device + t.micro.host)
+    ddp = estimate_time(s.with_(strategy="ddp"))
+    assert t.step_seconds > ddp.step_seconds

@@ -1,0 +1,59 @@
+"""What one decoder block saves for backward, byte for byte: the engine's per-token formulas against torch's
+saved-tensor hooks on real HF blocks, for every family the catalog models and every dtype regime the stack runs
+(fp32; fp32 weights under autocast; bf16 weights; LoRA on fp32, bf16-under-autocast and fp32-under-autocast bases).
+
+The whole-step peaks are checked in test_memory_groundtruth.py; this pins the structure under them exactly.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from scaletrain.engine.hardware import parse_gpus
+from scaletrain.engine.measure import measure_saved_activation_bytes
+from scaletrain.engine.memory import block_activations
+from scaletrain.engine.models import BLOCK_LINEARS, arch_from_config, catalog_entry
+from scaletrain.engine.setup import TrainingSetup
+
+# (engine precision, master weights, LoRA base bits) → engine/measure.py's regime name
+REGIMES = {
+    "fp32": ("fp32", "fp32", 16, "fp32"),
+    "autocast": ("bf16", "fp32", 16, "bf16"),
+    "bf16-weights": ("bf16", "bf16", 16, "bf16-pure"),
+    "lora-bf16-base": ("bf16", "fp32", 16, "bf16-autocast"),
+    "lora-fp32-base": ("bf16", "fp32", 32, "bf16"),
+}
+LAYERS = 4
+MIDDLE = "layer2"   # a block that is neither the first (rotary tables, no input gradient under LoRA) nor Gemma's
+                    # first global-attention layer
+
+
+def _config(family: str) -> dict:
+    cfg = dict(catalog_entry(f"scaletrain/tiny-{family}")["config"])
+    cfg["num_hidden_layers"] = LAYERS
+    if "layer_types" in cfg:
+        pattern = list(cfg["layer_types"])
+        cfg["layer_types"] = [pattern[i % len(pattern)] for i in range(LAYERS)]
+    return cfg
+
+
+CASES = [(fam, regime, attn) for fam in ("llama", "qwen2", "qwen3", "gemma3", "olmo2", "mistral")
+         for regime in REGIMES for attn in ("sdpa", "eager")
+         if attn == "sdpa" or regime in ("autocast", "lora-bf16-base")]
+
+
+@pytest.mark.parametrize("family,regime,attn", CASES)
+def test_block_saves_exactly_what_the_engine_counts(family, regime, attn):
+    precision, master, base_bits, measured_as = REGIMES[regime]
+    method = "lora" if regime.startswith("lora") or (regime == "fp32" and family in ("qwen2", "olmo2")) else "full"
+    cfg = _config(family)
+    b, s = 2, 32
+    setup = TrainingSetup(model=arch_from_config(cfg, family), hardware=parse_gpus("1xCPU"), method=method,
+                          lora_rank=8, lora_targets=BLOCK_LINEARS, strategy="ddp", precision=precision,
+                          master_weights=master, base_bits=base_bits, attn=attn, micro_batch=b, seq_len=s,
+                          device="cpu")
+    _, per_layer = measure_saved_activation_bytes(
+        cfg, method=method, lora_rank=8, lora_alpha=16, lora_targets=BLOCK_LINEARS, micro_batch=b, seq_len=s,
+        attn=attn, precision=measured_as, device="cpu", per_layer=True)
+    layer = block_activations(setup)
+    assert per_layer[MIDDLE] == layer.saved + layer.weight_copies, (family, regime, attn, method)
