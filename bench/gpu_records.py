@@ -26,7 +26,6 @@ from scaletrain.engine.plan import evaluate
 from scaletrain.engine.request import PlanRequest, base_setup
 
 RESULTS = Path(__file__).resolve().parent / "results" / "h100-2026-11-23.json"
-MEASURED_AT = "project commit a528b20"
 AS_RUN_NOTE = ("At a528b20 the bundled trainer ran torch.optim.AdamW with its default implementation (foreach on "
                "CUDA) and built random-init LoRA bases with transformers' from_config default dtype (fp32) under "
                "accelerate's bf16 autocast; each record is re-predicted for that stack (`as_run`).")
@@ -55,7 +54,7 @@ def import_shared(folder: Path) -> dict:
     e2e = _e2e_record(folder / "e2e-headless-lora-1.5b.txt")
     if e2e is not None:
         records.append(e2e)
-    return {"machine": sweep["machine"], "measured_with": sweep["command"] + f" ({MEASURED_AT})",
+    return {"machine": sweep["machine"], "measured_with": sweep["command"],
             "source": f"../shared/measurements/{folder.name}/", "as_run_note": AS_RUN_NOTE,
             "records": records, "outcomes": outcomes}
 
@@ -113,13 +112,13 @@ def repredict(data: dict) -> dict:
         "memory_error_min": min(mem),
         "time_abs_error_median": statistics.median(abs(x) for x in tim), "time_abs_error_max": max(map(abs, tim)),
     }
-    data["predicted_with"] = "python bench/gpu_records.py (the current engine)"
+    data["predicted_with"] = "the current engine (python bench/gpu_records.py)"
     return data
 
 
 def table(data: dict) -> str:
     out = [f"Measured on {data['machine']} ({data['measured_with']}; source `{data['source']}`). "
-           f"Predictions: `{data['predicted_with']}`.", "",
+           f"Predictions: {data['predicted_with']}.", "",
            "| config | measured peak | predicted | error | measured step | predicted | error |",
            "|---|---:|---:|---:|---:|---:|---:|"]
     for r in data["records"]:

@@ -80,7 +80,16 @@ def bench_ui() -> str:
     return "\n".join(out) + "\n\nCommands: `python bench/bench_sampler.py`, `python bench/bench_wizard.py` (AMD EPYC, 2 cores)."
 
 
-SECTIONS = {"cpu-groundtruth": cpu_groundtruth, "bench-plan": bench_plan, "bench-ui": bench_ui}
+def gpu_accuracy() -> str:
+    """The H100 records re-predicted by the current model (bench/gpu_records.py writes the file)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gpu_records import table
+
+    return table(json.loads((RESULTS / "h100-2026-11-23.json").read_text()))
+
+
+SECTIONS = {"cpu-groundtruth": cpu_groundtruth, "gpu-accuracy": gpu_accuracy, "bench-plan": bench_plan,
+            "bench-ui": bench_ui}
 
 
 def main() -> int:
