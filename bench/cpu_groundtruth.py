@@ -46,6 +46,8 @@ class Case:
             return "fp32"
         if self.method == "full":
             return "bf16-pure" if self.master_weights == "bf16" else "bf16"
+        if self.method == "qlora":
+            return "bf16"             # NF4 base + fp32 rest under autocast, as the trainer runs it
         return "bf16" if self.base_bits == 32 else "bf16-autocast"
 
     @property
@@ -56,6 +58,8 @@ class Case:
             prec = {"bf16": "bf16 autocast", "bf16-pure": "bf16 weights", "bf16-autocast": "bf16 base"}[
                 self.measure_precision] + (" (fp32 base)" if self.base_bits == 32 else "")
             prec = prec.replace("bf16 autocast (fp32 base)", "bf16 autocast, fp32 base")
+            if self.method == "qlora":
+                prec = "bf16 autocast, NF4 base"
         bits = [m, self.method, prec, self.attn, "ckpt" if self.grad_ckpt else "no-ckpt",
                 f"b{self.micro_batch}×s{self.seq_len}"]
         if self.optimizer_impl != "for-loop":
@@ -112,8 +116,11 @@ CASES = [
     Case("scaletrain/tiny-gemma3", method="lora", precision="bf16", grad_ckpt=True, optimizer_impl="fused"),
     Case("scaletrain/tiny-llama", method="lora", precision="bf16", base_bits=32, attn="eager"),
     Case("scaletrain/tiny-olmo2", method="lora", precision="bf16", base_bits=32, grad_ckpt=True),
+    # QLoRA: NF4 base (bitsandbytes runs 4-bit layers on the CPU since 0.45), the rest upcast to fp32
+    Case("scaletrain/tiny-qwen2", method="qlora", precision="bf16", seq_len=128),
+    Case("scaletrain/tiny-qwen3", method="qlora", precision="bf16", grad_ckpt=True, optimizer_impl="fused"),
 ]
-QUICK = [CASES[i] for i in (0, 2, 3, 4, 6, 9, 10, 13, 15, 17, 19, 23, 25, 26, 29)]
+QUICK = [CASES[i] for i in (0, 2, 3, 4, 6, 9, 10, 13, 15, 17, 19, 23, 25, 26, 29, 31)]
 
 
 def config_for(case: Case) -> dict:

@@ -140,6 +140,12 @@ class Numerics:
     frozen_copies: bool      # fp32 frozen block linears under autocast: a 16-bit copy per call, saved for backward
     fp32_head: bool          # a frozen fp32 lm_head under autocast: its 16-bit copy is saved for backward
     state: int               # an optimizer-state element: fp32, or bf16 when torch AdamW runs on bf16 weights
+    mlp: int = 0             # the MLP's gate/up/act tensors: bitsandbytes' 4/8-bit linears return their input's
+                             # dtype (fp32 under QLoRA's fp32 residual); the compute dtype otherwise (0: compute)
+
+    @property
+    def mlp_bytes(self) -> int:
+        return self.mlp or self.compute
 
 
 def uses_deepspeed(s: TrainingSetup) -> bool:
@@ -170,8 +176,9 @@ def numerics(s: TrainingSetup) -> Numerics:
     fp32_base = s.base_bits in (4, 8, 32)          # QLoRA: upcast by prepare_model_for_kbit_training
     if s.strategy == "fsdp":
         return Numerics(c, c, True, 0, c, 4, False, False, False, 4)
+    quantized = s.base_bits in (4, 8)
     return Numerics(c, 4 if fp32_base else c, True, 0, 4 if fp32_base else c, 4, False, s.base_bits == 32,
-                    fp32_base, 4)
+                    fp32_base, 4, mlp=4 if quantized else 0)
 
 
 def autocast_regime(s: TrainingSetup) -> bool:
@@ -458,8 +465,9 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None) -> Layer
     if "pre_mlp" in fam["norms"]:
         mlp += _norm_saved(h, 1, r, full, style)
     mlp += _reader_saved(h, r, 2, n_adapted("gate_proj", "up_proj"), nm, full)
-    mlp += 3 * c * i                                     # gate (act input), up, act(gate)
-    mlp += c * i if full else _reader_saved(i, c, 1, n_adapted("down_proj"), nm, full)   # act·up for down_proj
+    mb = nm.mlp_bytes
+    mlp += 3 * mb * i                                    # gate (act input), up, act(gate)
+    mlp += mb * i if full else _reader_saved(i, mb, 1, n_adapted("down_proj"), nm, full)   # act·up for down_proj
     mlp += adapter_out("gate_proj", "up_proj", "down_proj")
     if "post_mlp" in fam["norms"]:
         mlp += _norm_saved(h, 1, c, full, style)
@@ -472,10 +480,10 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None) -> Layer
 
     s2 = b * nh * S * S   # attention score elements
     # forward: eager holds the raw scores and the masked scores (fp32) while softmax runs
-    fwd_t = 2 * s2 * 4 if s.attn == "eager" else t * i * c
+    fwd_t = 2 * s2 * 4 if s.attn == "eager" else t * i * mb
     # backward: gradients of the B·S·I intermediates; eager's softmax input/output gradients (2 × B·heads·S²);
     # sdpa's gradients of q, k, v (CPU kernels) or FlashAttention-2's (CUDA, see _flash_backward_bytes)
-    mlp_bwd_t = 2 * t * i * c
+    mlp_bwd_t = 2 * t * i * mb
     if s.attn == "eager":
         attn_bwd_t = 2 * s2 * 4
     elif s.device == "cuda":

@@ -435,7 +435,7 @@ def block_forward_traffic(s: TrainingSetup) -> int:
     rot = 4 if r == 4 else c                               # rotary runs in the residual's dtype (cos/sin)
     out += (qd + kvd) * (5 * c + 5 * rot + (6 if rot == 4 else 0))
     out += 2 * h * (c + 2 * r)                             # residual adds
-    out += 5 * c * i                                       # act(gate), act·up
+    out += 5 * nm.mlp_bytes * i                            # act(gate), act·up
     if s.method != "full":
         for name in s.lora_targets:
             a, o, _ = m.linear_shapes()[name]
