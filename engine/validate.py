@@ -69,12 +69,16 @@ class ValidationResult:
 
 
 def _measure_precision(plan: Plan) -> str:
-    from .memory import autocast_regime
+    """engine/measure.py's name for the regime the trainer runs this plan in (weights dtype, autocast or not)."""
+    from .memory import numerics
 
     s = plan.setup
     if s.precision == "fp32":
         return "fp32"
-    return "bf16" if autocast_regime(s) else "bf16-pure"
+    nm = numerics(s)
+    if not nm.autocast:
+        return "bf16-pure"
+    return "bf16" if nm.residual == 4 else "bf16-autocast"
 
 
 def _per_process_setup(plan: Plan) -> tuple[Plan, str | None]:
@@ -92,15 +96,14 @@ def measure_cpu_memory(plan: Plan) -> tuple[int, Plan, tuple[str, ...]]:
     from .measure import measure_step
 
     s = plan.setup
-    if s.method == "qlora" or s.base_bits in (4, 8):
-        raise ScaletrainError("a quantized base needs bitsandbytes on a CUDA GPU; validate it on the GPU machine")
     if s.optimizer == "adamw-8bit":
         raise ScaletrainError("adamw-8bit needs bitsandbytes on a CUDA GPU; validate it on the GPU machine")
     target, note = _per_process_setup(plan)
     m = measure_step(dict(s.model.config), method=s.method, lora_rank=s.lora_rank, lora_alpha=2 * s.lora_rank,
                      lora_targets=s.lora_targets if s.method != "full" else None, micro_batch=s.micro_batch,
                      seq_len=s.seq_len, grad_ckpt=s.grad_ckpt, attn=s.attn, precision=_measure_precision(plan),
-                     optimizer=s.optimizer, grad_accum=s.grad_accum, device="cpu")
+                     optimizer=s.optimizer, grad_accum=s.grad_accum, device="cpu",
+                     optimizer_impl=s.optimizer_impl)
     return m.peak_allocated_bytes, target, (note,) if note else ()
 
 
