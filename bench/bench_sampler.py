@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 from types import SimpleNamespace as NS
 
-from scaletrain.engine.request import PlanRequest, make_plan
-from scaletrain.engine.rundir import atomic_write
-from scaletrain.engine.sampler import HostSource, NvmlSource, RunWatcher, Sampler
+from scaletrain.engine.plan.request import PlanRequest, make_plan
+from scaletrain.engine.run.layout import atomic_write
+from scaletrain.engine.sampling.sampler import HostSource, NvmlSource, RunWatcher, Sampler
 
 from machine import machine  # bench/machine.py
 

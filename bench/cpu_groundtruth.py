@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from machine import machine_line
-from scaletrain.engine.hardware import parse_gpus
-from scaletrain.engine.memory import estimate_memory, model_states
-from scaletrain.engine.models import BLOCK_LINEARS, catalog_entry
-from scaletrain.engine.setup import TrainingSetup
+from scaletrain.engine.catalog.hardware import parse_gpus
+from scaletrain.engine.model.memory import estimate_memory, model_states
+from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, catalog_entry
+from scaletrain.engine.model.setup import TrainingSetup
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def config_for(case: Case) -> dict:
 
 
 def setup_for(case: Case) -> TrainingSetup:
-    from scaletrain.engine.models import arch_from_config
+    from scaletrain.engine.catalog.architectures import arch_from_config
     return TrainingSetup(
         model=arch_from_config(config_for(case), case.model), hardware=parse_gpus("1xCPU"), method=case.method,
         lora_rank=case.lora_rank, lora_targets=BLOCK_LINEARS, strategy="ddp", precision=case.precision,
@@ -99,7 +99,7 @@ def setup_for(case: Case) -> TrainingSetup:
 
 
 def run_case(case: Case) -> dict:
-    from scaletrain.engine.measure import measure_step
+    from scaletrain.trainer.measure import measure_step
 
     s = setup_for(case)
     mem = estimate_memory(s)

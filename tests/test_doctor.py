@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from scaletrain.engine.doctor import KINDS, diagnose, diagnose_paths, parse_size, plan_from_json
+from scaletrain.engine.doctor.diagnosis import KINDS, diagnose, diagnose_paths, parse_size, plan_from_json
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.presets import load_preset
-from scaletrain.engine.remedies import rank_remedies
-from scaletrain.engine.request import PlanRequest, make_plan
-from scaletrain.tui.cli import main
+from scaletrain.engine.plan.presets import load_preset
+from scaletrain.engine.plan.remedies import rank_remedies
+from scaletrain.engine.plan.request import PlanRequest, make_plan
+from scaletrain.tui.cli.main import main
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 GiB = 1024**3

@@ -15,13 +15,13 @@ import psutil
 import pytest
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.launcher import launch
-from scaletrain.engine.metrics import read_metrics
-from scaletrain.tui.cli import main
+from scaletrain.engine.run.launcher import launch
+from scaletrain.engine.run.metrics import read_metrics
+from scaletrain.tui.cli.main import main
 
 from test_train_cpu import deadline_tick, make_run, write_dataset
 
-CLI = [sys.executable, "-c", "import sys; from scaletrain.tui.cli import main; sys.exit(main())"]
+CLI = [sys.executable, "-c", "import sys; from scaletrain.tui.cli.main import main; sys.exit(main())"]
 STOP_LIMIT_SECONDS = 60          # SIGINT → every process gone (the launcher escalates to SIGKILL well before)
 
 FAILING_SCRIPT = """\

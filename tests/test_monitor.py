@@ -16,17 +16,17 @@ import pytest
 from rich.console import Console
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.metrics import read_metrics
-from scaletrain.engine.presets import load_preset, train_options
-from scaletrain.engine.relaunch import apply_remedy, resume_blocker, split_changes
-from scaletrain.engine.request import PlanRequest, make_plan
-from scaletrain.engine.rundir import RunDir
-from scaletrain.engine.sampler import HostSource, ReplaySource, RunWatcher, Sampler
-from scaletrain.engine.writers import write_run_dir
-from scaletrain.tui.monitor_app import create_monitor_app
-from scaletrain.tui.widget_gpu_panel import GpuPanel, HostPanel
-from scaletrain.tui.widget_job_panel import JobPanel
-from scaletrain.tui.widget_remedies import RemediesPanel
+from scaletrain.engine.run.metrics import read_metrics
+from scaletrain.engine.plan.presets import load_preset, train_options
+from scaletrain.engine.run.relaunch import apply_remedy, resume_blocker, split_changes
+from scaletrain.engine.plan.request import PlanRequest, make_plan
+from scaletrain.engine.run.layout import RunDir
+from scaletrain.engine.sampling.sampler import HostSource, ReplaySource, RunWatcher, Sampler
+from scaletrain.engine.run.writers import write_run_dir
+from scaletrain.tui.monitor.app import create_monitor_app
+from scaletrain.tui.widgets.gpu_panel import GpuPanel, HostPanel
+from scaletrain.tui.widgets.job_panel import JobPanel
+from scaletrain.tui.widgets.remedies import RemediesPanel
 
 NVML = Path(__file__).parent / "fixtures" / "nvml"
 RUN_TIMEOUT_S = 240           # a tiny 2-rank CPU run starts in ~15 s on 2 cores; generous for a loaded CI host
@@ -146,7 +146,7 @@ def test_rank_filter_cycles_the_log_tail(tmp_path):
 def test_cpu_run_live_then_killed_rank_diagnosed_then_fixed_and_resumed(tmp_path, monkeypatch):
     """Done-when: live job numbers on a real CPU run, in the monitor and headless; a killed rank diagnosed;
     `a` applies a remedy and the run resumes from its checkpoint."""
-    from scaletrain.tui.cmd_doctor import stream_run
+    from scaletrain.tui.cli.doctor import stream_run
 
     rd = cpu_run_dir(tmp_path / "run")
     monkeypatch.setenv("SCALETRAIN_FAIL_AT_STEP", "3")       # engine/train.py's test hook: SIGKILL rank 1 at step 3

@@ -21,16 +21,16 @@ import psutil
 import pytest
 import yaml
 
-from scaletrain.engine import writers
-from scaletrain.engine.doctor import run_dir_inputs
-from scaletrain.engine.hardware import parse_gpus
-from scaletrain.engine.metrics import read_metrics
-from scaletrain.engine.request import PlanRequest, base_setup
-from scaletrain.engine.rundir import RunDir, launch_argv
-from scaletrain.engine.timing import DEFAULT_CONSTANTS, bus_bandwidth, estimate_time
-from scaletrain.tui.cli import main
+from scaletrain.engine.run import writers
+from scaletrain.engine.doctor.diagnosis import run_dir_inputs
+from scaletrain.engine.catalog.hardware import parse_gpus
+from scaletrain.engine.run.metrics import read_metrics
+from scaletrain.engine.plan.request import PlanRequest, base_setup
+from scaletrain.engine.run.layout import RunDir, launch_argv
+from scaletrain.engine.model.timing import DEFAULT_CONSTANTS, bus_bandwidth, estimate_time
+from scaletrain.tui.cli.main import main
 
-CLI = [sys.executable, "-c", "import sys; from scaletrain.tui.cli import main; sys.exit(main())"]
+CLI = [sys.executable, "-c", "import sys; from scaletrain.tui.cli.main import main; sys.exit(main())"]
 LOOPBACK_STEPS = 4               # optimizer steps per loopback run: enough to see every rank train together
 RUN_LIMIT_SECONDS = 180          # one loopback run (two nodes); each takes ~25 s on the 2-core dev VM
 STOP_GRACE_SECONDS = 30          # after SIGTERM the launcher stops its ranks (it escalates to SIGKILL by itself)

@@ -9,11 +9,11 @@ import random
 import pytest
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.models import catalog_ids
-from scaletrain.engine.planner import (MAX_MICRO_BATCH_WITHOUT_TARGET, TIE_TOLERANCE, batch_table, search,
+from scaletrain.engine.catalog.architectures import catalog_ids
+from scaletrain.engine.plan.planner import (MAX_MICRO_BATCH_WITHOUT_TARGET, TIE_TOLERANCE, batch_table, search,
                                        with_tables)
-from scaletrain.engine.request import PlanRequest, base_setup, make_plan
-from scaletrain.tui.cli import main
+from scaletrain.engine.plan.request import PlanRequest, base_setup, make_plan
+from scaletrain.tui.cli.main import main
 
 QWEN3_4B = "Qwen/Qwen3-4B"
 

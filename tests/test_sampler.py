@@ -19,9 +19,9 @@ from types import SimpleNamespace as NS
 import pytest
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.metrics import MetricsWriter, RankMemory, StepMetrics
-from scaletrain.engine.request import PlanRequest, make_plan
-from scaletrain.engine.sampler import (GpuSnapshot, HostSource, NvmlSource, ReplaySource, RunWatcher, Sampler,
+from scaletrain.engine.run.metrics import MetricsWriter, RankMemory, StepMetrics
+from scaletrain.engine.plan.request import PlanRequest, make_plan
+from scaletrain.engine.sampling.sampler import (GpuSnapshot, HostSource, NvmlSource, ReplaySource, RunWatcher, Sampler,
                                        memory_views, record)
 
 NVML_FIXTURES = Path(__file__).parent / "fixtures" / "nvml"

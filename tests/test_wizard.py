@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from scaletrain.engine.memory import estimate_memory
-from scaletrain.engine.nvml import DetectedGpu, DetectionResult
-from scaletrain.engine.presets import load_preset
-from scaletrain.engine.request import PlanRequest, make_plan
-from scaletrain.tui.app import create_app
+from scaletrain.engine.model.memory import estimate_memory
+from scaletrain.engine.devices.nvml import DetectedGpu, DetectionResult
+from scaletrain.engine.plan.presets import load_preset
+from scaletrain.engine.plan.request import PlanRequest, make_plan
+from scaletrain.tui.wizard.app import create_app
 
 NO_GPU_REASON = "NVML unavailable: NVMLError_LibraryNotFound: NVML Shared Library Not Found"
 H200_MIB = 143771  # what NVML reports for an H200 (MiB), as in the GPU catalog
@@ -288,7 +288,7 @@ def test_missing_model_path_is_refused_in_place(tmp_path):
 
 
 def test_local_config_and_resident_model(tmp_path):
-    cfg = json.loads((Path(__file__).parents[1] / "engine/catalog/models/scaletrain--tiny-llama.json").read_text())
+    cfg = json.loads((Path(__file__).parents[1] / "src/scaletrain/engine/catalog/models/scaletrain--tiny-llama.json").read_text())
     folder = tmp_path / "my-model"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(cfg["config"]))
@@ -414,8 +414,8 @@ def test_launch_from_the_wizard_opens_the_monitor(tmp_path):
             monitor = screen_name(app)
             await wait_until(pilot, lambda: app.launch_result is not None or app.launch_error is not None)
             # the placeholder tail (used when the live monitor is absent) shows rank 0's log and the outcome
-            from scaletrain.engine.rundir import RunDir
-            from scaletrain.tui.screen_tail import TailScreen
+            from scaletrain.engine.run.layout import RunDir
+            from scaletrain.tui.monitor.tail import TailScreen
 
             await app.push_screen(TailScreen(RunDir(run_dir)))
             await wait_until(pilot, lambda: app.screen.outcome is not None, seconds=10)

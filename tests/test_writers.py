@@ -18,13 +18,13 @@ import pytest
 import yaml
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.memory import (DS_ALLGATHER_BUCKET_ELEMS, DS_PREFETCH_BUCKET_ELEMS, DS_REDUCE_BUCKET_ELEMS,
+from scaletrain.engine.model.memory import (DS_ALLGATHER_BUCKET_ELEMS, DS_PREFETCH_BUCKET_ELEMS, DS_REDUCE_BUCKET_ELEMS,
                                       DS_SUB_GROUP_ELEMS)
-from scaletrain.engine.presets import load_preset
-from scaletrain.engine.request import PlanRequest, make_plan
-from scaletrain.engine.rundir import TrainOptions, launch_argv
-from scaletrain.engine import writers
-from scaletrain.tui.cli import main
+from scaletrain.engine.plan.presets import load_preset
+from scaletrain.engine.plan.request import PlanRequest, make_plan
+from scaletrain.engine.run.layout import TrainOptions, launch_argv
+from scaletrain.engine.run import writers
+from scaletrain.tui.cli.main import main
 
 # ---- the parser harness (shared with test_headless_dryrun.py) ----------------------------------------------------
 _PARSE_SCRIPT = textwrap.dedent(r'''
