@@ -32,11 +32,10 @@ from scaletrain.trainer import data as data_mod
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.metrics import MetricsWriter, RankMemory, StepMetrics
 from scaletrain.engine.run.layout import RunDir, TrainOptions, atomic_write
+from scaletrain.engine.vocabulary import Attention, Method, Optimizer, Precision, Strategy
 
 SGD_MOMENTUM = 0.9                   # the memory model counts one fp32 momentum buffer for sgd
-DS_STRATEGIES = ("zero1", "zero2", "zero3")
 LR_SCHEDULES = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}
-ATTN_IMPLEMENTATIONS = {"eager": "eager", "sdpa": "sdpa", "flash": "flash_attention_2"}
 CHECKPOINT_PREFIX = "step-"
 TRAINER_STATE = "trainer_state.json"
 SCHEDULER_STATE = "scheduler.pt"
@@ -51,14 +50,14 @@ class RunConfig:
     run: RunDir
     train: TrainOptions
     model_id: str
-    method: str
+    method: Method
     lora_rank: int
     lora_targets: tuple[str, ...]
     base_bits: int
-    strategy: str
-    precision: str
-    optimizer: str
-    attn: str
+    strategy: Strategy
+    precision: Precision
+    optimizer: Optimizer
+    attn: Attention
     grad_ckpt: bool
     micro_batch: int
     grad_accum: int
@@ -68,7 +67,7 @@ class RunConfig:
 
     @property
     def uses_deepspeed(self) -> bool:
-        return self.strategy in DS_STRATEGIES
+        return self.strategy.uses_deepspeed
 
     @property
     def quantized_base(self) -> bool:
@@ -83,10 +82,11 @@ def read_run_config(run_dir: str | os.PathLike[str]) -> RunConfig:
         train = TrainOptions.from_json(plan.get("train"))
         _check_train_options(train)
         return RunConfig(
-            run=run, train=train, model_id=str(req["model"]), method=tr["method"],
+            run=run, train=train, model_id=str(req["model"]), method=Method(tr["method"]),
             lora_rank=int(tr.get("lora_rank") or req.get("lora_rank") or 16),
             lora_targets=tuple(tr.get("lora_targets") or ()), base_bits=int(tr.get("base_bits", 16)),
-            strategy=tr["strategy"], precision=tr["precision"], optimizer=tr["optimizer"], attn=tr["attn"],
+            strategy=Strategy(tr["strategy"]), precision=Precision(tr["precision"]),
+            optimizer=Optimizer(tr["optimizer"]), attn=Attention(tr["attn"]),
             grad_ckpt=bool(tr["grad_ckpt"]), micro_batch=int(batch["micro_batch"]),
             grad_accum=int(batch["grad_accum"]), seq_len=int(batch["seq_len"]),
             epochs=float(req.get("epochs") or 1.0), planned_world_size=int(batch["world_size"]))
@@ -209,7 +209,7 @@ def build_model(cfg: RunConfig, device: Any) -> Any:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    attn = ATTN_IMPLEMENTATIONS[cfg.attn]
+    attn = cfg.attn.hf_implementation
     src = cfg.train.model_source
     torch.manual_seed(cfg.train.seed)
     if src == "random-init":
@@ -221,7 +221,7 @@ def build_model(cfg: RunConfig, device: Any) -> Any:
     else:
         kwargs: dict[str, Any] = {"local_files_only": True, "attn_implementation": attn}
         if cfg.method != "full":           # frozen base in the compute precision; adapters stay fp32 (peft)
-            kwargs["dtype"] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[cfg.precision]
+            kwargs["dtype"] = getattr(torch, cfg.precision.torch_dtype)
         if cfg.quantized_base:
             from transformers import BitsAndBytesConfig
             compute = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
@@ -238,7 +238,7 @@ def build_model(cfg: RunConfig, device: Any) -> Any:
     model.config.use_cache = False
     if cfg.grad_ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if cfg.method in ("lora", "qlora"):
+    if cfg.method.is_adapter:
         from peft import LoraConfig, get_peft_model
 
         if cfg.quantized_base:

@@ -20,6 +20,7 @@ from typing import Any, Iterable
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.units import fmt_bytes
+from scaletrain.engine.vocabulary import Offload
 
 KINDS = ("cuda_oom", "cuda_oom_zero3_gather", "host_oom", "nccl_timeout", "nccl_error", "fp16_overflow",
          "config_error", "unknown")
@@ -878,7 +879,7 @@ def _host_oom_remedies(req: Any, plan: Any) -> list[RemedyOut]:
     if s.device == "cpu":
         # on a CPU run host memory is the device memory: the planner's memory remedies are the fixes
         out += _planner_remedies(plan, None)
-    for off in {"all": ("optimizer", "none"), "optimizer": ("none",)}.get(s.offload, ()):
+    for off in [o for o in reversed(Offload) if o.rank < s.offload.rank]:      # offload less, most first
         p = _try_plan(req, plan, offload=off)
         if p is not None:
             host = p.memory.host_bytes_per_gpu * s.hardware.gpus_per_node

@@ -117,11 +117,11 @@ class ModelStates:
 
 
 def _compute_bytes(s: TrainingSetup) -> int:
-    return 4 if s.precision == "fp32" else 2
+    return s.precision.compute_bytes
 
 
 def _uses_deepspeed(s: TrainingSetup) -> bool:
-    return s.strategy in ("zero1", "zero2", "zero3")
+    return s.strategy.uses_deepspeed
 
 
 def _master_in_model(s: TrainingSetup) -> bool:
@@ -147,9 +147,9 @@ def model_states(s: TrainingSetup) -> ModelStates:
     cb = _compute_bytes(s)
     opt_pp = optimizer_state_bytes_per_param(s.optimizer)
     ds = _uses_deepspeed(s)
-    shard_opt = s.strategy in ("zero1", "zero2", "zero3", "fsdp")
-    shard_grad = s.strategy in ("zero2", "zero3", "fsdp")
-    shard_param = s.strategy in ("zero3", "fsdp")
+    shard_opt = s.strategy.shards_optimizer
+    shard_grad = s.strategy.shards_gradients
+    shard_param = s.strategy.shards_params
 
     # -- weights ------------------------------------------------------------------------------------------------
     if s.method == "full":
@@ -186,7 +186,7 @@ def model_states(s: TrainingSetup) -> ModelStates:
         # counts against memory when the host is the device)
         optimizer += 4 * (m.tensor_count if s.method == "full" else 2 * len(s.lora_targets) * m.num_layers)
     host_opt = 0
-    if s.offload in ("optimizer", "all"):
+    if s.offload.moves_optimizer:
         host_opt, optimizer = optimizer, 0
 
     # -- gradients -------------------------------------------------------------------------------------------------
@@ -208,7 +208,7 @@ def model_states(s: TrainingSetup) -> ModelStates:
             grads_full = cb * T + 4 * T // n
             grads_persistent = 4 * T // n
             step_fp32_grad = 0
-        if s.offload in ("optimizer", "all"):
+        if s.offload.moves_optimizer:
             # with the optimizer on the host, DeepSpeed copies each reduced gradient partition to pinned CPU
             # memory (fp32) as backward produces it; the GPU keeps only the reduce bucket in flight
             host_opt += 4 * T // n
@@ -401,7 +401,7 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
 
     # ZeRO-3 / FSDP: the gathered 16-bit copy of the block being computed plus the prefetched next one;
     # the embedding matrix is gathered for the lookup and again (tied) for lm_head.
-    if s.strategy in ("zero3", "fsdp") and n > 1:
+    if s.strategy.shards_params and n > 1:
         gb = 2 if s.precision != "fp32" else 4
         blk = m.block_params()
         prefetch = min(blk, DS_PREFETCH_BUCKET_ELEMS) if s.strategy == "zero3" else blk
@@ -457,7 +457,7 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     mark("backward", acts, lg["saved"] + lg["backward_transient"], grads, gather=gather_head)
     # lm_head backward: logits grad (compute dtype) is consumed, the lm_head/embedding weight grad appears
     head_grad = 0
-    if s.method == "full" and not (s.strategy in ("zero1", "zero2", "zero3") and s.precision != "fp32"):
+    if s.method == "full" and not (s.strategy.uses_deepspeed and s.precision != "fp32"):
         head_grad = _grad_share(m.vocab_size * m.hidden_size, s)
     head_grad_gather = gather_head if s.method == "full" else 0   # ZeRO-3/FSDP: the unsharded lm_head grad
     mark("backward", acts, e * t * m.vocab_size, grads, gather=gather_head + head_grad_gather)
@@ -485,7 +485,7 @@ def _grad_share(n_params: int, s: TrainingSetup) -> int:
     if s.method != "full":
         return 4 * n_params
     per = 4 if _master_in_model(s) else _compute_bytes(s)
-    if s.strategy in ("zero2", "zero3", "fsdp"):
+    if s.strategy.shards_gradients:
         return per * n_params // s.world_size
     return per * n_params
 

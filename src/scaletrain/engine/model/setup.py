@@ -6,19 +6,13 @@ downstream re-derives a number from raw user input.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import Hardware
 from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, ModelArch
-
-METHODS = ("full", "lora", "qlora")
-STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
-OFFLOADS = ("none", "optimizer", "all")
-PRECISIONS = ("bf16", "fp16", "fp32")
-OPTIMIZERS = ("adamw", "adamw-8bit", "sgd")
-ATTNS = ("eager", "sdpa", "flash")
+from scaletrain.engine.vocabulary import Attention, Device, Method, Offload, Optimizer, Precision, Strategy, Vocabulary
 
 
 @dataclass(frozen=True)
@@ -60,15 +54,15 @@ def quantized_linear_bytes(n_weights: int, bits: int) -> int:
 class TrainingSetup:
     model: ModelArch
     hardware: Hardware
-    method: str = "full"
+    method: Method = Method.FULL
     lora_rank: int = 16
     lora_targets: tuple[str, ...] = BLOCK_LINEARS
     base_bits: int = 16              # frozen base weights: 16 (lora), 4 (qlora NF4) or 8 (8-bit base)
-    strategy: str = "ddp"
-    offload: str = "none"
-    precision: str = "bf16"
-    optimizer: str = "adamw"
-    attn: str = "sdpa"
+    strategy: Strategy = Strategy.DDP
+    offload: Offload = Offload.NONE
+    precision: Precision = Precision.BF16
+    optimizer: Optimizer = Optimizer.ADAMW
+    attn: Attention = Attention.SDPA
     grad_ckpt: bool = False
     micro_batch: int = 1
     grad_accum: int = 1
@@ -77,21 +71,22 @@ class TrainingSetup:
     dataset_size: int | None = None   # samples
     epochs: float = 1.0
     tokens_per_sample: int | None = None
-    device: str = "cuda"             # "cuda" or "cpu" (CPU runs: no context, single-tensor AdamW)
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    device: Device = Device.CUDA     # CUDA or CPU (CPU runs: no context, single-tensor AdamW)
 
     def __post_init__(self) -> None:
-        def one_of(name: str, value: Any, allowed: tuple) -> None:
-            if value not in allowed:
+        def one_of(name: str, kind: type[Vocabulary]) -> None:
+            value = getattr(self, name)
+            if value not in kind.values():
                 raise ScaletrainError(f"--{name.replace('_', '-')} {value!r} is not accepted; use one of: "
-                                      f"{', '.join(map(str, allowed))}")
+                                      f"{', '.join(kind.values())}")
+            object.__setattr__(self, name, kind(value))
 
-        one_of("method", self.method, METHODS)
-        one_of("strategy", self.strategy, STRATEGIES)
-        one_of("offload", self.offload, OFFLOADS)
-        one_of("precision", self.precision, PRECISIONS)
-        one_of("optimizer", self.optimizer, OPTIMIZERS)
-        one_of("attn", self.attn, ATTNS)
+        one_of("method", Method)
+        one_of("strategy", Strategy)
+        one_of("offload", Offload)
+        one_of("precision", Precision)
+        one_of("optimizer", Optimizer)
+        one_of("attn", Attention)
         for name in ("micro_batch", "grad_accum", "seq_len", "lora_rank"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -106,17 +101,18 @@ class TrainingSetup:
             object.__setattr__(self, "base_bits", 4)
         if self.method == "full" and self.base_bits != 16:
             raise ScaletrainError("a quantized base needs --method lora or qlora")
-        if self.method in ("lora", "qlora"):
+        if self.method.is_adapter:
             self.model.lora_params(self.lora_rank, self.lora_targets)  # validates target names
-        if self.offload != "none" and self.strategy not in ("zero1", "zero2", "zero3", "fsdp"):
-            raise ScaletrainError(f"--offload {self.offload} needs a ZeRO or FSDP strategy (got {self.strategy})")
-        if self.offload == "optimizer" and self.strategy == "fsdp":
-            raise ScaletrainError("FSDP's CPU offload moves parameters and optimizer together; use --offload all "
-                                  "with --strategy fsdp, or --offload optimizer with a ZeRO strategy")
-        if self.offload == "all" and self.strategy not in ("zero3", "fsdp"):
+        if not self.strategy.allows_offload(self.offload):      # say which half of the rule is broken
+            if not self.strategy.shards_optimizer:
+                raise ScaletrainError(f"--offload {self.offload} needs a ZeRO or FSDP strategy (got {self.strategy})")
+            if self.offload == "optimizer":
+                raise ScaletrainError("FSDP's CPU offload moves parameters and optimizer together; use --offload all "
+                                      "with --strategy fsdp, or --offload optimizer with a ZeRO strategy")
             raise ScaletrainError("--offload all (parameters too) needs --strategy zero3 or fsdp")
-        if self.device not in ("cuda", "cpu"):
+        if self.device not in Device.values():
             raise ScaletrainError(f"device {self.device!r} is not accepted; use cuda or cpu")
+        object.__setattr__(self, "device", Device(self.device))
         if self.precision == "bf16" and self.device == "cuda" and not self.hardware.gpu.supports_bf16:
             raise ScaletrainError(f"{self.hardware.gpu.key} has no bf16 support; use --precision fp16 or fp32")
 
@@ -131,7 +127,7 @@ class TrainingSetup:
 
     @property
     def trainable_params(self) -> int:
-        if self.method == "full":
+        if not self.method.is_adapter:
             return self.model.params
         return self.model.lora_params(self.lora_rank, self.lora_targets)
 
@@ -144,10 +140,10 @@ class TrainingSetup:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "method": self.method, "lora_rank": self.lora_rank if self.method != "full" else None,
-            "lora_targets": list(self.lora_targets) if self.method != "full" else None,
-            "base_bits": self.base_bits, "strategy": self.strategy, "offload": self.offload,
-            "precision": self.precision, "optimizer": self.optimizer, "attn": self.attn,
-            "grad_ckpt": self.grad_ckpt, "seq_len": self.seq_len, "device": self.device,
+            "method": self.method.value, "lora_rank": self.lora_rank if self.method.is_adapter else None,
+            "lora_targets": list(self.lora_targets) if self.method.is_adapter else None,
+            "base_bits": self.base_bits, "strategy": self.strategy.value, "offload": self.offload.value,
+            "precision": self.precision.value, "optimizer": self.optimizer.value, "attn": self.attn.value,
+            "grad_ckpt": self.grad_ckpt, "seq_len": self.seq_len, "device": self.device.value,
             "residents": [{"model": r.model.name, "bits": r.bits, "role": r.role} for r in self.residents],
         }

@@ -283,7 +283,7 @@ def _cpu_elementwise_seconds(s: TrainingSetup) -> float:
 def _param_bytes_gathered(s: TrainingSetup) -> int:
     """Bytes of the full model as ZeRO-3/FSDP gathers it: 16-bit weights (packed 4/8-bit under QLoRA)."""
     m = s.model
-    cb = 4 if s.precision == "fp32" else 2
+    cb = s.precision.compute_bytes
     if s.method == "full":
         return cb * m.params
     base = cb * m.params
@@ -336,7 +336,7 @@ def estimate_time(s: TrainingSetup, constants: TimeConstants | None = None) -> T
     # communication
     bw, link_what = bus_bandwidth(s, c)
     T = s.trainable_params
-    cb = 4 if s.precision == "fp32" else 2
+    cb = s.precision.compute_bytes
     ring = (n - 1) / n if n > 1 else 0.0
     overlap = c.overlap.get(s.strategy, 0.8)
     comm_micro = comm_step_hidden = comm_step_exposed = 0.0
@@ -361,11 +361,11 @@ def estimate_time(s: TrainingSetup, constants: TimeConstants | None = None) -> T
     exposed = ga * exposed_micro + exposed_step
 
     # optimizer update and offload traffic
-    shard_opt = s.strategy in ("zero1", "zero2", "zero3", "fsdp")
+    shard_opt = s.strategy.shards_optimizer
     T_local = T / n if shard_opt else T
     offload_micro = offload_step = 0.0
     host_bw = _host_bandwidth(s, c)
-    if s.offload in ("optimizer", "all") and s.device != "cpu":
+    if s.offload.moves_optimizer and s.device != "cpu":
         # CPU-Adam on this node's shards (the node's GPUs share host memory bandwidth), 16-bit grads down and
         # updated 16-bit params up over the host link.
         T_node = T * hw.gpus_per_node / n

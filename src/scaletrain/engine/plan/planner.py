@@ -20,10 +20,10 @@ from scaletrain.engine.model.memory import estimate_memory
 from scaletrain.engine.plan.plan import Plan, evaluate
 from scaletrain.engine.model.setup import TrainingSetup
 from scaletrain.engine.units import fmt_bytes, fmt_seconds
+from scaletrain.engine.vocabulary import Offload, Strategy
 
-STRATEGY_ORDER = ("ddp", "zero1", "zero2", "fsdp", "zero3")   # simplest first: breaks exact ties
-STRATEGY_LABEL = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3", "fsdp": "FSDP"}
-OFFLOAD_ORDER = ("none", "optimizer", "all")
+# simplest first: breaks exact ties (FSDP shards like ZeRO-3 but is one wrapper, no DeepSpeed)
+STRATEGY_ORDER = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.FSDP, Strategy.ZERO3)
 # Without --effective-batch the planner fills each GPU up to this micro batch (seed 003 runs 16 per GPU); past it,
 # GEMM utilization gains are small and the implied effective batch stops being a fine-tuning batch.
 MAX_MICRO_BATCH_WITHOUT_TARGET = 16
@@ -70,17 +70,17 @@ class Candidate:
 
     def rank_key(self) -> tuple:
         s = self.setup
-        return (self.seconds_per_sample, STRATEGY_ORDER.index(s.strategy), OFFLOAD_ORDER.index(s.offload),
+        return (self.seconds_per_sample, STRATEGY_ORDER.index(s.strategy), s.offload.rank,
                 s.grad_ckpt, -s.micro_batch)
 
     def simplicity_key(self) -> tuple:
         s = self.setup
-        return (STRATEGY_ORDER.index(s.strategy), OFFLOAD_ORDER.index(s.offload), s.grad_ckpt, -s.micro_batch,
+        return (STRATEGY_ORDER.index(s.strategy), s.offload.rank, s.grad_ckpt, -s.micro_batch,
                 self.seconds_per_sample)
 
     def describe(self) -> str:
         s = self.setup
-        parts = [STRATEGY_LABEL[s.strategy]]
+        parts = [s.strategy.label]
         if s.offload != "none":
             parts.append(f"offload {s.offload}")
         parts.append(f"micro {s.micro_batch} × accum {s.grad_accum}")
@@ -159,10 +159,9 @@ def _configs(base: TrainingSetup, fixed: dict[str, Any]) -> Iterable[TrainingSet
     strategies = (fixed["strategy"],) if "strategy" in fixed else STRATEGY_ORDER
     ckpts = (fixed["grad_ckpt"],) if "grad_ckpt" in fixed else (False, True)
     for strategy in strategies:
-        # FSDP's CPUOffload moves parameters, gradients and the step together (offload_params): no
-        # optimizer-only variant, so the planner proposes FSDP offload as "all" only.
-        offloads: tuple[str, ...] = ("none",) + (("optimizer",) if strategy not in ("ddp", "fsdp") else ()) + (
-            ("all",) if strategy in ("zero3", "fsdp") else ())
+        # only the offloads the strategy allows: FSDP's CPUOffload moves parameters, gradients and the step
+        # together, so the planner proposes FSDP offload as "all" only (Strategy.allows_offload)
+        offloads: tuple[str, ...] = Strategy(strategy).offloads()
         if "offload" in fixed:
             offloads = (fixed["offload"],) if fixed["offload"] in offloads or "strategy" in fixed else ()
         for offload in offloads:
@@ -299,7 +298,7 @@ def explain(best: Candidate, res: SearchResult) -> str:
     """One sentence: why this strategy, and why this split, from the engine's numbers."""
     s = best.setup
     m = best.plan.memory
-    label = STRATEGY_LABEL[s.strategy]
+    label = s.strategy.label
     usable = fmt_bytes(m.usable_bytes)
     if "strategy" in res.fixed:
         why = f"{label} as requested"
@@ -314,13 +313,13 @@ def explain(best: Candidate, res: SearchResult) -> str:
         reasons = []
         if too_big:
             lean = min(too_big, key=lambda c: c.per_gpu_bytes)
-            names = "/".join(STRATEGY_LABEL[c.setup.strategy] for c in too_big)
+            names = "/".join(c.setup.strategy.label for c in too_big)
             reasons.append(f"model states need {fmt_bytes(m.model_states_unsharded_bytes)} unsharded, so "
-                           f"{names} cannot fit in {usable} per GPU ({STRATEGY_LABEL[lean.setup.strategy]} needs at "
+                           f"{names} cannot fit in {usable} per GPU ({lean.setup.strategy.label} needs at "
                            f"least {fmt_bytes(lean.per_gpu_bytes)})")
         runner_up = next((c for c in res.ranked if c.setup.strategy != s.strategy), None)
         if runner_up is not None and runner_up.seconds_per_sample <= best.seconds_per_sample * (1 + TIE_TOLERANCE):
-            reasons.append(f"it ties with {STRATEGY_LABEL[runner_up.setup.strategy]} within {TIE_TOLERANCE:.0%} "
+            reasons.append(f"it ties with {runner_up.setup.strategy.label} within {TIE_TOLERANCE:.0%} "
                            f"({fmt_seconds(best.step_seconds)}/step) and is the simpler of the two")
         elif runner_up is not None:
             if runner_up.setup.effective_batch == s.effective_batch:
@@ -328,7 +327,7 @@ def explain(best: Candidate, res: SearchResult) -> str:
             else:   # no target: effective batches differ, compare per sample
                 mine, theirs, unit = best.seconds_per_sample, runner_up.seconds_per_sample, "sample"
             reasons.append(f"it is predicted fastest of what fits ({fmt_seconds(mine)}/{unit}, "
-                           f"{theirs / mine - 1:.0%} ahead of {STRATEGY_LABEL[runner_up.setup.strategy]})")
+                           f"{theirs / mine - 1:.0%} ahead of {runner_up.setup.strategy.label})")
         why = f"{label} because " + (" and ".join(reasons) if reasons else "it is the only strategy that fits")
     extras = []
     if s.offload != "none":

@@ -19,20 +19,19 @@ from typing import Any
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import Hardware
 from scaletrain.engine.plan.plan import Plan, evaluate
-from scaletrain.engine.plan.planner import SEARCH_FIELDS, STRATEGY_LABEL, divisors, search
+from scaletrain.engine.plan.planner import SEARCH_FIELDS, divisors, search
 from scaletrain.engine.model.setup import TrainingSetup
 from scaletrain.engine.units import fmt_bytes
+from scaletrain.engine.vocabulary import Method, Offload, Strategy
 
 # Cost tiers: systems changes that keep the training identical on the same hardware (ranked among themselves by
 # predicted speed), then shorter sequences (truncate data), then LoRA/QLoRA (change what is trained), then
 # more GPUs (change the bill) — the order of the list.
 KIND_TIER = {"split": 0, "checkpointing": 0, "zero_stage": 0, "offload": 0, "replan": 0, "sequence": 1,
              "method": 2, "gpus": 3}
-ZERO_LADDER = ("ddp", "zero1", "zero2", "zero3")
+ZERO_LADDER = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3)
 SEQ_FRACTIONS = (0.75, 0.5)                # shorter --seq-len candidates, as fractions of the current one
 MAX_GPUS_PER_NODE = 8                      # "more GPUs" fills a node to 8, then adds nodes
-OFFLOAD_RANK = {"none": 0, "optimizer": 1, "all": 2}
-METHOD_RANK = {"full": 0, "lora": 1, "qlora": 2}
 
 
 @dataclass(frozen=True)
@@ -160,21 +159,20 @@ def rank_remedies(plan: Plan, failure: dict[str, Any] | None = None) -> list[Rem
                 cand = s.with_(strategy=nxt)
             except ScaletrainError:
                 continue
-            out.append(_with_split(f"{STRATEGY_LABEL[nxt]} instead of {STRATEGY_LABEL[s.strategy]}", "zero_stage",
+            out.append(_with_split(f"{nxt.label} instead of {s.strategy.label}", "zero_stage",
                                    {"strategy": nxt}, cand, plan, gap, capacity))
     # 4. offload optimizer states, then parameters too
-    for off in ("optimizer", "all"):
-        if OFFLOAD_RANK[off] <= OFFLOAD_RANK[s.offload]:
+    for off in (Offload.OPTIMIZER, Offload.ALL):
+        if off.rank <= s.offload.rank:
             continue
         strat = s.strategy
-        if strat == "ddp" or (off == "all" and strat not in ("zero3", "fsdp")) or (off == "optimizer"
-                                                                                  and strat == "fsdp"):
-            strat = "zero3"   # FSDP has no optimizer-only offload (see planner._configs)
+        if not strat.allows_offload(off):
+            strat = Strategy.ZERO3   # e.g. FSDP has no optimizer-only offload (Strategy.allows_offload)
         changes: dict[str, Any] = {"offload": off}
         title = f"offload {'optimizer states' if off == 'optimizer' else 'optimizer states and parameters'} to CPU"
         if strat != s.strategy:
             changes["strategy"] = strat
-            title += f" ({STRATEGY_LABEL[strat]})"
+            title += f" ({strat.label})"
         out.append(_with_split(title, "offload", changes, s.with_(strategy=strat, offload=off), plan, gap,
                                capacity))
     # 5. shorter sequences (truncates samples: changes what is trained)
@@ -185,8 +183,8 @@ def rank_remedies(plan: Plan, failure: dict[str, Any] | None = None) -> list[Rem
         out.append(_make(f"sequence length {seq} (was {s.seq_len}; longer samples are truncated)", "sequence",
                          {"seq_len": seq}, s.with_(seq_len=seq), plan, gap, capacity))
     # 6. LoRA / QLoRA (changes what is trained)
-    for method in ("lora", "qlora"):
-        if METHOD_RANK[method] <= METHOD_RANK[s.method]:
+    for method in (Method.LORA, Method.QLORA):
+        if method.rank <= s.method.rank:
             continue
         bits = 4 if method == "qlora" else 16
         try:

@@ -14,6 +14,7 @@ from scaletrain.engine.catalog.hardware import Hardware, inter_node_gbit_s, pars
 from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, load_model
 from scaletrain.engine.plan.plan import Plan, evaluate
 from scaletrain.engine.model.setup import ResidentModel, TrainingSetup
+from scaletrain.engine.vocabulary import Vocabulary
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,13 @@ class PlanRequest:
     base_batch: int | None = None
     device: str | None = None        # None → "cpu" for --gpus NxCPU, else "cuda"
     name: str = "plan"
+
+    def __post_init__(self) -> None:
+        # what the user typed, as text: a Strategy/Offload/... handed back from a setup is stored as its spelling
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Vocabulary):
+                object.__setattr__(self, f.name, v.value)
 
     @classmethod
     def field_names(cls) -> set[str]:

@@ -38,7 +38,6 @@ MAIN_PROCESS_PORT_BASE = 29500
 MAIN_PROCESS_PORT_SPAN = 1000
 # accelerate's mixed_precision values ("no" = fp32), src/accelerate/utils/dataclasses.py PrecisionType.
 ACCELERATE_MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
-ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
 # DeepSpeed ZeRO-3 defaults (deepspeed/runtime/zero/config.py), written out so no value is implicit.
 DS_STAGE3_MAX_LIVE_PARAMS = 1_000_000_000
 DS_STAGE3_MAX_REUSE_DISTANCE = 1_000_000_000
@@ -78,7 +77,7 @@ def main_process_port(run: RunDir) -> int:
 
 def distributed_type(plan: Plan) -> str:
     s = plan.setup
-    if s.strategy in ZERO_STAGES:
+    if s.strategy.uses_deepspeed:
         return "DEEPSPEED"
     if s.strategy == "fsdp":
         return "FSDP"
@@ -169,7 +168,7 @@ def _overlap_comm(plan: Plan) -> bool:
     s = plan.setup
     if s.device == "cpu" or s.world_size == 1:
         return False
-    elem_bytes = 4 if s.precision == "fp32" else 2
+    elem_bytes = s.precision.compute_bytes
     gather = DS_PREFETCH_BUCKET_ELEMS if s.strategy == "zero3" else DS_ALLGATHER_BUCKET_ELEMS
     extra = int(OVERLAP_COMM_BUCKET_FACTOR * (DS_REDUCE_BUCKET_ELEMS + gather) * elem_bytes)
     return plan.memory.usable_bytes - plan.memory.total_bytes >= extra
@@ -178,7 +177,7 @@ def _overlap_comm(plan: Plan) -> bool:
 def deepspeed_config(plan: Plan, train: TrainOptions) -> dict[str, Any] | None:
     """ds_config.json for ZeRO strategies (None otherwise). Concrete values only: no HF-Trainer "auto"."""
     s = plan.setup
-    stage = ZERO_STAGES.get(s.strategy)
+    stage = s.strategy.zero_stage
     if stage is None:
         return None
     pin = s.device == "cuda"        # pinned host buffers speed up offload copies; meaningless without CUDA
@@ -200,9 +199,9 @@ def deepspeed_config(plan: Plan, train: TrainOptions) -> dict[str, Any] | None:
             # checkpoints hold a usable 16-bit model, not only the sharded states
             stage3_gather_16bit_weights_on_model_save=True,
         )
-    if s.offload in ("optimizer", "all"):
+    if s.offload.moves_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
-    if s.offload == "all":
+    if s.offload.moves_params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
     fp16: dict[str, Any] = {"enabled": s.precision == "fp16"}
     if s.precision == "fp16":

@@ -12,6 +12,7 @@ import sys
 from typing import Any, Callable, Sequence
 
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.vocabulary import Attention, Method, Offload, Optimizer, Precision, Strategy
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,7 +41,7 @@ def _inter_node(text: str) -> float:
 def add_plan_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("what to train")
     g.add_argument("--model", help="catalog id (scaletrain models), config.json path or folder, or HF cache id")
-    g.add_argument("--method", choices=["full", "lora", "qlora"])
+    g.add_argument("--method", choices=Method.values())
     g.add_argument("--lora-rank", type=int)
     g.add_argument("--lora-targets", type=_csv, help="comma list, default all block linears")
     g.add_argument("--base-bits", type=int, choices=[4, 8, 16], help="frozen base precision for lora/qlora")
@@ -53,11 +54,11 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
                    help="inter-node link per node, Gb/s or a name: edr, hdr, ndr, xdr, 10gbe … 400gbe "
                         "(default 200, one HDR InfiniBand port)")
     g = p.add_argument_group("how")
-    g.add_argument("--strategy", choices=["ddp", "zero1", "zero2", "zero3", "fsdp"])
-    g.add_argument("--offload", choices=["none", "optimizer", "all"])
-    g.add_argument("--precision", choices=["bf16", "fp16", "fp32"])
-    g.add_argument("--optimizer", choices=["adamw", "adamw-8bit", "sgd"])
-    g.add_argument("--attn", choices=["eager", "sdpa", "flash"])
+    g.add_argument("--strategy", choices=Strategy.values())
+    g.add_argument("--offload", choices=Offload.values())
+    g.add_argument("--precision", choices=Precision.values())
+    g.add_argument("--optimizer", choices=Optimizer.values())
+    g.add_argument("--attn", choices=Attention.values())
     ck = g.add_mutually_exclusive_group()
     ck.add_argument("--grad-ckpt", dest="grad_ckpt", action="store_true", default=None)
     ck.add_argument("--no-grad-ckpt", dest="grad_ckpt", action="store_false")

@@ -8,8 +8,8 @@ from rich.text import Text
 
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.units import fmt_bytes, fmt_count, fmt_seconds
+from scaletrain.engine.vocabulary import Strategy
 
-STRATEGY_LABEL = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3", "fsdp": "FSDP"}
 
 
 def model_line(plan: Plan) -> Text:
@@ -35,7 +35,7 @@ def batch_line(plan: Plan) -> Text:
 
 def setup_line(plan: Plan) -> Text:
     s = plan.setup
-    parts = [STRATEGY_LABEL.get(s.strategy, s.strategy)]
+    parts = [s.strategy.label]
     parts.append("no offload" if s.offload == "none" else f"offload {s.offload}")
     parts.append(f"grad-ckpt {'on' if s.grad_ckpt else 'off'}")
     parts += [s.precision, s.optimizer, f"attn {s.attn}", f"seq {s.seq_len}"]
@@ -90,7 +90,7 @@ def alternative_row(row: dict[str, Any]) -> tuple[str, ...]:
     """One row of the planner's ranked alternatives (engine/planner.rank_alternatives dicts)."""
     return (
         str(row["rank"]),
-        STRATEGY_LABEL.get(row["strategy"], row["strategy"]) + ("" if row["offload"] == "none"
+        Strategy(row["strategy"]).label + ("" if row["offload"] == "none"
                                                                  else f"+off:{row['offload']}"),
         f"{row['micro_batch']}×{row['grad_accum']}",
         "on" if row["grad_ckpt"] else "off",

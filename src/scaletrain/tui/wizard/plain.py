@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import GPU_CATALOG, parse_gpus
 from scaletrain.engine.catalog.architectures import catalog_ids, load_model
-from scaletrain.engine.model.setup import METHODS
+from scaletrain.engine.vocabulary import Method
 from scaletrain.tui.wizard import run_files
 from scaletrain.tui.wizard.state import (DEFAULT_CATALOG_GPUS, WizardState, dataset_text, format_residents,
                                          launchable_here, parse_dataset, parse_float, parse_int, parse_residents,
@@ -138,7 +138,7 @@ def ask_model(ask: Any, state: WizardState) -> WizardState:
         return t.strip()
 
     model = ask.text("Model (catalog id, config.json path, or HF cache id)", req.model, model_spec, **kwargs)
-    method = ask.choice("Method", METHODS, req.method)
+    method = ask.choice("Method", Method.values(), req.method)
     changes: dict[str, Any] = dict(model=model, method=method)
     if method != "full":
         changes["lora_rank"] = ask.text("LoRA rank", str(req.lora_rank), lambda t: parse_int(t, "LoRA rank"))

@@ -13,7 +13,7 @@ from textual.worker import get_current_worker
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.architectures import ModelArch, load_model
 from scaletrain.engine.plan.request import base_setup
-from scaletrain.engine.model.setup import METHODS
+from scaletrain.engine.vocabulary import Method
 from scaletrain.engine.units import fmt_count
 from scaletrain.tui.wizard.screen_base import WizardStep
 from scaletrain.tui.widgets.field import Field
@@ -56,7 +56,7 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
             with Horizontal(classes="field-row", id="method-row"):
                 yield Label("method", classes="field-label")
                 with RadioSet(id="method"):
-                    for m in METHODS:
+                    for m in Method.values():
                         yield RadioButton(m, id=f"method-{m}", value=req.method == m)
             with Vertical(id="lora-box"):
                 yield Field("lora_rank", "LoRA rank", str(req.lora_rank), hint="adapter rank r (e.g. 8, 16, 64)")

@@ -19,10 +19,10 @@ from scaletrain.engine.devices.nvml import DetectionResult
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.request import PlanRequest, base_setup, make_plan
 from scaletrain.engine.run.layout import TrainOptions
-from scaletrain.engine.model.setup import OFFLOADS
+from scaletrain.engine.vocabulary import Offload, Strategy
 
 # The what-if key cycles the ZeRO stage: plain DDP is "stage 0"; FSDP is reachable from the alternatives table.
-ZERO_CYCLE = ("ddp", "zero1", "zero2", "zero3")
+ZERO_CYCLE = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3)
 # Hardware offered when nothing is detected and nothing was named: the most common fine-tuning node.
 DEFAULT_CATALOG_GPUS = "8xH100-SXM"
 # Wizard starting points when neither flags nor a preset say otherwise (a LoRA run is the most common request).
@@ -205,13 +205,10 @@ def what_if(state: WizardState, plan: Plan, change: str) -> WizardState:
     elif change == "zero":
         cur = fixed["strategy"]
         nxt = ZERO_CYCLE[(ZERO_CYCLE.index(cur) + 1) % len(ZERO_CYCLE)] if cur in ZERO_CYCLE else ZERO_CYCLE[0]
-        fixed.update(strategy=nxt)
-        if nxt == "ddp":
-            fixed.update(offload="none")
-        elif fixed["offload"] == "all" and nxt != "zero3":
-            fixed.update(offload="optimizer")
+        fixed.update(strategy=nxt, offload=nxt.offload_within(fixed["offload"]))
     elif change == "offload":
-        fixed.update(offload=OFFLOADS[(OFFLOADS.index(fixed["offload"]) + 1) % len(OFFLOADS)])
+        offloads = tuple(Offload)
+        fixed.update(offload=offloads[(offloads.index(fixed["offload"]) + 1) % len(offloads)])
     else:
         raise ValueError(f"unknown what-if {change!r}")
     return state.with_request(effective_batch=eff, **fixed)
