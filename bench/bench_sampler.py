@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace as NS
 
-from scaletrain.engine.plan.request import PlanRequest, make_plan
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.run.layout import atomic_write
 from scaletrain.engine.sampling.sampler import HostSource, NvmlSource, RunWatcher, Sampler
 

@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_plan import machine  # noqa: E402  (same machine description as the plan bench)
 
 from scaletrain.engine.devices.nvml import DetectionResult  # noqa: E402
-from scaletrain.engine.plan.request import PlanRequest, make_plan  # noqa: E402
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.plan.planner import make_plan  # noqa: E402
 from scaletrain.engine.run.layout import atomic_write  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,7 +17,8 @@ from scaletrain.engine.doctor.diagnosis import KINDS, diagnose, diagnose_paths, 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.presets import load_preset
 from scaletrain.engine.plan.remedies import rank_remedies
-from scaletrain.engine.plan.request import PlanRequest, make_plan
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.plan.planner import make_plan
 from scaletrain.tui.cli.main import main
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"

@@ -19,7 +19,8 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.metrics import read_metrics
 from scaletrain.engine.plan.presets import load_preset, train_options
 from scaletrain.engine.run.relaunch import apply_remedy, resume_blocker, split_changes
-from scaletrain.engine.plan.request import PlanRequest, make_plan
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.run.layout import RunDir
 from scaletrain.engine.sampling.sampler import HostSource, ReplaySource, RunWatcher, Sampler
 from scaletrain.engine.run.writers import write_run_dir

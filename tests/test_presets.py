@@ -9,7 +9,8 @@ import pytest
 
 from scaletrain.engine.plan import presets as P
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.plan.request import PlanRequest, make_plan
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.run.layout import TrainOptions
 from scaletrain.tui.cli.main import main
 

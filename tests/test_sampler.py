@@ -20,7 +20,8 @@ import pytest
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.metrics import MetricsWriter, RankMemory, StepMetrics
-from scaletrain.engine.plan.request import PlanRequest, make_plan
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.sampling.sampler import (GpuSnapshot, HostSource, NvmlSource, ReplaySource, RunWatcher, Sampler,
                                        memory_views, record)
 

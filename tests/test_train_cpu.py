@@ -39,7 +39,8 @@ def write_dataset(path: Path, n: int = 300, seed: int = 0) -> Path:
 def make_run(tmp_path: Path, strategy: str, *, micro: int = 2, accum: int = 2, seq_len: int = 64,
              name: str = "run", **train: object) -> RunDir:
     """A 2-process CPU run directory of scaletrain/tiny-qwen2 written by the config writers."""
-    from scaletrain.engine.plan.request import PlanRequest, make_plan
+    from scaletrain.engine.plan.request import PlanRequest
+    from scaletrain.engine.plan.planner import make_plan
     from scaletrain.engine.run.writers import write_run_dir
 
     req = PlanRequest(model="scaletrain/tiny-qwen2", gpus="2xCPU", precision="fp32", strategy=strategy,
@@ -220,7 +221,8 @@ def test_local_model_lora_with_chat_template_on_one_process(tmp_path):
     """model_source = a local folder (offline from_pretrained + its tokenizer), LoRA with gradient checkpointing,
     one process (accelerate's simple launcher)."""
     from scaletrain.engine.run.launcher import launch
-    from scaletrain.engine.plan.request import PlanRequest, make_plan
+    from scaletrain.engine.plan.request import PlanRequest
+    from scaletrain.engine.plan.planner import make_plan
     from scaletrain.trainer.train import make_tokenizer, read_run_config
     from scaletrain.engine.run.writers import write_run_dir
 

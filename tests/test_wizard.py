@@ -18,7 +18,8 @@ from rich.console import Console
 from scaletrain.engine.model.memory import estimate_memory
 from scaletrain.engine.devices.nvml import DetectedGpu, DetectionResult
 from scaletrain.engine.plan.presets import load_preset
-from scaletrain.engine.plan.request import PlanRequest, make_plan
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.plan.planner import make_plan
 from scaletrain.tui.wizard.app import create_app
 
 NO_GPU_REASON = "NVML unavailable: NVMLError_LibraryNotFound: NVML Shared Library Not Found"
@@ -168,7 +169,7 @@ def test_custom_flow_qwen7b_lora_on_4xh200(tmp_path):
             plan = app.plan
             assert plan.fits and plan.setup.effective_batch == 128 and plan.setup.world_size == 4
             assert plan.setup.dataset_size == 300 and plan.time.steps_per_epoch == 3   # ceil(300 / 128)
-            assert plan.extras["lr"]["base_lr"] == 2e-4 and plan.extras["lr"]["base_batch"] == 8
+            assert plan.lr.base_lr == 2e-4 and plan.lr.base_batch == 8
             # what-if keys recompute through the engine and keep the effective batch
             ckpt = plan.setup.grad_ckpt
             await press(pilot, app, "c")
@@ -191,7 +192,7 @@ def test_custom_flow_qwen7b_lora_on_4xh200(tmp_path):
             await press(pilot, app, "enter")
             s = app.plan.setup
             assert (s.strategy, s.micro_batch, s.grad_accum, s.grad_ckpt, s.offload) == tuple(
-                rows[0][k] for k in ("strategy", "micro_batch", "grad_accum", "grad_ckpt", "offload"))
+                getattr(rows[0], k) for k in ("strategy", "micro_batch", "grad_accum", "grad_ckpt", "offload"))
             assert app.plan.fits
             await press(pilot, app, "ctrl+n")
             assert screen_name(app) == "WriteScreen"

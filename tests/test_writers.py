@@ -21,7 +21,8 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.model.memory import (DS_ALLGATHER_BUCKET_ELEMS, DS_PREFETCH_BUCKET_ELEMS, DS_REDUCE_BUCKET_ELEMS,
                                       DS_SUB_GROUP_ELEMS)
 from scaletrain.engine.plan.presets import load_preset
-from scaletrain.engine.plan.request import PlanRequest, make_plan
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.run.layout import TrainOptions, launch_argv
 from scaletrain.engine.run import writers
 from scaletrain.tui.cli.main import main

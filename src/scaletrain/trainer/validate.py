@@ -19,7 +19,8 @@ from typing import Any, Callable
 from scaletrain.engine.model.calibration import Calibration, stack_signature
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan, evaluate
-from scaletrain.engine.plan.request import PlanRequest, make_plan
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.run.layout import TrainOptions
 
 WARMUP_FRACTION = 0.25      # the first quarter of the steps (at least 2) is warm-up: allocator, kernels, caches

@@ -735,7 +735,8 @@ def plan_from_json(plan_json: dict[str, Any]) -> tuple[Any, Any]:
     from dataclasses import replace
 
     from scaletrain.engine.catalog.hardware import Hardware, find_gpu
-    from scaletrain.engine.plan.request import PlanRequest, make_plan
+    from scaletrain.engine.plan.request import PlanRequest
+    from scaletrain.engine.plan.planner import make_plan
 
     try:
         hw_j = plan_json["hardware"]
@@ -863,7 +864,7 @@ def _planner_remedies(plan: Any, diag: Diagnosis | None) -> list[RemedyOut]:
 
 
 def _try_plan(req: Any, plan: Any, **changes: Any) -> Any:
-    from scaletrain.engine.plan.request import make_plan
+    from scaletrain.engine.plan.planner import make_plan
 
     try:
         return make_plan(req.with_(**changes), hardware=plan.setup.hardware)

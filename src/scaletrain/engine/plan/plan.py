@@ -1,29 +1,58 @@
 """The Plan: one immutable object that flows wizard → estimator → writers → launcher → monitor.
 
 `evaluate(setup)` runs the estimators once; every view (rich table, Textual screens, JSON, config writers)
-reads the numbers from here and never recomputes them.
+reads the numbers from here and never recomputes them. What the planner adds to a plan — its report on the
+search, the learning-rate suggestion, the ranked alternatives and the `--table` rows — are typed fields too,
+written to JSON after the estimates in that order.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
+from scaletrain.engine.model.calibration import for_setup
 from scaletrain.engine.model.memory import MemoryBreakdown, estimate_memory
 from scaletrain.engine.model.setup import TrainingSetup
+from scaletrain.engine.model.timing import TimeEstimate, estimate_time
+from scaletrain.engine.plan.lr import LrSuggestion
+from scaletrain.engine.plan.rows import AlternativeRow, PlanTable
 
 SCHEMA_VERSION = 1
+# What the planner minimises (said in every report).
+OBJECTIVE = "predicted seconds per sample (per optimizer step at a fixed effective batch)"
+
+
+@dataclass(frozen=True)
+class PlannerReport:
+    """How the planner chose: the target, what the user fixed, what it searched and how much of it fitted."""
+
+    target_effective_batch: int | None
+    fixed: Mapping[str, str | int | bool]         # the request's search fields the user set
+    free: tuple[str, ...]                          # the search fields the planner chose
+    evaluated: int                                 # memory-model probes
+    fitting: int                                   # configurations with a fitting split
+    micro_batch_rule: str | None = None            # without a target: how the micro batch was picked
+    objective: str = OBJECTIVE
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target_effective_batch": self.target_effective_batch, "fixed": dict(self.fixed),
+                "free": list(self.free), "evaluated": self.evaluated, "fitting": self.fitting,
+                "objective": self.objective, "micro_batch_rule": self.micro_batch_rule}
 
 
 @dataclass(frozen=True)
 class Plan:
     setup: TrainingSetup
     memory: MemoryBreakdown
-    time: Any = None                       # timing.TimeEstimate, when the time model ran
+    time: TimeEstimate | None = None               # None only for the planner's memory-only probes
     explanation: str = ""
     notes: tuple[str, ...] = ()
     name: str = "plan"
-    extras: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    planner: PlannerReport | None = field(default=None, compare=False)     # set when the planner searched
+    lr: LrSuggestion | None = field(default=None, compare=False)           # --base-lr/--base-batch given
+    alternatives: tuple[AlternativeRow, ...] | None = field(default=None, compare=False)   # --alternatives
+    table: PlanTable | None = field(default=None, compare=False)           # --table batch|gpus
 
     @property
     def fits(self) -> bool:
@@ -66,16 +95,20 @@ class Plan:
         }
         if self.time is not None:
             out["time"] = self.time.to_json()
-        out.update(self.extras)
+        if self.planner is not None:
+            out["planner"] = self.planner.to_json()
+        if self.lr is not None:
+            out["lr"] = self.lr.to_json()
+        if self.alternatives is not None:
+            out["alternatives"] = [a.to_json() for a in self.alternatives]
+        if self.table is not None:
+            out["table"] = self.table.to_json()
         return out
 
 
 def evaluate(setup: TrainingSetup, *, headroom_fraction: float = 0.10, name: str = "plan",
              explanation: str = "", notes: tuple[str, ...] = (), with_time: bool = True) -> Plan:
     """Run the memory (and, when available, time) model for one fully specified setup."""
-    from scaletrain.engine.model.calibration import for_setup
-    from scaletrain.engine.model.timing import estimate_time
-
     mem = estimate_memory(setup, headroom_fraction)
     time_est = estimate_time(setup) if with_time else None
     cal = for_setup(setup)

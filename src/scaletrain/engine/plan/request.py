@@ -1,7 +1,7 @@
 """PlanRequest: what the user fixed (CLI flags, a preset, the wizard). None means "let the planner choose".
 
-`make_plan(request)` is the single entry point every front end calls: resolve the hardware and model, then
-either evaluate the fully fixed setup or hand the free choices to the planner.
+`base_setup(request)` resolves the hardware and the model and holds the fixed choices in a TrainingSetup with
+neutral defaults for the free ones; planner.make_plan fills those in.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from typing import Any
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import Hardware, inter_node_gbit_s, parse_gpus
 from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, load_model
-from scaletrain.engine.plan.plan import Plan, evaluate
 from scaletrain.engine.model.setup import ResidentModel, TrainingSetup
 from scaletrain.engine.vocabulary import Vocabulary
 
@@ -113,24 +112,3 @@ def _default_strategy(req: PlanRequest) -> str:
     """Neutral strategy for a free field: DDP, unless a fixed offload needs ZeRO (the planner searches anyway)."""
     return {"all": "zero3", "optimizer": "zero2"}.get(req.offload or "none", "ddp")
 
-
-def _fully_fixed(req: PlanRequest) -> bool:
-    return (req.micro_batch is not None and req.grad_accum is not None and req.strategy is not None
-            and req.grad_ckpt is not None and req.offload is not None)
-
-
-def make_plan(req: PlanRequest, hardware: Hardware | None = None) -> Plan:
-    """Evaluate what the user fixed; let the planner fill in the rest (target batch, strategy, ...)."""
-    setup = base_setup(req, hardware)
-    if req.effective_batch is not None and req.micro_batch and req.grad_accum:
-        got = req.micro_batch * req.grad_accum * setup.world_size
-        if got != req.effective_batch:
-            raise ScaletrainError(
-                f"micro batch {req.micro_batch} × grad accum {req.grad_accum} × {setup.world_size} GPUs = {got}, "
-                f"not the effective batch {req.effective_batch}; drop one of them and scaletrain solves it")
-    from scaletrain.engine.plan.planner import finalize, solve   # here: the planner imports this module
-
-    if not _fully_fixed(req):
-        return solve(req, setup)
-    # every choice fixed: base_setup already holds them, nothing to search
-    return finalize(evaluate(setup, headroom_fraction=req.headroom, name=req.name), req)

@@ -140,7 +140,7 @@ def apply_remedy(run_dir: str | os.PathLike[str], changes: dict[str, Any], *, re
     `restart` — a change the newest checkpoint cannot be resumed under.
     """
     from scaletrain.engine.doctor.diagnosis import plan_from_json
-    from scaletrain.engine.plan.request import make_plan
+    from scaletrain.engine.plan.planner import make_plan
     from scaletrain.trainer.train import newest_checkpoint          # the trainer's own rule (no torch at import)
     from scaletrain.engine.run.writers import render_run_files
 

@@ -37,7 +37,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from scaletrain.engine.errors import ScaletrainError
-    from scaletrain.engine.plan.request import make_plan
+    from scaletrain.engine.plan.planner import make_plan
     from scaletrain.engine.run.writers import install_accelerate_default, write_run_dir
     from scaletrain.tui.cli.main import request_from_args
     from scaletrain.tui.cli.headless import print_written, train_from_args

@@ -75,7 +75,7 @@ def check_local_gpus(plan: Any, run: RunDir) -> None:
 
 
 def run_headless(args: argparse.Namespace) -> int:
-    from scaletrain.engine.plan.request import make_plan
+    from scaletrain.engine.plan.planner import make_plan
     from scaletrain.engine.run.writers import write_run_dir
     from scaletrain.tui.cli.main import request_from_args
     from scaletrain.tui.views.render import print_plan

@@ -110,11 +110,11 @@ def request_from_args(args: argparse.Namespace) -> Any:
 
 # ---- subcommands ----------------------------------------------------------------------------------------------
 def cmd_plan(args: argparse.Namespace) -> int:
-    from scaletrain.engine.plan.request import make_plan
+    from scaletrain.engine.plan.planner import make_plan
 
     plan = make_plan(request_from_args(args))
     if getattr(args, "alternatives", False) or getattr(args, "table", None):
-        from scaletrain.engine.plan.planner import with_tables
+        from scaletrain.engine.plan.tables import with_tables
         plan = with_tables(plan, alternatives=getattr(args, "alternatives", False), table=getattr(args, "table", None))
     if args.json:
         print(json.dumps(plan.to_json(), indent=2))

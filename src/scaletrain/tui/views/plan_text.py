@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.text import Text
 
 from scaletrain.engine.plan.plan import Plan
+from scaletrain.engine.plan.rows import AlternativeRow
 from scaletrain.engine.units import fmt_bytes, fmt_count, fmt_seconds
-from scaletrain.engine.vocabulary import Strategy
 
 
 
@@ -51,52 +49,51 @@ def fit_line(plan: Plan) -> Text:
                          f"(limit {fmt_bytes(m.usable_bytes)}, {spare})")
 
 
-def time_line(plan: Plan) -> Text | None:
-    if plan.time is None:
+def time_line(plan: Plan, *, emphasis: bool = True) -> Text | None:
+    """'time: 1.2 s/step, 5,120 tokens/s[, N steps/epoch, E/epoch][, T total]' (the CLI prints it unstyled)."""
+    t = plan.time
+    if t is None:
         return None
-    t = plan.time.to_json()
-    out = Text.assemble("time: ", (f"{fmt_seconds(t['step_seconds'])}/step", "bold"),
-                        f", {t['tokens_per_second']:,.0f} tokens/s")
-    if t.get("steps_per_epoch"):
-        out.append(f", {t['steps_per_epoch']:,} steps/epoch, {fmt_seconds(t['epoch_seconds'])}/epoch")
-    if t.get("total_seconds"):
+    bold = "bold" if emphasis else ""
+    out = Text.assemble("time: ", (f"{fmt_seconds(t.step_seconds)}/step", bold), f", {t.tokens_per_second:,.0f} tokens/s")
+    if t.steps_per_epoch and t.epoch_seconds is not None:
+        out.append(f", {t.steps_per_epoch:,} steps/epoch, {fmt_seconds(t.epoch_seconds)}/epoch")
+    if t.total_seconds:
         out.append(", ")
-        out.append(f"{fmt_seconds(t['total_seconds'])} total", style="bold")
+        out.append(f"{fmt_seconds(t.total_seconds)} total", style=bold)
     return out
 
 
 def lr_line(plan: Plan) -> Text | None:
-    lr: dict[str, Any] | None = plan.extras.get("lr")
-    if not lr:
+    lr = plan.lr
+    if lr is None:
         return None
-    return Text.assemble(f"LR {lr['base_lr']:g} @ batch {lr['base_batch']} → {lr['effective_batch']}: ",
-                         ("√ rule ", "dim"), (f"{lr['sqrt_rule_lr']:.3g}", "bold"),
-                         ("  linear rule ", "dim"), (f"{lr['linear_rule_lr']:.3g}", "bold"))
+    return Text.assemble(f"LR {lr.base_lr:g} @ batch {lr.base_batch} → {lr.effective_batch}: ",
+                         ("√ rule ", "dim"), (f"{lr.sqrt_lr:.3g}", "bold"),
+                         ("  linear rule ", "dim"), (f"{lr.linear_lr:.3g}", "bold"))
 
 
 def why_lines(plan: Plan, explanation: str | None = None) -> list[Text]:
     """The planner's one-sentence explanation (or the given one) and the plan's notes (lr_line shows the LR)."""
     explanation = plan.explanation if explanation is None else explanation
     out = [Text(explanation, style="italic")] if explanation else []
-    lr = plan.extras.get("lr")
     for note in plan.notes:
-        if lr and note.startswith("learning rate"):
+        if plan.lr is not None and note.startswith("learning rate"):
             continue
         out.append(Text.assemble(("note: ", "yellow"), note))
     return out
 
 
-def alternative_row(row: dict[str, Any]) -> tuple[str, ...]:
-    """One row of the planner's ranked alternatives (engine/planner.rank_alternatives dicts)."""
+def alternative_row(row: AlternativeRow) -> tuple[str, ...]:
+    """One row of the planner's ranked alternatives (engine.plan.tables.rank_alternatives)."""
     return (
-        str(row["rank"]),
-        Strategy(row["strategy"]).label + ("" if row["offload"] == "none"
-                                                                 else f"+off:{row['offload']}"),
-        f"{row['micro_batch']}×{row['grad_accum']}",
-        "on" if row["grad_ckpt"] else "off",
-        fmt_bytes(row["per_gpu_bytes"]),
-        fmt_seconds(row["step_seconds"]),
-        fmt_seconds(row["epoch_seconds"]) if row.get("epoch_seconds") else "–",
+        str(row.rank),
+        row.strategy.label + ("" if row.offload == "none" else f"+off:{row.offload}"),
+        f"{row.micro_batch}×{row.grad_accum}",
+        "on" if row.grad_ckpt else "off",
+        fmt_bytes(row.per_gpu_bytes),
+        fmt_seconds(row.step_seconds),
+        fmt_seconds(row.epoch_seconds) if row.epoch_seconds else "–",
     )
 
 

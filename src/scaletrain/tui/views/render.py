@@ -8,7 +8,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from scaletrain.engine.units import fmt_bytes, fmt_count, fmt_seconds
+from scaletrain.engine.devices.nvml import DetectionResult
+from scaletrain.engine.plan.plan import Plan
+from scaletrain.engine.units import fmt_bytes, fmt_count
+from scaletrain.tui.views.plan_text import time_line
 
 COMPONENT_STYLE = {
     "weights": "bright_blue", "gradients": "magenta", "optimizer": "yellow",
@@ -43,7 +46,7 @@ def memory_bar(components: dict[str, int], capacity: int, usable: int, width: in
     return text
 
 
-def print_plan(plan: Any, *, alternatives: bool = False, table: str | None = None) -> None:
+def print_plan(plan: Plan, *, alternatives: bool = False, table: str | None = None) -> None:
     c = _console()
     s = plan.setup
     m = plan.memory
@@ -86,19 +89,13 @@ def print_plan(plan: Any, *, alternatives: bool = False, table: str | None = Non
         print_extra_tables(c, plan, alternatives=alternatives, table=table)
 
 
-def _print_time(c: Console, plan: Any) -> None:
-    t = plan.time.to_json()
-    line = f"time: {fmt_seconds(t['step_seconds'])}/step, {t['tokens_per_second']:,.0f} tokens/s"
-    if t.get("steps_per_epoch"):
-        line += f", {t['steps_per_epoch']:,} steps/epoch, {fmt_seconds(t['epoch_seconds'])}/epoch"
-    if t.get("total_seconds"):
-        line += f", {fmt_seconds(t['total_seconds'])} total"
-    c.print(line)
-    if t.get("assumptions"):
-        c.print("[grey50]assumes: " + "; ".join(t["assumptions"]) + "[/]")
+def _print_time(c: Console, plan: Plan) -> None:
+    c.print(time_line(plan, emphasis=False))
+    if plan.time is not None and plan.time.assumptions:
+        c.print("[grey50]assumes: " + "; ".join(plan.time.assumptions) + "[/]")
 
 
-def print_detection(res: Any) -> None:
+def print_detection(res: DetectionResult) -> None:
     c = _console()
     if not res.gpus:
         c.print(f"no GPU detected: {res.error}. Plan for named hardware with --gpus, e.g. --gpus 4xH200.")

@@ -17,6 +17,7 @@ from textual.worker import get_current_worker
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan
+from scaletrain.engine.plan.rows import AlternativeRow
 from scaletrain.tui.views import plan_text
 from scaletrain.tui.wizard.screen_base import WizardStep
 from scaletrain.tui.widgets.memory_bars import MemoryBars
@@ -56,7 +57,7 @@ the line with the engine's message. The **alternatives** table ranks what fits; 
 
     def __init__(self) -> None:
         super().__init__()
-        self.alternatives: list[dict[str, Any]] = []
+        self.alternatives: tuple[AlternativeRow, ...] = ()
         self._shown: dict[str, Any] = {}               # what each Static shows now (plain text), to skip no-ops
         self.entry_plan: Plan | None = None            # the plan this step opened with (its explanation stays)
         self.recompute_seconds: list[float] = []     # UI-thread cost of each what-if (bench_wizard reads it)
@@ -129,16 +130,16 @@ the line with the engine's message. The **alternatives** table ranks what fits; 
     @work(thread=True, exclusive=True, group="alternatives")
     def load_alternatives(self, plan: Plan) -> None:
         """The planner's ranked table at this effective batch (a full search: off the UI thread)."""
-        from scaletrain.engine.plan.planner import with_tables
+        from scaletrain.engine.plan.tables import with_tables
 
         try:
-            rows: list[dict[str, Any]] = with_tables(plan, alternatives=True).extras.get("alternatives", [])
+            rows: tuple[AlternativeRow, ...] = with_tables(plan, alternatives=True).alternatives or ()
         except Exception:  # the table is an extra: without it the plan step still works
-            rows = []
+            rows = ()
         if not get_current_worker().is_cancelled:
             self.app.call_from_thread(self._fill_alternatives, rows)
 
-    def _fill_alternatives(self, rows: list[dict[str, Any]]) -> None:
+    def _fill_alternatives(self, rows: tuple[AlternativeRow, ...]) -> None:
         self.alternatives = rows
         table = self.query_one("#alternatives", DataTable)
         table.clear()
@@ -152,7 +153,7 @@ the line with the engine's message. The **alternatives** table ranks what fits; 
         table = self.query_one("#alternatives", DataTable)
         if not self.alternatives:
             return
-        rank = next((row["rank"] for row in self.alternatives if plan is not None and is_current(row, plan)), None)
+        rank = next((row.rank for row in self.alternatives if plan is not None and is_current(row, plan)), None)
         table.border_subtitle = (f"the plan above is #{rank}" if rank is not None
                                  else "the plan above is not among these")
 

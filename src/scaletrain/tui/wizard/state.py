@@ -17,7 +17,10 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import GPU_CATALOG, CPU_DEVICE, GpuSpec, Hardware, parse_gpus
 from scaletrain.engine.devices.nvml import DetectionResult
 from scaletrain.engine.plan.plan import Plan
-from scaletrain.engine.plan.request import PlanRequest, base_setup, make_plan
+from scaletrain.engine.plan.planner import leanest_unfitting_plan, make_plan
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.plan.rows import AlternativeRow
+from scaletrain.engine.plan.search import next_micro_batch, search_key
 from scaletrain.engine.run.layout import TrainOptions
 from scaletrain.engine.vocabulary import Offload, Strategy
 
@@ -217,25 +220,24 @@ def what_if(state: WizardState, plan: Plan, change: str) -> WizardState:
 def _next_micro(plan: Plan, *, up: bool) -> int:
     """The next micro batch up or down that still divides each GPU's share of the effective batch."""
     s = plan.setup
-    per_gpu = s.effective_batch // s.world_size
-    steps = [d for d in range(1, per_gpu + 1) if per_gpu % d == 0]
-    options = [d for d in steps if d > s.micro_batch] if up else [d for d in steps if d < s.micro_batch][::-1]
-    if not options:
+    nxt = next_micro_batch(s, up=up)
+    if nxt is None:
         raise ScaletrainError(
             f"micro batch {s.micro_batch} is already the {'largest' if up else 'smallest'} split of the "
-            f"{per_gpu} samples each GPU takes per step; change the effective batch on step 3 for more")
-    return options[0]
+            f"{s.effective_batch // s.world_size} samples each GPU takes per step; change the effective batch on "
+            "step 3 for more")
+    return nxt
 
 
-def pick_alternative(state: WizardState, row: dict[str, Any]) -> WizardState:
+def pick_alternative(state: WizardState, row: AlternativeRow) -> WizardState:
     """Fix the choices of one of the planner's ranked alternatives (a rank_alternatives row)."""
-    return state.with_request(effective_batch=row["effective_batch"],
-                              **{k: row[k] for k in ("micro_batch", "grad_accum", "strategy", "offload", "grad_ckpt")})
+    return state.with_request(effective_batch=row.effective_batch, micro_batch=row.micro_batch,
+                              grad_accum=row.grad_accum, strategy=row.strategy, offload=row.offload,
+                              grad_ckpt=row.grad_ckpt)
 
 
-def is_current(row: dict[str, Any], plan: Plan) -> bool:
-    s = plan.setup
-    return all(row[k] == getattr(s, k) for k in ("micro_batch", "grad_accum", "strategy", "offload", "grad_ckpt"))
+def is_current(row: AlternativeRow, plan: Plan) -> bool:
+    return row.search_key() == search_key(plan.setup)
 
 
 def plan_what_if(state: WizardState, detection: DetectionResult | None) -> tuple[Plan, str | None]:
@@ -254,15 +256,11 @@ def plan_what_if(state: WizardState, detection: DetectionResult | None) -> tuple
 
 
 def _leanest_over_the_line(state: WizardState, detection: DetectionResult | None) -> Plan | None:
-    from scaletrain.engine.plan.planner import fixed_fields, search
-
-    req = state.request
     try:
-        res = search(base_setup(req, hardware_for(state, detection)), target=req.effective_batch,
-                     fixed=fixed_fields(req), headroom=req.headroom, name=req.name)
+        hardware = hardware_for(state, detection)
     except ScaletrainError:
         return None
-    return None if res.ranked or res.leanest is None else res.leanest.plan
+    return leanest_unfitting_plan(state.request, hardware)
 
 
 # ---- parsing what people type --------------------------------------------------------------------------------------
