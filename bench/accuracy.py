@@ -23,7 +23,7 @@ from pathlib import Path
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.request import PlanRequest
-from scaletrain.engine.run.layout import TrainOptions
+from scaletrain.engine.run.options import TrainOptions
 from scaletrain.trainer.validate import validate
 
 RESULTS = Path(__file__).resolve().parent / "results"

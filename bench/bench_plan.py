@@ -26,7 +26,7 @@ from pathlib import Path
 from scaletrain.engine.model.memory import estimate_memory
 from scaletrain.engine.plan.search import search
 from scaletrain.engine.plan.request import PlanRequest, base_setup
-from scaletrain.engine.run.layout import atomic_write
+from scaletrain.engine.fileio import atomic_write
 from scaletrain.engine.model.timing import estimate_time
 
 from machine import machine  # bench/machine.py

@@ -34,8 +34,11 @@ from types import SimpleNamespace as NS
 
 from scaletrain.engine.plan.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan
-from scaletrain.engine.run.layout import atomic_write
-from scaletrain.engine.sampling.sampler import HostSource, NvmlSource, RunWatcher, Sampler
+from scaletrain.engine.fileio import atomic_write
+from scaletrain.engine.sampling.host import HostSource
+from scaletrain.engine.sampling.gpu import NvmlSource
+from scaletrain.engine.sampling.watcher import RunWatcher
+from scaletrain.engine.sampling.sampler import Sampler
 
 from machine import machine  # bench/machine.py
 

@@ -35,7 +35,7 @@ from bench_plan import machine  # noqa: E402  (same machine description as the p
 from scaletrain.engine.devices.nvml import DetectionResult  # noqa: E402
 from scaletrain.engine.plan.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan  # noqa: E402
-from scaletrain.engine.run.layout import atomic_write  # noqa: E402
+from scaletrain.engine.fileio import atomic_write  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / ".venv" / "bin" / "scaletrain"

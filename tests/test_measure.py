@@ -64,7 +64,7 @@ def _saved(name, **kw):
 @functools.lru_cache(maxsize=None)
 def _step_tensor_bytes(name, **kw):
     """Exact bytes of the optimizer's per-parameter 'step' tensors, read from its state dict."""
-    setup = M.build_training_setup(CONFIGS[name], **kw)
+    setup = M.build_harness(CONFIGS[name], **kw)
     (ids,) = M._make_batches(1, 1, 16, setup.vocab_size, "cpu", 0)
     M._full_step(setup, [ids])
     steps = [s["step"] for s in setup.optimizer.state_dict()["state"].values()]
@@ -98,7 +98,7 @@ def test_full_fp32_exact_byte_counts():
 
 def test_tied_embeddings_count_once():
     r, _ = _measure("qwen2")
-    setup = M.build_training_setup(QWEN2_TIED)
+    setup = M.build_harness(QWEN2_TIED)
     emb, head = setup.model.get_input_embeddings(), setup.model.get_output_embeddings()
     assert emb.weight.data_ptr() == head.weight.data_ptr()
     assert r.params == _hand_param_count(QWEN2_TIED, qkv_bias=True)
@@ -151,7 +151,7 @@ def test_determinism():
 
 def test_lora_all_linear_trainable_formula():
     r, _ = _measure("llama", method="lora", lora_rank=8)
-    setup = M.build_training_setup(LLAMA, method="lora", lora_rank=8)
+    setup = M.build_harness(LLAMA, method="lora", lora_rank=8)
     assert not any("lm_head" in t for t in setup.lora_targets)  # peft "all-linear" skips the head
     assert len(setup.lora_targets) == 7 * LLAMA["num_hidden_layers"]
     per_layer = sum(8 * (i + o) for i, o in _linear_shapes(LLAMA).values())
@@ -165,7 +165,7 @@ def test_lora_all_linear_trainable_formula():
 
 
 def test_lora_explicit_targets():
-    setup = M.build_training_setup(LLAMA, method="lora", lora_rank=4, lora_targets=("q_proj", "v_proj"))
+    setup = M.build_harness(LLAMA, method="lora", lora_rank=4, lora_targets=("q_proj", "v_proj"))
     trainable = sum(p.numel() for p in setup.model.parameters() if p.requires_grad)
     shapes = _linear_shapes(LLAMA)
     expect = LLAMA["num_hidden_layers"] * sum(4 * sum(shapes[k]) for k in ("q_proj", "v_proj"))

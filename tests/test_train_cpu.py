@@ -17,7 +17,8 @@ import pytest
 from scaletrain.trainer import data as D
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.metrics import read_metrics
-from scaletrain.engine.run.layout import RunDir, TrainOptions
+from scaletrain.engine.run.layout import RunDir
+from scaletrain.engine.run.options import TrainOptions
 
 RUN_LIMIT_SECONDS = 240          # one small run; the first DeepSpeed run on a machine JIT-builds a comm op (~1 min)
 
@@ -138,7 +139,8 @@ def test_bad_dataset_is_one_clear_error(tmp_path, line, needle):
 
 
 def test_too_little_data_for_one_step_says_what_to_change(tmp_path):
-    from scaletrain.trainer.train import make_schedule, read_run_config
+    from scaletrain.trainer.train import make_schedule
+    from scaletrain.trainer.config import read_run_config
 
     run = make_run(tmp_path, "ddp", micro=4, accum=4, dataset=str(write_dataset(tmp_path / "d.jsonl", n=3)))
     cfg = read_run_config(run.path)
@@ -223,7 +225,8 @@ def test_local_model_lora_with_chat_template_on_one_process(tmp_path):
     from scaletrain.engine.run.launcher import launch
     from scaletrain.engine.plan.request import PlanRequest
     from scaletrain.engine.plan.planner import make_plan
-    from scaletrain.trainer.train import make_tokenizer, read_run_config
+    from scaletrain.trainer.model import make_tokenizer
+    from scaletrain.trainer.config import read_run_config
     from scaletrain.engine.run.writers import write_run_dir
 
     model_dir = save_local_model(tmp_path / "my-model")

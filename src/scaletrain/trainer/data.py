@@ -248,9 +248,3 @@ def shard_order(n_rows: int, epoch: int, seed: int, rank: int, world_size: int) 
     per_rank = n_rows // world_size
     return order[rank::world_size][:per_rank]
 
-
-def bundled_demo_dataset() -> Path:
-    """presets/data/demo.jsonl, the offline demo data shipped with the package."""
-    import scaletrain.presets as presets_pkg
-
-    return Path(presets_pkg.__file__).parent / "data" / "demo.jsonl"

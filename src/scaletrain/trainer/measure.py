@@ -50,21 +50,24 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from scaletrain.engine.vocabulary import Attention, Method
+from scaletrain.trainer import model as model_lib
+from scaletrain.trainer.memory_timeline import counter_only_reading, read_cpu_timeline
+
 __all__ = [
     "MeasuredStep",
     "measure_step",
     "measure_saved_activation_bytes",
-    "build_training_setup",
+    "build_harness",
     "unique_storage_bytes",
 ]
 
-_ATTN = {"eager": "eager", "sdpa": "sdpa", "flash": "flash_attention_2", "flash_attention_2": "flash_attention_2"}
+# Precisions of a measured step: fp32, bf16 autocast over fp32 weights (what accelerate's mixed precision does),
+# or bf16 weights without autocast (DeepSpeed's 16-bit model).
 _PRECISIONS = ("fp32", "bf16", "bf16-pure")
-_METHODS = ("full", "lora", "qlora")
 _OPTIMIZERS = ("adamw", "sgd")
-# Linear modules inside the decoder blocks of llama-like models.  peft 0.21's "all-linear" gives exactly
-# these (it excludes lm_head); pass them as lora_targets where a peft version would adapt the head.
-DECODER_LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# transformers' name for flash attention is accepted as well as the plan's "flash".
+_ATTN_ALIASES = ("flash_attention_2",)
 
 
 @dataclass(frozen=True)
@@ -128,12 +131,16 @@ def _resolve_device(device: str) -> str:
     raise ValueError(f"unknown device {device!r} (expected 'cpu' or 'cuda[:N]')")
 
 
+def _attn_implementation(attn: str) -> str:
+    return attn if attn in _ATTN_ALIASES else Attention(attn).hf_implementation
+
+
 def _validate(method, attn, precision, optimizer, device, grad_accum, micro_batch, seq_len, warmup_steps):
-    if method not in _METHODS:
-        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
-    if attn not in _ATTN:
+    if method not in Method.values():
+        raise ValueError(f"method must be one of {Method.values()}, got {method!r}")
+    if attn not in (*Attention.values(), *_ATTN_ALIASES):
         raise ValueError(f"attn must be one of eager|sdpa|flash, got {attn!r}")
-    if _ATTN[attn] == "flash_attention_2" and device == "cpu":
+    if _attn_implementation(attn) == "flash_attention_2" and device == "cpu":
         raise ValueError("attn='flash' (flash_attention_2) needs a CUDA device; use 'sdpa' or 'eager' on cpu")
     if precision not in _PRECISIONS:
         raise ValueError(f"precision must be one of {_PRECISIONS}, got {precision!r}")
@@ -143,23 +150,9 @@ def _validate(method, attn, precision, optimizer, device, grad_accum, micro_batc
         raise ValueError("grad_accum>=1, micro_batch>=1, seq_len>=2 and warmup_steps>=0 are required")
 
 
-def _make_config(hf_config: dict):
-    from transformers import AutoConfig
-
-    cfg = dict(hf_config)
-    if "model_type" not in cfg:
-        raise ValueError("hf_config must contain 'model_type'")
-    model_type = cfg.pop("model_type")
-    # keys that describe a checkpoint, not the architecture; dtype is chosen by `precision`
-    for k in ("architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path",
-              "quantization_config", "auto_map"):
-        cfg.pop(k, None)
-    return AutoConfig.for_model(model_type, **cfg)
-
-
 @dataclass
-class TrainingSetup:
-    """Everything a measured step needs; returned by ``build_training_setup``."""
+class StepHarness:
+    """Everything a measured step needs (model, optimizer, autocast); returned by ``build_harness``."""
 
     model: Any
     optimizer: Any
@@ -169,10 +162,10 @@ class TrainingSetup:
     lora_targets: tuple[str, ...] | None
 
 
-def build_training_setup(hf_config: dict, *, method: str = "full", lora_rank: int = 8, lora_alpha: int = 16,
-                         lora_targets: tuple[str, ...] | None = None, grad_ckpt: bool = False,
-                         attn: str = "sdpa", precision: str = "fp32", optimizer: str = "adamw",
-                         device: str = "cpu", seed: int = 0) -> TrainingSetup:
+def build_harness(hf_config: dict, *, method: str = "full", lora_rank: int = 8, lora_alpha: int = 16,
+                  lora_targets: tuple[str, ...] | None = None, grad_ckpt: bool = False,
+                  attn: str = "sdpa", precision: str = "fp32", optimizer: str = "adamw",
+                  device: str = "cpu", seed: int = 0) -> StepHarness:
     """Build model (+LoRA) and optimizer exactly as ``measure_step`` does (exposed for tests)."""
     import warnings
 
@@ -181,57 +174,39 @@ def build_training_setup(hf_config: dict, *, method: str = "full", lora_rank: in
         # reads the old property and triggers a FutureWarning that says nothing about this measurement.
         warnings.filterwarnings("ignore", message=r".*is deprecated and will be removed in v6.*",
                                 category=FutureWarning)
-        return _build_training_setup(hf_config, method=method, lora_rank=lora_rank, lora_alpha=lora_alpha,
-                                     lora_targets=lora_targets, grad_ckpt=grad_ckpt, attn=attn,
-                                     precision=precision, optimizer=optimizer, device=device, seed=seed)
+        return _build_harness(hf_config, method=method, lora_rank=lora_rank, lora_alpha=lora_alpha,
+                              lora_targets=lora_targets, grad_ckpt=grad_ckpt, attn=attn,
+                              precision=precision, optimizer=optimizer, device=device, seed=seed)
 
 
-def _build_training_setup(hf_config, *, method, lora_rank, lora_alpha, lora_targets, grad_ckpt, attn,
-                          precision, optimizer, device, seed) -> TrainingSetup:
+def _build_harness(hf_config, *, method, lora_rank, lora_alpha, lora_targets, grad_ckpt, attn,
+                   precision, optimizer, device, seed) -> StepHarness:
     import torch
-    from transformers import AutoModelForCausalLM
 
     dev = _resolve_device(device)
-    cfg = _make_config(hf_config)
+    cfg = model_lib.hf_config(hf_config)
     torch.manual_seed(seed)
-    attn_impl = _ATTN[attn]
+    attn_impl = _attn_implementation(attn)
 
     if method == "qlora":
         model = _build_qlora_base(cfg, attn_impl, dev, seed)
     else:
-        model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_impl, dtype=torch.float32)
-        if getattr(model.config, "tie_word_embeddings", False):
-            model.tie_weights()
+        model = model_lib.random_init(cfg, attn_impl)
         if precision == "bf16-pure":
             model = model.to(torch.bfloat16)
         model = model.to(dev)
 
     if grad_ckpt:
-        # What a trainer does: non-reentrant checkpointing on every decoder layer, no KV cache.
-        # transformers itself calls `enable_input_require_grads()` here for input_ids models, so the
-        # embedding output requires grad (needed for LoRA, harmless for full fine-tuning).
-        enable = getattr(model, "activation_checkpointing_enable", None)
-        if enable is not None:
-            enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:  # transformers < 5.x name
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # What a trainer does (model_lib.enable_checkpointing, the bundled trainer's own call), no KV cache.
+        model_lib.enable_checkpointing(model)
     model.config.use_cache = False
 
     targets_used = None
     if method in ("lora", "qlora"):
-        from peft import LoraConfig, get_peft_model
-
-        if method == "qlora":
-            from peft import prepare_model_for_kbit_training
-
-            model = prepare_model_for_kbit_training(
-                model, use_gradient_checkpointing=grad_ckpt,
-                gradient_checkpointing_kwargs={"use_reentrant": False})
         # peft 0.21 "all-linear" excludes the output embedding (lm_head) via get_output_embeddings()
         target = list(lora_targets) if lora_targets else "all-linear"
-        lcfg = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, target_modules=target, lora_dropout=0.0,
-                          task_type="CAUSAL_LM")
-        model = get_peft_model(model, lcfg)
+        model = model_lib.add_lora(model, rank=lora_rank, alpha=lora_alpha, dropout=0.0, targets=target,
+                                   quantized=method == "qlora", grad_ckpt=grad_ckpt)
         from peft.tuners.lora import LoraLayer
 
         # the modules that really got an adapter, by their name in the base model
@@ -239,7 +214,7 @@ def _build_training_setup(hf_config, *, method, lora_rank, lora_alpha, lora_targ
                                     if isinstance(mod, LoraLayer)))
         if target == "all-linear" and any(t.endswith("lm_head") for t in targets_used):
             # not the case with peft 0.21 (it drops get_output_embeddings()); guard for other versions
-            raise RuntimeError("peft 'all-linear' adapted lm_head; pass lora_targets=DECODER_LINEAR_NAMES")
+            raise RuntimeError("peft 'all-linear' adapted lm_head; pass lora_targets=BLOCK_LINEARS")
     else:
         for p in model.parameters():
             p.requires_grad_(True)
@@ -259,8 +234,8 @@ def _build_training_setup(hf_config, *, method, lora_rank, lora_alpha, lora_targ
         def autocast():
             return contextlib.nullcontext()
 
-    return TrainingSetup(model=model, optimizer=opt, device=dev, vocab_size=int(cfg.vocab_size),
-                         autocast=autocast, lora_targets=targets_used)
+    return StepHarness(model=model, optimizer=opt, device=dev, vocab_size=int(cfg.vocab_size),
+                       autocast=autocast, lora_targets=targets_used)
 
 
 def _build_qlora_base(cfg, attn_impl: str, dev: str, seed: int):
@@ -274,16 +249,15 @@ def _build_qlora_base(cfg, attn_impl: str, dev: str, seed: int):
                            f"{importlib.util.find_spec('bitsandbytes') is not None})")
     import tempfile
 
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from transformers import AutoModelForCausalLM
 
     # Quantisation is applied at load time, so write the random-init weights and load them back 4-bit.
     torch.manual_seed(seed)
-    base = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_impl, dtype=torch.bfloat16)
+    base = model_lib.random_init(cfg, attn_impl, dtype="bfloat16")
     with tempfile.TemporaryDirectory() as tmp:
         base.save_pretrained(tmp)
         del base
-        bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                 bnb_4bit_compute_dtype=torch.bfloat16)
+        bnb = model_lib.quantization(4, torch.bfloat16)
         model = AutoModelForCausalLM.from_pretrained(tmp, quantization_config=bnb, attn_implementation=attn_impl,
                                                      dtype=torch.bfloat16, device_map={"": dev})
     return model
@@ -300,7 +274,7 @@ def _make_batches(n: int, micro_batch: int, seq_len: int, vocab: int, device: st
     return out
 
 
-def _micro_step(setup: TrainingSetup, ids, grad_accum: int) -> None:
+def _micro_step(setup: StepHarness, ids, grad_accum: int) -> None:
     with setup.autocast():
         loss = setup.model(input_ids=ids, labels=ids).loss
     if grad_accum > 1:
@@ -308,128 +282,15 @@ def _micro_step(setup: TrainingSetup, ids, grad_accum: int) -> None:
     loss.backward()
 
 
-def _finish_step(setup: TrainingSetup) -> None:
+def _finish_step(setup: StepHarness) -> None:
     setup.optimizer.step()
     setup.optimizer.zero_grad(set_to_none=True)
 
 
-def _full_step(setup: TrainingSetup, batches) -> None:
+def _full_step(setup: StepHarness, batches) -> None:
     for ids in batches:
         _micro_step(setup, ids, len(batches))
     _finish_step(setup)
-
-
-# --------------------------------------------------------------------------------------------
-# CPU timeline reading
-# --------------------------------------------------------------------------------------------
-
-_CATEGORY_NAMES = ("INPUT", "TEMPORARY", "ACTIVATION", "GRADIENT", "AUTOGRAD_DETAIL", "PARAMETER",
-                   "OPTIMIZER_STATE")
-
-
-@dataclass
-class CpuTimelineReading:
-    peak_bytes: int  # max over time of the sum over all categories (incl. pre-existing)
-    peak_by_category: dict[str, int]
-    preexisting_bytes: int  # sum of PREEXISTING entries of the timeline
-    preexisting_by_category: dict[str, int]
-    end_bytes: int  # total at the end of the window
-    counter_peak_delta: int  # allocator counter: max(total_allocated) - total at window start
-    coalesced_peak_bytes: int  # max row sum of MemoryProfileTimeline._coalesce_timeline (us buckets)
-    n_events: int
-
-
-def _read_cpu_timeline(prof) -> CpuTimelineReading:
-    """Walk ``MemoryProfileTimeline(prof._memory_profile()).timeline`` event by event.
-
-    Each timeline entry is ``(t_ns, Action, (Key, version), nbytes)`` sorted by (t, action).
-    PREEXISTING entries (t = -1) are tensors that were alive before the profiler started and were
-    touched during the window (parameters, optimizer state, buffers, inputs); CREATE/DESTROY are
-    allocations/frees inside the window; INCREMENT_VERSION moves bytes between versions (a tensor's
-    category can change between versions, e.g. a gradient).  The category of (key, version) comes
-    from ``timeline.categories.get(key, version)``; keys that are not ``TensorKey`` (allocations the
-    profiler could not tie to a tensor) have category None -> "unknown".
-
-    Compared with ``MemoryProfileTimeline._coalesce_timeline`` (the source of the HTML plot) this
-    keeps nanosecond resolution -- ``_coalesce_timeline`` buckets by microsecond, which could hide a
-    short-lived temporary -- and evaluates the total after every distinct timestamp.  (On the tiny
-    llama configs of the tests both give the same peak; ``coalesced_peak_bytes`` records it.)
-    """
-    import torch
-    from torch.profiler._memory_profiler import Action, MemoryProfileTimeline, TensorKey
-
-    mem_profile = prof._memory_profile()
-    tl = MemoryProfileTimeline(mem_profile)
-    cpu = torch.device("cpu")
-
-    def cat_name(key, version) -> str:
-        c = tl.categories.get(key, version) if isinstance(key, TensorKey) else None
-        return "unknown" if c is None else c.name
-
-    cur: dict[str, int] = {}
-    pre: dict[str, int] = {}
-    peak, peak_cats = -1, {}
-    events = [e for e in tl.timeline if e[2][0].device == cpu]
-    i, n = 0, len(events)
-    while i < n:
-        t = events[i][0]
-        while i < n and events[i][0] == t:
-            _, action, (key, version), nbytes = events[i]
-            if action in (Action.PREEXISTING, Action.CREATE):
-                c = cat_name(key, version)
-                cur[c] = cur.get(c, 0) + nbytes
-                if action == Action.PREEXISTING:
-                    pre[c] = pre.get(c, 0) + nbytes
-            elif action == Action.INCREMENT_VERSION:
-                c0, c1 = cat_name(key, version), cat_name(key, version + 1)
-                cur[c0] = cur.get(c0, 0) - nbytes
-                cur[c1] = cur.get(c1, 0) + nbytes
-            elif action == Action.DESTROY:
-                c = cat_name(key, version)
-                cur[c] = cur.get(c, 0) - nbytes
-            i += 1
-        total = sum(cur.values())
-        if total > peak:
-            peak, peak_cats = total, {k: v for k, v in cur.items() if v}
-
-    # Independent cross-check: the CPU allocator's running counter reported with every allocation
-    # event.  It only counts blocks allocated while profiling is on (and keeps leftovers of earlier
-    # profiling sessions), so only differences within this window are meaningful.
-    counter_peak = _allocator_counter_peak(mem_profile._op_tree.sorted_nodes, cpu)
-    # The plot's own reduction, for comparison (microsecond buckets; index 0 of each row is unused).
-    _, sizes = tl._coalesce_timeline("cpu")
-    coalesced = max((sum(row) for row in sizes), default=0)
-    return CpuTimelineReading(
-        peak_bytes=max(peak, 0), peak_by_category=peak_cats, preexisting_bytes=sum(pre.values()),
-        preexisting_by_category={k: v for k, v in pre.items() if v}, end_bytes=sum(cur.values()),
-        counter_peak_delta=counter_peak, coalesced_peak_bytes=coalesced, n_events=n)
-
-
-def _counter_only_reading(prof, live_before: int, exc: Exception) -> CpuTimelineReading:
-    """Fallback when the memory timeline cannot be built: live-at-start + allocator counter delta."""
-    import warnings
-
-    import torch
-    from torch.profiler._memory_profiler import OpTree
-
-    warnings.warn(f"profiler memory timeline failed ({exc!r}); peak from the allocator counter, "
-                  "no per-category split", RuntimeWarning, stacklevel=3)
-    delta = _allocator_counter_peak(OpTree(prof.profiler.kineto_results).sorted_nodes, torch.device("cpu"))
-    return CpuTimelineReading(
-        peak_bytes=live_before + delta, peak_by_category={"PREEXISTING": live_before, "unknown": delta},
-        preexisting_bytes=live_before, preexisting_by_category={"PREEXISTING": live_before},
-        end_bytes=live_before, counter_peak_delta=delta, coalesced_peak_bytes=0, n_events=0)
-
-
-def _allocator_counter_peak(nodes, device) -> int:
-    """max(total_allocated) - total_allocated at window start, from the raw allocation events."""
-    from torch._C._profiler import _EventType
-
-    allocs = [e.typed[1] for e in nodes if e.typed[0] == _EventType.Allocation and e.typed[1].device == device]
-    if not allocs:
-        return 0
-    start = allocs[0].total_allocated - allocs[0].alloc_size
-    return max(a.total_allocated for a in allocs) - start
 
 
 # --------------------------------------------------------------------------------------------
@@ -437,7 +298,7 @@ def _allocator_counter_peak(nodes, device) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def _live_state_bytes(setup: TrainingSetup, batches) -> int:
+def _live_state_bytes(setup: StepHarness, batches) -> int:
     """Bytes of every storage we know is live at the start of the measured step."""
     tensors = list(setup.model.parameters()) + list(setup.model.buffers()) + list(batches)
     for st in setup.optimizer.state.values():
@@ -471,7 +332,7 @@ def measure_step(hf_config: dict, *, method: str = "full", lora_rank: int = 8, l
     _validate(method, attn, precision, optimizer, device, grad_accum, micro_batch, seq_len, warmup_steps)
     import torch
 
-    setup = build_training_setup(hf_config, method=method, lora_rank=lora_rank, lora_alpha=lora_alpha,
+    setup = build_harness(hf_config, method=method, lora_rank=lora_rank, lora_alpha=lora_alpha,
                                  lora_targets=lora_targets, grad_ckpt=grad_ckpt, attn=attn,
                                  precision=precision, optimizer=optimizer, device=device, seed=seed)
     dev = setup.device
@@ -512,9 +373,9 @@ def measure_step(hf_config: dict, *, method: str = "full", lora_rank: int = 8, l
                 _full_step(setup, measured)
                 step_seconds = time.perf_counter() - t0
             try:
-                reading = _read_cpu_timeline(prof)
+                reading = read_cpu_timeline(prof)
             except Exception as exc:  # private profiler API: degrade to the allocator counter
-                reading = _counter_only_reading(prof, live_before, exc)
+                reading = counter_only_reading(prof, live_before, exc)
             # The timeline's PREEXISTING entries only cover tensors some op touched during the window
             # (parameters, optimizer state, the batch, used buffers).  Live storages it never saw
             # (e.g. rotary `original_inv_freq`, frozen-but-unused buffers) are added back here so the
@@ -590,7 +451,7 @@ def measure_saved_activation_bytes(hf_config: dict, *, method: str = "full", lor
     _validate(method, attn, precision, optimizer, device, grad_accum, micro_batch, seq_len, warmup_steps)
     import torch
 
-    setup = build_training_setup(hf_config, method=method, lora_rank=lora_rank, lora_alpha=lora_alpha,
+    setup = build_harness(hf_config, method=method, lora_rank=lora_rank, lora_alpha=lora_alpha,
                                  lora_targets=lora_targets, grad_ckpt=grad_ckpt, attn=attn,
                                  precision=precision, optimizer=optimizer, device=device, seed=seed)
     model = setup.model

@@ -21,7 +21,7 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan, evaluate
 from scaletrain.engine.plan.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan
-from scaletrain.engine.run.layout import TrainOptions
+from scaletrain.engine.run.options import TrainOptions
 
 WARMUP_FRACTION = 0.25      # the first quarter of the steps (at least 2) is warm-up: allocator, kernels, caches
 MIN_WARMUP_STEPS = 2

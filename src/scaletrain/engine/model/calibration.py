@@ -15,7 +15,10 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.fileio import atomic_write
+from scaletrain.engine.model.setup import TrainingSetup
 
 STACK_PACKAGES = ("torch", "transformers", "accelerate", "deepspeed")
 # A measured compute scale outside this range means the run measured something else (a stall, a wrong device):
@@ -101,14 +104,11 @@ def load_calibration(device: str, method: str) -> Calibration | None:
     return cal
 
 
-def for_setup(setup: Any) -> Calibration | None:
+def for_setup(setup: TrainingSetup) -> Calibration | None:
     return load_calibration(setup.hardware.gpu.key, setup.method)
 
 
 def save_calibration(cal: Calibration) -> Path:
-    from scaletrain.engine.errors import ScaletrainError
-    from scaletrain.engine.run.layout import atomic_write
-
     lo, hi = COMPUTE_SCALE_RANGE
     if not lo <= cal.compute_scale <= hi:
         raise ScaletrainError(

@@ -26,7 +26,8 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.request import PlanRequest
-from scaletrain.engine.run.layout import TrainOptions, atomic_write
+from scaletrain.engine.fileio import atomic_write
+from scaletrain.engine.run.options import TrainOptions
 
 LOCAL_DIR_NAME = "presets-local"
 PRESET_SUFFIXES = (".yaml", ".yml")

@@ -13,12 +13,13 @@ is memory the model did not see, and every remedy's prediction is charged the sa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import Hardware
 from scaletrain.engine.plan.plan import Plan, evaluate
+from scaletrain.engine.plan.request import HARDWARE_FIELDS
 from scaletrain.engine.plan.search import SEARCH_FIELDS, divisors, search
 from scaletrain.engine.model.setup import TrainingSetup
 from scaletrain.engine.units import fmt_bytes
@@ -36,17 +37,20 @@ MAX_GPUS_PER_NODE = 8                      # "more GPUs" fills a node to 8, then
 
 @dataclass(frozen=True)
 class Remedy:
+    """One fix and what it predicts. The planner's memory remedies come from rank_remedies; the doctor adds known
+    fixes (environment, config files, host memory) of the same shape, without numbers when no plan is known."""
+
     title: str
-    changes: dict[str, Any]                # PlanRequest field → new value
-    plan: Plan
-    predicted_per_gpu_bytes: int           # the re-evaluated plan's total, plus any gap an observed OOM showed
-    predicted_step_seconds: float
-    effective_batch: int
-    keeps_effective_batch: bool
-    fits: bool
-    kind: str = "split"
-    detail: str = ""
-    extras: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    changes: dict[str, Any]                # PlanRequest field → new value; also "train.<option>", "env.<NAME>"
+    plan: Plan | None                      # the plan the fix leads to (None: no plan to predict with)
+    predicted_per_gpu_bytes: int | None    # the re-evaluated plan's total, plus any gap an observed OOM showed
+    predicted_step_seconds: float | None
+    effective_batch: int | None
+    keeps_effective_batch: bool | None
+    fits: bool | None
+    kind: str = "split"                    # a KIND_TIER key, or "known" for the doctor's known fixes
+    detail: str = ""                       # why it helps
+    applicable: bool = True                # can a relaunch on the same machines apply it (vs. a manual step)?
 
     def to_json(self) -> dict[str, Any]:
         return {"title": self.title, "kind": self.kind, "changes": dict(self.changes),
@@ -82,6 +86,7 @@ def _make(title: str, kind: str, changes: dict[str, Any], setup: TrainingSetup, 
           capacity: int, detail: str = "") -> Remedy:
     p = evaluate(setup, headroom_fraction=base.memory.headroom_fraction, name=base.name)
     return Remedy(title=title, changes=changes, plan=p, predicted_per_gpu_bytes=p.memory.total_bytes + gap,
+                  applicable=not (HARDWARE_FIELDS & set(changes)),
                   predicted_step_seconds=p.time.step_seconds, effective_batch=setup.effective_batch,
                   keeps_effective_batch=setup.effective_batch == base.setup.effective_batch,
                   fits=_fits(p, gap, capacity), kind=kind, detail=detail)

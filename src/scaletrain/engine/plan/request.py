@@ -16,6 +16,10 @@ from scaletrain.engine.model.setup import ResidentModel, TrainingSetup
 from scaletrain.engine.vocabulary import Vocabulary
 
 
+# The request fields that name the machines: changing one is a new run directory, not a relaunch.
+HARDWARE_FIELDS = frozenset({"gpus", "nodes", "inter_node_gbps"})
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     model: str

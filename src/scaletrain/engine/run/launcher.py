@@ -11,38 +11,34 @@ logs/launcher.log.
 
 Multi-node: `launch(run_dir, machine_rank=R)` starts node R's share (accelerate's `--machine_rank R`) from the same
 files as every other node. Global rank numbering keeps the rank logs of nodes sharing a run directory apart; node
-R > 0 writes its own logs/launcher-node-<R>.log and status-node-<R>.json (rundir.RunDir.node_status).
+R > 0 writes its own logs/launcher-node-<R>.log and status-node-<R>.json (layout.RunDir.node_status).
 
-status.json: {"state": running|finished|failed|interrupted, "exit_code" (the training's: the first failing rank's,
-signal N → 128+N; 130 after Ctrl-C), "launcher_exit_code" (accelerate's own), "first_failing_rank",
-"failing_rank_exit_code", "exit_codes" {rank: code as torchrun reports it}, "pids" {"launcher", "accelerate",
-"<rank>": pid}, "rank_pids", "tracked_pids", "argv", "started", "ended"}.
+The process tree is processes.py, the per-rank logs rank_logs.py, torchrun's failure summary elastic.py, and
+status.json (written here as the run goes) status.py.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.run.layout import LINE_PREFIX, LINE_PREFIX_ENV, RunDir, TrainOptions, atomic_write, check_host, launch_argv
-
-# "[rank3]:" (ours) or torchrun's default "[<role><local rank>]:" when launch.sh is run by hand
-_PREFIX_RE = re.compile(r"^\[(rank|[A-Za-z_]\w*?)(\d+)\]:")
-_ROOT_CAUSE = "Root Cause (first observed failure)"   # torch/distributed/elastic/multiprocessing/errors
-_RANK_RE = re.compile(r"^\s*rank\s*:\s*(\d+)")
-_EXIT_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
-_AGENT_FAIL_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
+from scaletrain.engine.run.elastic import parse_failures
+from scaletrain.engine.run.layout import LINE_PREFIX, LINE_PREFIX_ENV, RunDir, check_host
+from scaletrain.engine.run.options import TrainOptions, bundled_demo_dataset
+from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
+from scaletrain.engine.run.processes import ProcessTree, pid_alive
+from scaletrain.engine.run.rank_logs import RankLogs
+from scaletrain.engine.run.scripts import launch_argv
+from scaletrain.engine.run.status import StatusWriter, read_status
 STOP_GRACE_SECONDS = (20.0, 5.0)   # after SIGINT (torchrun forwards it; its own shutdown waits up to 30 s), after SIGTERM
 POLL_SECONDS = 0.25
 READER_JOIN_SECONDS = 5.0
@@ -72,187 +68,6 @@ class _Stop(Exception):
     """Raised in the main thread by the SIGTERM handler: stop the run like Ctrl-C."""
 
 
-# ---- the process tree ------------------------------------------------------------------------------------------
-def _stat(pid: int) -> tuple[int, str, int] | None:
-    """(ppid, state, start time) from /proc/<pid>/stat; None when gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read().decode(errors="replace")
-    except OSError:
-        return None
-    rest = raw[raw.rfind(")") + 2:].split()
-    try:
-        return int(rest[1]), rest[0], int(rest[19])
-    except (IndexError, ValueError):
-        return None
-
-
-class ProcessTree:
-    """Every descendant of a root ever observed, identified by (pid, start time)."""
-
-    def __init__(self, root: int):
-        self.root = root
-        self.known: dict[int, int] = {}
-        st = _stat(root)
-        if st:
-            self.known[root] = st[2]
-
-    def snapshot(self) -> bool:
-        """Add the current descendants of the root and of every known process; True when something was new."""
-        children: dict[int, list[int]] = {}
-        starts: dict[int, int] = {}
-        try:
-            entries = os.listdir("/proc")
-        except OSError:
-            return False
-        for name in entries:
-            if not name.isdigit():
-                continue
-            st = _stat(int(name))
-            if st:
-                children.setdefault(st[0], []).append(int(name))
-                starts[int(name)] = st[2]
-        before = len(self.known)
-        queue = [p for p in self.known if starts.get(p) == self.known[p]]
-        while queue:
-            p = queue.pop()
-            for c in children.get(p, ()):
-                if c not in self.known:
-                    self.known[c] = starts[c]
-                    queue.append(c)
-        return len(self.known) > before
-
-    def alive(self) -> list[int]:
-        out = []
-        for pid, start in self.known.items():
-            st = _stat(pid)
-            if st and st[2] == start and st[1] != "Z":
-                out.append(pid)
-        return sorted(out)
-
-    def signal_all(self, sig: int) -> None:
-        """Send sig to every live tracked process and its process group (ranks lead their own)."""
-        for pid in self.alive():
-            for fn, target in ((os.killpg, pid), (os.kill, pid)):
-                try:
-                    if fn is os.killpg and os.getpgid(pid) != pid:
-                        continue
-                    fn(target, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
-
-    def rank_pids(self, single_process: bool = False) -> dict[int, int]:
-        """Global rank → pid: the shallowest tracked process whose environment carries RANK. accelerate's
-        single-process launcher sets no RANK: its one child is rank 0."""
-        if single_process:
-            kids = [p for p in self.alive() if (st := _stat(p)) and st[0] == self.root]
-            return {0: kids[0]} if len(kids) == 1 else {}
-        found: dict[int, tuple[int, int]] = {}
-        for pid in self.alive():
-            try:
-                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            rank = next((e[5:] for e in env if e.startswith(b"RANK=")), None)
-            if rank is None or not rank.isdigit() or pid == self.root:
-                continue
-            depth, p = 0, pid
-            while p and p != self.root and depth < 64:
-                st = _stat(p)
-                p = st[0] if st else 0
-                depth += 1
-            r = int(rank)
-            if r not in found or depth < found[r][1]:
-                found[r] = (pid, depth)
-        return {r: v[0] for r, v in sorted(found.items())}
-
-
-# ---- logs ------------------------------------------------------------------------------------------------------
-class RankLogs:
-    """Split prefixed console lines into logs/rank-<i>.log; the rest goes to logs/launcher.log."""
-
-    def __init__(self, run: RunDir, *, single_process: bool, rank_offset: int = 0, launcher_log: str | None = None):
-        self.run = run
-        self.single = single_process
-        self.rank_offset = rank_offset
-        self.launcher_log = launcher_log or run.launcher_log().name
-        self._files: dict[str, Any] = {}
-        self._lock = threading.Lock()
-        self.launcher_lines: list[str] = []
-        run.logs.mkdir(parents=True, exist_ok=True)
-
-    def start(self, ranks: range) -> None:
-        """Open (create) this machine's rank logs and mark where this launch begins in each."""
-        stamp = datetime.now().isoformat(timespec="seconds")
-        for r in ranks:
-            self.feed_raw(self.run.rank_log(r).name, f"==> scaletrain launch {stamp} <==")
-        self.feed_raw(self.launcher_log, f"==> scaletrain launch {stamp} <==")
-
-    def feed_raw(self, name: str, text: str) -> None:
-        with self._lock:
-            self._write(name, text)
-
-    def _write(self, name: str, text: str) -> None:
-        """Append one line to logs/<name> and flush (caller holds the lock)."""
-        f = self._files.get(name)
-        if f is None:
-            f = self._files[name] = (self.run.logs / name).open("a", encoding="utf-8")
-        f.write(text + "\n")
-        f.flush()
-
-    def feed(self, line: str) -> tuple[int | None, str]:
-        """Route one line; returns (rank or None for the launcher, the line without its prefix)."""
-        m = _PREFIX_RE.match(line)
-        if m:
-            rank = int(m.group(2)) + (0 if m.group(1) == "rank" else self.rank_offset)
-            text = line[m.end():]
-            name = self.run.rank_log(rank).name
-        else:
-            rank, text, name = (0 if self.single else None), line, self.launcher_log
-            self.launcher_lines.append(line)
-        with self._lock:
-            self._write(name, text)
-            if rank is not None and name == self.launcher_log:
-                self._write(self.run.rank_log(rank).name, text)
-        return rank, text
-
-    def close(self) -> None:
-        with self._lock:
-            for f in self._files.values():
-                f.close()
-            self._files.clear()
-
-
-def parse_failures(lines: Sequence[str], rank_offset: int = 0) -> tuple[int | None, int | None, dict[int, int]]:
-    """From torchrun's failure summary: (first failing rank, its exit code, every reported rank's exit code).
-
-    The first failing rank is the "Root Cause (first observed failure)" block; the ranks torchrun then stopped
-    (exit -15) are listed under "Failures:". Without a summary, the agent's "failed (exitcode: N) local_rank: R"
-    (a local rank: this node's first global rank, rank_offset, is added).
-    """
-    codes: dict[int, int] = {}
-    root: tuple[int | None, int | None] = (None, None)
-    in_root = False
-    rank: int | None = None
-    for line in lines:
-        if _ROOT_CAUSE in line:
-            in_root = True
-        elif m := _RANK_RE.match(line):
-            rank = int(m.group(1))
-        elif (m := _EXIT_RE.match(line)) and rank is not None:
-            codes[rank] = int(m.group(1))
-            if in_root and root[0] is None:
-                root = (rank, codes[rank])
-            rank = None
-    if root[0] is None:
-        for line in lines:
-            if m := _AGENT_FAIL_RE.search(line):
-                codes.setdefault(int(m.group(2)) + rank_offset, int(m.group(1)))
-                if root[0] is None:
-                    root = (int(m.group(2)) + rank_offset, int(m.group(1)))
-    return root[0], root[1], codes
-
-
 def _shell_code(code: int) -> int:
     return SIGNAL_EXIT_BASE - code if code < 0 else code
 
@@ -272,50 +87,29 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return d
 
 
-def _pid_alive(pid: int) -> bool:
-    st = _stat(pid)
-    return bool(st) and st[1] != "Z"
-
-
-def preflight(run: RunDir, train: TrainOptions, machine_rank: int | None = None) -> dict[str, Any]:
+def preflight(run: RunDir, doc: PlanDocument, train: TrainOptions,
+              machine_rank: int | None = None) -> dict[str, Any]:
     """Refuse what would fail after the processes start: missing files, this node's share already running."""
     cfg = _read_yaml(run.accelerate_config)
-    status = run.node_status(machine_rank)
-    if status.exists():
-        try:
-            old = json.loads(status.read_text())
-        except ValueError:
-            old = {}
-        pid = (old.get("pids") or {}).get("launcher")
-        if old.get("state") == "running" and isinstance(pid, int) and pid != os.getpid() and _pid_alive(pid):
-            what = f"node {machine_rank} of {run.path}" if machine_rank else str(run.path)
-            raise ScaletrainError(f"{what} is already running (launcher pid {pid}); stop it first")
+    old = read_status(run.node_status(machine_rank))
+    pid = old.launcher_pid
+    if old.state == "running" and pid is not None and pid != os.getpid() and pid_alive(pid):
+        what = f"node {machine_rank} of {run.path}" if machine_rank else str(run.path)
+        raise ScaletrainError(f"{what} is already running (launcher pid {pid}); stop it first")
     if train.script:
         if not Path(train.script).expanduser().is_file():
             raise ScaletrainError(f"script {train.script} does not exist")
         return cfg
-    from scaletrain.trainer.train import read_run_config
-    read_run_config(run.path)             # the trainer's own reading of plan.json: bad options fail here, once
+    doc.check_trainable()                 # what the trainer reads of plan.json: bad options fail here, once
     if train.dataset is not None and not Path(train.dataset).expanduser().is_file():
         raise ScaletrainError(f"dataset {train.dataset} does not exist; give a JSONL file (text, prompt/response or "
                               "messages per line)")
     if train.dataset is None:
-        from scaletrain.trainer.data import bundled_demo_dataset
         if not bundled_demo_dataset().is_file():
             raise ScaletrainError(f"the bundled demo data {bundled_demo_dataset()} is missing; set a dataset")
     if cfg.get("distributed_type") == "DEEPSPEED" and not run.ds_config.is_file():
         raise ScaletrainError(f"{run.ds_config} is missing; rewrite the run directory")
     return cfg
-
-
-@dataclass
-class _Status:
-    path: Path                              # this node's status file (RunDir.node_status)
-    doc: dict[str, Any] = field(default_factory=dict)
-
-    def write(self, **changes: Any) -> None:
-        self.doc.update(changes)
-        atomic_write(self.path, json.dumps(self.doc, indent=2) + "\n", backup=False)
 
 
 @dataclass(frozen=True)
@@ -347,16 +141,14 @@ def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None 
     """Everything short of starting a process: read and check the run directory, build the argv.
     Raises ScaletrainError (one line) for anything that would only fail after the ranks start."""
     run = RunDir(run_dir)
-    plan = run.read_plan()
+    doc = read_plan_document(run.plan)
+    train = doc.train
     if script:
-        plan = dict(plan)
-        plan["train"] = {**(plan.get("train") or {}), "script": str(Path(script).expanduser().resolve()),
-                         "script_args": list(script_args)}
-    train = TrainOptions.from_json(plan.get("train"))
+        train = replace(train, script=str(Path(script).expanduser().resolve()), script_args=tuple(script_args))
     if main_process_ip is not None:
         main_process_ip = check_host(main_process_ip)
-    cfg = preflight(run, train, machine_rank)
-    argv = launch_argv(run, plan, machine_rank=machine_rank, main_process_ip=main_process_ip)
+    cfg = preflight(run, doc, train, machine_rank)
+    argv = launch_argv(run, train, machine_rank=machine_rank, main_process_ip=main_process_ip)
     if resume:
         if train.script:
             raise ScaletrainError("--resume is for the bundled trainer; pass your script its own resume flag")
@@ -416,7 +208,7 @@ def launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None, 
     child_env[LINE_PREFIX_ENV] = LINE_PREFIX
     child_env["PYTHONUNBUFFERED"] = "1"
 
-    status = _Status(prep.status)
+    status = StatusWriter(prep.status)
     started = datetime.now().isoformat(timespec="seconds")
     old_signals = _install_signals()          # before Popen: the child must not inherit an ignored SIGINT
     try:
@@ -459,8 +251,8 @@ def launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None, 
     try:
         for t in readers:
             t.start()
-        status.write(state="running", started=started, argv=argv, machine_rank=machine_rank,
-                     num_machines=prep.num_machines, local_ranks=list(prep.local_ranks),
+        status.write(state="running", started=started, argv=tuple(argv), machine_rank=machine_rank,
+                     num_machines=prep.num_machines, local_ranks=tuple(prep.local_ranks),
                      **_pid_fields(proc.pid, {}, tree))
         while proc.poll() is None:
             refresh()
@@ -502,18 +294,16 @@ def launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None, 
     state = "interrupted" if interrupted else ("finished" if code == 0 else "failed")
     status.write(state=state, ended=datetime.now().isoformat(timespec="seconds"), exit_code=code,
                  launcher_exit_code=rc, first_failing_rank=rank, failing_rank_exit_code=rank_code,
-                 exit_codes={str(r): c for r, c in sorted(codes.items())}, **_pid_fields(proc.pid, rank_pids, tree))
+                 exit_codes=dict(codes), **_pid_fields(proc.pid, rank_pids, tree))
     return LaunchResult(exit_code=code, launcher_exit_code=rc, first_failing_rank=rank,
                         failing_rank_exit_code=rank_code, exit_codes=codes, interrupted=interrupted, rank_pids=dict(rank_pids),
                         pids=tuple(sorted(tree.known)), argv=tuple(argv), run_dir=run.path)
 
 
 def _pid_fields(accelerate_pid: int, rank_pids: dict[int, int], tree: ProcessTree) -> dict[str, Any]:
-    """status.json's pids: {"launcher", "accelerate", "<rank>": pid...}, plus every process the launcher tracked."""
-    pids: dict[str, int] = {"launcher": os.getpid(), "accelerate": accelerate_pid}
-    pids.update({str(r): p for r, p in sorted(rank_pids.items())})
-    return {"pids": pids, "rank_pids": {str(r): p for r, p in sorted(rank_pids.items())},
-            "tracked_pids": sorted(tree.known)}
+    """status.json's pids: the launcher, accelerate and each rank, plus every process the launcher tracked."""
+    return {"launcher_pid": os.getpid(), "accelerate_pid": accelerate_pid, "rank_pids": dict(rank_pids),
+            "tracked_pids": tuple(sorted(tree.known))}
 
 
 def _stop(proc: subprocess.Popen, tree: ProcessTree, refresh: Callable[[], None],

@@ -1,7 +1,7 @@
 """The run directory: where a plan becomes files, and the contract between writers, trainer, launcher, monitor.
 
     RUN_DIR/
-      plan.json               Plan.to_json() + {"request": PlanRequest, "train": TrainOptions}
+      plan.json               Plan.to_json() + {"request": PlanRequest, "train": TrainOptions} (plan_document.py)
       accelerate_config.yaml  accelerate's own schema only
       ds_config.json          DeepSpeed strategies (zero1/2/3)
       launch.sh               the exact command, runnable by hand (same argv the launcher runs)
@@ -9,8 +9,9 @@
       logs/rank-<i>.log       one file per rank, numbered by global rank (disjoint across nodes)
       logs/launcher.log       the launcher's own output (node R > 0 of a multi-node run: launcher-node-<R>.log)
       metrics.jsonl           one JSON line per optimizer step (trainer, global rank 0 only)
-      checkpoints/step-<n>/   trainer checkpoints
-      status.json             launcher: exit code, first failing rank, pids (node R > 0: status-node-<R>.json)
+      checkpoints/step-<n>/   trainer checkpoints (complete once trainer_state.json is written, last)
+      status.json             launcher: exit code, first failing rank, pids (node R > 0: status-node-<R>.json;
+                              status.py)
 
 Multi-node: every node runs from the same files (the YAML holds machine_rank 0; each node's launch passes its own
 --machine_rank). Nodes sharing one run directory (a shared filesystem, or the loopback test) write disjoint files.
@@ -18,61 +19,23 @@ Multi-node: every node runs from the same files (the YAML holds machine_rank 0; 
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import sys
-import tempfile
-from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
 
-
 NODE_STATUS_PREFIX = "status-node-"
+# logs/rank-<i>.log (also a copied "<anything>__rank-<i>.log"): the rank a log file belongs to
+RANK_LOG_RE = re.compile(r"(?:^|__)rank-(\d+)\.log$")
+# checkpoints/step-<n>/, complete once trainer_state.json is written (last)
+CHECKPOINT_PREFIX = "step-"
+TRAINER_STATE = "trainer_state.json"
 # torchrun's console line prefix (${rank} is the global rank): the launcher sets it, launch.sh and sbatch.sh export
 # it, so rank attribution works the same by hand, under SLURM and under `scaletrain launch`.
 LINE_PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 LINE_PREFIX = "[rank${rank}]:"
-
-
-@dataclass(frozen=True)
-class TrainOptions:
-    """What the bundled trainer needs beyond the plan's numbers."""
-
-    dataset: str | None = None            # JSONL path; None → the bundled demo data (presets/data/demo.jsonl)
-    model_source: str = "random-init"     # "random-init" (from the plan's config) | local path | HF cache id
-    lr: float = 2e-5
-    lr_schedule: str = "cosine"           # cosine | linear | constant
-    warmup_ratio: float = 0.03
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0            # gradient clipping (ds_config.json gradient_clipping); 0 = off
-    max_steps: int | None = None          # overrides epochs when set
-    checkpoint_every: int = 50            # optimizer steps; a final checkpoint is always written
-    seed: int = 0
-    packing: bool = True                  # pack samples into seq_len blocks (else pad each sample)
-    lora_alpha: int | None = None         # default 2 × rank
-    lora_dropout: float = 0.0
-    script: str | None = None             # user-script mode: run this instead of the bundled trainer
-    script_args: tuple[str, ...] = ()
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any] | None) -> "TrainOptions":
-        d = dict(d or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ScaletrainError(f"unknown train option(s) {', '.join(unknown)}; accepted: {', '.join(sorted(known))}")
-        if "script_args" in d and d["script_args"] is not None:
-            d["script_args"] = tuple(d["script_args"])
-        return cls(**d)
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["script_args"] = list(self.script_args)
-        return d
 
 
 class RunDir:
@@ -110,13 +73,26 @@ class RunDir:
         r = machine_rank or 0
         return self.logs / ("launcher.log" if r == 0 else f"launcher-node-{r}.log")
 
-    def read_plan(self) -> dict[str, Any]:
-        try:
-            return json.loads(self.plan.read_text())
-        except FileNotFoundError:
-            raise ScaletrainError(f"{self.path} is not a run directory (no plan.json)") from None
-        except json.JSONDecodeError as e:
-            raise ScaletrainError(f"{self.plan} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    def newest_checkpoint(self) -> Path | None:
+        """The highest step-<n>/ whose trainer_state.json exists (an interrupted save is never picked)."""
+        best: tuple[int, Path] | None = None
+        if not self.checkpoints.is_dir():
+            return None
+        for d in self.checkpoints.iterdir():
+            if d.name.startswith(CHECKPOINT_PREFIX) and (d / TRAINER_STATE).is_file():
+                try:
+                    n = int(d.name[len(CHECKPOINT_PREFIX):])
+                except ValueError:
+                    continue
+                if best is None or n > best[0]:
+                    best = (n, d)
+        return best[1] if best else None
+
+
+def log_rank(name: str) -> int | None:
+    """The rank a log file (logs/rank-<i>.log) belongs to; None for other logs."""
+    m = RANK_LOG_RE.search(name)
+    return int(m.group(1)) if m else None
 
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9._:\-\[\]%]+$")     # hostnames, IPv4, IPv6 (bracketed or not)
@@ -135,56 +111,3 @@ def default_run_dir(name: str, root: str | os.PathLike[str] = "runs") -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in name) or "run"
     return Path(root) / f"{stamp}-{safe}"
-
-
-def atomic_write(path: Path, text: str, *, mode: int | None = None, backup: bool = True) -> Path | None:
-    """Write via a temp file + rename; keep a `.bak` of an existing file that differs. Returns the backup path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    bak = None
-    if path.exists() and backup:
-        try:
-            same = path.read_text() == text
-        except (OSError, UnicodeDecodeError):
-            same = False
-        if same:
-            return None
-        bak = path.with_name(path.name + ".bak")
-        n = 1
-        while bak.exists():
-            bak = path.with_name(f"{path.name}.bak{n}")
-            n += 1
-        bak.write_bytes(path.read_bytes())
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return bak
-
-
-def launch_argv(run: RunDir, plan: dict[str, Any], *, machine_rank: int | None = None,
-                main_process_ip: str | None = None, python: str | None = None) -> list[str]:
-    """The exact `accelerate launch` argument list (no shell) for this run; launch.sh holds the same words."""
-    train = TrainOptions.from_json(plan.get("train"))
-    argv = [python or sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(run.accelerate_config)]
-    # per-rank output: torchrun tees each rank's stdout+stderr to files under logs/elastic/ and prefixes its console
-    # lines with the rank, which engine.launcher splits into logs/rank-<i>.log
-    argv += ["--tee", "3", "--log_dir", str(run.logs / "elastic")]
-    if machine_rank is not None:
-        argv += ["--machine_rank", str(machine_rank)]
-    if main_process_ip:
-        argv += ["--main_process_ip", main_process_ip]
-    if train.script:
-        argv += [train.script, *train.script_args]
-    else:
-        argv += ["-m", "scaletrain.trainer.train", "--run-dir", str(run.path)]
-    return argv

@@ -23,11 +23,19 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.run.layout import RunDir, TrainOptions, atomic_write
+from scaletrain.engine.fileio import atomic_write
+from scaletrain.engine.plan.plan import Plan
+from scaletrain.engine.plan.planner import make_plan
+from scaletrain.engine.plan.request import HARDWARE_FIELDS, PlanRequest
+from scaletrain.engine.run.launcher import LaunchResult, launch
+from scaletrain.engine.run.layout import RunDir
+from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
+from scaletrain.engine.run.status import read_status
+from scaletrain.engine.run.writers import render_run_files
 
 # Request fields whose change keeps the checkpoint loadable and the data order identical (see the docstring).
 RESUMABLE_FIELDS = frozenset({"micro_batch", "grad_accum", "grad_ckpt", "offload", "attn"})
-HARDWARE_FIELDS = frozenset({"gpus", "nodes", "inter_node_gbps"})
 ATTEMPTS_DIR = "attempts"
 ENV_PREFIX, TRAIN_PREFIX = "env.", "train."
 # What an attempt's backup keeps (the rundir layout's files; logs are copied, the launcher appends to them).
@@ -39,7 +47,7 @@ BACKED_UP = ("plan.json", "accelerate_config.yaml", "ds_config.json", "launch.sh
 class Applied:
     run_dir: Path
     changes: dict[str, Any]
-    plan: Any                          # the new Plan
+    plan: Plan                         # the new plan
     resume: bool                       # relaunch with --resume (a checkpoint exists and is compatible)
     env: dict[str, str] | None         # the full environment for the relaunch (None: inherit)
     backup_dir: Path
@@ -54,8 +62,6 @@ def likely_resumes(changes: dict[str, Any], keeps_effective_batch: bool | None =
 
 def split_changes(changes: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
     """(PlanRequest changes, TrainOptions changes, environment) from a remedy's flat change dict."""
-    from scaletrain.engine.plan.request import PlanRequest
-
     req_f = PlanRequest.field_names()
     train_f = {f.name for f in fields(TrainOptions)}
     plan_c: dict[str, Any] = {}
@@ -74,41 +80,22 @@ def split_changes(changes: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
     return plan_c, train_c, env_c
 
 
-def resume_blocker(old_json: dict[str, Any], new_plan: Any, plan_c: dict[str, Any],
+def resume_blocker(old: PlanDocument, new_plan: Plan, plan_c: dict[str, Any],
                    train_c: dict[str, Any]) -> str | None:
     """Why the newest checkpoint cannot be resumed under the changed plan (None: it can)."""
     s = new_plan.setup
-    ob = old_json["batch"]
-    if s.world_size != int(ob["world_size"]):
-        return f"the world size changes ({ob['world_size']} → {s.world_size})"
-    if s.micro_batch * s.grad_accum != int(ob["micro_batch"]) * int(ob["grad_accum"]):
-        return (f"samples per step per rank change ({ob['micro_batch']}×{ob['grad_accum']} → "
+    ob = old.batch
+    if s.world_size != ob.world_size:
+        return f"the world size changes ({ob.world_size} → {s.world_size})"
+    if s.micro_batch * s.grad_accum != ob.micro_batch * ob.grad_accum:
+        return (f"samples per step per rank change ({ob.micro_batch}×{ob.grad_accum} → "
                 f"{s.micro_batch}×{s.grad_accum}), so the data order does")
-    tr = old_json["training"]
-    changed = sorted(k for k in plan_c if k not in RESUMABLE_FIELDS and plan_c[k] != tr.get(k, ob.get(k)))
+    changed = sorted(k for k in plan_c if k not in RESUMABLE_FIELDS and plan_c[k] != old.recorded(k))
     if changed:
         return f"{', '.join(changed)} change{'s' if len(changed) == 1 else ''} the checkpoint's format or the data"
     if train_c:
         return f"train option {', '.join(sorted(train_c))} needs a fresh schedule"
     return None
-
-
-def _running(run: RunDir) -> int | None:
-    """The launcher pid of a run that is still going (status.json says running and the process is alive)."""
-    try:
-        st = json.loads(run.status.read_text())
-    except (OSError, ValueError):
-        return None
-    pid = (st.get("pids") or {}).get("launcher") if isinstance(st.get("pids"), dict) else None
-    if st.get("state") != "running" or not isinstance(pid, int) or pid == os.getpid():
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        return pid
-    return pid
 
 
 def _backup(run: RunDir, record: dict[str, Any], move: tuple[str, ...] = ()) -> Path:
@@ -139,14 +126,9 @@ def apply_remedy(run_dir: str | os.PathLike[str], changes: dict[str, Any], *, re
     Refuses (one clear line) a running run, a hardware change (that is a new run directory), and — unless
     `restart` — a change the newest checkpoint cannot be resumed under.
     """
-    from scaletrain.engine.doctor.diagnosis import plan_from_json
-    from scaletrain.engine.plan.planner import make_plan
-    from scaletrain.trainer.train import newest_checkpoint          # the trainer's own rule (no torch at import)
-    from scaletrain.engine.run.writers import render_run_files
-
     run = RunDir(run_dir)
-    old_json = run.read_plan()
-    pid = _running(run)
+    old = read_plan_document(run.plan)
+    pid = read_status(run.status).running_elsewhere()
     if pid is not None:
         raise ScaletrainError(f"{run.path} is still running (launcher pid {pid}); stop it before applying a remedy")
     plan_c, train_c, env_c = split_changes(dict(changes))
@@ -154,15 +136,15 @@ def apply_remedy(run_dir: str | os.PathLike[str], changes: dict[str, Any], *, re
     if hw:
         raise ScaletrainError(f"this remedy changes the hardware ({', '.join(hw)}); plan a new run directory for it "
                               "(scaletrain --gpus ...), a relaunch runs on the same machines")
-    req, old_plan = plan_from_json(old_json)
+    req, old_plan = old.replan()
     new_req = req.with_(**plan_c)
     new_plan = make_plan(new_req, hardware=old_plan.setup.hardware)
     try:
-        train = replace(TrainOptions.from_json(old_json.get("train")), **train_c)
+        train = replace(old.train, **train_c)
     except TypeError as e:
         raise ScaletrainError(f"bad train option in remedy: {e}") from None
-    ck = newest_checkpoint(run)
-    blocker = resume_blocker(old_json, new_plan, plan_c, train_c) if ck is not None else None
+    ck = run.newest_checkpoint()
+    blocker = resume_blocker(old, new_plan, plan_c, train_c) if ck is not None else None
     if blocker and not restart:
         raise ScaletrainError(f"cannot resume {ck.name} after this change: {blocker}; apply it with restart "
                               "(step 0; the old checkpoints are kept in attempts/)")
@@ -186,10 +168,8 @@ def apply_remedy(run_dir: str | os.PathLike[str], changes: dict[str, Any], *, re
 
 
 def relaunch(run_dir: str | os.PathLike[str], changes: dict[str, Any], *, restart: bool = False,
-             title: str | None = None, **launch_kw: Any) -> tuple[Applied, Any]:
+             title: str | None = None, **launch_kw: Any) -> tuple[Applied, LaunchResult]:
     """apply_remedy, then run the launcher (resuming when the checkpoint allows) to the end."""
-    from scaletrain.engine.run.launcher import launch
-
     applied = apply_remedy(run_dir, changes, restart=restart, title=title)
     result = launch(applied.run_dir, resume=applied.resume, env=applied.env, **launch_kw)
     return applied, result

@@ -34,15 +34,6 @@ def _configure_diagnose(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the diagnosis as one JSON object")
 
 
-def _read_plan_file(path: str) -> dict[str, Any]:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ScaletrainError(f"--plan {path} does not exist") from None
-    except json.JSONDecodeError as e:
-        raise ScaletrainError(f"--plan {path} is not JSON ({e.msg} at line {e.lineno}); give a plan.json") from None
-
-
 def _exit_codes(items: list[str]) -> dict[int, int]:
     out = {}
     for it in items:
@@ -56,8 +47,9 @@ def _exit_codes(items: list[str]) -> dict[int, int]:
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
     from scaletrain.engine.doctor.diagnosis import diagnose_paths
+    from scaletrain.engine.run.plan_document import read_plan_document
 
-    plan = _read_plan_file(args.plan) if args.plan else None
+    plan = read_plan_document(args.plan, flag="--plan") if args.plan else None
     diag = diagnose_paths([Path(p) for p in args.logs], plan, exit_codes=_exit_codes(args.exit_code))
     if args.json:
         print(json.dumps(diag.to_json(), indent=2))
@@ -105,7 +97,8 @@ def _configure_monitor(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_monitor(args: argparse.Namespace) -> int:
-    from scaletrain.engine.sampling.sampler import DEFAULT_INTERVAL_S, make_sampler
+    from scaletrain.engine.sampling.gpu import DEFAULT_INTERVAL_S
+    from scaletrain.engine.sampling.sampler import make_sampler
 
     interval = DEFAULT_INTERVAL_S if args.interval is None else args.interval
     sampler = make_sampler(args.run_dir, interval, replay=args.replay)

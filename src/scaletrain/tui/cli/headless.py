@@ -13,7 +13,8 @@ from typing import Any
 from rich.console import Console
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.run.layout import RunDir, TrainOptions
+from scaletrain.engine.run.layout import RunDir
+from scaletrain.engine.run.options import TrainOptions
 
 
 def train_from_args(args: argparse.Namespace) -> TrainOptions:
@@ -44,7 +45,7 @@ def save_preset_from_args(console: Console, args: argparse.Namespace, request: A
 
 def print_node_commands(console: Console, plan: Any, run: RunDir, main_process_ip: str | None, lead: str) -> None:
     """How to start the run: one command, or one per node (any order) plus sbatch for a multi-node plan."""
-    from scaletrain.engine.run.writers import node_launch_commands
+    from scaletrain.engine.run.scripts import node_launch_commands
 
     cmds = node_launch_commands(plan, run, main_process_ip=main_process_ip)
     if not cmds:

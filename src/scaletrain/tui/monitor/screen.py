@@ -90,7 +90,8 @@ stage, precision, sequence length) is refused, and `A` applies it from step 0 in
         yield Footer()
 
     def on_mount(self) -> None:
-        from scaletrain.engine.sampling.sampler import DEFAULT_INTERVAL_S, make_sampler
+        from scaletrain.engine.sampling.gpu import DEFAULT_INTERVAL_S
+        from scaletrain.engine.sampling.sampler import make_sampler
 
         if self._sampler is None:
             self._sampler = make_sampler(self.run.path, self._interval_s or DEFAULT_INTERVAL_S, replay=self._replay)

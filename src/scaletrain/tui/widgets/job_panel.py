@@ -16,7 +16,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Log, Static
 
-from scaletrain.engine.sampling.sampler import LOG_TAIL_LINES
+from scaletrain.engine.sampling.watcher import LOG_TAIL_LINES
 from scaletrain.engine.units import fmt_bytes, fmt_seconds
 from scaletrain.tui.widgets.gpu_panel import bar, spark
 

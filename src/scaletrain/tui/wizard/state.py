@@ -21,7 +21,7 @@ from scaletrain.engine.plan.planner import leanest_unfitting_plan, make_plan
 from scaletrain.engine.plan.request import PlanRequest
 from scaletrain.engine.plan.rows import AlternativeRow
 from scaletrain.engine.plan.search import next_micro_batch, search_key
-from scaletrain.engine.run.layout import TrainOptions
+from scaletrain.engine.run.options import TrainOptions
 from scaletrain.engine.vocabulary import Offload, Strategy
 
 # The what-if key cycles the ZeRO stage: plain DDP is "stage 0"; FSDP is reachable from the alternatives table.
