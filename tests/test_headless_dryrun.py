@@ -84,14 +84,6 @@ def test_headless_dry_run_imports_neither_textual_nor_torch(tmp_path):
     assert out.strip().splitlines()[-1] == "RC 0 False False"
 
 
-def test_without_the_launcher_the_replay_fails_in_one_line(tmp_path, capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "scaletrain.tui.views.progress", None)     # a build without tui/progress.py
-    assert main(["--preset", "cpu-tiny", "--headless", "--run-dir", str(tmp_path / "r")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "launching is not available" in err
-    assert (tmp_path / "r" / "plan.json").exists()
-
-
 def test_a_gpu_plan_is_not_launched_on_a_machine_without_its_gpus(tmp_path, capsys):
     from scaletrain.engine.devices.nvml import detect
 

@@ -151,7 +151,7 @@ def test_rank_filter_cycles_the_log_tail(tmp_path):
 def test_cpu_run_live_then_killed_rank_diagnosed_then_fixed_and_resumed(tmp_path, monkeypatch):
     """Done-when: live job numbers on a real CPU run, in the monitor and headless; a killed rank diagnosed;
     `a` applies a remedy and the run resumes from its checkpoint."""
-    from scaletrain.tui.cli.doctor import stream_run
+    from scaletrain.tui.cli.monitor import stream_run
 
     rd = cpu_run_dir(tmp_path / "run")
     monkeypatch.setenv("SCALETRAIN_FAIL_AT_STEP", "3")       # engine/train.py's test hook: SIGKILL rank 1 at step 3

@@ -20,6 +20,7 @@ from scaletrain.engine.devices.nvml import DetectedGpu, DetectionResult
 from scaletrain.engine.plan.presets import load_preset
 from scaletrain.engine.plan.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan
+from scaletrain.engine.run.status import read_status
 from scaletrain.tui.wizard.app import create_app
 
 NO_GPU_REASON = "NVML unavailable: NVMLError_LibraryNotFound: NVML Shared Library Not Found"
@@ -414,20 +415,13 @@ def test_launch_from_the_wizard_opens_the_monitor(tmp_path):
             await pilot.pause()
             monitor = screen_name(app)
             await wait_until(pilot, lambda: app.launch_result is not None or app.launch_error is not None)
-            # the placeholder tail (used when the live monitor is absent) shows rank 0's log and the outcome
-            from scaletrain.engine.run.layout import RunDir
-            from scaletrain.tui.monitor.tail import TailScreen
+            return monitor, app.launch_result, app.launch_error
 
-            await app.push_screen(TailScreen(RunDir(run_dir)))
-            await wait_until(pilot, lambda: app.screen.outcome is not None, seconds=10)
-            return (monitor, app.launch_result, app.launch_error, "\n".join(app.screen.query_one("#tail-log").lines),
-                    text_of(app, "#tail-status"))
-
-    monitor, result, error, log, status = run(walk())
-    assert monitor in ("MonitorScreen", "TailScreen")
+    monitor, result, error = run(walk())
+    assert monitor == "MonitorScreen"
     assert error is None and result is not None and result.exit_code == 0
-    assert "finished: exit code 0" in status
-    assert "step 2/2" in log
+    assert read_status(run_dir / "status.json").state == "finished"
+    assert "step 2/2" in (run_dir / "logs" / "rank-0.log").read_text()
     assert json.loads((run_dir / "status.json").read_text())["exit_code"] == 0
 
 

@@ -168,6 +168,15 @@ class MetricsSummary:
     def fraction_done(self) -> float:
         return self.step / self.total_steps if self.total_steps else 0.0
 
+    def eta_after(self, rec: StepMetrics) -> float:
+        """Seconds left after step `rec`, at the recent mean step time (what eta_seconds is for the last step)."""
+        return eta_seconds(rec, self.step_seconds)
+
+
+def eta_seconds(rec: StepMetrics, step_seconds: float) -> float:
+    """Steps left after `rec` × a step time."""
+    return max(0, rec.total_steps - rec.step) * step_seconds
+
 
 def summarize(series: Iterable[StepMetrics], window: int = ETA_WINDOW_STEPS) -> MetricsSummary | None:
     """Latest step, recent speed and ETA (mean recent step time × steps left); None before the first step."""
@@ -183,6 +192,6 @@ def summarize(series: Iterable[StepMetrics], window: int = ETA_WINDOW_STEPS) -> 
     return MetricsSummary(
         step=last.step, total_steps=last.total_steps, epoch=last.epoch, loss=last.loss, loss_first=recs[0].loss,
         lr=last.lr, tokens_per_second=tps, step_seconds=step_s,
-        eta_seconds=max(0, last.total_steps - last.step) * step_s,
+        eta_seconds=eta_seconds(last, step_s),
         elapsed_seconds=sum(r.step_seconds for r in recs), world_size=last.world_size,
         peak_host_rss_bytes=max(rss) if rss else None, peak_allocated_bytes=max(alloc) if alloc else None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from scaletrain.tui.cli.main import add_plan_options, register
+from scaletrain.tui.cli.plan_args import add_plan_options, request_from_args, train_from_args
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
@@ -39,8 +39,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     from scaletrain.engine.errors import ScaletrainError
     from scaletrain.engine.plan.planner import make_plan
     from scaletrain.engine.run.writers import install_accelerate_default, write_run_dir
-    from scaletrain.tui.cli.main import request_from_args
-    from scaletrain.tui.cli.headless import print_written, train_from_args
+    from scaletrain.tui.cli.headless import print_written
 
     if getattr(args, "config_command", None) != "write":
         raise ScaletrainError("`scaletrain config` needs an action: write (see `scaletrain config write --help`)")
@@ -66,11 +65,11 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _configure_presets(p: argparse.ArgumentParser) -> None:
+def configure_presets(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the presets as a JSON list")
 
 
-def _configure_config(p: argparse.ArgumentParser) -> None:
+def configure_config(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="config_command", parser_class=type(p))
     w = sub.add_parser("write", help="write plan.json, accelerate/DeepSpeed configs and launch.sh (no launch)",
                        description="write plan.json, accelerate/DeepSpeed configs and launch.sh (no launch)")
@@ -81,7 +80,3 @@ def _configure_config(p: argparse.ArgumentParser) -> None:
     w.add_argument("--main-process-ip", help="multi-node: the head node's address")
     w.add_argument("--install-default", action="store_true",
                    help="also make the accelerate YAML accelerate's default config (an existing one is backed up)")
-
-
-register("presets", "list the bundled and saved presets", _configure_presets, cmd_presets)
-register("config", "write accelerate/DeepSpeed configs for a plan (config write ...)", _configure_config, cmd_config)

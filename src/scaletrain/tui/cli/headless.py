@@ -1,52 +1,47 @@
 """`scaletrain --preset NAME --headless [--dry-run] [--run-dir DIR]`: replay a plan without any TUI.
 
 Plan, write the run directory, print a short summary (rich, no Textual), then hand the run to the launcher's live
-progress (tui/progress.py) unless --dry-run. The exit code is the training's. `--save-preset NEW` writes the
+progress (views/progress.py) unless --dry-run. The exit code is the training's. `--save-preset NEW` writes the
 request (with the planner's choices pinned) as a preset; without --headless it only saves.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from rich.console import Console
 
+from scaletrain.engine.devices.nvml import detect
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.plan.plan import Plan
+from scaletrain.engine.plan.planner import make_plan
+from scaletrain.engine.plan.presets import write_preset
+from scaletrain.engine.plan.request import PlanRequest
 from scaletrain.engine.run.layout import RunDir
 from scaletrain.engine.run.options import TrainOptions
-
-
-def train_from_args(args: argparse.Namespace) -> TrainOptions:
-    """The preset's train section with `--set train.KEY=VALUE` overrides (defaults without a preset)."""
-    from scaletrain.engine.plan.presets import load_preset, train_options
-
-    preset = load_preset(args.preset) if getattr(args, "preset", None) else None
-    return train_options(preset, getattr(args, "set", None) or [])
+from scaletrain.engine.run.scripts import node_launch_commands
+from scaletrain.engine.run.writers import write_run_dir, written_files
+from scaletrain.tui.cli.plan_args import request_from_args, train_from_args
+from scaletrain.tui.views.progress import stream_run
+from scaletrain.tui.views.render import print_plan
 
 
 def print_written(console: Console, run: RunDir) -> None:
-    from scaletrain.engine.run.writers import written_files
-
     console.print(f"[bold]run directory[/] {run.path}")
     for p in written_files(run):
         console.print(f"  {p.name}{'/' if p.is_dir() else ''}")
 
 
-def save_preset_from_args(console: Console, args: argparse.Namespace, request: Any, train: TrainOptions,
-                          plan: Any) -> None:
-    from scaletrain.engine.plan.presets import write_preset
-
+def save_preset_from_args(console: Console, args: argparse.Namespace, request: PlanRequest, train: TrainOptions,
+                          plan: Plan) -> None:
     name = args.save_preset
     path, backup = write_preset(name, request, train, plan=plan)
     console.print(f"saved preset [bold]{name}[/] to {path}"
                   + (f" (previous version kept as {backup})" if backup else ""))
 
 
-def print_node_commands(console: Console, plan: Any, run: RunDir, main_process_ip: str | None, lead: str) -> None:
+def print_node_commands(console: Console, plan: Plan, run: RunDir, main_process_ip: str | None, lead: str) -> None:
     """How to start the run: one command, or one per node (any order) plus sbatch for a multi-node plan."""
-    from scaletrain.engine.run.scripts import node_launch_commands
-
     cmds = node_launch_commands(plan, run, main_process_ip=main_process_ip)
     if not cmds:
         console.print(f"{lead} Launch with `scaletrain launch {run.path}` or `bash {run.launch_sh}`")
@@ -59,13 +54,11 @@ def print_node_commands(console: Console, plan: Any, run: RunDir, main_process_i
                       soft_wrap=True)
 
 
-def check_local_gpus(plan: Any, run: RunDir) -> None:
+def check_local_gpus(plan: Plan, run: RunDir) -> None:
     """A GPU plan launched here needs this node's GPUs (counted with NVML); refuse early instead of failing late."""
     s = plan.setup
     if s.device != "cuda":
         return
-    from scaletrain.engine.devices.nvml import detect
-
     found = detect()
     have = len(found.gpus)
     if have < s.hardware.gpus_per_node:
@@ -76,11 +69,6 @@ def check_local_gpus(plan: Any, run: RunDir) -> None:
 
 
 def run_headless(args: argparse.Namespace) -> int:
-    from scaletrain.engine.plan.planner import make_plan
-    from scaletrain.engine.run.writers import write_run_dir
-    from scaletrain.tui.cli.main import request_from_args
-    from scaletrain.tui.views.render import print_plan
-
     console = Console(highlight=False)
     request = request_from_args(args)
     train = train_from_args(args)
@@ -102,11 +90,4 @@ def run_headless(args: argparse.Namespace) -> int:
     if plan.setup.hardware.nodes > 1:
         print_node_commands(console, plan, run, ip, "this machine starts node 0, the head node.")
     check_local_gpus(plan, run)
-    try:
-        from scaletrain.tui.views.progress import stream_run
-    except ModuleNotFoundError as e:
-        if not (e.name or "").startswith("scaletrain"):
-            raise
-        raise ScaletrainError(f"launching is not available in this build ({e.name} is missing); the run directory "
-                              f"is written: {run.path} (bash {run.launch_sh} runs it)") from None
     return stream_run(run.path, main_process_ip=ip)

@@ -10,10 +10,9 @@ import argparse
 from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.tui.cli.main import register
 
 
-def _configure(p: argparse.ArgumentParser) -> None:
+def configure_launch(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by scaletrain (holds plan.json)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in RUN_DIR")
     p.add_argument("--machine-rank", type=int, help="multi-node: this node's rank (0 on the head node)")
@@ -54,6 +53,3 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return stream_run(args.run_dir, machine_rank=args.machine_rank, main_process_ip=args.main_process_ip,
                       resume=args.resume, script=args.script, script_args=tuple(args.script_args),
                       echo_logs=args.logs)
-
-
-register("launch", "run a written run directory (accelerate launch), with live progress", _configure, cmd_launch)

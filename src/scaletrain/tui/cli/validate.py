@@ -7,10 +7,10 @@ import json
 import shlex
 import sys
 
-from scaletrain.tui.cli.main import add_plan_options, register
+from scaletrain.tui.cli.plan_args import add_plan_options, request_from_args, train_from_args
 
 
-def _configure(p: argparse.ArgumentParser) -> None:
+def configure_validate(p: argparse.ArgumentParser) -> None:
     add_plan_options(p)
     p.add_argument("--steps", type=int, default=20, help="training steps to run (the first quarter is warm-up)")
     p.add_argument("--save", action="store_true", help="store a calibration profile for this GPU kind and stack")
@@ -18,15 +18,13 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true")
 
 
-def _run(args: argparse.Namespace) -> int:
+def cmd_validate(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
     from scaletrain.engine.model.calibration import save_calibration
     from scaletrain.engine.units import fmt_bytes, fmt_seconds
     from scaletrain.trainer.validate import derive_calibration, validate
-    from scaletrain.tui.cli.main import request_from_args
-    from scaletrain.tui.cli.headless import train_from_args
 
     console = Console(highlight=False, stderr=args.json)
     request = request_from_args(args)
@@ -66,6 +64,3 @@ def _run(args: argparse.Namespace) -> int:
     if saved:
         console.print(f"calibration saved to {saved}; later plans on {r.plan.setup.hardware.gpu.key} use it")
     return 0
-
-
-register("validate", "run the planned configuration briefly and compare predicted with measured", _configure, _run)

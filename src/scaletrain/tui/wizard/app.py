@@ -11,7 +11,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from textual.app import App
 from textual.binding import Binding
@@ -21,6 +21,7 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.architectures import ModelArch
 from scaletrain.engine.devices.nvml import DetectionResult, detect
 from scaletrain.engine.plan.plan import Plan
+from scaletrain.engine.run.launcher import LaunchResult
 from scaletrain.engine.run.layout import RunDir
 from scaletrain.tui.wizard.state import WizardState, plannable, state_from_args
 
@@ -40,7 +41,7 @@ def options_from(args_or_options: "WizardOptions | argparse.Namespace | Sequence
     if isinstance(args_or_options, WizardOptions):
         return args_or_options
     if args_or_options is None or isinstance(args_or_options, (list, tuple)):
-        from scaletrain.tui.cli.main import build_parser
+        from scaletrain.tui.cli.parser import build_parser
 
         args_or_options = build_parser().parse_args(list(args_or_options or []))
     return WizardOptions(state=state_from_args(args_or_options),
@@ -63,7 +64,7 @@ class WizardApp(App[int]):
         self.detection: DetectionResult | None = None
         self.plan: Plan | None = None
         self.catalog_arch: dict[str, ModelArch] = {}      # filled by a thread worker after the first paint
-        self.launch_result: Any = None                     # engine.launcher.LaunchResult of the run started here
+        self.launch_result: LaunchResult | None = None     # the run started here, once it ended
         self.launch_error: str | None = None
         self.stop_requested = threading.Event()            # set on quit: a run started here is stopped
 
@@ -152,13 +153,8 @@ class WizardApp(App[int]):
         return any(w.group == "launch" and not w.is_finished for w in self.workers)
 
     def _launch(self, run: RunDir) -> None:
-        try:
-            from scaletrain.engine.run.launcher import launch
-        except ModuleNotFoundError as e:
-            if e.name != "scaletrain.engine.run.launcher":
-                raise
-            self.launch_error = f"the launcher is not in this build; run {run.launch_sh} by hand"
-            return
+        from scaletrain.engine.run.launcher import launch
+
         interrupted = threading.Event()
 
         def on_tick() -> None:

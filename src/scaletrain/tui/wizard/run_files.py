@@ -1,7 +1,6 @@
 """The write step's engine calls: preview the run directory's files, write them, save a preset.
 
-No Textual here (the plain wizard uses it too). The writers (engine/writers.py) and presets (engine/presets.py)
-are imported lazily: a build without them answers with one clear line instead of a traceback.
+No Textual here (the plain wizard uses it too).
 """
 
 from __future__ import annotations
@@ -10,22 +9,13 @@ from pathlib import Path
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan
+from scaletrain.engine.plan.presets import save_preset as save_preset_file
 from scaletrain.engine.run.layout import RunDir, default_run_dir
+from scaletrain.engine.run import writers
 from scaletrain.tui.wizard.state import WizardState
 
 # Order in which the write step lists files (the rest follow alphabetically).
 FILE_ORDER = ("plan.json", "accelerate_config.yaml", "ds_config.json", "launch.sh", "sbatch.sh")
-
-
-def _writers():
-    try:
-        from scaletrain.engine.run import writers
-    except ModuleNotFoundError as e:
-        if e.name != "scaletrain.engine.run.writers":
-            raise
-        raise ScaletrainError("the config writers (engine/writers.py) are not in this build; "
-                              "nothing can be written yet") from None
-    return writers
 
 
 def default_dir(state: WizardState) -> str:
@@ -39,7 +29,6 @@ def _ordered(files: dict[str, str]) -> dict[str, str]:
 
 def preview(plan: Plan, state: WizardState, run_dir: str) -> dict[str, str]:
     """The files `write` would create in `run_dir`, name → text, rendered by the writers without touching disk."""
-    writers = _writers()
     train = writers.checked_train(state.train)
     files = writers.render_run_files(plan, state.request, train, RunDir(Path(run_dir or ".").expanduser()))
     return _ordered({name: text for name, (text, _mode) in files.items()})
@@ -50,25 +39,18 @@ def write(plan: Plan, state: WizardState, run_dir: str, *, overwrite: bool = Fal
     if not run_dir.strip():
         raise ScaletrainError("the run directory is empty; give a folder to write the run into")
     try:
-        return _writers().write_run_dir(plan, state.request, state.train, Path(run_dir).expanduser(),
-                                        overwrite=overwrite)
+        return writers.write_run_dir(plan, state.request, state.train, Path(run_dir).expanduser(), overwrite=overwrite)
     except OSError as e:
         raise ScaletrainError(f"cannot write {run_dir}: {e.strerror or e}; choose another run directory") from None
 
 
 def written_files(run: RunDir) -> dict[str, str]:
     """What is on disk now, name → text, in the order the write step lists files."""
-    return _ordered({p.name: p.read_text() for p in _writers().written_files(run) if p.is_file()})
+    return _ordered({p.name: p.read_text() for p in writers.written_files(run) if p.is_file()})
 
 
 def save_preset(name: str, state: WizardState, plan: Plan | None = None) -> Path:
     """Save the wizard's choices as a preset YAML (with a plan: its choices pinned); returns where it went."""
     if not name.strip():
         raise ScaletrainError("preset name is empty; give a name like my-h200-lora")
-    try:
-        from scaletrain.engine.plan import presets
-    except ModuleNotFoundError as e:
-        if e.name != "scaletrain.engine.plan.presets":
-            raise
-        raise ScaletrainError("presets (engine/presets.py) are not in this build; nothing was saved") from None
-    return Path(presets.save_preset(name.strip(), state.request, state.train, plan=plan))
+    return Path(save_preset_file(name.strip(), state.request, state.train, plan=plan))

@@ -14,6 +14,7 @@ from textual.worker import get_current_worker
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.layout import RunDir
+from scaletrain.tui.monitor.screen import MonitorScreen
 from scaletrain.tui.wizard import run_files
 from scaletrain.tui.wizard.screen_base import WizardStep
 from scaletrain.tui.widgets.field import Field
@@ -29,16 +30,8 @@ def highlight(name: str, text: str) -> Syntax | Text:
     return Syntax(text, lexer, theme="ansi_dark", line_numbers=False, word_wrap=True)
 
 
-def monitor_screen(run: RunDir):
-    """The live monitor attached to the run (issue 6's MonitorScreen), or the log-tailing placeholder."""
-    try:
-        from scaletrain.tui.monitor.screen import MonitorScreen
-    except ModuleNotFoundError as e:
-        if e.name != "scaletrain.tui.monitor.screen":
-            raise
-        from scaletrain.tui.monitor.tail import TailScreen
-
-        return TailScreen(run)
+def monitor_screen(run: RunDir) -> MonitorScreen:
+    """The live monitor attached to the run the wizard launched."""
     return MonitorScreen(run, start=False)
 
 

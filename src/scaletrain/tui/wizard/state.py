@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import GPU_CATALOG, CPU_DEVICE, GpuSpec, Hardware, parse_gpus
+from scaletrain.engine.devices.detect import hardware_from_detection
 from scaletrain.engine.devices.nvml import DetectionResult
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.planner import leanest_unfitting_plan, make_plan
@@ -23,6 +24,7 @@ from scaletrain.engine.plan.rows import AlternativeRow
 from scaletrain.engine.plan.search import next_micro_batch, search_key
 from scaletrain.engine.run.options import TrainOptions
 from scaletrain.engine.vocabulary import Offload, Strategy
+from scaletrain.tui.cli.plan_args import parse_resident, request_fields_from_args, request_from_args, train_from_args
 
 # The what-if key cycles the ZeRO stage: plain DDP is "stage 0"; FSDP is reachable from the alternatives table.
 ZERO_CYCLE = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3)
@@ -112,20 +114,14 @@ class WizardState:
 # ---- building the first state ------------------------------------------------------------------------------------
 def state_from_args(args: argparse.Namespace) -> WizardState:
     """Flags and `--preset NAME` → the wizard's first state (same precedence as the CLI: preset, --set, flags)."""
-    from scaletrain.tui.cli.main import _REQUEST_FLAGS, request_from_args
-
     preset = getattr(args, "preset", None)
     train = TrainOptions()
     if preset or getattr(args, "model", None):
         request = request_from_args(args)
         if preset:
-            train = _preset_train(args)
+            train = train_from_args(args)     # the preset's train options (lr, data, ...), with --set train.*
     else:
-        if getattr(args, "set", None):
-            raise ScaletrainError("--set overrides preset fields; give --preset NAME too")
-        fields = {n: getattr(args, n) for n in _REQUEST_FLAGS if getattr(args, n, None) is not None}
-        if getattr(args, "resident", None):
-            fields["residents"] = tuple(args.resident)
+        fields = request_fields_from_args(args)
         fields.setdefault("gpus", "auto")
         fields.setdefault("method", DEFAULT_METHOD)
         request = PlanRequest(model="", **{k: v for k, v in fields.items() if k != "model"})
@@ -139,20 +135,11 @@ def state_from_args(args: argparse.Namespace) -> WizardState:
                        run_dir=getattr(args, "run_dir", None), preset=preset)
 
 
-def _preset_train(args: argparse.Namespace) -> TrainOptions:
-    """The preset's train options (lr, data, ...) with `--set train.KEY=VALUE` applied, as the headless path does."""
-    from scaletrain.engine.plan.presets import load_preset, train_options
-
-    return train_options(load_preset(args.preset), getattr(args, "set", None))
-
-
 # ---- hardware and plan (engine calls) ----------------------------------------------------------------------------
 def hardware_for(state: WizardState, detection: DetectionResult | None) -> Hardware:
     """The Hardware the plan runs on: NVML's cards, or the named catalog entry."""
     req = state.request
     if state.hw_source == "detected":
-        from scaletrain.engine.devices.detect import hardware_from_detection
-
         if detection is None:
             raise ScaletrainError("GPU detection has not finished yet; wait a moment or pick catalog hardware")
         return hardware_from_detection(nodes=req.nodes, inter_node_gbps=req.inter_node_gbps, result=detection)
@@ -304,9 +291,7 @@ def parse_targets(text: str) -> tuple[str, ...] | None:
 
 def parse_residents(text: str) -> tuple[tuple[str, int], ...]:
     """'MODEL[:BITS], MODEL[:BITS]' → ((model, bits), ...); the CLI's --resident syntax."""
-    from scaletrain.tui.cli.main import _resident
-
-    return tuple(_resident(x.strip()) for x in (text or "").split(",") if x.strip())
+    return tuple(parse_resident(x.strip()) for x in (text or "").split(",") if x.strip())
 
 
 def format_residents(residents: tuple[tuple[str, int], ...]) -> str:

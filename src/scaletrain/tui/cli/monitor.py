@@ -1,94 +1,30 @@
-"""`scaletrain diagnose LOG... [--plan plan.json] [--json]` and `scaletrain monitor RUN_DIR [--interval S] [--headless]`.
-
-Argument parsing and plain-text views only: the doctor and the sampler live in the engine. Nothing here imports
-Textual or torch at module level; the full-screen monitor is imported only when it is asked for, so
-`--headless` and `diagnose` work over SSH, in CI and in logs.
+"""`scaletrain monitor RUN_DIR [--interval S] [--headless] [--replay FILE] [--once]`: the full-screen monitor, or
+plain lines (a step line per step, device lines every HEADLESS_DEVICE_EVERY_S, warnings once, the doctor's verdict
+when the run fails). The sampler lives in the engine and is imported when the command runs (parsing any command
+stays fast); the full-screen monitor is imported only when asked for.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import threading
 import time
-from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from scaletrain.engine.errors import ScaletrainError
-from scaletrain.tui.cli.main import register
+from scaletrain.engine.units import fmt_bytes, fmt_seconds
+from scaletrain.tui.cli.diagnose import print_diagnosis
+
+if TYPE_CHECKING:
+    from scaletrain.engine.run.metrics import MetricsSummary, StepMetrics
+    from scaletrain.engine.sampling.sampler import Sampler, Tick
 
 # Headless: device lines (GPU or host) are printed at most this often, step lines whenever a step lands.
 HEADLESS_DEVICE_EVERY_S = 10.0
 PROGRESS_BAR_CELLS = 24
 
 
-# ---- diagnose --------------------------------------------------------------------------------------------------
-def _configure_diagnose(p: argparse.ArgumentParser) -> None:
-    p.add_argument("logs", nargs="+", metavar="LOG", help="log files, or a run directory (uses its logs, "
-                                                         "status.json and plan.json)")
-    p.add_argument("--plan", metavar="PLAN_JSON", help="the run's plan.json (or `scaletrain plan --json` output), "
-                                                       "for predicted numbers and remedies")
-    p.add_argument("--exit-code", action="append", default=[], metavar="RANK=CODE",
-                   help="a rank's exit code when no status.json has it (e.g. 3=-9)")
-    p.add_argument("--json", action="store_true", help="print the diagnosis as one JSON object")
-
-
-def _exit_codes(items: list[str]) -> dict[int, int]:
-    out = {}
-    for it in items:
-        rank, _, code = it.partition("=")
-        try:
-            out[int(rank)] = int(code)
-        except ValueError:
-            raise ScaletrainError(f"--exit-code {it!r} is not RANK=CODE (e.g. 3=-9)") from None
-    return out
-
-
-def cmd_diagnose(args: argparse.Namespace) -> int:
-    from scaletrain.engine.doctor.diagnosis import diagnose_paths
-    from scaletrain.engine.run.plan_document import read_plan_document
-
-    plan = read_plan_document(args.plan, flag="--plan") if args.plan else None
-    diag = diagnose_paths([Path(p) for p in args.logs], plan, exit_codes=_exit_codes(args.exit_code))
-    if args.json:
-        print(json.dumps(diag.to_json(), indent=2))
-    else:
-        print_diagnosis(diag, sys.stdout)
-    return 0
-
-
-def print_diagnosis(diag: Any, out: TextIO) -> None:
-    """Plain text: kind, summary, evidence, remedies with their predicted numbers (all from the Diagnosis)."""
-    from scaletrain.engine.units import fmt_bytes, fmt_seconds
-
-    where = "".join(f" {k} {v}" for k, v in (("rank", diag.rank), ("gpu", diag.gpu)) if v is not None)
-    print(f"{diag.kind}{where}: {diag.summary}", file=out)
-    if diag.evidence:
-        print("evidence:", file=out)
-        for line in diag.evidence:
-            print(f"  {line}", file=out)
-    for s in diag.secondary:
-        print(f"  also: {s}", file=out)
-    if diag.remedies:
-        print("remedies:", file=out)
-    for i, r in enumerate(diag.remedies, 1):
-        nums = []
-        if r.predicted_per_gpu_bytes is not None:
-            nums.append(f"{fmt_bytes(r.predicted_per_gpu_bytes)}/GPU" + ("" if r.fits is None else
-                                                                     (" fits" if r.fits else " still over")))
-        if r.predicted_step_seconds is not None:
-            nums.append(f"step {fmt_seconds(r.predicted_step_seconds)}")
-        if r.effective_batch is not None:
-            nums.append(f"batch {r.effective_batch}")
-        manual = "" if r.applicable else " [manual]"
-        print(f"  {i}. {r.title}{manual}" + (f"  ({', '.join(nums)})" if nums else ""), file=out)
-        if r.changes:
-            print("     " + ", ".join(f"{k}={v}" for k, v in r.changes.items()), file=out)
-
-
-# ---- monitor ---------------------------------------------------------------------------------------------------
-def _configure_monitor(p: argparse.ArgumentParser) -> None:
+def configure_monitor(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (running or finished)")
     p.add_argument("--interval", type=float, default=None, metavar="S", help="sampling interval, seconds (default 1)")
     p.add_argument("--headless", action="store_true", help="plain lines instead of the full-screen monitor")
@@ -124,7 +60,7 @@ class HeadlessPrinter:
         self.state: str | None = None
         self.procs: tuple = ()
 
-    def __call__(self, t: Any) -> None:
+    def __call__(self, t: Tick) -> None:
         job = t.job
         if job is not None and job.summary is not None:
             for rec in job.new_steps:           # every step once, in order (a resumed run repeats none)
@@ -156,19 +92,15 @@ def bar(fraction: float, cells: int = PROGRESS_BAR_CELLS) -> str:
     return "[" + "#" * full + "." * (cells - full) + "]"
 
 
-def step_line(rec: Any, summary: Any) -> str:
+def step_line(rec: StepMetrics, summary: MetricsSummary) -> str:
     """One step record, with the ETA from the recent mean step time (engine.metrics.summarize)."""
-    from scaletrain.engine.units import fmt_seconds
-
     frac = rec.step / rec.total_steps if rec.total_steps else 0.0
-    eta = max(0, rec.total_steps - rec.step) * summary.step_seconds
+    eta = summary.eta_after(rec)
     return (f"step {rec.step}/{rec.total_steps} {bar(frac)} {frac:4.0%}  loss {rec.loss:.4f}  "
             f"tok/s {rec.tokens_per_second:,.0f}  step {fmt_seconds(rec.step_seconds)}  ETA {fmt_seconds(eta)}")
 
 
-def device_lines(t: Any, predicted: int | None) -> list[str]:
-    from scaletrain.engine.units import fmt_bytes
-
+def device_lines(t: Tick, predicted: int | None) -> list[str]:
     out = []
     g = t.gpu
     if g is not None and g.available:
@@ -210,16 +142,17 @@ def device_lines(t: Any, predicted: int | None) -> list[str]:
     return out
 
 
-def stream_run(sampler: Any, out: TextIO, *, once: bool = False, diagnose_failure: bool = True) -> int:
+def stream_run(sampler: Sampler, out: TextIO, *, once: bool = False, diagnose_failure: bool = True) -> int:
     """Headless monitor: print until the run finishes (or ^C). A failed run ends with the doctor's diagnosis."""
+    from scaletrain.engine.doctor.diagnosis import diagnose_paths
     from scaletrain.engine.sampling.sampler import run_is_over
 
     job = sampler.job
     printer = HeadlessPrinter(out, job.predicted_peak_bytes if job is not None else None)
     stop = threading.Event()
-    last: list[Any] = []
+    last: list[Tick] = []
 
-    def on_tick(t: Any) -> None:
+    def on_tick(t: Tick) -> None:
         last[:] = [t]
         printer(t)
 
@@ -234,13 +167,6 @@ def stream_run(sampler: Any, out: TextIO, *, once: bool = False, diagnose_failur
         sampler.close()
     t = last[0] if last else None
     if t is not None and t.job is not None and t.job.status.state == "failed" and diagnose_failure:
-        from scaletrain.engine.doctor.diagnosis import diagnose_paths
-
         print_diagnosis(diagnose_paths([job.run.path]), out)
         return 1
     return 0
-
-
-register("diagnose", "classify a failed run from its logs and suggest fixes with predicted numbers",
-         _configure_diagnose, cmd_diagnose)
-register("monitor", "watch a run: per-GPU panels, job progress, failure doctor", _configure_monitor, cmd_monitor)
