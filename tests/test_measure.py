@@ -16,6 +16,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from scaletrain.trainer import measure as M  # noqa: E402
+from scaletrain.trainer import saved_activations as SA  # noqa: E402
 
 # hidden 64, 2 layers, 4 heads (head_dim 16), 2 kv heads (kv dim 32), intermediate 128, vocab 512
 LLAMA = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -58,14 +59,14 @@ def _measure(name, **kw):
 
 @functools.lru_cache(maxsize=None)
 def _saved(name, **kw):
-    return M.measure_saved_activation_bytes(CONFIGS[name], **kw)
+    return SA.measure_saved_activation_bytes(CONFIGS[name], **kw)
 
 
 @functools.lru_cache(maxsize=None)
 def _step_tensor_bytes(name, **kw):
     """Exact bytes of the optimizer's per-parameter 'step' tensors, read from its state dict."""
     setup = M.build_harness(CONFIGS[name], **kw)
-    (ids,) = M._make_batches(1, 1, 16, setup.vocab_size, "cpu", 0)
+    (ids,) = M.make_batches(1, 1, 16, setup.vocab_size, "cpu", 0)
     M._full_step(setup, [ids])
     steps = [s["step"] for s in setup.optimizer.state_dict()["state"].values()]
     n_tensors = len(setup.optimizer.param_groups[0]["params"])
@@ -146,7 +147,7 @@ def test_determinism():
     b, _ = _measure("llama")
     assert a.peak_allocated_bytes == b.peak_allocated_bytes
     assert a.peak_by_category == b.peak_by_category
-    assert _saved("llama") == M.measure_saved_activation_bytes(LLAMA)
+    assert _saved("llama") == SA.measure_saved_activation_bytes(LLAMA)
 
 
 def test_lora_all_linear_trainable_formula():
@@ -208,7 +209,7 @@ def test_saved_activation_bytes_per_layer_formula(mode):
     else:  # autocast: fp32 norms, a bf16 input copy per linear, bf16 attention/MLP, bf16 weight copies
         lin = sum(i * o for i, o in _linear_shapes(LLAMA).values())
         expect = b * s * (30 * h + 4 * kvd + 4 * nh + 8 + 8 * inter) + 2 * lin
-    total, by_layer = M.measure_saved_activation_bytes(LLAMA, method=method, attn=attn, precision=precision,
+    total, by_layer = SA.measure_saved_activation_bytes(LLAMA, method=method, attn=attn, precision=precision,
                                                        micro_batch=b, seq_len=s, per_layer=True)
     assert by_layer["layer1"] == expect
     assert total == sum(by_layer.values())

@@ -16,9 +16,10 @@ Ground truth: tests/test_memory_groundtruth.py compares against torch.profiler o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from scaletrain.engine.model.breakdown import MemoryBreakdown
 from scaletrain.engine.model.setup import TrainingSetup, quantized_linear_bytes
 
 # ---- constants (each one named, sourced, and overridable by calibration later) --------------------------------
@@ -39,67 +40,6 @@ DS_REDUCE_BUCKET_ELEMS = 200_000_000     # ipg / reduce bucket, elements (DeepSp
 DS_ALLGATHER_BUCKET_ELEMS = 200_000_000  # ZeRO-1/2 all-gather bucket after the step
 DS_SUB_GROUP_ELEMS = 1_000_000_000       # ZeRO-3 optimizer sub-group (DeepSpeed default 1e9)
 DS_PREFETCH_BUCKET_ELEMS = 50_000_000    # ZeRO-3 stage3_prefetch_bucket_size (DeepSpeed default 5e7)
-
-
-@dataclass(frozen=True)
-class MemoryBreakdown:
-    """Per-GPU bytes at the predicted peak moment. `total_bytes` = sum of the six components."""
-
-    weights_bytes: int
-    gradients_bytes: int
-    optimizer_bytes: int
-    activations_bytes: int
-    logits_bytes: int
-    overhead_bytes: int
-    peak_phase: str                    # "forward" | "loss" | "backward" | "step"
-    capacity_bytes: int
-    headroom_fraction: float
-    phase_peaks: dict[str, int] = field(default_factory=dict)   # allocated bytes at each phase's peak
-    model_states_unsharded_bytes: int = 0                         # what one GPU would hold without sharding
-    host_bytes_per_gpu: int = 0                                   # CPU RAM for offloaded states, per GPU
-
-    @property
-    def allocated_peak_bytes(self) -> int:
-        return self.total_bytes - self.overhead_bytes
-
-    @property
-    def total_bytes(self) -> int:
-        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
-                + self.logits_bytes + self.overhead_bytes)
-
-    @property
-    def usable_bytes(self) -> int:
-        return int(self.capacity_bytes * (1.0 - self.headroom_fraction))
-
-    @property
-    def fits(self) -> bool:
-        return self.total_bytes <= self.usable_bytes
-
-    @property
-    def headroom_bytes(self) -> int:
-        """Spare bytes below the card's capacity at the peak (negative: over capacity)."""
-        return self.capacity_bytes - self.total_bytes
-
-    def components(self) -> dict[str, int]:
-        return {
-            "weights": self.weights_bytes, "gradients": self.gradients_bytes, "optimizer": self.optimizer_bytes,
-            "activations": self.activations_bytes, "logits": self.logits_bytes, "overhead": self.overhead_bytes,
-        }
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "per_gpu_bytes": {**self.components(), "total": self.total_bytes},
-            "allocated_peak_bytes": self.allocated_peak_bytes,
-            "peak_phase": self.peak_phase,
-            "phase_peak_bytes": dict(self.phase_peaks),
-            "capacity_bytes": self.capacity_bytes,
-            "usable_bytes": self.usable_bytes,
-            "headroom_fraction": self.headroom_fraction,
-            "fits": self.fits,
-            "headroom_bytes": self.headroom_bytes,
-            "model_states_unsharded_bytes": self.model_states_unsharded_bytes,
-            "host_bytes_per_gpu": self.host_bytes_per_gpu,
-        }
 
 
 # ---- model states ----------------------------------------------------------------------------------------------

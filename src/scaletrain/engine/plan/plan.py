@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from scaletrain.engine.model.calibration import for_setup
-from scaletrain.engine.model.memory import MemoryBreakdown, estimate_memory
+from scaletrain.engine.model.breakdown import MemoryBreakdown
+from scaletrain.engine.model.memory import estimate_memory
 from scaletrain.engine.model.setup import TrainingSetup
 from scaletrain.engine.model.timing import TimeEstimate, estimate_time
 from scaletrain.engine.plan.lr import LrSuggestion

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
-from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Sequence
 
@@ -23,17 +22,7 @@ from scaletrain.engine.devices.nvml import DetectionResult, detect
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.run.launcher import LaunchResult
 from scaletrain.engine.run.layout import RunDir
-from scaletrain.tui.wizard.state import WizardState, plannable, state_from_args
-
-
-@dataclass
-class WizardOptions:
-    """What the wizard starts from. `detect` is NVML's detect() unless a test or bench passes a recorded one."""
-
-    state: WizardState
-    detect: Callable[[], DetectionResult] | None = None
-    launch: bool = True                       # the write step may launch (tests of the write step turn it off)
-    overwrite: bool = False                   # --overwrite: a run directory holding another plan is moved aside
+from scaletrain.tui.wizard.state import WizardOptions, WizardState, plannable, state_from_args
 
 
 def options_from(args_or_options: "WizardOptions | argparse.Namespace | Sequence[str] | None") -> WizardOptions:

@@ -2,19 +2,41 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from scaletrain.engine.catalog.architectures import ModelArch
+from scaletrain.engine.devices.nvml import DetectionResult
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.plan.plan import Plan
+from scaletrain.engine.run.layout import RunDir
 from scaletrain.tui.widgets.field import Field
 from scaletrain.tui.widgets.steps import StepBar
+from scaletrain.tui.wizard.state import WizardOptions, WizardState
 
-if TYPE_CHECKING:
-    from scaletrain.tui.wizard.app import WizardApp
+
+class Wizard(Protocol):
+    """What the steps ask of the wizard app (app.WizardApp): its state, plan and detection, and moving on."""
+
+    options: WizardOptions
+    state: WizardState
+    plan: Plan | None
+    detection: DetectionResult | None
+    catalog_arch: dict[str, ModelArch]
+
+    @property
+    def catalog_ids(self) -> tuple[str, ...]: ...
+
+    @property
+    def launching(self) -> bool: ...
+
+    def advance(self, state: WizardState, step: int) -> None: ...
+
+    def launch_run(self, run: RunDir) -> None: ...
 
 
 class WizardStep(Screen):
@@ -30,7 +52,7 @@ class WizardStep(Screen):
     ]
 
     @property
-    def wizard(self) -> "WizardApp":
+    def wizard(self) -> Wizard:
         return self.app  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:

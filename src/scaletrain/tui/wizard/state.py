@@ -111,6 +111,16 @@ class WizardState:
         return self if self.planning_inputs() == before.planning_inputs() else self.clear_what_ifs()
 
 
+@dataclass
+class WizardOptions:
+    """What the wizard starts from. `detect` is NVML's detect() unless a test or bench passes a recorded one."""
+
+    state: WizardState
+    detect: Callable[[], DetectionResult] | None = None
+    launch: bool = True                       # the write step may launch (tests of the write step turn it off)
+    overwrite: bool = False                   # --overwrite: a run directory holding another plan is moved aside
+
+
 # ---- building the first state ------------------------------------------------------------------------------------
 def state_from_args(args: argparse.Namespace) -> WizardState:
     """Flags and `--preset NAME` → the wizard's first state (same precedence as the CLI: preset, --set, flags)."""
