@@ -1,4 +1,4 @@
-"""engine.launcher and `scaletrain launch` for real: Ctrl-C leaves no process behind, a resumed run continues its
+"""engine.run.launcher and `scaletrain launch` for real: Ctrl-C leaves no process behind, a resumed run continues its
 step count, a failing rank is recorded with the right exit code, bad input is one line before anything starts."""
 
 from __future__ import annotations

@@ -154,7 +154,7 @@ def test_cpu_run_live_then_killed_rank_diagnosed_then_fixed_and_resumed(tmp_path
     from scaletrain.tui.cli.monitor import stream_run
 
     rd = cpu_run_dir(tmp_path / "run")
-    monkeypatch.setenv("SCALETRAIN_FAIL_AT_STEP", "3")       # engine/train.py's test hook: SIGKILL rank 1 at step 3
+    monkeypatch.setenv("SCALETRAIN_FAIL_AT_STEP", "3")       # trainer/train.py's test hook: SIGKILL rank 1 at step 3
     monkeypatch.setenv("SCALETRAIN_FAIL_RANK", "1")
     headless = io.StringIO()                                  # `scaletrain monitor --headless`, attached meanwhile
     streamer = threading.Thread(target=lambda: stream_run(Sampler(None, HostSource(), RunWatcher(rd.path), 0.3),

@@ -1,7 +1,7 @@
 """The bundled trainer for real on this CPU host: JSONL data, then 2-rank DDP and DeepSpeed ZeRO-3 runs.
 
-The multi-process tests write their run directories with the config writers (engine/writers.py), launch them through
-engine.launcher (accelerate launch → torchrun → 2 gloo ranks) and read back what the trainer wrote.
+The multi-process tests write their run directories with the config writers (engine/run/writers.py), launch them through
+engine.run.launcher (accelerate launch → torchrun → 2 gloo ranks) and read back what the trainer wrote.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Writing files so that a reader never sees half of one: a temp file beside the target, then a rename."""
+"""Files written and read while something else uses them: atomic writes (a temp file beside the target, then a
+rename) and incremental reads of a file another process appends to."""
 
 from __future__ import annotations
 
@@ -39,3 +40,38 @@ def atomic_write(path: Path, text: str, *, mode: int | None = None, backup: bool
             pass
         raise
     return bak
+
+
+class AppendedLines:
+    """The complete lines appended to a file since the last poll. A partial last line waits for the next poll; a
+    replaced or truncated file (a relaunch) is read afresh and `restarted` says so; with `first_read_limit`, the
+    first read of a big file starts that many bytes before its end."""
+
+    def __init__(self, path: str | os.PathLike[str], first_read_limit: int | None = None):
+        self.path = Path(path)
+        self.first_read_limit = first_read_limit
+        self.restarted = False
+        self._offset = 0
+        self._pending = b""
+        self._inode: int | None = None
+
+    def poll(self) -> list[bytes]:
+        self.restarted = False
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return []
+        if self._inode is not None and (st.st_ino != self._inode or st.st_size < self._offset):
+            self._offset, self._pending = 0, b""
+            self.restarted = True
+        if self._inode is None and self.first_read_limit is not None and st.st_size > self.first_read_limit:
+            self._offset = st.st_size - self.first_read_limit
+        self._inode = st.st_ino
+        if st.st_size == self._offset:
+            return []
+        with self.path.open("rb") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        self._offset += len(chunk)
+        *lines, self._pending = (self._pending + chunk).split(b"\n")
+        return lines

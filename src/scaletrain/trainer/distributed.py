@@ -53,7 +53,7 @@ def make_accelerator(cfg: RunConfig) -> Any:
         return acc
     # DDP's default keeps a second, flat copy of every gradient in its all-reduce buckets; bucket views make the
     # gradients live inside the buckets instead (torch DDP docs: saves "the total gradients size"). The memory
-    # model counts the buckets as persistent gradients (engine/memory.py).
+    # model counts the buckets as persistent gradients (engine/model/memory.py).
     from accelerate.utils import DistributedDataParallelKwargs
 
     return Accelerator(cpu=not torch.cuda.is_available(), gradient_accumulation_steps=cfg.grad_accum,

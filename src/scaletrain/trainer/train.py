@@ -9,7 +9,7 @@ host). ZeRO strategies use accelerate's DeepSpeed plugin with ds_config.json; on
 one process on every rank while torch.distributed (and DeepSpeed) see them all, so rank and world size always come
 from torch.distributed / the launcher's environment, and this trainer shards the data itself for every strategy.
 
-Outputs (rank 0): metrics.jsonl (engine.metrics), TensorBoard events under tensorboard/, a human line per step on
+Outputs (rank 0): metrics.jsonl (engine.run.metrics), TensorBoard events under tensorboard/, a human line per step on
 stdout. Checkpoints: checkpoints/step-<n>/ every train.checkpoint_every steps and at the end, each completed by
 trainer_state.json (written last); `--resume` continues from the newest complete one with the step count going on.
 """

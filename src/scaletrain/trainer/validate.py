@@ -1,10 +1,10 @@
 """`scaletrain validate`: run the planned configuration for a few steps and put predicted next to measured.
 
-Memory on CPU comes from the same ground truth as the test suite (engine/measure.py: torch.profiler's memory
+Memory on CPU comes from the same ground truth as the test suite (trainer/measure.py: torch.profiler's memory
 timeline over one steady-state optimizer step of the plan's per-process configuration). On GPUs it is the
 trainer's own `torch.cuda.max_memory_allocated/reserved` per rank, read from metrics.jsonl. Step time is the
 median of the bundled trainer's step times after warm-up, in a real run of the plan (random-init weights when
-the real ones are absent). `derive_calibration` turns a result into a profile for engine/calibration.py.
+the real ones are absent). `derive_calibration` turns a result into a profile for engine/model/calibration.py.
 """
 
 from __future__ import annotations

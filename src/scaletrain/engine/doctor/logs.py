@@ -61,7 +61,7 @@ def read_lines(path: Path) -> list[LogLine]:
 
 
 def run_dir_inputs(run_dir: Path) -> tuple[list[Path], PlanDocument | None, dict[int, int], int | None]:
-    """Logs, plan, exit codes and first failing rank of a run directory (the rundir contract)."""
+    """Logs, plan, exit codes and first failing rank of a run directory (the run-directory contract, layout.py)."""
     rd = RunDir(run_dir)
     logs = sorted(rd.logs.glob("*.log"), key=_log_sort_key) if rd.logs.is_dir() else []
     plan = read_plan_document(rd.plan) if rd.plan.exists() else None

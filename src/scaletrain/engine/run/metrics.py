@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from scaletrain.engine.fileio import AppendedLines
+
 ETA_WINDOW_STEPS = 20          # recent steps averaged for the ETA (skips the slow first steps once past them)
 
 
@@ -102,25 +104,13 @@ class MetricsTail:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
-        self._offset = 0
-        self._pending = b""
-        self._inode: int | None = None
+        self._lines = AppendedLines(self.path)
         self.series: list[StepMetrics] = []
 
     def poll(self) -> list[StepMetrics]:
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            return []
-        if self._inode is not None and (st.st_ino != self._inode or st.st_size < self._offset):
-            self._offset, self._pending, self.series = 0, b"", []      # replaced or truncated: start over
-        self._inode = st.st_ino
-        with self.path.open("rb") as f:
-            f.seek(self._offset)
-            chunk = f.read()
-        self._offset += len(chunk)
-        data = self._pending + chunk
-        *lines, self._pending = data.split(b"\n")
+        lines = self._lines.poll()
+        if self._lines.restarted:
+            self.series = []                    # replaced or truncated: start over
         new: list[StepMetrics] = []
         for raw in lines:
             rec = _parse(raw.decode("utf-8", errors="replace"))

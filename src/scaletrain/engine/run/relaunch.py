@@ -38,7 +38,7 @@ from scaletrain.engine.run.writers import render_run_files
 RESUMABLE_FIELDS = frozenset({"micro_batch", "grad_accum", "grad_ckpt", "offload", "attn"})
 ATTEMPTS_DIR = "attempts"
 ENV_PREFIX, TRAIN_PREFIX = "env.", "train."
-# What an attempt's backup keeps (the rundir layout's files; logs are copied, the launcher appends to them).
+# What an attempt's backup keeps (the run-directory layout's files; logs are copied, the launcher appends to them).
 BACKED_UP = ("plan.json", "accelerate_config.yaml", "ds_config.json", "launch.sh", "sbatch.sh", "status.json",
              "metrics.jsonl")
 

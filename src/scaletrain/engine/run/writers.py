@@ -26,7 +26,7 @@ from scaletrain.engine.run.plan_document import PlanDocument, holds_plan
 from scaletrain.engine.run.scripts import launch_script, sbatch_script
 
 SUPERSEDED_PREFIX = "superseded-"
-# Names the run-directory layout owns (rundir.py, plus the trainer's TensorBoard folder); --overwrite moves exactly
+# Names the run-directory layout owns (layout.py, plus the trainer's TensorBoard folder); --overwrite moves exactly
 # these aside, nothing else.
 LAYOUT_NAMES = ("plan.json", "accelerate_config.yaml", "ds_config.json", "launch.sh", "sbatch.sh", "logs",
                 "metrics.jsonl", "checkpoints", "status.json", "tensorboard")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterable
 
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.fileio import AppendedLines
 from scaletrain.engine.run.layout import RunDir, log_rank
 from scaletrain.engine.run.metrics import MetricsSummary, MetricsTail, RankMemory, StepMetrics, summarize
 from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
@@ -27,28 +28,11 @@ class LogTail:
     def __init__(self, path: Path, rank: int | None):
         self.path = Path(path)
         self.rank = rank
-        self._offset = 0
-        self._pending = b""
-        self._ino: int | None = None
+        self._lines = AppendedLines(self.path, first_read_limit=TAIL_READ_LIMIT_BYTES)
 
     def poll(self) -> list[str]:
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            return []
-        if self._ino is not None and (st.st_ino != self._ino or st.st_size < self._offset):
-            self._offset, self._pending = 0, b""          # rotated or truncated (a relaunch): read it afresh
-        if self._ino is None and st.st_size > TAIL_READ_LIMIT_BYTES:
-            self._offset = st.st_size - TAIL_READ_LIMIT_BYTES
-        self._ino = st.st_ino
-        if st.st_size == self._offset:
-            return []
-        with self.path.open("rb") as f:
-            f.seek(self._offset)
-            chunk = f.read()
-        self._offset += len(chunk)
-        *lines, self._pending = (self._pending + chunk).split(b"\n")
-        return [ln.decode("utf-8", errors="replace").rstrip("\r") for ln in lines]
+        """New lines (a relaunch's rewritten log is read afresh)."""
+        return [ln.decode("utf-8", errors="replace").rstrip("\r") for ln in self._lines.poll()]
 
 
 @dataclass(frozen=True)

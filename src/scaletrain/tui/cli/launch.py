@@ -1,6 +1,6 @@
 """`scaletrain launch RUN_DIR [--resume] [--machine-rank R --main-process-ip IP] [--script train.py -- ARGS]`.
 
-Argument parsing only: engine.launcher runs the processes, tui.progress shows them. User-script mode runs
+Argument parsing only: engine.run.launcher runs the processes, tui.views.progress shows them. User-script mode runs
 `accelerate launch --config_file RUN_DIR/accelerate_config.yaml train.py ARGS` under the run's configs.
 """
 

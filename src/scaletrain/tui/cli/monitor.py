@@ -93,7 +93,7 @@ def bar(fraction: float, cells: int = PROGRESS_BAR_CELLS) -> str:
 
 
 def step_line(rec: StepMetrics, summary: MetricsSummary) -> str:
-    """One step record, with the ETA from the recent mean step time (engine.metrics.summarize)."""
+    """One step record, with the ETA from the recent mean step time (engine.run.metrics.summarize)."""
     frac = rec.step / rec.total_steps if rec.total_steps else 0.0
     eta = summary.eta_after(rec)
     return (f"step {rec.step}/{rec.total_steps} {bar(frac)} {frac:4.0%}  loss {rec.loss:.4f}  "

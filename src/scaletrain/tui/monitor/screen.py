@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import on, work
@@ -29,17 +29,24 @@ from scaletrain.tui.widgets.gpu_panel import GpuPanel, HostPanel
 from scaletrain.tui.widgets.job_panel import JobPanel
 from scaletrain.tui.widgets.remedies import RemediesPanel
 
+if TYPE_CHECKING:
+    from scaletrain.engine.doctor.summary import Diagnosis
+    from scaletrain.engine.plan.remedies import Remedy
+    from scaletrain.engine.run.launcher import LaunchResult
+    from scaletrain.engine.run.relaunch import Applied
+    from scaletrain.engine.sampling.sampler import Sampler, Tick
+
 
 @dataclass
 class Ticked(Message):
-    """One sampling pass (engine.sampler.Tick)."""
+    """One sampling pass (engine.sampling.sampler.Tick)."""
 
-    tick: Any
+    tick: Tick
 
 
 @dataclass
 class Diagnosed(Message):
-    diagnosis: Any
+    diagnosis: Diagnosis
 
 
 class MonitorScreen(Screen):
@@ -63,7 +70,7 @@ the old plan as a backup) and relaunches from the last checkpoint; a change the 
 stage, precision, sequence length) is refused, and `A` applies it from step 0 instead. `d` diagnoses on demand.
 """
 
-    def __init__(self, run: RunDir | str | Path, *, start: bool = False, sampler: Any = None,
+    def __init__(self, run: RunDir | str | Path, *, start: bool = False, sampler: Sampler | None = None,
                  interval_s: float | None = None, replay: str | None = None) -> None:
         super().__init__()
         self.run = run if isinstance(run, RunDir) else RunDir(run)
@@ -75,10 +82,10 @@ stage, precision, sequence length) is refused, and `A` applies it from step 0 in
         self.gpu_panels: dict[int, GpuPanel] = {}
         self.host_panel: HostPanel | None = None
         self.diagnosed_state: str | None = None
-        self.diagnosis: Any = None
-        self.last_tick: Any = None
+        self.diagnosis: Diagnosis | None = None
+        self.last_tick: Tick | None = None
         self.launching = False
-        self.launch_result: Any = None      # the last engine.launcher.LaunchResult (the wizard's tail had the same)
+        self.launch_result: LaunchResult | None = None      # the last run this screen launched
 
     # ---- layout ----------------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -125,7 +132,7 @@ stage, precision, sequence length) is refused, and `A` applies it from step 0 in
             self.query_one(JobPanel).update_job(t.job)
             self._maybe_diagnose(t.job.status.state)
 
-    def _show_devices(self, t: Any) -> None:
+    def _show_devices(self, t: Tick) -> None:
         area = self.query_one("#gpu-area", VerticalScroll)
         g = t.gpu
         job = self._sampler.job
@@ -229,7 +236,7 @@ stage, precision, sequence length) is refused, and `A` applies it from step 0 in
         self.apply(r, restart)
 
     @work(thread=True, exclusive=True, group="launch", exit_on_error=False)
-    def apply(self, remedy: Any, restart: bool = False) -> None:
+    def apply(self, remedy: Remedy, restart: bool = False) -> None:
         from scaletrain.engine.errors import ScaletrainError
         from scaletrain.engine.run.relaunch import apply_remedy
 
@@ -243,7 +250,7 @@ stage, precision, sequence length) is refused, and `A` applies it from step 0 in
         self.app.call_from_thread(self._applied, applied)
         self._launch_blocking(applied.resume, applied.env)
 
-    def _applied(self, applied: Any) -> None:
+    def _applied(self, applied: Applied) -> None:
         self.query_one(RemediesPanel).hide()
         self.diagnosed_state = None
         self.set_status(applied.summary, "bold")

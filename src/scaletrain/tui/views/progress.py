@@ -1,7 +1,7 @@
 """Headless live progress: launch a run directory and show a rich bar from metrics.jsonl (no Textual).
 
-Every number shown comes from engine.metrics.summarize (loss, tokens/s, step time, ETA) or the launcher's result;
-this module only formats. Ctrl-C stops the whole run (engine.launcher) and the exit code is the training's.
+Every number shown comes from engine.run.metrics.summarize (loss, tokens/s, step time, ETA) or the launcher's result;
+this module only formats. Ctrl-C stops the whole run (engine.run.launcher) and the exit code is the training's.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The job panel: step / total, loss plot, tokens/s, step time, ETA, measured vs predicted peak per rank, log tail.
 
-Formatting only: numbers come from sampler.JobSnapshot (which reads engine.metrics), the predicted peaks from the
+Formatting only: numbers come from sampling.watcher.JobSnapshot (which reads engine.run.metrics), the predicted peaks from the
 plan. The log tail keeps LOG_TAIL_LINES per rank so the rank filter (`r`) can re-show past lines.
 """
 

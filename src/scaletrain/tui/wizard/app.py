@@ -131,7 +131,7 @@ class WizardApp(App[int]):
 
     # ---- launching (the write step asks; the monitor watches) -----------------------------------------------------
     def launch_run(self, run: RunDir) -> None:
-        """Run engine.launcher.launch for a written run in a thread worker; its outcome lands in launch_result."""
+        """Run engine.run.launcher.launch for a written run in a thread worker; its outcome lands in launch_result."""
         self.launch_result = None
         self.launch_error = None
         self.run_worker(partial(self._launch, run), thread=True, group="launch", exclusive=True,
