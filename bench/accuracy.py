@@ -22,9 +22,9 @@ from datetime import date
 from pathlib import Path
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.request import PlanRequest
-from scaletrain.engine.rundir import TrainOptions
-from scaletrain.engine.validate import validate
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.run.options import TrainOptions
+from scaletrain.trainer.validate import validate
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     grid, gpus, precision = (CPU_SMOKE, "2xCPU", "fp32") if args.cpu_smoke else (GRID, args.gpu, "bf16")
     if gpus == "auto":
-        from scaletrain.engine.detect import hardware_from_detection
+        from scaletrain.engine.devices.detect import hardware_from_detection
         gpus = "1x" + hardware_from_detection().gpu.key
     records = [record(grid[i], gpus, precision, args.steps, Path(args.run_root)) for i in _slice(args.only, len(grid))]
     key = "cpu-smoke" if args.cpu_smoke else gpus.split("x", 1)[-1]

@@ -1,6 +1,6 @@
 """Cost of the monitor's sampling at 1 Hz: target under 1 % of one core (issue 6).
 
-What one sampling pass does (engine.sampler.Sampler.tick): NVML for every GPU (each field read on its own, MIG
+What one sampling pass does (engine.sampling.sampler.Sampler.tick): NVML for every GPU (each field read on its own, MIG
 check), psutil for every rank process and the host, and the run directory (metrics.jsonl and 8 rank logs tailed,
 status.json, plan numbers, the early-warning check). The bench runs that loop at --interval for --seconds against
 a live-looking run: a separate writer process appends a metrics line per second and log lines per rank, and keeps
@@ -32,9 +32,13 @@ import time
 from pathlib import Path
 from types import SimpleNamespace as NS
 
-from scaletrain.engine.request import PlanRequest, make_plan
-from scaletrain.engine.rundir import atomic_write
-from scaletrain.engine.sampler import HostSource, NvmlSource, RunWatcher, Sampler
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.plan.planner import make_plan
+from scaletrain.engine.fileio import atomic_write
+from scaletrain.engine.sampling.host import HostSource
+from scaletrain.engine.sampling.gpu import NvmlSource
+from scaletrain.engine.sampling.watcher import RunWatcher
+from scaletrain.engine.sampling.sampler import Sampler
 
 from machine import machine  # bench/machine.py
 
@@ -74,7 +78,7 @@ finally:
 
 
 class StandInNvml:
-    """The pynvml calls engine.nvml.sample and the MIG check make, for 8 healthy GPUs (no driver here)."""
+    """The pynvml calls engine.devices.nvml.sample and the MIG check make, for 8 healthy GPUs (no driver here)."""
 
     NVML_TEMPERATURE_GPU = 0
 

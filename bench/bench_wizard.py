@@ -32,9 +32,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_plan import machine  # noqa: E402  (same machine description as the plan bench)
 
-from scaletrain.engine.nvml import DetectionResult  # noqa: E402
-from scaletrain.engine.request import PlanRequest, make_plan  # noqa: E402
-from scaletrain.engine.rundir import atomic_write  # noqa: E402
+from scaletrain.engine.devices.nvml import DetectionResult  # noqa: E402
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.plan.planner import make_plan  # noqa: E402
+from scaletrain.engine.fileio import atomic_write  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / ".venv" / "bin" / "scaletrain"
@@ -93,8 +94,8 @@ def first_paint_tmux(repeats: int) -> dict:
 _IN_PROCESS = r"""
 import asyncio, json, time
 t0 = time.perf_counter()
-from scaletrain.tui.app import create_app
-from scaletrain.engine.nvml import DetectionResult
+from scaletrain.tui.wizard.app import create_app
+from scaletrain.engine.devices.nvml import DetectionResult
 t_import = time.perf_counter() - t0
 app = create_app(["--gpus", "4xH200"], detect=lambda: DetectionResult((), None, None, "bench"))
 t_app = time.perf_counter() - t0
@@ -144,7 +145,7 @@ class RenderClock:
 
 
 def recompute(args: list[str], presses: int, clock: RenderClock) -> dict:
-    from scaletrain.tui.app import create_app
+    from scaletrain.tui.wizard.app import create_app
 
     app = create_app(args, detect=no_gpu, launch=False)
     render: list[float] = []

@@ -1,7 +1,7 @@
 """CPU ground truth for the memory model: predicted allocated peak vs torch.profiler's measured peak.
 
 For each case: build the HF model from its config (random init), run a warm-up optimizer step, profile one
-fp32 AdamW step (engine/measure.py), and compare with the engine's `total - overhead` for the same setup.
+fp32 AdamW step (trainer/measure.py), and compare with the engine's `total - overhead` for the same setup.
 Model-state bytes are compared exactly. Writes bench/results/cpu_groundtruth.json and prints a Markdown table
 (the README's table comes from this script):
 
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from machine import machine_line
-from scaletrain.engine.hardware import parse_gpus
-from scaletrain.engine.memory import estimate_memory, model_states
-from scaletrain.engine.models import BLOCK_LINEARS, catalog_entry
-from scaletrain.engine.setup import TrainingSetup
+from scaletrain.engine.catalog.hardware import parse_gpus
+from scaletrain.engine.model.memory import estimate_memory, model_states
+from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, catalog_entry
+from scaletrain.engine.model.setup import TrainingSetup
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Case:
 
     @property
     def measure_precision(self) -> str:
-        """engine/measure.py's name for the regime: which weights, and whether autocast runs."""
+        """trainer/measure.py's name for the regime: which weights, and whether autocast runs."""
         if self.precision == "fp32":
             return "fp32"
         if self.method == "full":
@@ -133,7 +133,7 @@ def config_for(case: Case) -> dict:
 
 
 def setup_for(case: Case) -> TrainingSetup:
-    from scaletrain.engine.models import arch_from_config
+    from scaletrain.engine.catalog.architectures import arch_from_config
     return TrainingSetup(
         model=arch_from_config(config_for(case), case.model), hardware=parse_gpus("1xCPU"), method=case.method,
         lora_rank=case.lora_rank, lora_targets=BLOCK_LINEARS, strategy="ddp", precision=case.precision,
@@ -144,7 +144,7 @@ def setup_for(case: Case) -> TrainingSetup:
 
 
 def run_case(case: Case) -> dict:
-    from scaletrain.engine.measure import measure_step
+    from scaletrain.trainer.measure import measure_step
 
     s = setup_for(case)
     mem = estimate_memory(s)

@@ -57,7 +57,7 @@ say "binary: $BIN"
 start "$BIN" --gpus 4xH200 --run-dir "$RUN_DIR"
 wait_for "1 Hardware" 20; check "first screen painted ($(( $(now_ms) - T0 )) ms after start, process start included)" $?
 wait_for "4xH200: NVIDIA H200" 10; check "step 1 shows the planned 4×H200" $?
-if "$PY" -c 'import sys; from scaletrain.engine.nvml import detect; sys.exit(0 if detect().gpus else 1)'; then
+if "$PY" -c 'import sys; from scaletrain.engine.devices.nvml import detect; sys.exit(0 if detect().gpus else 1)'; then
   say "SKIP  no-GPU wording (this machine has a GPU)"
 else
   wait_for "No GPU detected on this machine" 10; check "step 1 says there is no GPU here, plainly" $?
@@ -117,7 +117,7 @@ EOF
 # ---- 2. no --gpus: detection, and ctrl+q on the first step --------------------------------------------------------
 start "$BIN"
 wait_for "1 Hardware" 20; check "wizard without --gpus painted ($(( $(now_ms) - T0 )) ms)" $?
-if "$PY" -c 'import sys; from scaletrain.engine.nvml import detect; sys.exit(0 if detect().gpus else 1)'; then
+if "$PY" -c 'import sys; from scaletrain.engine.devices.nvml import detect; sys.exit(0 if detect().gpus else 1)'; then
   wait_for "Detected" 10; check "detected GPUs are listed" $?
 else
   wait_for "No GPU detected on this machine" 10 && wait_for "hardware from the catalog" 5

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from scaletrain.tui.cli import main
+from scaletrain.tui.cli.main import main
 
 SCALETRAIN = [sys.executable, "-m", "scaletrain.tui.cli"]
 
@@ -67,7 +67,7 @@ def test_bad_input_is_one_line(capsys, argv, needle):
 
 
 def test_plan_subprocess_imports_no_torch_or_textual():
-    code = ("import sys; from scaletrain.tui.cli import main; "
+    code = ("import sys; from scaletrain.tui.cli.main import main; "
             "rc = main(['plan', '--model', 'Qwen/Qwen3-4B', '--gpus', '8xRTX4090', '--json']); "
             "heavy = sorted(m for m in ('torch', 'textual', 'transformers', 'deepspeed') if m in sys.modules); "
             "print('HEAVY', heavy, file=sys.stderr); sys.exit(rc)")

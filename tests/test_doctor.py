@@ -13,12 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from scaletrain.engine.doctor import KINDS, diagnose, diagnose_paths, parse_size, plan_from_json
+from scaletrain.engine.doctor.signatures import KINDS, parse_size
+from scaletrain.engine.doctor.diagnosis import diagnose, diagnose_paths
+from scaletrain.engine.run.plan_document import PlanDocument
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.presets import load_preset
-from scaletrain.engine.remedies import rank_remedies
-from scaletrain.engine.request import PlanRequest, make_plan
-from scaletrain.tui.cli import main
+from scaletrain.engine.plan.presets import load_preset
+from scaletrain.engine.plan.remedies import rank_remedies
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.plan.planner import make_plan
+from scaletrain.tui.cli.main import main
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 GiB = 1024**3
@@ -166,8 +169,8 @@ def test_issue_acceptance_diagnose_json_for_the_4090x8_oom(tmp_path, capsys, pla
 
 
 def test_oom_remedies_are_the_planners_ranking(plan_4090x8):
-    d = diagnose([LOGS / "torch_current_oom_4090x8_r3.log"], plan_4090x8)
-    _, plan = plan_from_json(plan_4090x8)
+    d = diagnose([LOGS / "torch_current_oom_4090x8_r3.log"], PlanDocument.from_json(plan_4090x8))
+    _, plan = PlanDocument.from_json(plan_4090x8).replan()
     ranked = rank_remedies(plan, d.failure_dict())
     assert [r.title for r in d.remedies] == [r.title for r in ranked]
     assert [r.predicted_per_gpu_bytes for r in d.remedies] == [r.predicted_per_gpu_bytes for r in ranked]
@@ -176,13 +179,13 @@ def test_oom_remedies_are_the_planners_ranking(plan_4090x8):
 
 
 def test_plan_from_json_reproduces_the_plan(plan_4090x8):
-    _, plan = plan_from_json(plan_4090x8)
+    _, plan = PlanDocument.from_json(plan_4090x8).replan()
     assert plan.memory.total_bytes == plan_4090x8["memory"]["per_gpu_bytes"]["total"]
     assert plan.setup.effective_batch == 128
 
 
 def test_nccl_timeout_remedies_carry_the_plans_numbers(plan_4090x8):
-    d = diagnose([LOGS / "nccl_watchdog_timeout_torch24.log"], plan_4090x8)
+    d = diagnose([LOGS / "nccl_watchdog_timeout_torch24.log"], PlanDocument.from_json(plan_4090x8))
     assert d.remedies
     for r in d.remedies:
         assert r.predicted_per_gpu_bytes == plan_4090x8["memory"]["per_gpu_bytes"]["total"]
@@ -194,7 +197,7 @@ def test_nccl_timeout_remedies_carry_the_plans_numbers(plan_4090x8):
 def test_host_oom_with_offload_suggests_less_offload_with_predictions():
     plan = make_plan(PlanRequest(model="Qwen/Qwen2.5-7B-Instruct", gpus="8xH100", strategy="zero3", offload="all",
                                  micro_batch=1, grad_accum=4, grad_ckpt=True, seq_len=2048))
-    d = diagnose([LOGS / "elastic_torch213_sigkill_r3.log"], plan.to_json())
+    d = diagnose([LOGS / "elastic_torch213_sigkill_r3.log"], PlanDocument.from_json(plan.to_json()))
     assert d.kind == "host_oom"
     by_change = {r.changes.get("offload"): r for r in d.remedies if r.changes}
     assert set(by_change) == {"optimizer", "none"}
@@ -207,7 +210,7 @@ def test_host_oom_with_offload_suggests_less_offload_with_predictions():
 def test_fp16_overflow_suggests_bf16_on_a_card_that_has_it():
     plan = make_plan(PlanRequest(model="Qwen/Qwen2.5-0.5B-Instruct", gpus="4xA100-80GB", precision="fp16",
                                  strategy="zero2", micro_batch=2, grad_accum=4, grad_ckpt=False, offload="none"))
-    d = diagnose([LOGS / "deepspeed_fp16_loss_scale_minimum.log"], plan.to_json())
+    d = diagnose([LOGS / "deepspeed_fp16_loss_scale_minimum.log"], PlanDocument.from_json(plan.to_json()))
     assert d.remedies[0].changes == {"precision": "bf16"}
 
 

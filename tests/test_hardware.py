@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from scaletrain.engine.detect import hardware_from_detection
+from scaletrain.engine.devices.detect import hardware_from_detection
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.hardware import GPU_CATALOG, find_gpu, parse_gpus
-from scaletrain.engine.nvml import detect, sample
+from scaletrain.engine.catalog.hardware import GPU_CATALOG, find_gpu, parse_gpus
+from scaletrain.engine.devices.nvml import detect, sample
 
 REQUIRED = ["H200", "H100-SXM", "H100-PCIe", "A100-80GB", "A100-40GB", "L40S", "A6000", "RTX4090", "RTX3090", "V100"]
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from scaletrain.tui.cli import main
+from scaletrain.tui.cli.main import main
 from test_writers import parse_run_dirs
 
 SEED_RUNS = ("4090x8", "h200x4-fast")
@@ -77,23 +77,15 @@ def test_rerun_into_the_same_dir_is_fine_and_a_different_plan_is_one_line(dry_ru
 
 
 def test_headless_dry_run_imports_neither_textual_nor_torch(tmp_path):
-    code = ("import sys; from scaletrain.tui.cli import main; "
+    code = ("import sys; from scaletrain.tui.cli.main import main; "
             f"rc = main(['--preset', 'cpu-tiny', '--headless', '--dry-run', '--run-dir', {str(tmp_path / 'r')!r}]); "
             "print('RC', rc, 'textual' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "RC 0 False False"
 
 
-def test_without_the_launcher_the_replay_fails_in_one_line(tmp_path, capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "scaletrain.tui.progress", None)     # a build without tui/progress.py
-    assert main(["--preset", "cpu-tiny", "--headless", "--run-dir", str(tmp_path / "r")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "launching is not available" in err
-    assert (tmp_path / "r" / "plan.json").exists()
-
-
 def test_a_gpu_plan_is_not_launched_on_a_machine_without_its_gpus(tmp_path, capsys):
-    from scaletrain.engine.nvml import detect
+    from scaletrain.engine.devices.nvml import detect
 
     if len(detect().gpus) >= 4:
         pytest.skip("this machine has the GPUs h200x4-fast asks for")

@@ -1,4 +1,4 @@
-"""engine.launcher and `scaletrain launch` for real: Ctrl-C leaves no process behind, a resumed run continues its
+"""engine.run.launcher and `scaletrain launch` for real: Ctrl-C leaves no process behind, a resumed run continues its
 step count, a failing rank is recorded with the right exit code, bad input is one line before anything starts."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import psutil
 import pytest
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.launcher import launch
-from scaletrain.engine.metrics import read_metrics
-from scaletrain.tui.cli import main
+from scaletrain.engine.run.launcher import launch
+from scaletrain.engine.run.metrics import read_metrics
+from scaletrain.tui.cli.main import main
 
 from test_train_cpu import deadline_tick, make_run, write_dataset
 
-CLI = [sys.executable, "-c", "import sys; from scaletrain.tui.cli import main; sys.exit(main())"]
+CLI = [sys.executable, "-c", "import sys; from scaletrain.tui.cli.main import main; sys.exit(main())"]
 STOP_LIMIT_SECONDS = 60          # SIGINT → every process gone (the launcher escalates to SIGKILL well before)
 
 FAILING_SCRIPT = """\

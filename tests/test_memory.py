@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from scaletrain.engine.hardware import parse_gpus
-from scaletrain.engine.memory import (
+from scaletrain.engine.catalog.hardware import parse_gpus
+from scaletrain.engine.model.memory import (
     block_activations, estimate_memory, logits_bytes, model_states, optimizer_state_bytes_per_param,
 )
-from scaletrain.engine.models import load_model
-from scaletrain.engine.setup import ResidentModel, TrainingSetup
+from scaletrain.engine.catalog.architectures import load_model
+from scaletrain.engine.model.setup import ResidentModel, TrainingSetup
 
 QWEN3 = load_model("Qwen/Qwen3-4B")
 Q7 = load_model("Qwen/Qwen2.5-7B-Instruct")

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from scaletrain.engine.hardware import parse_gpus
-from scaletrain.engine.measure import measure_saved_activation_bytes
-from scaletrain.engine.memory import block_activations
-from scaletrain.engine.models import BLOCK_LINEARS, arch_from_config, catalog_entry
-from scaletrain.engine.setup import TrainingSetup
+from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, arch_from_config, catalog_entry
+from scaletrain.engine.catalog.hardware import parse_gpus
+from scaletrain.engine.model.activations import block_activations
+from scaletrain.engine.model.setup import TrainingSetup
+from scaletrain.trainer.saved_activations import measure_saved_activation_bytes
 
-# (engine precision, master weights, LoRA base bits) → engine/measure.py's regime name
+# (engine precision, master weights, LoRA base bits) → trainer/measure.py's regime name
 REGIMES = {
     "fp32": ("fp32", "fp32", 16, "fp32"),
     "autocast": ("bf16", "fp32", 16, "bf16"),

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.models import BLOCK_LINEARS, catalog_entry, catalog_ids, load_model
+from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, catalog_entry, catalog_ids, load_model
 
 PUBLISHED = {
     "Qwen/Qwen3-4B": 4_022_468_096,

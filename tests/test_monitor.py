@@ -16,17 +16,22 @@ import pytest
 from rich.console import Console
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.metrics import read_metrics
-from scaletrain.engine.presets import load_preset, train_options
-from scaletrain.engine.relaunch import apply_remedy, resume_blocker, split_changes
-from scaletrain.engine.request import PlanRequest, make_plan
-from scaletrain.engine.rundir import RunDir
-from scaletrain.engine.sampler import HostSource, ReplaySource, RunWatcher, Sampler
-from scaletrain.engine.writers import write_run_dir
-from scaletrain.tui.monitor_app import create_monitor_app
-from scaletrain.tui.widget_gpu_panel import GpuPanel, HostPanel
-from scaletrain.tui.widget_job_panel import JobPanel
-from scaletrain.tui.widget_remedies import RemediesPanel
+from scaletrain.engine.run.metrics import read_metrics
+from scaletrain.engine.plan.presets import load_preset, train_options
+from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
+from scaletrain.engine.run.relaunch import apply_remedy, resume_blocker, split_changes
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.plan.planner import make_plan
+from scaletrain.engine.run.layout import RunDir
+from scaletrain.engine.sampling.host import HostSource
+from scaletrain.engine.sampling.gpu import ReplaySource
+from scaletrain.engine.sampling.watcher import RunWatcher
+from scaletrain.engine.sampling.sampler import Sampler
+from scaletrain.engine.run.writers import write_run_dir
+from scaletrain.tui.monitor.app import create_monitor_app
+from scaletrain.tui.widgets.gpu_panel import GpuPanel, HostPanel
+from scaletrain.tui.widgets.job_panel import JobPanel
+from scaletrain.tui.widgets.remedies import RemediesPanel
 
 NVML = Path(__file__).parent / "fixtures" / "nvml"
 RUN_TIMEOUT_S = 240           # a tiny 2-rank CPU run starts in ~15 s on 2 cores; generous for a loaded CI host
@@ -146,10 +151,10 @@ def test_rank_filter_cycles_the_log_tail(tmp_path):
 def test_cpu_run_live_then_killed_rank_diagnosed_then_fixed_and_resumed(tmp_path, monkeypatch):
     """Done-when: live job numbers on a real CPU run, in the monitor and headless; a killed rank diagnosed;
     `a` applies a remedy and the run resumes from its checkpoint."""
-    from scaletrain.tui.cmd_doctor import stream_run
+    from scaletrain.tui.cli.monitor import stream_run
 
     rd = cpu_run_dir(tmp_path / "run")
-    monkeypatch.setenv("SCALETRAIN_FAIL_AT_STEP", "3")       # engine/train.py's test hook: SIGKILL rank 1 at step 3
+    monkeypatch.setenv("SCALETRAIN_FAIL_AT_STEP", "3")       # trainer/train.py's test hook: SIGKILL rank 1 at step 3
     monkeypatch.setenv("SCALETRAIN_FAIL_RANK", "1")
     headless = io.StringIO()                                  # `scaletrain monitor --headless`, attached meanwhile
     streamer = threading.Thread(target=lambda: stream_run(Sampler(None, HostSource(), RunWatcher(rd.path), 0.3),
@@ -191,9 +196,9 @@ def test_cpu_run_live_then_killed_rank_diagnosed_then_fixed_and_resumed(tmp_path
     assert "step 1/6 [####" in text and "step 3/6 [####" in text and "loss" in text and "tok/s" in text and "ETA" in text
     assert "host cpu" in text and "rank 1 pid" in text
     assert "run failed: exit code 137" in text and "host_oom rank 1:" in text    # the doctor's verdict, headless
-    plan = rd.read_plan()
-    assert (plan["batch"]["micro_batch"], plan["batch"]["grad_accum"]) == (chosen["micro_batch"],
-                                                                           chosen["grad_accum"])  # applied
+    plan = read_plan_document(rd.plan)
+    assert (plan.batch.micro_batch, plan.batch.grad_accum) == (chosen["micro_batch"],
+                                                               chosen["grad_accum"])  # applied
     attempts = list((rd.path / "attempts").iterdir())
     assert len(attempts) == 1 and (attempts[0] / "plan.json").exists()               # the old plan, kept
     assert json.loads((attempts[0] / "plan.json").read_text())["batch"]["micro_batch"] == 4
@@ -217,7 +222,7 @@ def test_apply_refuses_hardware_running_and_unresumable_changes(tmp_path):
         apply_remedy(rd.path, {"strategy": "zero3"})
     applied = apply_remedy(rd.path, {"strategy": "zero3"}, restart=True)       # step 0, old checkpoints kept
     assert not applied.resume and (applied.backup_dir / "checkpoints" / "step-2").is_dir()
-    assert rd.ds_config.exists() and rd.read_plan()["training"]["strategy"] == "zero3"
+    assert rd.ds_config.exists() and read_plan_document(rd.plan).training.strategy == "zero3"
     (rd.status).write_text(json.dumps({"state": "running", "pids": {"launcher": 1}}))
     with pytest.raises(ScaletrainError, match="still running"):
         apply_remedy(rd.path, {"grad_ckpt": True})
@@ -232,7 +237,7 @@ def test_resume_rules():
         new = make_plan(PlanRequest(model="scaletrain/tiny-qwen2", gpus="2xCPU", **{
             "strategy": "ddp", "micro_batch": 4, "grad_accum": 2, "grad_ckpt": False, "offload": "none",
             "precision": "fp32", **p}))
-        return resume_blocker(old, new, p, t)
+        return resume_blocker(PlanDocument.from_json(old), new, p, t)
 
     assert blocker(micro_batch=2, grad_accum=4) is None
     assert blocker(grad_ckpt=True) is None

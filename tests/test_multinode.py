@@ -21,16 +21,19 @@ import psutil
 import pytest
 import yaml
 
-from scaletrain.engine import writers
-from scaletrain.engine.doctor import run_dir_inputs
-from scaletrain.engine.hardware import parse_gpus
-from scaletrain.engine.metrics import read_metrics
-from scaletrain.engine.request import PlanRequest, base_setup
-from scaletrain.engine.rundir import RunDir, launch_argv
-from scaletrain.engine.timing import DEFAULT_CONSTANTS, bus_bandwidth, estimate_time
-from scaletrain.tui.cli import main
+from scaletrain.engine.run import scripts
+from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.run import writers
+from scaletrain.engine.doctor.logs import run_dir_inputs
+from scaletrain.engine.catalog.hardware import parse_gpus
+from scaletrain.engine.run.metrics import read_metrics
+from scaletrain.engine.plan.request import PlanRequest, base_setup
+from scaletrain.engine.run.layout import RunDir
+from scaletrain.engine.run.scripts import launch_argv
+from scaletrain.engine.model.timing import DEFAULT_CONSTANTS, bus_bandwidth, estimate_time
+from scaletrain.tui.cli.main import main
 
-CLI = [sys.executable, "-c", "import sys; from scaletrain.tui.cli import main; sys.exit(main())"]
+CLI = [sys.executable, "-c", "import sys; from scaletrain.tui.cli.main import main; sys.exit(main())"]
 LOOPBACK_STEPS = 4               # optimizer steps per loopback run: enough to see every rank train together
 RUN_LIMIT_SECONDS = 180          # one loopback run (two nodes); each takes ~25 s on the 2-core dev VM
 STOP_GRACE_SECONDS = 30          # after SIGTERM the launcher stops its ranks (it escalates to SIGKILL by itself)
@@ -131,17 +134,17 @@ def test_seed16_sbatch_one_task_per_node_with_the_plans_time(seed16):
     directives = dict(ln[len("#SBATCH "):].split("=", 1) for ln in sb.splitlines() if ln.startswith("#SBATCH "))
     assert directives["--nodes"] == "2" and directives["--ntasks-per-node"] == "1"
     assert directives["--gres"] == "gpu:8"
-    assert directives["--cpus-per-task"] == str(writers.SBATCH_CPUS_PER_PROCESS * 8)
+    assert directives["--cpus-per-task"] == str(scripts.SBATCH_CPUS_PER_PROCESS * 8)
     doc = json.loads(seed16.plan.read_text())
-    want = doc["time"]["total_seconds"] * writers.SBATCH_TIME_MARGIN + writers.SBATCH_STARTUP_SECONDS
-    assert directives["--time"] == writers.slurm_time(want)
+    want = doc["time"]["total_seconds"] * scripts.SBATCH_TIME_MARGIN + scripts.SBATCH_STARTUP_SECONDS
+    assert directives["--time"] == scripts.slurm_time(want)
     assert "##SBATCH --partition=" in sb and "##SBATCH --account=" in sb and "SBATCH_PARTITION=" in sb
     # the srun task runs the launcher's own argv, with the rank and head node left to each node's shell
     srun = next(ln for ln in sb.splitlines() if ln.startswith("srun "))
     assert "--output=" + str(seed16.logs) + "/node-%n.log" in srun
     inner = shlex.split(shlex.split(srun)[-1])
     assert inner[0] == "exec"
-    expected = launch_argv(seed16, doc, machine_rank=0, main_process_ip="$HEAD_NODE")
+    expected = launch_argv(seed16, TrainOptions.from_json(doc["train"]), machine_rank=0, main_process_ip="$HEAD_NODE")
     expected[expected.index("--machine_rank") + 1] = "$SLURM_NODEID"
     at = expected.index("$HEAD_NODE") + 1
     expected[at:at] = ["--main_process_port", str(yaml.safe_load(seed16.accelerate_config.read_text())
@@ -151,10 +154,10 @@ def test_seed16_sbatch_one_task_per_node_with_the_plans_time(seed16):
 
 
 def test_slurm_time_rounds_up_to_minutes_and_counts_days():
-    assert writers.slurm_time(1) == "00:01:00"
-    assert writers.slurm_time(3600) == "01:00:00"
-    assert writers.slurm_time(3601) == "01:01:00"
-    assert writers.slurm_time(86400 + 3600 + 61) == "1-01:02:00"
+    assert scripts.slurm_time(1) == "00:01:00"
+    assert scripts.slurm_time(3600) == "01:00:00"
+    assert scripts.slurm_time(3601) == "01:01:00"
+    assert scripts.slurm_time(86400 + 3600 + 61) == "1-01:02:00"
 
 
 def test_launch_sh_takes_the_rank_from_argument_or_environment(seed16):

@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
-from scaletrain.engine.nvml import detect
-from scaletrain.engine.presets import load_preset
-from scaletrain.engine.request import PlanRequest, make_plan
+from scaletrain.engine.devices.nvml import detect
+from scaletrain.engine.plan.presets import load_preset
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.plan.planner import make_plan
 
 SCALETRAIN = [sys.executable, "-m", "scaletrain.tui.cli"]
 

@@ -9,11 +9,12 @@ import random
 import pytest
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.models import catalog_ids
-from scaletrain.engine.planner import (MAX_MICRO_BATCH_WITHOUT_TARGET, TIE_TOLERANCE, batch_table, search,
-                                       with_tables)
-from scaletrain.engine.request import PlanRequest, base_setup, make_plan
-from scaletrain.tui.cli import main
+from scaletrain.engine.catalog.architectures import catalog_ids
+from scaletrain.engine.plan.search import MAX_MICRO_BATCH_WITHOUT_TARGET, TIE_TOLERANCE, search
+from scaletrain.engine.plan.tables import batch_table, with_tables
+from scaletrain.engine.plan.request import PlanRequest, base_setup
+from scaletrain.engine.plan.planner import make_plan
+from scaletrain.tui.cli.main import main
 
 QWEN3_4B = "Qwen/Qwen3-4B"
 
@@ -215,9 +216,9 @@ def test_alternatives_and_batch_table_in_json(capsys):
 def test_fully_fixed_plan_still_gets_alternatives():
     plan = make_plan(PlanRequest(model=QWEN3_4B, gpus="8xRTX4090", strategy="zero3", micro_batch=2, grad_accum=8,
                                  grad_ckpt=True, offload="none"))
-    alts = with_tables(plan, alternatives=True).extras["alternatives"]
-    assert alts and all(a["effective_batch"] == 128 for a in alts)
-    assert {(a["strategy"], a["offload"]) for a in alts} != {("zero3", "none")}   # it compares other setups
+    alts = with_tables(plan, alternatives=True).alternatives
+    assert alts and all(a.effective_batch == 128 for a in alts)
+    assert {(a.strategy, a.offload) for a in alts} != {("zero3", "none")}   # it compares other setups
 
 
 def test_gpus_table_rows(capsys):
@@ -237,8 +238,8 @@ def test_gpus_table_rows(capsys):
 def test_batch_table_keeps_the_effective_batch_where_it_divides():
     plan = make_plan(PlanRequest(model="scaletrain/tiny-qwen2", gpus="2xL4", effective_batch=24, seq_len=256))
     for r in batch_table(plan):
-        if 12 % r["micro_batch"] == 0:
-            assert r["keeps_effective_batch"] and r["effective_batch"] == 24
+        if 12 % r.micro_batch == 0:
+            assert r.keeps_effective_batch and r.effective_batch == 24
 
 
 def test_rich_tables_render(capsys):

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from scaletrain.engine import presets as P
+from scaletrain.engine.plan import presets as P
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.request import PlanRequest, make_plan
-from scaletrain.engine.rundir import TrainOptions
-from scaletrain.tui.cli import main
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.plan.planner import make_plan
+from scaletrain.engine.run.options import TrainOptions
+from scaletrain.tui.cli.main import main
 
 SEVEN = ("h200x4-fast", "4090x8", "4090x16-bs256", "h200x2-gemma27b-qlora", "grpo-7b-h200", "olmo32b-zero3", "cpu-tiny")
 SEEDS = {"h200x4-fast": "003", "4090x8": "000", "4090x16-bs256": "000", "h200x2-gemma27b-qlora": "001",
@@ -203,7 +204,7 @@ def test_presets_command_json(capsys, in_tmp):
 
 # ---- the bundled demo data -------------------------------------------------------------------------------------
 def test_demo_data_is_small_reproducible_and_readable():
-    from scaletrain.engine.data import ByteTokenizer, load_blocks, read_jsonl
+    from scaletrain.trainer.data import ByteTokenizer, load_blocks, read_jsonl
     from scaletrain.presets import make_demo_data
 
     path = Path(make_demo_data.__file__).parent / "data" / "demo.jsonl"

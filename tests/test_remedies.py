@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.remedies import KIND_TIER, describe, rank_remedies
-from scaletrain.engine.request import PlanRequest, make_plan
+from scaletrain.engine.plan.remedies import KIND_TIER, describe, rank_remedies
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.plan.planner import make_plan
 
 GiB = 1024**3
 SEED_REQ = PlanRequest(model="Qwen/Qwen3-4B", gpus="8xRTX4090", strategy="zero3", micro_batch=2, grad_accum=8,

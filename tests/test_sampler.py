@@ -19,10 +19,14 @@ from types import SimpleNamespace as NS
 import pytest
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.metrics import MetricsWriter, RankMemory, StepMetrics
-from scaletrain.engine.request import PlanRequest, make_plan
-from scaletrain.engine.sampler import (GpuSnapshot, HostSource, NvmlSource, ReplaySource, RunWatcher, Sampler,
-                                       memory_views, record)
+from scaletrain.engine.run.plan_document import PlanDocument
+from scaletrain.engine.run.metrics import MetricsWriter, RankMemory, StepMetrics
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.plan.planner import make_plan
+from scaletrain.engine.sampling.gpu import GpuSnapshot, NvmlSource, ReplaySource, record
+from scaletrain.engine.sampling.host import HostSource
+from scaletrain.engine.sampling.watcher import RunWatcher, memory_views
+from scaletrain.engine.sampling.sampler import Sampler
 
 NVML_FIXTURES = Path(__file__).parent / "fixtures" / "nvml"
 GiB = 1024**3
@@ -260,11 +264,11 @@ def test_early_warning_before_the_oom(gpu_plan_json):
     mem = gpu_plan_json["memory"]
     pred = mem["allocated_peak_bytes"]
     margin = int(mem["capacity_bytes"] * mem["headroom_fraction"])
-    ok = memory_views(gpu_plan_json, _rec(1, pred + margin - 1).peak_memory)
+    ok = memory_views(PlanDocument.from_json(gpu_plan_json), _rec(1, pred + margin - 1).peak_memory)
     assert all(v.warning is None for v in ok) and ok[0].what == "allocated"
-    over = memory_views(gpu_plan_json, _rec(1, pred + margin + 1).peak_memory)
+    over = memory_views(PlanDocument.from_json(gpu_plan_json), _rec(1, pred + margin + 1).peak_memory)
     assert over[0].warning and "over the predicted" in over[0].warning
-    cpu = memory_views(gpu_plan_json, _rec(1, None, rss=123).peak_memory)     # no allocator numbers: RSS
+    cpu = memory_views(PlanDocument.from_json(gpu_plan_json), _rec(1, None, rss=123).peak_memory)     # no allocator numbers: RSS
     assert cpu[0].what == "host RSS vs tensors" and cpu[0].measured_bytes == 123
 
 

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from scaletrain.engine.calibration import Calibration, load_calibration, save_calibration, stack_signature
+from scaletrain.engine.model.calibration import Calibration, load_calibration, save_calibration, stack_signature
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.request import PlanRequest, make_plan
-from scaletrain.engine.validate import ValidationResult, derive_calibration
-from scaletrain.tui.cli import main
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.plan.planner import make_plan
+from scaletrain.trainer.validate import ValidationResult, derive_calibration
+from scaletrain.tui.cli.main import main
 
 
 @pytest.fixture()

@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from scaletrain.engine.memory import estimate_memory
-from scaletrain.engine.nvml import DetectedGpu, DetectionResult
-from scaletrain.engine.presets import load_preset
-from scaletrain.engine.request import PlanRequest, make_plan
-from scaletrain.tui.app import create_app
+from scaletrain.engine.model.memory import estimate_memory
+from scaletrain.engine.devices.nvml import DetectedGpu, DetectionResult
+from scaletrain.engine.plan.presets import load_preset
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.plan.planner import make_plan
+from scaletrain.engine.run.status import read_status
+from scaletrain.tui.wizard.app import create_app
 
 NO_GPU_REASON = "NVML unavailable: NVMLError_LibraryNotFound: NVML Shared Library Not Found"
 H200_MIB = 143771  # what NVML reports for an H200 (MiB), as in the GPU catalog
@@ -168,7 +170,7 @@ def test_custom_flow_qwen7b_lora_on_4xh200(tmp_path):
             plan = app.plan
             assert plan.fits and plan.setup.effective_batch == 128 and plan.setup.world_size == 4
             assert plan.setup.dataset_size == 300 and plan.time.steps_per_epoch == 3   # ceil(300 / 128)
-            assert plan.extras["lr"]["base_lr"] == 2e-4 and plan.extras["lr"]["base_batch"] == 8
+            assert plan.lr.base_lr == 2e-4 and plan.lr.base_batch == 8
             # what-if keys recompute through the engine and keep the effective batch
             ckpt = plan.setup.grad_ckpt
             await press(pilot, app, "c")
@@ -191,7 +193,7 @@ def test_custom_flow_qwen7b_lora_on_4xh200(tmp_path):
             await press(pilot, app, "enter")
             s = app.plan.setup
             assert (s.strategy, s.micro_batch, s.grad_accum, s.grad_ckpt, s.offload) == tuple(
-                rows[0][k] for k in ("strategy", "micro_batch", "grad_accum", "grad_ckpt", "offload"))
+                getattr(rows[0], k) for k in ("strategy", "micro_batch", "grad_accum", "grad_ckpt", "offload"))
             assert app.plan.fits
             await press(pilot, app, "ctrl+n")
             assert screen_name(app) == "WriteScreen"
@@ -288,7 +290,7 @@ def test_missing_model_path_is_refused_in_place(tmp_path):
 
 
 def test_local_config_and_resident_model(tmp_path):
-    cfg = json.loads((Path(__file__).parents[1] / "engine/catalog/models/scaletrain--tiny-llama.json").read_text())
+    cfg = json.loads((Path(__file__).parents[1] / "src/scaletrain/engine/catalog/models/scaletrain--tiny-llama.json").read_text())
     folder = tmp_path / "my-model"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(cfg["config"]))
@@ -413,20 +415,13 @@ def test_launch_from_the_wizard_opens_the_monitor(tmp_path):
             await pilot.pause()
             monitor = screen_name(app)
             await wait_until(pilot, lambda: app.launch_result is not None or app.launch_error is not None)
-            # the placeholder tail (used when the live monitor is absent) shows rank 0's log and the outcome
-            from scaletrain.engine.rundir import RunDir
-            from scaletrain.tui.screen_tail import TailScreen
+            return monitor, app.launch_result, app.launch_error
 
-            await app.push_screen(TailScreen(RunDir(run_dir)))
-            await wait_until(pilot, lambda: app.screen.outcome is not None, seconds=10)
-            return (monitor, app.launch_result, app.launch_error, "\n".join(app.screen.query_one("#tail-log").lines),
-                    text_of(app, "#tail-status"))
-
-    monitor, result, error, log, status = run(walk())
-    assert monitor in ("MonitorScreen", "TailScreen")
+    monitor, result, error = run(walk())
+    assert monitor == "MonitorScreen"
     assert error is None and result is not None and result.exit_code == 0
-    assert "finished: exit code 0" in status
-    assert "step 2/2" in log
+    assert read_status(run_dir / "status.json").state == "finished"
+    assert "step 2/2" in (run_dir / "logs" / "rank-0.log").read_text()
     assert json.loads((run_dir / "status.json").read_text())["exit_code"] == 0
 
 

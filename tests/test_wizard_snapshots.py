@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from textual.widgets import Input
 
-from scaletrain.engine.nvml import DetectionResult
-from scaletrain.tui.app import create_app
+from scaletrain.engine.devices.nvml import DetectionResult
+from scaletrain.tui.wizard.app import create_app
 
 SIZE = (100, 32)
 RUN_DIR = "/tmp/scaletrain-snapshot/run"     # shown on the write step only; never written

@@ -18,13 +18,16 @@ import pytest
 import yaml
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.memory import (DS_ALLGATHER_BUCKET_ELEMS, DS_PREFETCH_BUCKET_ELEMS, DS_REDUCE_BUCKET_ELEMS,
+from scaletrain.engine.model.memory import (DS_ALLGATHER_BUCKET_ELEMS, DS_PREFETCH_BUCKET_ELEMS, DS_REDUCE_BUCKET_ELEMS,
                                       DS_SUB_GROUP_ELEMS)
-from scaletrain.engine.presets import load_preset
-from scaletrain.engine.request import PlanRequest, make_plan
-from scaletrain.engine.rundir import TrainOptions, launch_argv
-from scaletrain.engine import writers
-from scaletrain.tui.cli import main
+from scaletrain.engine.plan.presets import load_preset
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.plan.planner import make_plan
+from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.run.scripts import launch_argv
+from scaletrain.engine.run import configs
+from scaletrain.engine.run import writers
+from scaletrain.tui.cli.main import main
 
 # ---- the parser harness (shared with test_headless_dryrun.py) ----------------------------------------------------
 _PARSE_SCRIPT = textwrap.dedent(r'''
@@ -244,7 +247,7 @@ def test_deepspeed_numbers_are_the_plans_and_the_memory_models(written):
     assert z["reduce_bucket_size"] == DS_REDUCE_BUCKET_ELEMS
     assert z["stage3_prefetch_bucket_size"] == DS_PREFETCH_BUCKET_ELEMS
     assert z["sub_group_size"] == DS_SUB_GROUP_ELEMS
-    assert z["stage3_param_persistence_threshold"] == writers.DS_PERSISTENCE_PER_HIDDEN * plan.setup.model.hidden_size
+    assert z["stage3_param_persistence_threshold"] == configs.DS_PERSISTENCE_PER_HIDDEN * plan.setup.model.hidden_size
     assert "auto" not in json.dumps(ds)
     z2 = json.loads(written["zero2-offload"][3].ds_config.read_text())["zero_optimization"]
     assert z2["allgather_bucket_size"] == DS_ALLGATHER_BUCKET_ELEMS
@@ -256,7 +259,7 @@ def test_overlap_comm_follows_the_plans_spare_memory(written):
     assert ds["zero_optimization"]["overlap_comm"] is True          # 4090x8 has room for the overlap buffers
     tight = make_plan(_req(micro_batch=3))                           # over the limit: no room
     assert not tight.fits
-    assert writers.deepspeed_config(tight, TrainOptions())["zero_optimization"]["overlap_comm"] is False
+    assert configs.deepspeed_config(tight, TrainOptions())["zero_optimization"]["overlap_comm"] is False
     cpu = json.loads(written["cpu-zero3"][3].ds_config.read_text())
     assert cpu["zero_optimization"]["overlap_comm"] is False         # gloo on the same cores
     assert "pin_memory" not in json.dumps(cpu)
@@ -266,7 +269,7 @@ def test_cpu_ddp_runs_as_multi_gpu_with_every_process(written):
     cfg = yaml.safe_load(written["cpu-tiny"][3].accelerate_config.read_text())
     assert cfg["distributed_type"] == "MULTI_GPU" and cfg["use_cpu"] is False and cfg["num_processes"] == 2
     assert cfg["mixed_precision"] == "no"
-    lo, hi = writers.MAIN_PROCESS_PORT_BASE, writers.MAIN_PROCESS_PORT_BASE + writers.MAIN_PROCESS_PORT_SPAN
+    lo, hi = configs.MAIN_PROCESS_PORT_BASE, configs.MAIN_PROCESS_PORT_BASE + configs.MAIN_PROCESS_PORT_SPAN
     ports = {yaml.safe_load(r.accelerate_config.read_text())["main_process_port"] for *_, r in written.values()}
     assert all(lo <= p < hi for p in ports) and len(ports) > 1
 
@@ -285,7 +288,7 @@ def test_launch_sh_is_the_launchers_argv(written):
     assert os.access(run.launch_sh, os.X_OK)
     subprocess.run(["bash", "-n", str(run.launch_sh)], check=True)
     exec_line = next(ln for ln in text.splitlines() if ln.startswith("exec "))
-    assert shlex.split(exec_line)[1:] == launch_argv(run, json.loads(run.plan.read_text()))
+    assert shlex.split(exec_line)[1:] == launch_argv(run, TrainOptions.from_json(json.loads(run.plan.read_text())["train"]))
 
 
 def test_multi_node_plan_gets_sbatch_and_a_per_node_launch(written):

@@ -1,0 +1,1 @@
+"""What the planner knows about the world: model architectures (models/*.json, exact parameter counts) and GPUs."""

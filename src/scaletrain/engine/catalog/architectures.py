@@ -1,0 +1,302 @@
+"""Model architectures from config.json, and exact parameter accounting without torch.
+
+A model is its config: the bundled catalog (engine/catalog/models/*.json), a path to a config.json or a folder
+holding one, or an id found in the local Hugging Face cache (offline). Parameter counts are derived from the
+architecture's module list (`linear_shapes`, `other_params`), so LoRA counts, FLOPs and the largest ZeRO-3 gather
+unit all come from the same table. Tests check the counts against transformers building the same config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from scaletrain.engine.errors import ScaletrainError
+
+CATALOG_DIR = Path(__file__).parent / "models"
+
+# Decoder-block layouts of the families counted analytically. A family not listed falls back to
+# transformers on the meta device (exact, slower, needs the `train` extra).
+#   qkv_bias:  "flag" → q,k,v,o follow config.attention_bias; "qkv" → q,k,v always biased, o not (Qwen2)
+#   qk_norm:   None | "head" (RMSNorm over head_dim, Qwen3/Gemma3) | "full" (over all heads, OLMo2)
+#   norms:     which RMSNorms a block has: pre-attention, post-attention, pre-MLP, post-MLP
+#   norm_style how the RMSNorm multiplies its weight, which decides what it saves for backward:
+#              "llama" weight * y.to(input dtype); "olmo" (weight * y).to(input dtype); "gemma" y * (1 + weight) in fp32
+_FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": dict(qkv_bias="flag", qk_norm=None, norms=("pre_attn", "pre_mlp"), norm_style="llama"),
+    "mistral": dict(qkv_bias="flag", qk_norm=None, norms=("pre_attn", "pre_mlp"), norm_style="llama"),
+    "qwen2": dict(qkv_bias="qkv", qk_norm=None, norms=("pre_attn", "pre_mlp"), norm_style="llama"),
+    "qwen3": dict(qkv_bias="flag", qk_norm="head", norms=("pre_attn", "pre_mlp"), norm_style="llama"),
+    "gemma3_text": dict(qkv_bias="flag", qk_norm="head", norms=("pre_attn", "post_attn", "pre_mlp", "post_mlp"),
+                        norm_style="gemma"),
+    "gemma2": dict(qkv_bias="flag", qk_norm=None, norms=("pre_attn", "post_attn", "pre_mlp", "post_mlp"),
+                   norm_style="gemma"),
+    "olmo2": dict(qkv_bias="flag", qk_norm="full", norms=("post_attn", "post_mlp"), norm_style="olmo"),
+}
+
+BLOCK_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """The fields of a causal-LM config that decide memory and FLOPs."""
+
+    name: str
+    model_type: str
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_embeddings: bool
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), compare=False, hash=False,
+                                      repr=False)
+    exact_params: int | None = field(default=None, compare=False)   # set when counted by transformers (fallback)
+
+    # ---- structure -------------------------------------------------------------------------------------------
+    @property
+    def family(self) -> dict[str, Any]:
+        return _FAMILIES.get(self.model_type, _FAMILIES["llama"])
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def linear_shapes(self) -> dict[str, tuple[int, int, bool]]:
+        """(in_features, out_features, has_bias) of each linear layer in one decoder block."""
+        h, i = self.hidden_size, self.intermediate_size
+        fam = self.family
+        qkv_b = True if fam["qkv_bias"] == "qkv" else self.attention_bias
+        o_b = False if fam["qkv_bias"] == "qkv" else self.attention_bias
+        return {
+            "q_proj": (h, self.q_dim, qkv_b),
+            "k_proj": (h, self.kv_dim, qkv_b),
+            "v_proj": (h, self.kv_dim, qkv_b),
+            "o_proj": (self.q_dim, h, o_b),
+            "gate_proj": (h, i, self.mlp_bias),
+            "up_proj": (h, i, self.mlp_bias),
+            "down_proj": (i, h, self.mlp_bias),
+        }
+
+    def block_linear_params(self) -> int:
+        return sum(a * b + (b if bias else 0) for a, b, bias in self.linear_shapes().values())
+
+    def block_norm_params(self) -> int:
+        fam = self.family
+        n = len(fam["norms"]) * self.hidden_size
+        if fam["qk_norm"] == "head":
+            n += 2 * self.head_dim
+        elif fam["qk_norm"] == "full":
+            n += self.q_dim + self.kv_dim
+        return n
+
+    def block_params(self) -> int:
+        return self.block_linear_params() + self.block_norm_params()
+
+    def block_tensor_count(self) -> int:
+        """Parameter tensors in one block (weights, biases, norm weights): optimizers keep per-tensor state."""
+        n = sum(2 if bias else 1 for _, _, bias in self.linear_shapes().values())
+        n += len(self.family["norms"]) + (2 if self.family["qk_norm"] else 0)
+        return n
+
+    @property
+    def tensor_count(self) -> int:
+        return 1 + self.num_layers * self.block_tensor_count() + 1 + (0 if self.tie_embeddings else 1)
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        return 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
+
+    @property
+    def params(self) -> int:
+        """Exact parameter count, tied embeddings counted once."""
+        if self.exact_params is not None:
+            return self.exact_params
+        return (self.embedding_params + self.num_layers * self.block_params() + self.hidden_size
+                + self.lm_head_params)
+
+    @property
+    def largest_gather_params(self) -> int:
+        """The largest unit ZeRO-3/FSDP gathers at once: a decoder block or the (un)tied embedding matrix."""
+        return max(self.block_params(), self.embedding_params)
+
+    def lora_params(self, rank: int, targets: tuple[str, ...] | None = None) -> int:
+        """Exact LoRA trainable count: r·(in+out) per adapted linear, over all blocks."""
+        shapes = self.linear_shapes()
+        targets = tuple(targets) if targets else BLOCK_LINEARS
+        unknown = [t for t in targets if t not in shapes]
+        if unknown:
+            raise ScaletrainError(
+                f"unknown LoRA target(s) {', '.join(unknown)}; accepted: {', '.join(BLOCK_LINEARS)}")
+        per_block = sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
+        return per_block * self.num_layers
+
+    def targeted_linear_params(self, targets: tuple[str, ...] | None = None) -> int:
+        """Weights (no bias) of the targeted linears: what QLoRA quantizes and LoRA freezes."""
+        shapes = self.linear_shapes()
+        targets = tuple(targets) if targets else BLOCK_LINEARS
+        return self.num_layers * sum(shapes[t][0] * shapes[t][1] for t in targets)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "model_type": self.model_type, "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size, "num_layers": self.num_layers,
+            "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size, "tie_embeddings": self.tie_embeddings, "params": self.params,
+        }
+
+
+# ---- loading ---------------------------------------------------------------------------------------------------
+def _text_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Multimodal configs (Gemma 3) keep the language model under text_config."""
+    cfg = dict(cfg)
+    if "text_config" in cfg and isinstance(cfg["text_config"], dict) and "hidden_size" not in cfg:
+        text = dict(cfg["text_config"])
+        text.setdefault("model_type", str(cfg.get("model_type", "")) + "_text")
+        text.setdefault("tie_word_embeddings", cfg.get("tie_word_embeddings", True))
+        return text
+    return cfg
+
+
+_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+
+
+def arch_from_config(cfg: Mapping[str, Any], name: str) -> ModelArch:
+    """Build a ModelArch from a config.json dict; raise ScaletrainError for anything that is not a causal LM."""
+    cfg = _text_config(cfg)
+    missing = [k for k in _REQUIRED if k not in cfg]
+    if missing:
+        raise ScaletrainError(
+            f"{name} is not a causal-LM config.json (missing {', '.join(missing)}); "
+            "give a catalog id (scaletrain models), a config.json, or a folder holding one")
+    model_type = str(cfg.get("model_type", "llama"))
+    try:
+        h = int(cfg["hidden_size"])
+        heads = int(cfg["num_attention_heads"])
+        kv = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or h // heads)
+        inter = int(cfg.get("intermediate_size") or 4 * h)
+        arch = ModelArch(
+            name=name, model_type=model_type, hidden_size=h, intermediate_size=inter,
+            num_layers=int(cfg["num_hidden_layers"]), num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
+            vocab_size=int(cfg["vocab_size"]),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", model_type in ("gemma3_text", "gemma2"))),
+            attention_bias=bool(cfg.get("attention_bias", False)), mlp_bias=bool(cfg.get("mlp_bias", False)),
+            config=MappingProxyType(dict(cfg)),
+        )
+    except (TypeError, ValueError) as e:
+        raise ScaletrainError(f"{name}: config.json has a non-numeric size field ({e})") from None
+    if min(arch.hidden_size, arch.num_layers, arch.num_heads, arch.vocab_size, arch.intermediate_size) <= 0:
+        raise ScaletrainError(f"{name}: config.json sizes must be positive")
+    if model_type not in _FAMILIES:
+        arch = _count_with_transformers(arch)
+    return arch
+
+
+def _count_with_transformers(arch: ModelArch) -> ModelArch:
+    """Exact count for families without an analytic layout: build on the meta device (needs torch)."""
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+    except ImportError:
+        raise ScaletrainError(
+            f"model_type {arch.model_type!r} has no built-in layout (known: {', '.join(sorted(_FAMILIES))}); "
+            "install the 'train' extra to count it with transformers") from None
+    cfg = dict(arch.config)
+    try:
+        conf = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(conf)
+        model.tie_weights()
+    except Exception as e:
+        raise ScaletrainError(f"transformers cannot build {arch.name} ({arch.model_type}): {e}") from None
+    n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    from dataclasses import replace
+    return replace(arch, exact_params=int(n))
+
+
+@lru_cache(maxsize=None)
+def _catalog_index() -> dict[str, Path]:
+    out = {}
+    for p in sorted(CATALOG_DIR.glob("*.json")):
+        out[p.stem.replace("--", "/").lower()] = p
+    return out
+
+
+def catalog_ids() -> list[str]:
+    return [json.loads(p.read_text())["id"] for p in _catalog_index().values()]
+
+
+@lru_cache(maxsize=None)
+def catalog_entry(model_id: str) -> dict[str, Any] | None:
+    key = model_id.lower().strip()
+    idx = _catalog_index()
+    path = idx.get(key)
+    if path is None:  # forgiving: "Qwen3-4B" without the org
+        hits = [p for k, p in idx.items() if k.split("/")[-1] == key]
+        path = hits[0] if len(hits) == 1 else None
+    return json.loads(path.read_text()) if path else None
+
+
+def _hf_cache_config(model_id: str) -> Path | None:
+    """Find <cache>/models--org--name/snapshots/*/config.json without touching the network."""
+    roots = []
+    if os.environ.get("HF_HUB_CACHE"):
+        roots.append(Path(os.environ["HF_HUB_CACHE"]))
+    if os.environ.get("HF_HOME"):
+        roots.append(Path(os.environ["HF_HOME"]) / "hub")
+    roots.append(Path.home() / ".cache" / "huggingface" / "hub")
+    folder = "models--" + model_id.replace("/", "--")
+    for root in roots:
+        snaps = root / folder / "snapshots"
+        if snaps.is_dir():
+            cands = sorted(snaps.glob("*/config.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+            if cands:
+                return cands[0]
+    return None
+
+
+def load_model(spec: str) -> ModelArch:
+    """Resolve --model: catalog id, config.json path, folder with config.json, or a local HF cache id."""
+    if not spec or not spec.strip():
+        raise ScaletrainError("--model is empty; give a catalog id (see `scaletrain models`) or a config.json path")
+    entry = catalog_entry(spec)
+    if entry is not None:
+        return arch_from_config(entry["config"], entry["id"])
+    p = Path(spec).expanduser()
+    if p.exists():
+        if p.is_dir():
+            p = p / "config.json"
+            if not p.exists():
+                raise ScaletrainError(f"{spec} is a folder without a config.json")
+        try:
+            cfg = json.loads(p.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ScaletrainError(f"{spec} is not a JSON config.json ({e.__class__.__name__})") from None
+        if not isinstance(cfg, dict):
+            raise ScaletrainError(f"{spec} is not a config.json object")
+        name = p.parent.name if p.name == "config.json" else p.stem
+        return arch_from_config(cfg, name)
+    cached = _hf_cache_config(spec)
+    if cached is not None:
+        return arch_from_config(json.loads(cached.read_text()), spec)
+    raise ScaletrainError(
+        f"unknown model {spec!r}: not in the catalog ({len(_catalog_index())} models, `scaletrain models`), "
+        "not a path, and not in the local HF cache")

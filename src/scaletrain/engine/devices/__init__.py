@@ -1,0 +1,1 @@
+"""Local devices: what NVML sees, and the planned Hardware it becomes."""

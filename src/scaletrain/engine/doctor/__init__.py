@@ -1,0 +1,1 @@
+"""The failure doctor: log signatures, the first failure of a dead run, its summary, and the fixes to offer."""

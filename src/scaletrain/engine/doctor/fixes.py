@@ -1,0 +1,149 @@
+"""What to do about a diagnosed failure: the planner's memory remedies for an OOM, known fixes (environment,
+config files, host memory, precision) for the rest, each with the numbers of the plan it leads to."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scaletrain.engine.doctor.summary import FRAGMENTATION_HINT_FRACTION, Diagnosis
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.plan.plan import Plan
+from scaletrain.engine.plan.planner import make_plan
+from scaletrain.engine.plan.remedies import Remedy, rank_remedies
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.run.plan_document import PlanDocument
+from scaletrain.engine.units import fmt_bytes
+from scaletrain.engine.vocabulary import Offload
+
+# PyTorch's own advice for a fragmented pool (its OOM message); torch 2.13 reads this spelling too.
+EXPANDABLE_SEGMENTS_ENV = {"env.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+# NCCL verbose log and flight-recorder dump: what finds the rank a timed-out collective was waiting for.
+NCCL_DEBUG_ENV = {"env.NCCL_DEBUG": "INFO", "env.TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                  "env.TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
+# Longer collective timeout for slow-but-alive steps (checkpoint saves, first-step compilation); DeepSpeed reads
+# DEEPSPEED_TIMEOUT in minutes (deepspeed/constants.py default_pg_timeout, default 10 in 0.19.8).
+NCCL_TIMEOUT_MINUTES = 30
+
+
+def remedies_for(diag: Diagnosis, doc: PlanDocument | None) -> list[Remedy]:
+    """Ranked remedies: the planner's for OOMs, known fixes (with the plan's numbers) for the rest."""
+    req: PlanRequest | None = None
+    plan: Plan | None = None
+    if doc is not None:
+        try:
+            req, plan = doc.replan()
+        except ScaletrainError:
+            req = plan = None
+    k = diag.kind
+    if k in ("cuda_oom", "cuda_oom_zero3_gather"):
+        out = _planner_remedies(plan, diag) if plan is not None else []
+        if k == "cuda_oom_zero3_gather":
+            out.append(_known("lower ZeRO-3 gather buffers (stage3_prefetch_bucket_size, stage3_max_live_parameters)",
+                              {}, plan, applicable=False,
+                              why="DeepSpeed's advice for an OOM inside the parameter all-gather; edit ds_config.json"))
+        frag = diag.details.get("reserved_unallocated_bytes", 0)
+        if frag and frag / max(1, frag + diag.details.get("allocated_bytes", 0)) >= FRAGMENTATION_HINT_FRACTION:
+            out.append(_known("reduce allocator fragmentation (expandable segments)", dict(EXPANDABLE_SEGMENTS_ENV),
+                              plan, why="PyTorch's advice when reserved-but-unallocated memory is large"))
+        return out
+    if k == "host_oom":
+        return _host_oom_remedies(req, plan)
+    if k == "nccl_timeout":
+        out = [_known(f"raise the collective timeout to {NCCL_TIMEOUT_MINUTES} min",
+                      {"env.DEEPSPEED_TIMEOUT": str(NCCL_TIMEOUT_MINUTES)}, plan,
+                      why="for slow but healthy steps (checkpoint saves, first-step compilation)"),
+               _known("find the stalled rank (NCCL debug log + flight recorder dump)", dict(NCCL_DEBUG_ENV), plan,
+                      why="the rank that timed out is usually waiting on another rank")]
+        if plan is not None and plan.setup.hardware.gpu.interconnect.lower().startswith("pcie"):
+            out.append(_known("disable NCCL peer-to-peer on PCIe cards", {"env.NCCL_P2P_DISABLE": "1"}, plan,
+                              why="P2P over PCIe without NVLink hangs on some consumer boards"))
+        return out
+    if k == "nccl_error":
+        out = []
+        last = str(diag.details.get("last_error", "")) + str(diag.details.get("error", ""))
+        if "shm" in last or "shared memory" in last:
+            out.append(_known("enlarge /dev/shm (docker --ipc=host or --shm-size=16g)", {}, plan, applicable=False,
+                              why="NCCL could not attach its shared-memory segment"))
+        out.append(_known("rerun with NCCL debug logging", dict(NCCL_DEBUG_ENV), plan,
+                          why="NCCL names the failing call and transport in its INFO log"))
+        if plan is not None and plan.setup.hardware.nodes > 1:
+            out.append(_known("test without InfiniBand (NCCL_IB_DISABLE=1; then set NCCL_SOCKET_IFNAME)",
+                              {"env.NCCL_IB_DISABLE": "1"}, plan, why="multi-node: wrong interface or broken IB"))
+        out.append(_known("disable NCCL peer-to-peer", {"env.NCCL_P2P_DISABLE": "1"}, plan,
+                          why="rules out a P2P/IOMMU problem on this board"))
+        return out
+    if k == "fp16_overflow":
+        return _fp16_remedies(req, plan, doc)
+    if k == "config_error":
+        return [_known("rewrite the run's configs from the plan (scaletrain writers)", {}, plan,
+                       why="a hand-edited or stale accelerate/DeepSpeed config was rejected")]
+    return []
+
+
+def _known(title: str, changes: dict[str, Any], plan: Plan | None, *, applicable: bool = True, why: str = "",
+           base: Plan | None = None) -> Remedy:
+    """A known fix, carrying the numbers of the plan it leads to (the current plan when only env/files change)."""
+    if plan is None:
+        return Remedy(title, changes, None, None, None, None, None, None, kind="known", detail=why,
+                      applicable=applicable)
+    t = plan.time
+    keeps = plan.setup.effective_batch == base.setup.effective_batch if base is not None else True
+    return Remedy(title, changes, plan, plan.memory.total_bytes, t.step_seconds if t is not None else None,
+                  plan.setup.effective_batch, keeps, plan.fits, kind="known", detail=why, applicable=applicable)
+
+
+def _planner_remedies(plan: Plan, diag: Diagnosis | None) -> list[Remedy]:
+    return rank_remedies(plan, diag.failure_dict() if diag is not None else None)
+
+
+def _try_plan(req: PlanRequest | None, plan: Plan, **changes: Any) -> Plan | None:
+    if req is None:
+        return None
+    try:
+        return make_plan(req.with_(**changes), hardware=plan.setup.hardware)
+    except ScaletrainError:
+        return None
+
+
+def _host_oom_remedies(req: PlanRequest | None, plan: Plan | None) -> list[Remedy]:
+    if plan is None:
+        return [_known("give the job more host RAM", {}, None, applicable=False, why="SLURM: --mem")]
+    s = plan.setup
+    out: list[Remedy] = []
+    if s.device == "cpu":
+        # on a CPU run host memory is the device memory: the planner's memory remedies are the fixes
+        out += _planner_remedies(plan, None)
+    for off in [o for o in reversed(Offload) if o.rank < s.offload.rank]:      # offload less, most first
+        p = _try_plan(req, plan, offload=off)
+        if p is not None:
+            host = p.memory.host_bytes_per_gpu * s.hardware.gpus_per_node
+            out.append(_known(f"offload {'only the optimizer' if off == 'optimizer' else 'nothing'} "
+                              f"({fmt_bytes(host)} host RAM per node)", {"offload": off}, p, base=plan,
+                              why="offloaded states live in pinned host RAM"))
+    need = plan.memory.host_bytes_per_gpu * s.hardware.gpus_per_node
+    out.append(_known("give the job more host RAM" + (f" (offloaded states alone: {fmt_bytes(need)} per node)"
+                                                      if need else ""), {}, plan, applicable=False,
+                      why="SLURM: --mem; containers: raise the memory limit"))
+    if s.offload != "none":
+        out.append(_known("stop pinning offloaded memory (pin_memory: false in ds_config.json)", {}, plan,
+                          applicable=False, why="pinned pages cannot be swapped out"))
+    return out
+
+
+def _fp16_remedies(req: PlanRequest | None, plan: Plan | None, doc: PlanDocument | None) -> list[Remedy]:
+    if plan is None:
+        return [_known("train in bf16 (no loss scaling)", {"precision": "bf16"}, None)]
+    out: list[Remedy] = []
+    if plan.setup.hardware.gpu.supports_bf16 and plan.setup.precision != "bf16":
+        p = _try_plan(req, plan, precision="bf16")
+        if p is not None:
+            out.append(_known("train in bf16 (no loss scaling needed)", {"precision": "bf16"}, p, base=plan,
+                              why="bf16 has fp32's exponent range"))
+    lr = doc.train_lr if doc is not None else None
+    if lr:
+        out.append(_known(f"halve the learning rate ({lr:g} → {lr / 2:g})", {"train.lr": lr / 2}, plan, base=plan,
+                          why="a diverging run overflows at every loss scale"))
+    p = _try_plan(req, plan, precision="fp32")
+    if p is not None:
+        out.append(_known("train in fp32", {"precision": "fp32"}, p, base=plan, why="no overflow, more memory"))
+    return out

@@ -1,0 +1,247 @@
+"""What a step keeps for backward, per micro-batch: each decoder block's saved tensors, and what lives outside the
+blocks (rotary tables, the final norm, lm_head's inputs, the cross-entropy over the vocabulary)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scaletrain.engine.model.numerics import Numerics, numerics
+from scaletrain.engine.model.setup import TrainingSetup
+
+
+@dataclass(frozen=True)
+class LayerActivations:
+    """Bytes one decoder block keeps for backward, split at the attention/MLP boundary.
+
+    Backward runs the MLP half first and frees its tensors before the attention half runs, so the block's
+    backward peak is max(everything + MLP-gradient temporaries, attention half + attention temporaries).
+    `weight_copies` are the 16-bit copies of fp32 weights autocast makes for this block (saved for backward).
+    """
+
+    saved_attn: int      # norms, what the q/k/v readers keep, q/k/v, attention output, softmax (eager)
+    saved_mlp: int       # norms, what gate/up keep, the four B·S·I MLP tensors (three under LoRA + the adapter's)
+    fwd_transient: int   # extra bytes alive while the block runs forward
+    mlp_bwd_transient: int
+    attn_bwd_transient: int
+    weight_copies: int = 0
+    cached_copies: int = 0   # the part autocast's cache holds until forward returns (trainable fp32 weights)
+
+    @property
+    def saved(self) -> int:
+        return self.saved_attn + self.saved_mlp
+
+    @property
+    def bwd_peak(self) -> int:
+        """Peak bytes of this block's own tensors during its backward (saved + gradient temporaries)."""
+        return max(self.saved + self.mlp_bwd_transient, self.saved_attn + self.attn_bwd_transient)
+
+
+def _norm_saved(width: int, rows: int, in_bytes: int, trainable: bool, style: str) -> int:
+    """Per token: what one RMSNorm over `width` saves for backward (transformers' RMSNorm modules).
+
+    Its input in fp32 (the input itself when it is fp32 already, else an upcast copy) and 1/rms per row; when its
+    weight trains, also the normalized value the weight multiplies: `weight * y.to(input dtype)` (Llama, Qwen,
+    Mistral) or fp32 y (OLMo 2's `(weight * y).to(dtype)`, Gemma's `y * (1 + weight)`).
+    """
+    out = 4 * width + 4 * rows
+    if trainable:
+        out += in_bytes * width if style == "llama" else 4 * width
+    return out
+
+
+def _reader_saved(width: int, src_bytes: int, readers: int, adapted: int, nm: Numerics, full: bool,
+                  shared_with_attention: bool = False) -> int:
+    """Per token: what the linears reading one tensor of `width` (`src_bytes` per element) save of it.
+
+    Full fine-tuning: each weight gradient needs the input. Under autocast an fp32 input is cast per linear (one
+    16-bit copy each); otherwise all readers share the tensor (`shared_with_attention`: sdpa already keeps it).
+    LoRA: frozen base linears save nothing of their input (torch saves only what a needed gradient reads); each
+    adapter saves what lora_A multiplies: its own 16-bit cast under autocast, else PEFT's cast to the adapter
+    dtype (a no-op, so one shared tensor, when the dtypes already agree).
+    """
+    if full:
+        if nm.autocast and src_bytes == 4:
+            return readers * 2 * width
+        return 0 if shared_with_attention else src_bytes * width
+    if adapted == 0:
+        return 0
+    if nm.autocast:
+        return adapted * 2 * width
+    if src_bytes == nm.adapter:
+        return 0 if shared_with_attention else src_bytes * width
+    return adapted * nm.adapter * width
+
+
+def block_activations(s: TrainingSetup, micro_batch: int | None = None) -> LayerActivations:
+    """Tensors one HF decoder block (Llama/Qwen/Mistral/Gemma/OLMo 2 layout) saves for backward, per micro-batch.
+
+    Per token: each RMSNorm's fp32 input and 1/rms (+ the normalized value when its weight trains), what the
+    linears keep of their inputs (see _reader_saved), q/k/v as attention receives them (sdpa/flash keep k and v at
+    the kv-head width and an fp32 log-sum-exp; eager repeats k and v to all heads and keeps the fp32 softmax and its
+    16-bit cast), the attention output, and the MLP's gate, up, act(gate) and act·up. LoRA adds each adapter's
+    rank-r intermediate. Checked byte for byte against torch's saved-tensor hooks (tests/test_memory_saved.py).
+    """
+    m = s.model
+    nm = numerics(s)
+    b = micro_batch or s.micro_batch
+    t = b * s.seq_len
+    S = s.seq_len
+    h, i, qd, kvd = m.hidden_size, m.intermediate_size, m.q_dim, m.kv_dim
+    nh, nkv = m.num_heads, m.num_kv_heads
+    c, r = nm.compute, nm.residual
+    fam = m.family
+    style = fam.get("norm_style", "llama")
+    full = s.method == "full"
+    targets = set() if full else set(s.lora_targets)
+
+    def n_adapted(*names: str) -> int:
+        return sum(1 for x in names if x in targets)
+
+    def adapter_out(*names: str) -> int:
+        return n_adapted(*names) * s.lora_rank * (2 if nm.autocast else nm.adapter)
+
+    # -- attention half (per token) ------------------------------------------------------------------------------
+    attn = 0
+    if "pre_attn" in fam["norms"]:
+        attn += _norm_saved(h, 1, r, full, style)
+    attn += _reader_saved(h, r, 3, n_adapted("q_proj", "k_proj", "v_proj"), nm, full)
+    qk = fam["qk_norm"]
+    if qk:
+        qk_style = "gemma" if style == "gemma" else ("olmo" if style == "olmo" else "llama")
+        rows_q, rows_k = (nh, nkv) if qk == "head" else (1, 1)
+        attn += _norm_saved(qd, rows_q, c, full, qk_style) + _norm_saved(kvd, rows_k, c, full, qk_style)
+    if s.attn == "eager":
+        # q, k and v repeated to every head, fp32 softmax (+ its 16-bit cast), the transposed output for o_proj
+        attn += 3 * c * qd + nh * S * (4 + (c if c < 4 else 0))
+        attn += _reader_saved(qd, c, 1, n_adapted("o_proj"), nm, full)
+    else:
+        attn += c * (qd + 2 * kvd) + 4 * nh + c * qd       # q, k, v, fp32 log-sum-exp, output (o_proj's input)
+        attn += _reader_saved(qd, c, 1, n_adapted("o_proj"), nm, full, shared_with_attention=True)
+    windowed = sliding_layers(s)
+    if windowed and s.attn != "eager":
+        # a sliding-window layer passes sdpa a mask, so transformers repeats k and v to every head
+        # (integrations/sdpa_attention.py use_gqa_in_sdpa): the extra width, averaged over the blocks
+        attn += windowed * 2 * c * (qd - kvd) // m.num_layers
+    attn += adapter_out("q_proj", "k_proj", "v_proj", "o_proj")
+    if "post_attn" in fam["norms"]:
+        attn += _norm_saved(h, 1, c, full, style)
+
+    # -- MLP half (per token) -------------------------------------------------------------------------------------
+    mlp = 0
+    if "pre_mlp" in fam["norms"]:
+        mlp += _norm_saved(h, 1, r, full, style)
+    mlp += _reader_saved(h, r, 2, n_adapted("gate_proj", "up_proj"), nm, full)
+    mb = nm.mlp_bytes
+    mlp += 3 * mb * i                                    # gate (act input), up, act(gate)
+    mlp += mb * i if full else _reader_saved(i, mb, 1, n_adapted("down_proj"), nm, full)   # act·up for down_proj
+    mlp += adapter_out("gate_proj", "up_proj", "down_proj")
+    if "post_mlp" in fam["norms"]:
+        mlp += _norm_saved(h, 1, c, full, style)
+
+    # -- per block, independent of tokens --------------------------------------------------------------------------
+    const = 0
+    if style == "gemma":   # each norm keeps its fp32 (1 + weight)
+        const += 4 * h * len(fam["norms"]) + (8 * m.head_dim if qk == "head" else 0)
+    copies, cached = weight_copies_bytes(s)
+
+    s2 = b * nh * S * S   # attention score elements
+    # forward: eager holds the raw scores and the masked scores (fp32) while softmax runs
+    fwd_t = 2 * s2 * 4 if s.attn == "eager" else t * i * mb
+    # backward: gradients of the B·S·I intermediates; eager's softmax input/output gradients (2 × B·heads·S²);
+    # sdpa's gradients of q, k, v (CPU kernels) or FlashAttention-2's (CUDA, see _flash_backward_bytes)
+    mlp_bwd_t = 2 * t * i * mb
+    if s.attn == "eager":
+        attn_bwd_t = 2 * s2 * 4
+    elif s.device == "cuda":
+        attn_bwd_t = t * _flash_backward_bytes(s, c)
+    else:
+        attn_bwd_t = 3 * t * qd * c
+    if nm.trainable_copies:   # the 16-bit weight gradient of the largest linear before its fp32 conversion
+        mlp_bwd_t += c * max(a * o for a, o, _ in m.linear_shapes().values())
+    return LayerActivations(t * attn + const, t * mlp, fwd_t, mlp_bwd_t, attn_bwd_t, copies, cached)
+
+
+def sliding_layers(s: TrainingSetup) -> int:
+    """Blocks whose attention is windowed at this sequence length (Gemma 3's local layers, Mistral v0.1): they
+    need an explicit mask once the sequence is longer than the window."""
+    cfg = s.model.config
+    window = cfg.get("sliding_window")
+    if not window or s.seq_len <= int(window):
+        return 0
+    types = cfg.get("layer_types")
+    if types:
+        return sum(1 for x in types if x == "sliding_attention")
+    if s.model.model_type == "mistral" or cfg.get("use_sliding_window"):
+        return s.model.num_layers
+    return 0
+
+
+def _flash_backward_bytes(s: TrainingSetup, c: int) -> int:
+    """Per token: what FlashAttention-2's backward allocates (flash_api.cpp mha_bwd, used by torch's sdpa on CUDA).
+
+    dq, dk, dv (dk/dv at all heads when kv heads are shared, then summed to the kv width), the fp32 dq accumulator
+    and the fp32 softmax row sums.
+    """
+    m = s.model
+    qd, kvd, nh = m.q_dim, m.kv_dim, m.num_heads
+    grads = c * 3 * qd + (c * 2 * kvd if m.num_kv_heads < nh else 0)
+    return grads + 4 * qd + 4 * nh
+
+
+def weight_copies_bytes(s: TrainingSetup) -> tuple[int, int]:
+    """16-bit copies of one block's fp32 weights that autocast makes per forward and backward keeps: (all, cached).
+
+    Trainable fp32 weights (full fine-tuning under accelerate's mixed precision) are cast once per forward and
+    cached until forward returns; frozen fp32 base linears (LoRA on an fp32 base) are cast at every call and
+    not cached (torch caches only leaves that require grad); PEFT's fp32 adapters under autocast are cached.
+    """
+    nm = numerics(s)
+    block_w = sum(a * o for a, o, _ in s.model.linear_shapes().values())
+    cached = 2 * block_w if nm.trainable_copies else 0
+    if s.method != "full" and nm.autocast and nm.adapter == 4:
+        cached += 2 * s.trainable_params // max(s.model.num_layers, 1)
+    return cached + (2 * block_w if nm.frozen_copies else 0), cached
+
+
+def outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> dict[str, int]:
+    """What the step keeps outside the decoder blocks, per micro-batch.
+
+    `shared`: rotary cos/sin (one set; Gemma 3 has a local and a global one), the token ids and a sliding-window
+    mask; `final`: the final norm and what lm_head keeps of its input, plus autocast's 16-bit copy of an fp32
+    lm_head; `labels`: the shifted labels cross-entropy keeps (int64).
+    """
+    m = s.model
+    nm = numerics(s)
+    b = micro_batch or s.micro_batch
+    t = b * s.seq_len
+    h = m.hidden_size
+    full = s.method == "full"
+    style = m.family.get("norm_style", "llama")
+    rope_sets = 2 if m.model_type == "gemma3_text" else 1
+    shared = rope_sets * 2 * t * m.head_dim * nm.residual + 8 * t
+    window_mask = b * s.seq_len * s.seq_len * nm.compute if (s.attn != "eager" and sliding_layers(s)) else 0
+    final = t * _norm_saved(h, 1, nm.residual, full, style)
+    if full:
+        final += t * _reader_saved(h, nm.residual, 1, 0, nm, True)
+    if nm.trainable_copies or nm.fp32_head:
+        final += 2 * m.vocab_size * h
+    # the window mask sdpa keeps for backward (cast to the q dtype): through backward without checkpointing, with
+    # it only while a block is recomputed
+    return {"shared": shared + (0 if s.grad_ckpt else window_mask), "final": final, "labels": 8 * t,
+            "window_mask": window_mask}
+
+
+def logits_bytes(s: TrainingSetup, micro_batch: int | None = None) -> dict[str, int]:
+    """Cross-entropy over the vocabulary, as transformers' ForCausalLMLoss runs it.
+
+    lm_head writes B·S·V logits in the compute dtype; the loss upcasts them to fp32 (a copy under 16-bit) and
+    log_softmax keeps its fp32 output for backward. Backward then holds that output, its incoming gradient and
+    the gradient it produces: three fp32 B·S·V tensors at once.
+    """
+    b = micro_batch or s.micro_batch
+    tv = b * s.seq_len * s.model.vocab_size
+    c = numerics(s).compute
+    saved = 4 * tv                                   # log_softmax output
+    fwd = c * tv + (4 * tv if c == 2 else 0)         # logits (+ fp32 copy) while log_softmax runs
+    bwd = 4 * tv + 4 * tv                            # grad of log_softmax output, grad of its input
+    return {"saved": saved, "forward_transient": fwd, "backward_transient": bwd}

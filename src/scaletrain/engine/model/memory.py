@@ -1,0 +1,224 @@
+"""Per-GPU memory model, readable top to bottom.
+
+The peak of a training step is the largest of a few moments, not the sum of every buffer ever allocated:
+
+  forward      model states + activations saved so far + the layer being computed
+  loss         ... + logits and the fp32 log-softmax of cross-entropy (the spike hand guides miss)
+  backward     ... all activations still saved + the cross-entropy gradient (3 fp32 B·S·V tensors), then
+               activations are freed layer by layer while gradients appear
+  step         model states + gradients + the optimizer's temporaries
+
+The parts, in reading order: numerics.py says which dtype every tensor has in the launched stack; states.py the
+weights, optimizer states and gradients per GPU; activations.py lists, per token, what one decoder block saves for
+backward under those dtypes (checked byte for byte against torch's saved-tensor hooks on CPU,
+tests/test_memory_saved.py) and what lives outside the blocks. Here, `simulate_step` walks the moments above for
+one micro-batch and `estimate_memory` reports the breakdown at the peak, plus CUDA context, workspaces and the
+allocator reserve. Every term is named after what it is; every constant says where it came from.
+Ground truth: tests/test_memory_groundtruth.py compares whole steps against torch.profiler on CPU, and
+bench/results/h100-2026-11-23.json against torch.cuda.max_memory_allocated on an H100.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scaletrain.engine.model.activations import (LayerActivations, block_activations, logits_bytes,  # noqa: F401
+                                                 outside_blocks, sliding_layers, weight_copies_bytes)
+from scaletrain.engine.model.breakdown import MemoryBreakdown
+from scaletrain.engine.model.numerics import Numerics, autocast_regime, numerics, uses_deepspeed  # noqa: F401
+from scaletrain.engine.model.setup import TrainingSetup
+from scaletrain.engine.model.states import (DS_ALLGATHER_BUCKET_ELEMS, DS_PREFETCH_BUCKET_ELEMS,  # noqa: F401
+                                            DS_REDUCE_BUCKET_ELEMS, DS_SUB_GROUP_ELEMS, ModelStates, model_states,
+                                            optimizer_state_bytes_per_param)
+
+# ---- constants (each one named, sourced, and overridable by calibration later) --------------------------------
+GiB = 1024**3
+MiB = 1024**2
+
+# CUDA context + module images created by the first kernels, torch 2.x with lazy module loading: not in
+# torch.cuda.max_memory_allocated, only in nvidia-smi / NVML. HF model-memory-anatomy doc: 1.3 GB on V100 with
+# eager loading; ~0.5 GiB on A100/H100 with lazy loading. The H100 run of 2026-11-23 saw 483 MiB in use before the
+# first step (../shared/measurements/h100-2026-11-23/e2e-monitor-headless.txt). Calibrated by `validate --save`.
+CUDA_CONTEXT_BYTES = 512 * MiB
+# NCCL communicator buffers per process when world > 1 (NCCL_BUFFSIZE 4 MiB × channels × peers, order 100s MiB).
+NCCL_BUFFER_BYTES = 256 * MiB
+# Caching-allocator reserve above the allocated peak (cached free blocks, fragmentation). On the H100
+# (accuracy-sweep.json, max_memory_reserved / max_memory_allocated − 1): 4-19 % with plain PyTorch (median 10 %),
+# 25-41 % with DeepSpeed, on a card with room to spare: the allocator grows its cache rather than search it while
+# cudaMalloc succeeds, and frees cached blocks and retries before it reports an OOM, so reserved memory overstates
+# what a run needs. We plan with the plain-PyTorch median; `validate --save` stores the measured value.
+ALLOCATOR_RESERVE_FRACTION = 0.10
+# cuBLAS workspace, allocated through torch's caching allocator (so inside max_memory_allocated) once per
+# (thread, stream) handle: torch sets CUBLAS_WORKSPACE_CONFIG ":4096:8" (32 MiB) on Hopper and newer and
+# ":4096:2:16:8" (~8 MiB) before (aten/src/ATen/cuda/CublasHandlePool.cpp). Forward runs on the Python thread,
+# backward on autograd's device thread: two handles.
+CUBLAS_WORKSPACE_BYTES = {"hopper": 32 * MiB, "blackwell": 32 * MiB}
+CUBLAS_WORKSPACE_BYTES_OLDER = 8 * MiB + 128 * 1024
+CUBLAS_HANDLES = 2
+
+
+# ---- the step, moment by moment --------------------------------------------------------------------------------
+def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str, Any]:
+    """Walk one (last) micro-step and the optimizer step; return the peak of each phase and the peak's parts."""
+    m = s.model
+    nm = numerics(s)
+    b = micro_batch or s.micro_batch
+    t = b * s.seq_len
+    c = nm.compute
+    ms = model_states(s)
+    layer = block_activations(s, b)
+    lg = logits_bytes(s, b)
+    out = outside_blocks(s, b)
+    n = s.world_size
+    L = m.num_layers
+    V, h = m.vocab_size, m.hidden_size
+    full = s.method == "full"
+    static = ms.weights + ms.optimizer
+
+    # ZeRO-3 / FSDP: the gathered 16-bit copy of the block being computed plus the prefetched next one;
+    # the embedding matrix is gathered for the lookup and again (tied) for lm_head.
+    if s.strategy in ("zero3", "fsdp") and n > 1:
+        gb = 2 if s.precision != "fp32" else 4
+        blk = m.block_params()
+        prefetch = min(blk, DS_PREFETCH_BUCKET_ELEMS) if s.strategy == "zero3" else blk
+        gather_block = gb * (blk + prefetch)
+        gather_head = gb * (m.embedding_params if m.tie_embeddings else m.vocab_size * m.hidden_size)
+        grad_gather_block = gb * blk if full else 0
+    else:
+        gather_block = gather_head = grad_gather_block = 0
+
+    # what checkpointing keeps per block, and what recomputing one block costs in backward
+    mask = b * s.seq_len * s.seq_len * nm.residual if s.attn == "eager" else 0
+    wcopy = layer.weight_copies
+    if s.grad_ckpt:
+        per_block_saved = t * h * nm.residual
+        recompute = True
+    else:
+        per_block_saved = layer.saved + wcopy
+        recompute = False
+
+    # eager attention: transformers builds one additive causal mask (B×1×S×S, residual dtype) for all blocks;
+    # it lives through backward only when checkpointing saves it as a block input, else until forward returns
+    shared = out["shared"] + (mask if s.grad_ckpt else 0)
+    final = out["final"]
+
+    grads = ms.gradients_persistent
+    parts_at_peak: dict[str, Any] = {}
+    phase_peaks = {"forward": 0, "loss": 0, "backward": 0, "step": 0}
+
+    def mark(phase: str, act: int, logit: int, grad: int, opt_extra: int = 0, gather: int = 0) -> None:
+        total = static + grad + act + logit + opt_extra + gather
+        if total > phase_peaks[phase]:
+            phase_peaks[phase] = total
+        if total > parts_at_peak.get("total", -1):
+            parts_at_peak.update(total=total, phase=phase, activations=act + gather, logits=logit,
+                                 gradients=grad, optimizer_extra=opt_extra)
+
+    # forward: blocks one by one. Under checkpointing, autocast's cache still holds every cast trainable weight
+    # until forward returns (saved copies count in per_block_saved otherwise); the eager mask lives until then too
+    acts = shared
+    cache = 0 if s.grad_ckpt else mask
+    for _ in range(L):
+        mark("forward", acts + cache + layer.fwd_transient, 0, grads, gather=gather_block)
+        acts += per_block_saved
+        cache += layer.cached_copies if recompute else 0
+    acts += final
+    # loss: logits + fp32 copy + log_softmax output while it runs; shifted labels
+    acts += out["labels"]
+    mark("loss", acts + cache, lg["forward_transient"] + lg["saved"], grads, gather=gather_head)
+    # backward through cross-entropy: saved output + its grad + input grad
+    mark("backward", acts, lg["saved"] + lg["backward_transient"], grads, gather=gather_head)
+    # lm_head backward: the logits' gradient (compute dtype) is consumed; the head's weight gradient appears
+    # (16-bit under autocast, then converted to the fp32 gradient)
+    head_grad = 0
+    if full and not (uses_deepspeed(s) and s.precision != "fp32"):
+        head_grad = _grad_share(V * h, s)
+    head_cast = c * V * h if (full and nm.trainable_copies) else 0
+    head_grad_gather = gather_head if full else 0   # ZeRO-3/FSDP: the unsharded lm_head grad
+    if ms.grows_in_backward:
+        mark("backward", acts, c * t * V, grads + head_grad, opt_extra=head_cast,
+             gather=gather_head + head_grad_gather)
+        grads += head_grad
+    else:   # the buffers (accumulation, DDP buckets, DeepSpeed) already hold it
+        mark("backward", acts, c * t * V, ms.gradients_backward, opt_extra=head_cast,
+             gather=gather_head + head_grad_gather)
+        grads = ms.gradients_backward
+    acts -= final + out["labels"]
+    block_grad = _grad_share(m.block_params() if full else s.trainable_params // max(L, 1), s)
+    for _ in range(L):
+        # under checkpointing the block's own tensors (and autocast's weight copies) are recomputed on top of
+        # its saved input
+        below = acts - per_block_saved
+        recomputed = per_block_saved + wcopy + out["window_mask"] if recompute else 0
+        mark("backward", below + recomputed + layer.bwd_peak, 0, grads, gather=gather_block + grad_gather_block)
+        acts -= per_block_saved
+        if ms.grows_in_backward:
+            grads += block_grad
+    grads = max(grads, ms.gradients_backward)
+    # the embedding's backward writes a dense V×h gradient; with tied embeddings autograd adds it to lm_head's,
+    # which waits in the engine's input buffer: out of place (a third V×h tensor) unless lm_head's gradient is a
+    # fresh fp32 copy of autocast's 16-bit one, which the engine may add into (torch/csrc/autograd/input_buffer.cpp)
+    embed_bwd = _grad_share(V * h, s) * (1 if nm.trainable_copies else 2) if (full and m.tie_embeddings) else 0
+    mark("backward", acts, 0, grads, opt_extra=embed_bwd)
+    # optimizer step
+    mark("step", 0, 0, ms.gradients_step, opt_extra=ms.step_temporaries)
+    return {"phase_peaks": phase_peaks, "parts": parts_at_peak, "states": ms}
+
+
+def _grad_share(n_params: int, s: TrainingSetup) -> int:
+    """Gradient bytes a group of parameters adds on this GPU as backward reaches it."""
+    nm = numerics(s)
+    if s.method != "full":
+        return nm.adapter * n_params
+    per = nm.weight
+    if s.strategy in ("zero2", "zero3", "fsdp"):
+        return per * n_params // s.world_size
+    return per * n_params
+
+
+def workspace_bytes(s: TrainingSetup) -> int:
+    """cuBLAS workspaces inside the allocator (see CUBLAS_WORKSPACE_BYTES)."""
+    if s.device == "cpu":
+        return 0
+    per = CUBLAS_WORKSPACE_BYTES.get(s.hardware.gpu.arch, CUBLAS_WORKSPACE_BYTES_OLDER)
+    return CUBLAS_HANDLES * per
+
+
+def overhead_bytes(s: TrainingSetup, allocated_peak: int) -> int:
+    """CUDA context, NCCL buffers and the caching allocator's reserve above the allocated peak."""
+    if s.device == "cpu":
+        return 0
+    from scaletrain.engine.model.calibration import for_setup
+
+    cal = for_setup(s)   # `scaletrain validate --save` measured these on this GPU kind and stack
+    ctx = CUDA_CONTEXT_BYTES + (NCCL_BUFFER_BYTES if s.world_size > 1 else 0)
+    reserve = ALLOCATOR_RESERVE_FRACTION
+    if cal is not None:
+        ctx = cal.context_bytes if cal.context_bytes is not None else ctx
+        reserve = cal.allocator_reserve_fraction if cal.allocator_reserve_fraction is not None else reserve
+    return ctx + int(reserve * allocated_peak)
+
+
+def estimate_memory(s: TrainingSetup, headroom_fraction: float = 0.10,
+                    micro_batch: int | None = None) -> MemoryBreakdown:
+    sim = simulate_step(s, micro_batch)
+    ms: ModelStates = sim["states"]
+    parts = sim["parts"]
+    ws = workspace_bytes(s)
+    allocated = parts["total"] + ws
+    overhead = ws + overhead_bytes(s, allocated)
+    return MemoryBreakdown(
+        weights_bytes=ms.weights,
+        gradients_bytes=parts["gradients"],
+        optimizer_bytes=ms.optimizer + parts["optimizer_extra"],
+        activations_bytes=parts["activations"],
+        logits_bytes=parts["logits"],
+        overhead_bytes=overhead,
+        peak_phase=parts["phase"],
+        capacity_bytes=s.hardware.gpu.memory_bytes,
+        headroom_fraction=headroom_fraction,
+        phase_peaks={k: v + ws for k, v in sim["phase_peaks"].items()} if ws else sim["phase_peaks"],
+        model_states_unsharded_bytes=ms.unsharded,
+        host_bytes_per_gpu=ms.host,
+        workspace_bytes=ws,
+    )

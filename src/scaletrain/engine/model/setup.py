@@ -1,0 +1,174 @@
+"""TrainingSetup: every choice that decides memory and time, validated once, immutable afterwards.
+
+The wizard, presets, `--json` CLI and the planner all build one of these; the estimators read it; nothing
+downstream re-derives a number from raw user input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.catalog.hardware import Hardware
+from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, ModelArch
+from scaletrain.engine.vocabulary import (Attention, Device, MasterWeights, Method, Offload, Optimizer,
+                                          OptimizerImpl, Precision, Strategy, Vocabulary)
+
+BASE_BITS = (4, 8, 16, 32)
+
+
+@dataclass(frozen=True)
+class ResidentModel:
+    """An inference-only model kept on every GPU next to the trained one (reference policy, evaluator)."""
+
+    model: ModelArch
+    bits: int = 16          # 16 (bf16), 8 or 4
+    role: str = "evaluator"
+
+    def weight_bytes(self) -> int:
+        return _quantized_model_bytes(self.model, self.bits)
+
+
+def _quantized_model_bytes(m: ModelArch, bits: int) -> int:
+    """Weights of a frozen model: block linears at `bits`, everything else bf16 (as bitsandbytes leaves it)."""
+    if bits == 16:
+        return 2 * m.params
+    lin = m.targeted_linear_params()
+    rest = m.params - lin
+    return quantized_linear_bytes(lin, bits) + 2 * rest
+
+
+def quantized_linear_bytes(n_weights: int, bits: int) -> int:
+    """bitsandbytes storage for quantized linear weights.
+
+    NF4 (bits=4) with double quantization: 4 bits per weight, one 8-bit absmax per 64-weight block, plus one fp32
+    absmax per 256 blocks for the second level (QLoRA paper §2: 0.127 extra bits per weight).
+    LLM.int8 (bits=8): 1 byte per weight plus one fp32 scale per output row (≈ negligible; counted as 1/4096 B).
+    """
+    if bits == 4:
+        return n_weights // 2 + n_weights // 64 + 4 * (n_weights // (64 * 256))
+    if bits == 8:
+        return n_weights + n_weights // 1024
+    raise ScaletrainError(f"quantized bits must be 4 or 8 (got {bits})")
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    model: ModelArch
+    hardware: Hardware
+    method: Method = Method.FULL
+    lora_rank: int = 16
+    lora_targets: tuple[str, ...] = BLOCK_LINEARS
+    base_bits: int = 16              # frozen base weights: 16 (lora), 4 (qlora NF4), 8 (8-bit base), 32 (fp32 base)
+    strategy: Strategy = Strategy.DDP
+    offload: Offload = Offload.NONE
+    precision: Precision = Precision.BF16
+    optimizer: Optimizer = Optimizer.ADAMW
+    optimizer_impl: OptimizerImpl = OptimizerImpl.FUSED
+    master_weights: MasterWeights = MasterWeights.FP32   # full fine-tuning: fp32 master weights, or bf16 weights only
+    attn: Attention = Attention.SDPA
+    grad_ckpt: bool = False
+    micro_batch: int = 1
+    grad_accum: int = 1
+    seq_len: int = 2048
+    residents: tuple[ResidentModel, ...] = ()
+    dataset_size: int | None = None   # samples
+    epochs: float = 1.0
+    tokens_per_sample: int | None = None
+    device: Device = Device.CUDA     # CUDA or CPU (CPU runs: no CUDA context or workspaces)
+
+    def __post_init__(self) -> None:
+        def one_of(name: str, kind: type[Vocabulary]) -> None:
+            value = getattr(self, name)
+            if value not in kind.values():
+                raise ScaletrainError(f"--{name.replace('_', '-')} {value!r} is not accepted; use one of: "
+                                      f"{', '.join(kind.values())}")
+            object.__setattr__(self, name, kind(value))
+
+        one_of("method", Method)
+        one_of("strategy", Strategy)
+        one_of("offload", Offload)
+        one_of("precision", Precision)
+        one_of("optimizer", Optimizer)
+        one_of("attn", Attention)
+        one_of("optimizer_impl", OptimizerImpl)
+        one_of("master_weights", MasterWeights)
+        if self.base_bits not in BASE_BITS:
+            raise ScaletrainError(f"--base-bits {self.base_bits!r} is not accepted; use one of: "
+                                  f"{', '.join(map(str, BASE_BITS))}")
+        for name in ("micro_batch", "grad_accum", "seq_len", "lora_rank"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ScaletrainError(f"--{name.replace('_', '-')} must be a whole number ≥ 1 (got {v!r})")
+        if self.dataset_size is not None and self.dataset_size < 1:
+            raise ScaletrainError(f"--dataset-size must be ≥ 1 sample (got {self.dataset_size})")
+        if self.tokens_per_sample is not None and self.tokens_per_sample < 1:
+            raise ScaletrainError(f"--tokens-per-sample must be ≥ 1 (got {self.tokens_per_sample})")
+        if not self.epochs > 0:
+            raise ScaletrainError(f"--epochs must be positive (got {self.epochs})")
+        if self.method == "qlora" and self.base_bits == 32:
+            raise ScaletrainError("--method qlora quantizes the base to 4 or 8 bits; use --method lora --base-bits 32 "
+                                  "for an fp32 base")
+        if self.method == "qlora" and self.base_bits not in (4, 8):
+            object.__setattr__(self, "base_bits", 4)
+        if self.method == "full" and self.base_bits != 16:
+            raise ScaletrainError("--base-bits sets the frozen base of --method lora or qlora; full fine-tuning "
+                                  "trains every weight (use --master-weights for their precision)")
+        if self.master_weights == "bf16":
+            if self.method.is_adapter:
+                raise ScaletrainError("--master-weights bf16 applies to full fine-tuning; LoRA adapters are kept in "
+                                      "fp32 by PEFT (use --master-weights fp32)")
+            if self.precision != "bf16":
+                raise ScaletrainError(f"--master-weights bf16 trains bf16 weights, so it needs --precision bf16 "
+                                      f"(got {self.precision})")
+            if self.strategy.uses_deepspeed:
+                raise ScaletrainError("DeepSpeed keeps an fp32 master copy of 16-bit weights in its optimizer; use "
+                                      "--master-weights fp32 with ZeRO, or --strategy ddp/fsdp for bf16 weights only")
+        if self.method.is_adapter:
+            self.model.lora_params(self.lora_rank, self.lora_targets)  # validates target names
+        if not self.strategy.allows_offload(self.offload):      # say which half of the rule is broken
+            if not self.strategy.shards_optimizer:
+                raise ScaletrainError(f"--offload {self.offload} needs a ZeRO or FSDP strategy (got {self.strategy})")
+            if self.offload == "optimizer":
+                raise ScaletrainError("FSDP's CPU offload moves parameters and optimizer together; use --offload all "
+                                      "with --strategy fsdp, or --offload optimizer with a ZeRO strategy")
+            raise ScaletrainError("--offload all (parameters too) needs --strategy zero3 or fsdp")
+        if self.device not in Device.values():
+            raise ScaletrainError(f"device {self.device!r} is not accepted; use cuda or cpu")
+        object.__setattr__(self, "device", Device(self.device))
+        if self.precision == "bf16" and self.device == "cuda" and not self.hardware.gpu.supports_bf16:
+            raise ScaletrainError(f"{self.hardware.gpu.key} has no bf16 support; use --precision fp16 or fp32")
+
+    # ---- derived counts ----------------------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.hardware.world_size
+
+    @property
+    def effective_batch(self) -> int:
+        return self.micro_batch * self.grad_accum * self.world_size
+
+    @property
+    def trainable_params(self) -> int:
+        if not self.method.is_adapter:
+            return self.model.params
+        return self.model.lora_params(self.lora_rank, self.lora_targets)
+
+    @property
+    def sample_tokens(self) -> int:
+        return self.tokens_per_sample or self.seq_len
+
+    def with_(self, **changes: Any) -> "TrainingSetup":
+        return replace(self, **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "method": self.method.value, "lora_rank": self.lora_rank if self.method.is_adapter else None,
+            "lora_targets": list(self.lora_targets) if self.method.is_adapter else None,
+            "base_bits": self.base_bits, "strategy": self.strategy.value, "offload": self.offload.value,
+            "precision": self.precision.value, "master_weights": self.master_weights.value,
+            "optimizer": self.optimizer.value, "optimizer_impl": self.optimizer_impl.value, "attn": self.attn.value,
+            "grad_ckpt": self.grad_ckpt, "seq_len": self.seq_len, "device": self.device.value,
+            "residents": [{"model": r.model.name, "bits": r.bits, "role": r.role} for r in self.residents],
+        }

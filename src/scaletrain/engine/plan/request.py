@@ -1,0 +1,118 @@
+"""PlanRequest: what the user fixed (CLI flags, a preset, the wizard). None means "let the planner choose".
+
+`base_setup(request)` resolves the hardware and the model and holds the fixed choices in a TrainingSetup with
+neutral defaults for the free ones; planner.make_plan fills those in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.catalog.hardware import Hardware, inter_node_gbit_s, parse_gpus
+from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, load_model
+from scaletrain.engine.model.setup import ResidentModel, TrainingSetup
+from scaletrain.engine.vocabulary import Vocabulary
+
+
+# The request fields that name the machines: changing one is a new run directory, not a relaunch.
+HARDWARE_FIELDS = frozenset({"gpus", "nodes", "inter_node_gbps"})
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    model: str
+    gpus: str = "auto"
+    nodes: int | None = None
+    method: str = "full"
+    lora_rank: int = 16
+    lora_targets: tuple[str, ...] | None = None
+    base_bits: int | None = None
+    strategy: str | None = None
+    offload: str | None = None
+    precision: str = "bf16"
+    optimizer: str = "adamw"
+    attn: str = "sdpa"
+    grad_ckpt: bool | None = None
+    micro_batch: int | None = None
+    grad_accum: int | None = None
+    effective_batch: int | None = None
+    seq_len: int = 2048
+    dataset_size: int | None = None
+    epochs: float = 1.0
+    tokens_per_sample: int | None = None
+    residents: tuple[tuple[str, int], ...] = ()   # (model id, bits)
+    headroom: float = 0.10
+    inter_node_gbps: float | None = None
+    base_lr: float | None = None
+    base_batch: int | None = None
+    device: str | None = None        # None → "cpu" for --gpus NxCPU, else "cuda"
+    name: str = "plan"
+
+    def __post_init__(self) -> None:
+        # what the user typed, as text: a Strategy/Offload/... handed back from a setup is stored as its spelling
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Vocabulary):
+                object.__setattr__(self, f.name, v.value)
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+    def with_(self, **changes: Any) -> "PlanRequest":
+        return replace(self, **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+        out["residents"] = [list(r) for r in self.residents]
+        return out
+
+
+def _positive(name: str, v: Any, allow_none: bool = True) -> None:
+    if v is None and allow_none:
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ScaletrainError(f"--{name.replace('_', '-')} must be a whole number ≥ 1 (got {v!r})")
+
+
+def resolve_hardware(req: PlanRequest) -> Hardware:
+    """The request's hardware; --inter-node-gbps (Gb/s or a link name such as ndr) reaches Hardware as Gb/s."""
+    link = None if req.inter_node_gbps is None else inter_node_gbit_s(req.inter_node_gbps)
+    if (req.gpus or "").strip().lower() == "auto":
+        from scaletrain.engine.devices.detect import hardware_from_detection
+        return hardware_from_detection(nodes=req.nodes, inter_node_gbps=link)
+    return parse_gpus(req.gpus, nodes=req.nodes, inter_node_gbps=link)
+
+
+def base_setup(req: PlanRequest, hardware: Hardware | None = None) -> TrainingSetup:
+    """A TrainingSetup with the request's fixed choices and neutral defaults for the free ones."""
+    for name in ("micro_batch", "grad_accum", "effective_batch", "seq_len", "dataset_size", "tokens_per_sample",
+                 "lora_rank", "nodes", "base_batch"):
+        _positive(name, getattr(req, name))
+    if not 0.0 <= req.headroom < 1.0:
+        raise ScaletrainError(f"--headroom must be a fraction in [0, 1) (got {req.headroom})")
+    hw = hardware or resolve_hardware(req)
+    model = load_model(req.model)
+    residents = tuple(ResidentModel(load_model(mid), int(bits)) for mid, bits in req.residents)
+    base_bits = req.base_bits if req.base_bits is not None else (4 if req.method == "qlora" else 16)
+    return TrainingSetup(
+        model=model, hardware=hw, method=req.method, lora_rank=req.lora_rank,
+        lora_targets=tuple(req.lora_targets) if req.lora_targets else BLOCK_LINEARS, base_bits=base_bits,
+        strategy=req.strategy or _default_strategy(req), offload=req.offload or "none", precision=req.precision,
+        optimizer=req.optimizer, attn=req.attn, grad_ckpt=bool(req.grad_ckpt),
+        micro_batch=req.micro_batch or 1, grad_accum=req.grad_accum or 1, seq_len=req.seq_len,
+        residents=residents, dataset_size=req.dataset_size, epochs=req.epochs,
+        tokens_per_sample=req.tokens_per_sample,
+        device=req.device or ("cpu" if hw.gpu.key == "CPU" else "cuda"),
+    )
+
+
+def _default_strategy(req: PlanRequest) -> str:
+    """Neutral strategy for a free field: DDP, unless a fixed offload needs ZeRO (the planner searches anyway)."""
+    return {"all": "zero3", "optimizer": "zero2"}.get(req.offload or "none", "ddp")
+

@@ -1,0 +1,112 @@
+"""torchelastic's output, read in one place: its per-line rank prefix, the "Root Cause" failure summary, and the
+agent's "failed (exitcode: N) local_rank: R" line (torch 2.13, tests/fixtures/logs/elastic_*.log).
+
+The launcher reads the summary of a run it started (parse_failures); the doctor scans logs line by line with the
+same patterns (root_cause, agent_failure, split_prefix).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+# torchrun's console prefix: "[rank3]:" (scaletrain's template: the global rank) or its default "[<role><local
+# rank>]:" ("[default3]:") when launch.sh runs by hand
+RE_PREFIX = re.compile(r"^\[(rank|[A-Za-z_]\w*?)(\d+)\]:")
+RE_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\)")
+RE_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)(?: \(local_rank: (\d+)\))?")
+RE_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)(?: \(pid: (\d+)\))?")
+RE_SIGNAL = re.compile(r"Signal (\d+) \((SIG\w+)\) received by PID (\d+)")
+RE_AGENT_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)(?: \(pid: (\d+)\))?")
+RE_BLOCK_END = re.compile(r"^=====")
+# How many lines after "Root Cause" the block's rank / exitcode / signal lines are looked for.
+ROOT_CAUSE_WINDOW = 9
+
+
+@dataclass(frozen=True)
+class Prefix:
+    role: str              # "rank" (a global rank) or torchrun's role name (a local rank)
+    number: int
+    end: int               # where the prefix ends in the line
+
+
+def split_prefix(line: str) -> Prefix | None:
+    m = RE_PREFIX.match(line)
+    return Prefix(m.group(1), int(m.group(2)), m.end()) if m else None
+
+
+@dataclass(frozen=True)
+class AgentFailure:
+    exit_code: int
+    local_rank: int
+    pid: int | None
+
+
+def agent_failure(line: str) -> AgentFailure | None:
+    """The agent's "failed (exitcode: N) local_rank: R (pid: P)" line."""
+    m = RE_AGENT_FAILED.search(line)
+    if not m:
+        return None
+    return AgentFailure(int(m.group(1)), int(m.group(2)), int(m.group(3)) if m.group(3) else None)
+
+
+@dataclass(frozen=True)
+class RootCause:
+    rank: int | None
+    exit_code: int
+    pid: int | None
+    evidence: tuple[int, ...]          # indexes into the lines after the mark that prove it
+
+
+def root_cause(line: str, following: Sequence[str]) -> RootCause | None:
+    """The "Root Cause (first observed failure):" block starting at `line` (None: not one, or no exit code)."""
+    if not RE_ROOT_CAUSE.search(line):
+        return None
+    rank = code = pid = None
+    evidence = []
+    for i, nxt in enumerate(following[:ROOT_CAUSE_WINDOW]):
+        r, e, s = RE_RANK.search(nxt), RE_EXIT.search(nxt), RE_SIGNAL.search(nxt)
+        if r:
+            rank = int(r.group(1))
+            evidence.append(i)
+        elif e:
+            code, pid = int(e.group(1)), int(e.group(2)) if e.group(2) else None
+            evidence.append(i)
+        elif s:
+            evidence.append(i)
+        if RE_BLOCK_END.match(nxt):
+            break
+    if code is None:
+        return None
+    return RootCause(rank, code, pid, tuple(evidence))
+
+
+def parse_failures(lines: Sequence[str], rank_offset: int = 0) -> tuple[int | None, int | None, dict[int, int]]:
+    """From torchrun's failure summary: (first failing rank, its exit code, every reported rank's exit code).
+
+    The first failing rank is the "Root Cause (first observed failure)" block; the ranks torchrun then stopped
+    (exit -15) are listed under "Failures:". Without a summary, the agent's "failed (exitcode: N) local_rank: R"
+    (a local rank: this node's first global rank, rank_offset, is added).
+    """
+    codes: dict[int, int] = {}
+    root: tuple[int | None, int | None] = (None, None)
+    in_root = False
+    rank: int | None = None
+    for line in lines:
+        if RE_ROOT_CAUSE.search(line):
+            in_root = True
+        elif m := RE_RANK.match(line):
+            rank = int(m.group(1))
+        elif (m := RE_EXIT.match(line)) and rank is not None:
+            codes[rank] = int(m.group(1))
+            if in_root and root[0] is None:
+                root = (rank, codes[rank])
+            rank = None
+    if root[0] is None:
+        for line in lines:
+            if a := agent_failure(line):
+                codes.setdefault(a.local_rank + rank_offset, a.exit_code)
+                if root[0] is None:
+                    root = (a.local_rank + rank_offset, a.exit_code)
+    return root[0], root[1], codes

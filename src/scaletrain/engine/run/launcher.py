@@ -1,0 +1,364 @@
+"""Run a run directory: `accelerate launch` as an argument list in its own session, per-rank logs, a clean stop.
+
+Why the care: torchrun starts every rank with start_new_session=True, so the ranks are not in the launcher's
+process group and a killed `accelerate launch` leaves them running. This module therefore tracks every descendant
+it has ever seen (pid + start time, so a recycled pid is never signalled) and stops them all:
+SIGINT to accelerate (torchrun forwards it to the ranks) → SIGTERM to every tracked process group → SIGKILL.
+
+Per-rank logs: launch_argv passes `--tee 3 --log_dir logs/elastic`, and the environment sets torchrun's line
+prefix to `[rank<global rank>]:`; lines are split into logs/rank-<i>.log, the launcher's own into
+logs/launcher.log.
+
+Multi-node: `launch(run_dir, machine_rank=R)` starts node R's share (accelerate's `--machine_rank R`) from the same
+files as every other node. Global rank numbering keeps the rank logs of nodes sharing a run directory apart; node
+R > 0 writes its own logs/launcher-node-<R>.log and status-node-<R>.json (layout.RunDir.node_status).
+
+The process tree is processes.py, the per-rank logs rank_logs.py, torchrun's failure summary elastic.py, and
+status.json (written here as the run goes) status.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.run.elastic import parse_failures
+from scaletrain.engine.run.layout import LINE_PREFIX, LINE_PREFIX_ENV, RunDir, check_host
+from scaletrain.engine.run.options import TrainOptions, bundled_demo_dataset
+from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
+from scaletrain.engine.run.processes import ProcessTree, pid_alive
+from scaletrain.engine.run.rank_logs import RankLogs
+from scaletrain.engine.run.scripts import launch_argv
+from scaletrain.engine.run.status import StatusWriter, read_status
+STOP_GRACE_SECONDS = (20.0, 5.0)   # after SIGINT (torchrun forwards it; its own shutdown waits up to 30 s), after SIGTERM
+POLL_SECONDS = 0.25
+READER_JOIN_SECONDS = 5.0
+EXIT_INTERRUPTED = 130                      # shell convention for SIGINT
+SIGNAL_EXIT_BASE = 128                      # shell convention: killed by signal N → 128 + N
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    exit_code: int                          # the training's: failing rank's (signal N → 128+N), else accelerate's
+    launcher_exit_code: int | None          # accelerate launch's own return code
+    first_failing_rank: int | None
+    failing_rank_exit_code: int | None      # raw, as torchrun reports it (negative = signal)
+    exit_codes: dict[int, int]              # every rank torchrun reported (all 0 after a clean finish)
+    interrupted: bool
+    rank_pids: dict[int, int]
+    pids: tuple[int, ...]
+    argv: tuple[str, ...]
+    run_dir: Path
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+class _Stop(Exception):
+    """Raised in the main thread by the SIGTERM handler: stop the run like Ctrl-C."""
+
+
+def _shell_code(code: int) -> int:
+    return SIGNAL_EXIT_BASE - code if code < 0 else code
+
+
+# ---- launching -------------------------------------------------------------------------------------------------
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        d = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ScaletrainError(f"{path} is missing; write the run directory first (scaletrain ... --dry-run)") from None
+    except yaml.YAMLError as e:
+        raise ScaletrainError(f"{path} is not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(d, dict):
+        raise ScaletrainError(f"{path} is not an accelerate config (a YAML mapping is needed)")
+    return d
+
+
+def preflight(run: RunDir, doc: PlanDocument, train: TrainOptions,
+              machine_rank: int | None = None) -> dict[str, Any]:
+    """Refuse what would fail after the processes start: missing files, this node's share already running."""
+    cfg = _read_yaml(run.accelerate_config)
+    old = read_status(run.node_status(machine_rank))
+    pid = old.launcher_pid
+    if old.state == "running" and pid is not None and pid != os.getpid() and pid_alive(pid):
+        what = f"node {machine_rank} of {run.path}" if machine_rank else str(run.path)
+        raise ScaletrainError(f"{what} is already running (launcher pid {pid}); stop it first")
+    if train.script:
+        if not Path(train.script).expanduser().is_file():
+            raise ScaletrainError(f"script {train.script} does not exist")
+        return cfg
+    doc.check_trainable()                 # what the trainer reads of plan.json: bad options fail here, once
+    if train.dataset is not None and not Path(train.dataset).expanduser().is_file():
+        raise ScaletrainError(f"dataset {train.dataset} does not exist; give a JSONL file (text, prompt/response or "
+                              "messages per line)")
+    if train.dataset is None:
+        if not bundled_demo_dataset().is_file():
+            raise ScaletrainError(f"the bundled demo data {bundled_demo_dataset()} is missing; set a dataset")
+    if cfg.get("distributed_type") == "DEEPSPEED" and not run.ds_config.is_file():
+        raise ScaletrainError(f"{run.ds_config} is missing; rewrite the run directory")
+    return cfg
+
+
+@dataclass(frozen=True)
+class PreparedLaunch:
+    """A checked launch: the argv to run and what the launcher needs to attribute output to ranks."""
+
+    run: RunDir
+    argv: list[str]
+    num_processes: int
+    single_process: bool
+    rank_offset: int
+    local_ranks: range
+    machine_rank: int = 0
+    num_machines: int = 1
+    main_process_ip: str | None = None
+
+    @property
+    def status(self) -> Path:
+        return self.run.node_status(self.machine_rank)
+
+    @property
+    def launcher_log(self) -> Path:
+        return self.run.launcher_log(self.machine_rank)
+
+
+def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None,
+                   main_process_ip: str | None = None, resume: bool = False, script: str | None = None,
+                   script_args: Sequence[str] = ()) -> PreparedLaunch:
+    """Everything short of starting a process: read and check the run directory, build the argv.
+    Raises ScaletrainError (one line) for anything that would only fail after the ranks start."""
+    run = RunDir(run_dir)
+    doc = read_plan_document(run.plan)
+    train = doc.train
+    if script:
+        train = replace(train, script=str(Path(script).expanduser().resolve()), script_args=tuple(script_args))
+    if main_process_ip is not None:
+        main_process_ip = check_host(main_process_ip)
+    cfg = preflight(run, doc, train, machine_rank)
+    argv = launch_argv(run, train, machine_rank=machine_rank, main_process_ip=main_process_ip)
+    if resume:
+        if train.script:
+            raise ScaletrainError("--resume is for the bundled trainer; pass your script its own resume flag")
+        argv.append("--resume")
+    try:
+        nprocs = int(cfg.get("num_processes") or 1)
+        nmachines = int(cfg.get("num_machines") or 1)
+        cfg_rank = int(cfg.get("machine_rank") or 0)
+    except (TypeError, ValueError):
+        raise ScaletrainError(f"{run.accelerate_config}: num_processes, num_machines and machine_rank must be "
+                              "whole numbers") from None
+    node = machine_rank if machine_rank is not None else cfg_rank
+    head = main_process_ip or cfg.get("main_process_ip")
+    _check_node(run, node, nmachines, head)
+    single = nprocs <= 1 or bool(cfg.get("use_cpu")) or cfg.get("distributed_type") == "NO"
+    per_node = max(1, nprocs // max(1, nmachines))
+    offset = node * per_node
+    return PreparedLaunch(run, argv, nprocs, single, offset, range(offset, offset + (1 if single else per_node)),
+                          machine_rank=node, num_machines=nmachines, main_process_ip=str(head) if head else None)
+
+
+def _check_node(run: RunDir, node: int, nmachines: int, head: Any) -> None:
+    """A node's rank must exist in the plan, and a multi-node launch needs the head node's address."""
+    if node < 0 or node >= nmachines:
+        if nmachines == 1:
+            raise ScaletrainError(f"--machine-rank {node}: {run.path} is a single-node plan (machine rank 0 only); "
+                                  "plan with --nodes N for a multi-node run")
+        raise ScaletrainError(f"--machine-rank {node} is outside this plan's {nmachines} nodes; give 0 (the head "
+                              f"node) to {nmachines - 1}")
+    if nmachines > 1 and not head:
+        raise ScaletrainError(f"this plan runs on {nmachines} nodes and names no head-node address; pass "
+                              "--main-process-ip HEAD (the address of machine rank 0, reachable from every node) "
+                              "to `scaletrain launch`, or when writing the plan")
+
+
+def launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None, main_process_ip: str | None = None,
+           on_output: Callable[[int | None, str], None] | None = None, on_tick: Callable[[], None] | None = None,
+           resume: bool = False, script: str | None = None, script_args: Sequence[str] = (),
+           env: dict[str, str] | None = None, stop: threading.Event | None = None,
+           stop_grace_seconds: tuple[float, float] = STOP_GRACE_SECONDS,
+           prepared: PreparedLaunch | None = None) -> LaunchResult:
+    """Run the run directory's launch argv to the end (or until Ctrl-C / SIGTERM / `stop` set) and record
+    status.json.
+
+    on_output(rank, line) sees every console line (rank None: the launcher itself); on_tick() runs every poll.
+    Signals reach only the main thread: a caller running this in a worker thread stops the run by setting `stop`.
+    script/script_args run a user script under the written configs instead of the bundled trainer.
+    prepared: what prepare_launch returned for these same arguments (a caller that checked first), not redone.
+    """
+    prep = prepared or prepare_launch(run_dir, machine_rank=machine_rank, main_process_ip=main_process_ip,
+                                      resume=resume, script=script, script_args=script_args)
+    run, argv = prep.run, prep.argv
+    logs = RankLogs(run, single_process=prep.single_process, rank_offset=prep.rank_offset,
+                    launcher_log=prep.launcher_log.name)
+    logs.start(prep.local_ranks)
+    child_env = dict(os.environ if env is None else env)
+    child_env[LINE_PREFIX_ENV] = LINE_PREFIX
+    child_env["PYTHONUNBUFFERED"] = "1"
+
+    status = StatusWriter(prep.status)
+    started = datetime.now().isoformat(timespec="seconds")
+    old_signals = _install_signals()          # before Popen: the child must not inherit an ignored SIGINT
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env,
+                                cwd=str(run.path), start_new_session=True)
+    except OSError as e:
+        _restore_signals(old_signals)
+        logs.close()
+        raise ScaletrainError(f"cannot start {argv[0]} ({e.strerror})") from None
+    except BaseException:
+        _restore_signals(old_signals)
+        logs.close()
+        raise
+    tree = ProcessTree(proc.pid)
+    rank_pids: dict[int, int] = {}
+
+    def reader(stream: Any) -> None:
+        for raw in iter(stream.readline, b""):
+            rank, text = logs.feed(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+            if on_output is not None:
+                try:
+                    on_output(rank, text)
+                except Exception:          # a viewer's bug must not stop log capture
+                    pass
+        stream.close()
+
+    def refresh() -> None:
+        # a rank caught between fork and exec still has accelerate's environment (no RANK): look again until
+        # every local rank is known
+        nonlocal rank_pids
+        grew = tree.snapshot()
+        if grew or not set(prep.local_ranks) <= set(rank_pids):
+            found = {**rank_pids, **tree.rank_pids(prep.single_process)}
+            if grew or found != rank_pids:
+                rank_pids = found
+                status.write(**_pid_fields(proc.pid, rank_pids, tree))
+
+    readers = [threading.Thread(target=reader, args=(s,), daemon=True) for s in (proc.stdout, proc.stderr)]
+    interrupted = False
+    try:
+        for t in readers:
+            t.start()
+        status.write(state="running", started=started, argv=tuple(argv), machine_rank=machine_rank,
+                     num_machines=prep.num_machines, local_ranks=tuple(prep.local_ranks),
+                     **_pid_fields(proc.pid, {}, tree))
+        while proc.poll() is None:
+            refresh()
+            if on_tick is not None:
+                on_tick()
+            if stop is not None and stop.wait(POLL_SECONDS):
+                raise _Stop()
+            if stop is None:
+                time.sleep(POLL_SECONDS)
+    except (KeyboardInterrupt, _Stop):
+        interrupted = True
+    finally:
+        try:
+            _stop(proc, tree, refresh, stop_grace_seconds if proc.poll() is None else (0.0, stop_grace_seconds[1]))
+        except (KeyboardInterrupt, _Stop):      # a second Ctrl-C: go straight to SIGKILL
+            interrupted = True
+            tree.signal_all(signal.SIGKILL)
+            proc.wait()
+        finally:
+            _restore_signals(old_signals)
+            for t in readers:
+                if t.is_alive() or t.ident is not None:
+                    t.join(READER_JOIN_SECONDS)
+            logs.close()
+    if on_tick is not None:
+        on_tick()
+
+    rc = proc.returncode
+    rank, rank_code, codes = ((None, None, {}) if interrupted
+                              else parse_failures(logs.launcher_lines, prep.rank_offset))
+    if rc == 0 and not codes:
+        codes = {r: 0 for r in prep.local_ranks}
+    if interrupted:
+        code = EXIT_INTERRUPTED
+    elif rank_code is not None and rank_code != 0:
+        code = _shell_code(rank_code)
+    else:
+        code = _shell_code(rc) if rc else 0
+    state = "interrupted" if interrupted else ("finished" if code == 0 else "failed")
+    status.write(state=state, ended=datetime.now().isoformat(timespec="seconds"), exit_code=code,
+                 launcher_exit_code=rc, first_failing_rank=rank, failing_rank_exit_code=rank_code,
+                 exit_codes=dict(codes), **_pid_fields(proc.pid, rank_pids, tree))
+    return LaunchResult(exit_code=code, launcher_exit_code=rc, first_failing_rank=rank,
+                        failing_rank_exit_code=rank_code, exit_codes=codes, interrupted=interrupted, rank_pids=dict(rank_pids),
+                        pids=tuple(sorted(tree.known)), argv=tuple(argv), run_dir=run.path)
+
+
+def _pid_fields(accelerate_pid: int, rank_pids: dict[int, int], tree: ProcessTree) -> dict[str, Any]:
+    """status.json's pids: the launcher, accelerate and each rank, plus every process the launcher tracked."""
+    return {"launcher_pid": os.getpid(), "accelerate_pid": accelerate_pid, "rank_pids": dict(rank_pids),
+            "tracked_pids": tuple(sorted(tree.known))}
+
+
+def _stop(proc: subprocess.Popen, tree: ProcessTree, refresh: Callable[[], None],
+          grace: tuple[float, float]) -> None:
+    """SIGINT to accelerate's group, then SIGTERM, then SIGKILL to everything tracked; returns when none is left."""
+    refresh()
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+    for sig, wait_s in ((signal.SIGTERM, grace[0]), (signal.SIGKILL, grace[1]), (None, grace[1])):
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if proc.poll() is None:
+                refresh()
+            if proc.poll() is not None and not tree.alive():
+                return
+            time.sleep(POLL_SECONDS / 5)
+        if sig is None:
+            break
+        tree.signal_all(sig)
+    proc.wait()
+
+
+def _install_signals() -> Any:
+    """SIGTERM stops the run like Ctrl-C, and SIGINT raises KeyboardInterrupt even where the parent shell ignored it
+    (background jobs of a script start with SIGINT ignored). Main thread only; elsewhere the caller handles signals."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Stop()
+
+    return (signal.signal(signal.SIGTERM, handler), signal.signal(signal.SIGINT, signal.default_int_handler))
+
+
+def _restore_signals(old: Any) -> None:
+    if old is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, old[0])
+        signal.signal(signal.SIGINT, old[1])
+
+
+def rank_log_tail(run_dir: str | os.PathLike[str], rank: int, lines: int = 20) -> list[str]:
+    """The last lines of one rank's log (for a failure report)."""
+    try:
+        text = RunDir(run_dir).rank_log(rank).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    return text.splitlines()[-lines:]
+
+
+if __name__ == "__main__":       # python -m scaletrain.engine.run.launcher RUN_DIR (no progress view)
+    try:
+        sys.exit(launch(sys.argv[1]).exit_code)
+    except ScaletrainError as e:
+        print(f"scaletrain: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)

@@ -1,0 +1,113 @@
+"""The run directory: where a plan becomes files, and the contract between writers, trainer, launcher, monitor.
+
+    RUN_DIR/
+      plan.json               Plan.to_json() + {"request": PlanRequest, "train": TrainOptions} (plan_document.py)
+      accelerate_config.yaml  accelerate's own schema only
+      ds_config.json          DeepSpeed strategies (zero1/2/3)
+      launch.sh               the exact command, runnable by hand (same argv the launcher runs)
+      sbatch.sh               multi-node plans
+      logs/rank-<i>.log       one file per rank, numbered by global rank (disjoint across nodes)
+      logs/launcher.log       the launcher's own output (node R > 0 of a multi-node run: launcher-node-<R>.log)
+      metrics.jsonl           one JSON line per optimizer step (trainer, global rank 0 only)
+      checkpoints/step-<n>/   trainer checkpoints (complete once trainer_state.json is written, last)
+      status.json             launcher: exit code, first failing rank, pids (node R > 0: status-node-<R>.json;
+                              status.py)
+
+Multi-node: every node runs from the same files (the YAML holds machine_rank 0; each node's launch passes its own
+--machine_rank). Nodes sharing one run directory (a shared filesystem, or the loopback test) write disjoint files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import datetime
+from pathlib import Path
+
+from scaletrain.engine.errors import ScaletrainError
+
+NODE_STATUS_PREFIX = "status-node-"
+# logs/rank-<i>.log (also a copied "<anything>__rank-<i>.log"): the rank a log file belongs to
+RANK_LOG_RE = re.compile(r"(?:^|__)rank-(\d+)\.log$")
+# checkpoints/step-<n>/, complete once trainer_state.json is written (last)
+CHECKPOINT_PREFIX = "step-"
+TRAINER_STATE = "trainer_state.json"
+# torchrun's console line prefix (${rank} is the global rank): the launcher sets it, launch.sh and sbatch.sh export
+# it, so rank attribution works the same by hand, under SLURM and under `scaletrain launch`.
+LINE_PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
+LINE_PREFIX = "[rank${rank}]:"
+
+
+class RunDir:
+    """Paths inside a run directory (no I/O beyond what each method says)."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path).resolve()
+
+    plan = property(lambda self: self.path / "plan.json")
+    accelerate_config = property(lambda self: self.path / "accelerate_config.yaml")
+    ds_config = property(lambda self: self.path / "ds_config.json")
+    launch_sh = property(lambda self: self.path / "launch.sh")
+    sbatch_sh = property(lambda self: self.path / "sbatch.sh")
+    logs = property(lambda self: self.path / "logs")
+    metrics = property(lambda self: self.path / "metrics.jsonl")
+    checkpoints = property(lambda self: self.path / "checkpoints")
+    status = property(lambda self: self.path / "status.json")
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs / f"rank-{rank}.log"
+
+    def node_status(self, machine_rank: int | None = None) -> Path:
+        """One node's launcher status: status.json on the head node (and for every single-node run)."""
+        r = machine_rank or 0
+        return self.status if r == 0 else self.path / f"{NODE_STATUS_PREFIX}{r}.json"
+
+    def node_statuses(self) -> list[Path]:
+        """Every node's status file present, head node first."""
+        others = sorted(self.path.glob(f"{NODE_STATUS_PREFIX}*.json"),
+                        key=lambda p: int(p.stem[len(NODE_STATUS_PREFIX):]) if p.stem[len(NODE_STATUS_PREFIX):]
+                        .isdigit() else 1 << 30)
+        return ([self.status] if self.status.exists() else []) + others
+
+    def launcher_log(self, machine_rank: int | None = None) -> Path:
+        r = machine_rank or 0
+        return self.logs / ("launcher.log" if r == 0 else f"launcher-node-{r}.log")
+
+    def newest_checkpoint(self) -> Path | None:
+        """The highest step-<n>/ whose trainer_state.json exists (an interrupted save is never picked)."""
+        best: tuple[int, Path] | None = None
+        if not self.checkpoints.is_dir():
+            return None
+        for d in self.checkpoints.iterdir():
+            if d.name.startswith(CHECKPOINT_PREFIX) and (d / TRAINER_STATE).is_file():
+                try:
+                    n = int(d.name[len(CHECKPOINT_PREFIX):])
+                except ValueError:
+                    continue
+                if best is None or n > best[0]:
+                    best = (n, d)
+        return best[1] if best else None
+
+
+def log_rank(name: str) -> int | None:
+    """The rank a log file (logs/rank-<i>.log) belongs to; None for other logs."""
+    m = RANK_LOG_RE.search(name)
+    return int(m.group(1)) if m else None
+
+
+_HOST_RE = re.compile(r"^[A-Za-z0-9._:\-\[\]%]+$")     # hostnames, IPv4, IPv6 (bracketed or not)
+
+
+def check_host(text: str) -> str:
+    """A head-node address as accelerate passes it to torchrun: a hostname or an IP, nothing a shell would read."""
+    host = str(text).strip()
+    if not host or not _HOST_RE.match(host):
+        raise ScaletrainError(f"--main-process-ip {text!r} is not a host name or IP address; give the head node's "
+                              "address as every node reaches it, e.g. 10.0.0.1 or node001")
+    return host
+
+
+def default_run_dir(name: str, root: str | os.PathLike[str] = "runs") -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in name) or "run"
+    return Path(root) / f"{stamp}-{safe}"

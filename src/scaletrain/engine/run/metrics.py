@@ -1,0 +1,187 @@
+"""metrics.jsonl: one JSON line per optimizer step, written by the trainer (rank 0), read by progress and monitor.
+
+A line:
+  {"step": 12, "total_steps": 40, "epoch": 0.3, "loss": 3.91, "lr": 0.0003, "tokens_per_second": 5120.0,
+   "step_seconds": 0.41, "world_size": 2, "time": 1763770000.1, "tokens": 2048, "grad_norm": 1.7,
+   "peak_memory": [{"rank": 0, "allocated_bytes": null, "reserved_bytes": null, "host_rss_bytes": 612345856}, ...]}
+`epoch` is fractional progress (steps done / steps per epoch); `tokens` counts the step's real (unpadded) tokens over
+all ranks; `grad_norm` is the global norm before clipping (null where the strategy does not report it).
+`allocated_bytes`/`reserved_bytes` are CUDA's max_memory_allocated/reserved per rank (null on CPU);
+`host_rss_bytes` is the rank's peak resident set size.
+
+A resumed run appends after its checkpoint's step, so a file can hold an abandoned stretch (steps logged after the
+last checkpoint of a killed run). Readers keep one monotone series: a step that does not go forward replaces the
+records from that step on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from scaletrain.engine.fileio import AppendedLines
+
+ETA_WINDOW_STEPS = 20          # recent steps averaged for the ETA (skips the slow first steps once past them)
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    rank: int
+    allocated_bytes: int | None
+    reserved_bytes: int | None
+    host_rss_bytes: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "allocated_bytes": self.allocated_bytes, "reserved_bytes": self.reserved_bytes,
+                "host_rss_bytes": self.host_rss_bytes}
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    step: int
+    total_steps: int
+    epoch: float
+    loss: float
+    lr: float
+    tokens_per_second: float
+    step_seconds: float
+    world_size: int
+    time: float
+    tokens: int = 0
+    grad_norm: float | None = None
+    peak_memory: tuple[RankMemory, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "total_steps": self.total_steps, "epoch": self.epoch, "loss": self.loss,
+                "lr": self.lr, "tokens_per_second": self.tokens_per_second, "step_seconds": self.step_seconds,
+                "world_size": self.world_size, "time": self.time, "tokens": self.tokens,
+                "grad_norm": self.grad_norm, "peak_memory": [m.to_json() for m in self.peak_memory]}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "StepMetrics":
+        mem = tuple(RankMemory(int(m["rank"]), m.get("allocated_bytes"), m.get("reserved_bytes"),
+                               m.get("host_rss_bytes")) for m in d.get("peak_memory") or ())
+        return cls(step=int(d["step"]), total_steps=int(d["total_steps"]), epoch=float(d["epoch"]),
+                   loss=float(d["loss"]), lr=float(d["lr"]), tokens_per_second=float(d["tokens_per_second"]),
+                   step_seconds=float(d["step_seconds"]), world_size=int(d["world_size"]), time=float(d["time"]),
+                   tokens=int(d.get("tokens", 0)),
+                   grad_norm=None if d.get("grad_norm") is None else float(d["grad_norm"]), peak_memory=mem)
+
+
+def _parse(line: str) -> StepMetrics | None:
+    try:
+        return StepMetrics.from_json(json.loads(line))
+    except (ValueError, KeyError, TypeError):
+        return None          # a foreign or damaged line is skipped, never fatal to a viewer
+
+
+def _monotone(series: list[StepMetrics], rec: StepMetrics) -> None:
+    while series and series[-1].step >= rec.step:
+        series.pop()
+    series.append(rec)
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[StepMetrics]:
+    """All complete records as one monotone series (an unfinished last line is left for the next read)."""
+    series: list[StepMetrics] = []
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return series
+    for line in text.split("\n")[:-1]:
+        rec = _parse(line)
+        if rec is not None:
+            _monotone(series, rec)
+    return series
+
+
+class MetricsTail:
+    """Incremental reader: poll() returns the records appended since the last call (handles partial lines)."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        self._lines = AppendedLines(self.path)
+        self.series: list[StepMetrics] = []
+
+    def poll(self) -> list[StepMetrics]:
+        lines = self._lines.poll()
+        if self._lines.restarted:
+            self.series = []                    # replaced or truncated: start over
+        new: list[StepMetrics] = []
+        for raw in lines:
+            rec = _parse(raw.decode("utf-8", errors="replace"))
+            if rec is not None:
+                _monotone(self.series, rec)
+                new.append(rec)
+        return new
+
+
+class MetricsWriter:
+    """Append-only writer: one complete line per write, flushed, so a tailing reader never sees half a record."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = self.path.open("a", encoding="utf-8")
+
+    def write(self, rec: StepMetrics) -> None:
+        self._f.write(json.dumps(rec.to_json(), separators=(",", ":")) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+@dataclass(frozen=True)
+class MetricsSummary:
+    """What a progress line shows, computed once here so every view prints the same numbers."""
+
+    step: int
+    total_steps: int
+    epoch: float
+    loss: float
+    loss_first: float
+    lr: float
+    tokens_per_second: float
+    step_seconds: float
+    eta_seconds: float
+    elapsed_seconds: float
+    world_size: int
+    peak_host_rss_bytes: int | None
+    peak_allocated_bytes: int | None
+
+    @property
+    def fraction_done(self) -> float:
+        return self.step / self.total_steps if self.total_steps else 0.0
+
+    def eta_after(self, rec: StepMetrics) -> float:
+        """Seconds left after step `rec`, at the recent mean step time (what eta_seconds is for the last step)."""
+        return eta_seconds(rec, self.step_seconds)
+
+
+def eta_seconds(rec: StepMetrics, step_seconds: float) -> float:
+    """Steps left after `rec` × a step time."""
+    return max(0, rec.total_steps - rec.step) * step_seconds
+
+
+def summarize(series: Iterable[StepMetrics], window: int = ETA_WINDOW_STEPS) -> MetricsSummary | None:
+    """Latest step, recent speed and ETA (mean recent step time × steps left); None before the first step."""
+    recs = list(series)
+    if not recs:
+        return None
+    last = recs[-1]
+    recent = recs[-window:]
+    step_s = statistics.fmean(r.step_seconds for r in recent)
+    tps = statistics.fmean(r.tokens_per_second for r in recent)
+    rss = [m.host_rss_bytes for m in last.peak_memory if m.host_rss_bytes is not None]
+    alloc = [m.allocated_bytes for m in last.peak_memory if m.allocated_bytes is not None]
+    return MetricsSummary(
+        step=last.step, total_steps=last.total_steps, epoch=last.epoch, loss=last.loss, loss_first=recs[0].loss,
+        lr=last.lr, tokens_per_second=tps, step_seconds=step_s,
+        eta_seconds=eta_seconds(last, step_s),
+        elapsed_seconds=sum(r.step_seconds for r in recs), world_size=last.world_size,
+        peak_host_rss_bytes=max(rss) if rss else None, peak_allocated_bytes=max(alloc) if alloc else None)

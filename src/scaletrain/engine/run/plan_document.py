@@ -1,0 +1,270 @@
+"""plan.json, the one module that writes and reads it.
+
+    plan.json = Plan.to_json() + {"request": PlanRequest.to_json(), "train": TrainOptions.to_json()}
+
+The same schema as `scaletrain plan --json` (which has no "request" or "train" section; the doctor takes either).
+Readers never index the JSON themselves: the trainer, the launcher, the relaunch, the sampler and the doctor ask a
+PlanDocument for typed values. What a reader may do without (a hand-trimmed file, `plan --json` output) comes back
+as None; what it cannot do without raises one line naming the missing field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from scaletrain.engine.catalog.hardware import Hardware, find_gpu
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.plan.plan import Plan
+from scaletrain.engine.plan.planner import make_plan
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.vocabulary import Attention, Method, Optimizer, Precision, Strategy
+
+
+@dataclass(frozen=True)
+class TrainingSection:
+    """plan.json "training": the choices the trainer runs with."""
+
+    method: Method
+    strategy: Strategy
+    precision: Precision
+    optimizer: Optimizer
+    attn: Attention
+    grad_ckpt: bool
+    lora_rank: int | None
+    lora_targets: tuple[str, ...]
+    base_bits: int
+
+
+@dataclass(frozen=True)
+class BatchSection:
+    """plan.json "batch": the split and the world it was planned for."""
+
+    micro_batch: int
+    grad_accum: int
+    world_size: int
+    seq_len: int
+
+
+class PlanDocument:
+    """One plan.json (or `plan --json` output), read once; typed answers to what its readers ask."""
+
+    def __init__(self, data: Mapping[str, Any], source: str = "the plan JSON"):
+        self._data = dict(data)
+        self.source = source             # the file, for messages
+
+    # ---- writing ---------------------------------------------------------------------------------------------
+    @classmethod
+    def build(cls, plan: Plan, request: PlanRequest, train: TrainOptions) -> "PlanDocument":
+        """The plan exactly as `plan --json` prints it, plus the request and the trainer's options."""
+        doc = plan.to_json()
+        doc["request"] = request.to_json()
+        doc["train"] = train.to_json()
+        return cls(doc)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], source: str = "the plan JSON") -> "PlanDocument":
+        if not isinstance(data, Mapping):
+            raise ScaletrainError(f"{source} is not a scaletrain plan (a JSON object is needed)")
+        return cls(data, source)
+
+    def to_json(self) -> dict[str, Any]:
+        return json.loads(json.dumps(self._data))
+
+    def dumps(self) -> str:
+        return json.dumps(self._data, indent=2) + "\n"
+
+    def with_train(self, train: TrainOptions) -> "PlanDocument":
+        return PlanDocument({**self._data, "train": train.to_json()}, self.source)
+
+    # ---- lenient: None when the document does not say --------------------------------------------------------
+    def _get(self, section: str, key: str) -> Any:
+        sec = self._data.get(section)
+        return sec.get(key) if isinstance(sec, Mapping) else None
+
+    @property
+    def gpu(self) -> str | None:
+        return self._get("hardware", "gpu")
+
+    @property
+    def gpus_per_node(self) -> int | None:
+        return self._get("hardware", "gpus_per_node")
+
+    @property
+    def gpu_memory_bytes(self) -> int | None:
+        return self._get("hardware", "gpu_memory_bytes")
+
+    @property
+    def world_size(self) -> int | None:
+        return self._get("hardware", "world_size")
+
+    @property
+    def device(self) -> str | None:
+        return self._get("training", "device")
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.device == "cpu" or self.gpu == "CPU"
+
+    @property
+    def predicted_total_bytes(self) -> int | None:
+        """The plan's per-GPU peak (memory.per_gpu_bytes.total)."""
+        per_gpu = self._get("memory", "per_gpu_bytes")
+        return per_gpu.get("total") if isinstance(per_gpu, Mapping) else None
+
+    @property
+    def allocated_peak_bytes(self) -> int | None:
+        return self._get("memory", "allocated_peak_bytes")
+
+    @property
+    def capacity_bytes(self) -> int | None:
+        return self._get("memory", "capacity_bytes")
+
+    @property
+    def usable_bytes(self) -> int | None:
+        return self._get("memory", "usable_bytes")
+
+    @property
+    def headroom_fraction(self) -> float | None:
+        return self._get("memory", "headroom_fraction")
+
+    @property
+    def host_bytes_per_gpu(self) -> int | None:
+        return self._get("memory", "host_bytes_per_gpu")
+
+    @property
+    def train_lr(self) -> float | None:
+        """The learning rate the run trains with, when the document has a "train" section."""
+        return self._get("train", "lr")
+
+    def recorded(self, name: str) -> Any:
+        """A PlanRequest field's value as the plan recorded it ("training", else "batch"); None if neither has it."""
+        tr, ob = self._data.get("training") or {}, self._data.get("batch") or {}
+        return tr.get(name, ob.get(name))
+
+    # ---- strict: the run cannot be understood without these ---------------------------------------------------
+    def _missing(self, e: Exception) -> ScaletrainError:
+        return ScaletrainError(f"{self.source} is not a scaletrain plan (missing or bad field {e}); "
+                               "write it with `scaletrain ... --run-dir DIR --dry-run`")
+
+    def check_trainable(self) -> None:
+        """Everything the bundled trainer reads: a bad plan.json or train option fails here, in one line."""
+        _ = (self.request, self.training, self.batch)
+        self.train.check()
+
+    @property
+    def train(self) -> TrainOptions:
+        """The trainer's options ("train"; the defaults when the document has none)."""
+        return TrainOptions.from_json(self._data.get("train"))
+
+    @property
+    def request(self) -> PlanRequest:
+        """The PlanRequest the run was planned from ("request")."""
+        try:
+            req = dict(self._data["request"])
+            if "model" not in req:
+                raise KeyError("model")
+            known = PlanRequest.field_names()
+            fields_ = {k: v for k, v in req.items() if k in known}
+            for k in ("lora_targets", "residents"):
+                if isinstance(fields_.get(k), list):
+                    fields_[k] = tuple(tuple(x) if isinstance(x, list) else x for x in fields_[k])
+            return PlanRequest(**fields_)
+        except (KeyError, TypeError, ValueError) as e:
+            raise self._missing(e) from None
+
+    @property
+    def training(self) -> TrainingSection:
+        try:
+            tr, req = self._data["training"], self._data.get("request") or {}
+            return TrainingSection(
+                method=Method(tr["method"]), strategy=Strategy(tr["strategy"]),
+                precision=Precision(tr["precision"]), optimizer=Optimizer(tr["optimizer"]),
+                attn=Attention(tr["attn"]), grad_ckpt=bool(tr["grad_ckpt"]),
+                lora_rank=int(tr.get("lora_rank") or req.get("lora_rank") or 16),
+                lora_targets=tuple(tr.get("lora_targets") or ()), base_bits=int(tr.get("base_bits", 16)))
+        except (KeyError, TypeError, ValueError) as e:
+            raise self._missing(e) from None
+
+    @property
+    def batch(self) -> BatchSection:
+        try:
+            b = self._data["batch"]
+            return BatchSection(micro_batch=int(b["micro_batch"]), grad_accum=int(b["grad_accum"]),
+                                world_size=int(b["world_size"]), seq_len=int(b["seq_len"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise self._missing(e) from None
+
+    # ---- the plan the run was made from ------------------------------------------------------------------------
+    def replan(self) -> tuple[PlanRequest, Plan]:
+        """Rebuild (PlanRequest, Plan), pinned to the choices the document made and the hardware it had.
+
+        Pinning matters: a request with free fields would be re-solved by the planner and could come back
+        different, and `--gpus auto` would re-detect this machine instead of the one the run died on.
+        """
+        d = self._data
+        try:
+            hw_j = d["hardware"]
+            tr = d["training"]
+            batch = d["batch"]
+            req_j = dict(d.get("request") or {})
+            model = req_j.get("model") or d["model"]["name"]
+        except (KeyError, TypeError):
+            raise ScaletrainError("the plan JSON lacks hardware/training/batch/model; pass a plan.json written by "
+                                  "scaletrain (run directory) or `scaletrain plan --json`") from None
+        known = PlanRequest.field_names()
+        fields_: dict[str, Any] = {k: v for k, v in req_j.items() if k in known}
+        fields_["residents"] = tuple((r["model"], int(r["bits"])) if isinstance(r, dict) else (r[0], int(r[1]))
+                                     for r in (fields_.get("residents") or tr.get("residents") or ()))
+        fields_.update(
+            model=model, gpus=f"{hw_j['nodes']}x{hw_j['gpus_per_node']}x{hw_j['gpu']}", nodes=hw_j["nodes"],
+            method=tr["method"], strategy=tr["strategy"], offload=tr["offload"], precision=tr["precision"],
+            optimizer=tr["optimizer"], attn=tr["attn"], grad_ckpt=bool(tr["grad_ckpt"]), seq_len=int(tr["seq_len"]),
+            micro_batch=int(batch["micro_batch"]), grad_accum=int(batch["grad_accum"]), effective_batch=None,
+            device=tr.get("device"))
+        if tr.get("lora_rank"):
+            fields_["lora_rank"] = int(tr["lora_rank"])
+        targets = tr.get("lora_targets") or fields_.get("lora_targets")
+        fields_["lora_targets"] = tuple(targets) if targets else None
+        if tr.get("base_bits") is not None and tr["method"] != "full":
+            fields_["base_bits"] = int(tr["base_bits"])
+        mem = d.get("memory") or {}
+        if mem.get("headroom_fraction") is not None:
+            fields_["headroom"] = float(mem["headroom_fraction"])
+        req = PlanRequest(**fields_)
+        spec = find_gpu(hw_j["gpu"])
+        if hw_j.get("gpu_memory_bytes"):
+            spec = replace(spec, memory_bytes=int(hw_j["gpu_memory_bytes"]))
+        hw = Hardware(gpu=spec, gpus_per_node=int(hw_j["gpus_per_node"]), nodes=int(hw_j["nodes"]),
+                      source=hw_j.get("source") or "catalog")
+        if hw_j.get("inter_node_gbps"):
+            hw = replace(hw, inter_node_gbit_s=float(hw_j["inter_node_gbps"]))
+        return req, make_plan(req, hardware=hw)
+
+
+def read_plan_document(path: str | Path, *, flag: str | None = None) -> PlanDocument:
+    """A plan.json from disk. `flag`: how the user named the file (e.g. "--plan"); None: a run directory's own."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ScaletrainError(f"{flag} {path} does not exist" if flag
+                              else f"{path.parent} is not a run directory (no plan.json)") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ScaletrainError(f"{flag} {path} is not JSON ({e.msg} at line {e.lineno}); give a plan.json" if flag
+                              else f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    return PlanDocument.from_json(data, str(path))
+
+
+def holds_plan(path: str | Path, doc: PlanDocument) -> bool | None:
+    """Does the plan.json at `path` hold exactly `doc`? None when there is no readable plan.json there."""
+    try:
+        old = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return old == doc.to_json()

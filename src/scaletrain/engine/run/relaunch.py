@@ -1,0 +1,175 @@
+"""Apply a remedy to a run directory and relaunch it from its last checkpoint.
+
+Why a module: a remedy is a few PlanRequest changes, but applying it safely means re-planning on the same
+hardware, rewriting every file the plan decides (accelerate YAML, ds_config.json, launch.sh, plan.json) without
+losing the old ones, and knowing whether the checkpoint can be resumed under the new plan. What resumes:
+the same samples per optimizer step per rank (micro × accum), the same world size and data, and a checkpoint
+format the new strategy reads — so a micro-batch split, gradient checkpointing, offload and attention changes
+resume; a ZeRO-stage, precision, method or sequence-length change starts over (only with restart=True, and the
+old checkpoints and metrics are moved into the attempt's backup, never deleted).
+
+Remedy changes: PlanRequest fields by name, "train.<field>" for TrainOptions, "env.<NAME>" for environment
+variables of the relaunched processes (also written to the attempt's record).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, fields, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.fileio import atomic_write
+from scaletrain.engine.plan.plan import Plan
+from scaletrain.engine.plan.planner import make_plan
+from scaletrain.engine.plan.request import HARDWARE_FIELDS, PlanRequest
+from scaletrain.engine.run.launcher import LaunchResult, launch
+from scaletrain.engine.run.layout import RunDir
+from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
+from scaletrain.engine.run.status import read_status
+from scaletrain.engine.run.writers import render_run_files
+
+# Request fields whose change keeps the checkpoint loadable and the data order identical (see the docstring).
+RESUMABLE_FIELDS = frozenset({"micro_batch", "grad_accum", "grad_ckpt", "offload", "attn"})
+ATTEMPTS_DIR = "attempts"
+ENV_PREFIX, TRAIN_PREFIX = "env.", "train."
+# What an attempt's backup keeps (the run-directory layout's files; logs are copied, the launcher appends to them).
+BACKED_UP = ("plan.json", "accelerate_config.yaml", "ds_config.json", "launch.sh", "sbatch.sh", "status.json",
+             "metrics.jsonl")
+
+
+@dataclass(frozen=True)
+class Applied:
+    run_dir: Path
+    changes: dict[str, Any]
+    plan: Plan                         # the new plan
+    resume: bool                       # relaunch with --resume (a checkpoint exists and is compatible)
+    env: dict[str, str] | None         # the full environment for the relaunch (None: inherit)
+    backup_dir: Path
+    summary: str
+
+
+def likely_resumes(changes: dict[str, Any], keeps_effective_batch: bool | None = True) -> bool:
+    """A quick field-level answer for views (apply_remedy makes the exact check against the checkpoint)."""
+    fields_ = {k for k in changes if not k.startswith(ENV_PREFIX)}
+    return fields_ <= RESUMABLE_FIELDS and keeps_effective_batch is not False
+
+
+def split_changes(changes: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    """(PlanRequest changes, TrainOptions changes, environment) from a remedy's flat change dict."""
+    req_f = PlanRequest.field_names()
+    train_f = {f.name for f in fields(TrainOptions)}
+    plan_c: dict[str, Any] = {}
+    train_c: dict[str, Any] = {}
+    env_c: dict[str, str] = {}
+    for k, v in changes.items():
+        if k.startswith(ENV_PREFIX) and len(k) > len(ENV_PREFIX):
+            env_c[k[len(ENV_PREFIX):]] = str(v)
+        elif k.startswith(TRAIN_PREFIX) and k[len(TRAIN_PREFIX):] in train_f:
+            train_c[k[len(TRAIN_PREFIX):]] = v
+        elif k in req_f:
+            plan_c[k] = tuple(v) if isinstance(v, list) else v
+        else:
+            raise ScaletrainError(f"remedy change {k!r} is not a plan field, train.<option> or env.<NAME>; "
+                                  f"plan fields: {', '.join(sorted(req_f))}")
+    return plan_c, train_c, env_c
+
+
+def resume_blocker(old: PlanDocument, new_plan: Plan, plan_c: dict[str, Any],
+                   train_c: dict[str, Any]) -> str | None:
+    """Why the newest checkpoint cannot be resumed under the changed plan (None: it can)."""
+    s = new_plan.setup
+    ob = old.batch
+    if s.world_size != ob.world_size:
+        return f"the world size changes ({ob.world_size} → {s.world_size})"
+    if s.micro_batch * s.grad_accum != ob.micro_batch * ob.grad_accum:
+        return (f"samples per step per rank change ({ob.micro_batch}×{ob.grad_accum} → "
+                f"{s.micro_batch}×{s.grad_accum}), so the data order does")
+    changed = sorted(k for k in plan_c if k not in RESUMABLE_FIELDS and plan_c[k] != old.recorded(k))
+    if changed:
+        return f"{', '.join(changed)} change{'s' if len(changed) == 1 else ''} the checkpoint's format or the data"
+    if train_c:
+        return f"train option {', '.join(sorted(train_c))} needs a fresh schedule"
+    return None
+
+
+def _backup(run: RunDir, record: dict[str, Any], move: tuple[str, ...] = ()) -> Path:
+    """attempts/<n>-<stamp>/: copies of the plan files and logs as they were; `move` names are moved there."""
+    root = run.path / ATTEMPTS_DIR
+    root.mkdir(exist_ok=True)
+    n = 1 + sum(1 for p in root.iterdir() if p.is_dir())
+    dest = root / f"{n:02d}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    dest.mkdir()
+    for name in BACKED_UP:
+        src = run.path / name
+        if src.is_file() and name not in move:
+            shutil.copy2(src, dest / name)
+    if run.logs.is_dir():
+        shutil.copytree(run.logs, dest / run.logs.name)
+    for name in move:
+        src = run.path / name
+        if src.exists():
+            shutil.move(str(src), str(dest / name))
+    atomic_write(dest / "remedy.json", json.dumps(record, indent=2, default=str) + "\n", backup=False)
+    return dest
+
+
+def apply_remedy(run_dir: str | os.PathLike[str], changes: dict[str, Any], *, restart: bool = False,
+                 title: str | None = None) -> Applied:
+    """Re-plan with `changes`, back up the old files, rewrite the run's files; say whether to resume.
+
+    Refuses (one clear line) a running run, a hardware change (that is a new run directory), and — unless
+    `restart` — a change the newest checkpoint cannot be resumed under.
+    """
+    run = RunDir(run_dir)
+    old = read_plan_document(run.plan)
+    pid = read_status(run.status).running_elsewhere()
+    if pid is not None:
+        raise ScaletrainError(f"{run.path} is still running (launcher pid {pid}); stop it before applying a remedy")
+    plan_c, train_c, env_c = split_changes(dict(changes))
+    hw = sorted(HARDWARE_FIELDS & set(plan_c))
+    if hw:
+        raise ScaletrainError(f"this remedy changes the hardware ({', '.join(hw)}); plan a new run directory for it "
+                              "(scaletrain --gpus ...), a relaunch runs on the same machines")
+    req, old_plan = old.replan()
+    new_req = req.with_(**plan_c)
+    new_plan = make_plan(new_req, hardware=old_plan.setup.hardware)
+    try:
+        train = replace(old.train, **train_c)
+    except TypeError as e:
+        raise ScaletrainError(f"bad train option in remedy: {e}") from None
+    ck = run.newest_checkpoint()
+    blocker = resume_blocker(old, new_plan, plan_c, train_c) if ck is not None else None
+    if blocker and not restart:
+        raise ScaletrainError(f"cannot resume {ck.name} after this change: {blocker}; apply it with restart "
+                              "(step 0; the old checkpoints are kept in attempts/)")
+    resume = ck is not None and blocker is None
+    record = {"title": title, "changes": changes, "resume_from": ck.name if resume else None,
+              "restart_reason": blocker, "applied": datetime.now().isoformat(timespec="seconds")}
+    move = (run.checkpoints.name, run.metrics.name) if blocker else ()
+    backup = _backup(run, record, move)
+    files = render_run_files(new_plan, new_req, train, run)
+    for name, (text, mode) in files.items():
+        atomic_write(run.path / name, text, mode=mode)
+    if run.ds_config.name not in files and run.ds_config.exists():
+        run.ds_config.unlink()          # the new strategy has no DeepSpeed; the old file is in the backup
+    run.checkpoints.mkdir(exist_ok=True)
+    env = {**os.environ, **env_c} if env_c else None
+    what = ", ".join(f"{k}={v}" for k, v in changes.items()) or "configs rewritten"
+    how = f"resuming from {ck.name}" if resume else ("restarting from step 0: " + blocker if blocker
+                                                      else "starting from step 0 (no checkpoint yet)")
+    summary = f"applied {title or what}; {how}; previous files in {backup.relative_to(run.path)}"
+    return Applied(run.path, dict(changes), new_plan, resume, env, backup, summary)
+
+
+def relaunch(run_dir: str | os.PathLike[str], changes: dict[str, Any], *, restart: bool = False,
+             title: str | None = None, **launch_kw: Any) -> tuple[Applied, LaunchResult]:
+    """apply_remedy, then run the launcher (resuming when the checkpoint allows) to the end."""
+    applied = apply_remedy(run_dir, changes, restart=restart, title=title)
+    result = launch(applied.run_dir, resume=applied.resume, env=applied.env, **launch_kw)
+    return applied, result

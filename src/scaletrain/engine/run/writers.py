@@ -1,0 +1,158 @@
+"""Plan → a run directory: plan.json, the configs (configs.py) and the scripts (scripts.py), written whole.
+
+A new directory appears whole (written beside it, then renamed); one holding the same plan is rewritten file by
+file; a different previous run is refused, or moved aside with --overwrite. No torch, accelerate or DeepSpeed
+import: writing a run directory is as fast as `scaletrain plan`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.fileio import atomic_write
+from scaletrain.engine.plan.plan import Plan
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.run.configs import accelerate_config, deepspeed_config, render_accelerate_yaml
+from scaletrain.engine.run.layout import NODE_STATUS_PREFIX, RunDir, check_host, default_run_dir
+from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.run.plan_document import PlanDocument, holds_plan
+from scaletrain.engine.run.scripts import launch_script, sbatch_script
+
+SUPERSEDED_PREFIX = "superseded-"
+# Names the run-directory layout owns (layout.py, plus the trainer's TensorBoard folder); --overwrite moves exactly
+# these aside, nothing else.
+LAYOUT_NAMES = ("plan.json", "accelerate_config.yaml", "ds_config.json", "launch.sh", "sbatch.sh", "logs",
+                "metrics.jsonl", "checkpoints", "status.json", "tensorboard")
+
+
+# ---- the run directory -----------------------------------------------------------------------------------------
+def checked_train(train: TrainOptions) -> TrainOptions:
+    """A given dataset must exist; it is recorded as an absolute path (the trainer runs from anywhere)."""
+    if train.dataset is None:
+        return train
+    p = Path(train.dataset).expanduser()
+    if not p.is_file():
+        raise ScaletrainError(f"dataset {train.dataset} does not exist; give a JSONL file (text, prompt/response or "
+                              "messages per line), or leave it unset for the bundled demo data")
+    return replace(train, dataset=str(p.resolve()))
+
+
+def render_run_files(plan: Plan, request: PlanRequest, train: TrainOptions, run: RunDir, *,
+                     main_process_ip: str | None = None) -> dict[str, tuple[str, int | None]]:
+    """File name → (text, mode) for everything the run directory holds before launch."""
+    if main_process_ip is not None:
+        main_process_ip = check_host(main_process_ip)
+    files: dict[str, tuple[str, int | None]] = {
+        run.plan.name: (PlanDocument.build(plan, request, train).dumps(), None),
+        run.accelerate_config.name: (render_accelerate_yaml(
+            accelerate_config(plan, run, train, main_process_ip=main_process_ip), plan), None),
+        run.launch_sh.name: (launch_script(plan, run, train, main_process_ip=main_process_ip), 0o755),
+    }
+    ds = deepspeed_config(plan, train)
+    if ds is not None:
+        files[run.ds_config.name] = (json.dumps(ds, indent=2) + "\n", None)
+    sb = sbatch_script(plan, run, train)
+    if sb is not None:
+        files[run.sbatch_sh.name] = (sb, 0o755)
+    return files
+
+
+def _supersede(run: RunDir) -> Path | None:
+    """Move the previous run's layout files into superseded-<stamp>/ (kept, never deleted)."""
+    present = [run.path / n for n in LAYOUT_NAMES if (run.path / n).exists()]
+    present += sorted(run.path.glob(f"{NODE_STATUS_PREFIX}*.json"))          # other nodes' launcher status
+    if not present:
+        return None
+    dest = run.path / f"{SUPERSEDED_PREFIX}{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    n = 1
+    while dest.exists():
+        dest = dest.with_name(f"{dest.name}-{n}")
+        n += 1
+    dest.mkdir()
+    for p in present:
+        shutil.move(str(p), str(dest / p.name))
+    return dest
+
+
+def write_run_dir(plan: Plan, request: PlanRequest, train: TrainOptions, run_dir: str | os.PathLike[str] | None = None,
+                  *, overwrite: bool = False, main_process_ip: str | None = None) -> RunDir:
+    """Write plan.json, the configs and the scripts; refuse a directory holding a different plan.
+
+    A new directory appears whole (written beside it, then renamed); an existing one that holds the same plan is
+    rewritten file by file (atomic, with .bak of anything that differs); with overwrite, a different previous run
+    is moved to superseded-<stamp>/ first.
+    """
+    train = checked_train(train)
+    run = RunDir(run_dir if run_dir is not None else default_run_dir(plan.name))
+    files = render_run_files(plan, request, train, run, main_process_ip=main_process_ip)
+    if run.path.exists() and not run.path.is_dir():
+        raise ScaletrainError(f"run directory {run.path} exists and is not a directory; choose another --run-dir")
+    if not run.path.exists() or not any(run.path.iterdir()):
+        _write_fresh(run, files)
+        return run
+    same = holds_plan(run.plan, PlanDocument.build(plan, request, train))
+    if not same:
+        if not overwrite:
+            what = "a different plan" if same is False else "files that are not a scaletrain plan"
+            raise ScaletrainError(f"{run.path} already holds {what}; choose another --run-dir, or pass --overwrite "
+                                  f"(the previous files are moved to {SUPERSEDED_PREFIX}<date>/ inside it)")
+        _supersede(run)
+    for name, (text, mode) in files.items():
+        atomic_write(run.path / name, text, mode=mode)
+    run.logs.mkdir(exist_ok=True)
+    run.checkpoints.mkdir(exist_ok=True)
+    return run
+
+
+def _write_fresh(run: RunDir, files: dict[str, tuple[str, int | None]]) -> None:
+    run.path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=run.path.parent, prefix=f".{run.path.name}.", suffix=".tmp"))
+    try:
+        for name, (text, mode) in files.items():
+            (tmp / name).write_text(text)
+            if mode is not None:
+                os.chmod(tmp / name, mode)
+        (tmp / run.logs.name).mkdir()
+        (tmp / run.checkpoints.name).mkdir()
+        os.chmod(tmp, 0o777 & ~_umask())    # mkdtemp makes it 0o700; a run directory is an ordinary one
+        os.replace(tmp, run.path)       # replaces an empty directory too
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# ---- accelerate's default config ---------------------------------------------------------------------------------
+def accelerate_default_config_path() -> Path:
+    """Where `accelerate launch` looks without --config_file, computed as accelerate does
+    (accelerate/commands/config/config_args.py: $HF_HOME, else $XDG_CACHE_HOME/huggingface, else ~/.cache/huggingface),
+    but at call time, not at import time."""
+    hf_home = os.environ.get("HF_HOME", os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"))
+    return Path(os.path.expanduser(hf_home)) / "accelerate" / "default_config.yaml"
+
+
+def install_accelerate_default(run: RunDir, dest: Path | None = None) -> tuple[Path, Path | None]:
+    """Copy the run's accelerate YAML to accelerate's default location; an existing different file is backed up
+    first (returned). Nothing is written when the default already holds the same text."""
+    if not run.accelerate_config.is_file():
+        raise ScaletrainError(f"{run.path} has no accelerate_config.yaml; write the run directory first")
+    target = dest or accelerate_default_config_path()
+    backup = atomic_write(target, run.accelerate_config.read_text(), backup=True)
+    return target, backup
+
+
+def written_files(run: RunDir) -> list[Path]:
+    """The files of the layout that exist now, in layout order (for summaries)."""
+    return [run.path / n for n in LAYOUT_NAMES if (run.path / n).exists()]

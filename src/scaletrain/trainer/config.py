@@ -1,0 +1,58 @@
+"""RunConfig: what the training loop needs, read once from the run directory's plan.json (engine.run.plan_document)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from scaletrain.engine.run.layout import RunDir
+from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.run.plan_document import read_plan_document
+from scaletrain.engine.vocabulary import Attention, Method, Optimizer, Precision, Strategy
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything the loop needs, read once from plan.json."""
+
+    run: RunDir
+    train: TrainOptions
+    model_id: str
+    method: Method
+    lora_rank: int
+    lora_targets: tuple[str, ...]
+    base_bits: int
+    strategy: Strategy
+    precision: Precision
+    optimizer: Optimizer
+    attn: Attention
+    grad_ckpt: bool
+    micro_batch: int
+    grad_accum: int
+    seq_len: int
+    epochs: float
+    planned_world_size: int
+
+    @property
+    def uses_deepspeed(self) -> bool:
+        return self.strategy.uses_deepspeed
+
+    @property
+    def quantized_base(self) -> bool:
+        return self.method == "qlora" or (self.method == "lora" and self.base_bits in (4, 8))
+
+
+
+
+def read_run_config(run_dir: str | os.PathLike[str]) -> RunConfig:
+    """The run's plan and train options, checked (one line naming the bad field, or the bad option)."""
+    run = RunDir(run_dir)
+    doc = read_plan_document(run.plan)
+    req, tr, batch, train = doc.request, doc.training, doc.batch, doc.train
+    train.check()
+    return RunConfig(
+        run=run, train=train, model_id=req.model, method=tr.method, lora_rank=tr.lora_rank or 16,
+        lora_targets=tr.lora_targets, base_bits=tr.base_bits, strategy=tr.strategy, precision=tr.precision,
+        optimizer=tr.optimizer, attn=tr.attn, grad_ckpt=tr.grad_ckpt, micro_batch=batch.micro_batch,
+        grad_accum=batch.grad_accum, seq_len=batch.seq_len, epochs=float(req.epochs or 1.0),
+        planned_world_size=batch.world_size)

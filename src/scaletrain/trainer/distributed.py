@@ -1,0 +1,117 @@
+"""Who this process is and what it shares with the others: rank and world size (torch.distributed first: under
+DeepSpeed on a CPU host accelerate reports one process on every rank), the Accelerator for the plan's strategy,
+and the collectives the loop uses (barrier, sums, peak memory of every rank)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.run.metrics import RankMemory
+from scaletrain.trainer.config import RunConfig
+
+
+def rank_and_world(accelerator: Any) -> tuple[int, int]:
+    """torch.distributed when initialised, else the launcher's RANK/WORLD_SIZE, else accelerate's view."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return accelerator.process_index, accelerator.num_processes
+
+
+def _dist_ready() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def barrier() -> None:
+    if _dist_ready():
+        import torch.distributed as dist
+        dist.barrier()
+
+
+def make_accelerator(cfg: RunConfig) -> Any:
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType
+
+    if cfg.precision == "fp16" and not torch.cuda.is_available():
+        raise ScaletrainError("precision fp16 needs a CUDA GPU; on CPU use --precision bf16 or fp32")
+    if cfg.uses_deepspeed:
+        acc = Accelerator(gradient_accumulation_steps=cfg.grad_accum)
+        if acc.distributed_type != DistributedType.DEEPSPEED:
+            print(f"scaletrain: warning: the plan's strategy is {cfg.strategy} but accelerate runs "
+                  f"{acc.distributed_type.value}; launch with `scaletrain launch` or launch.sh", file=sys.stderr)
+        else:
+            _check_ds_config(acc, cfg)
+        return acc
+    # DDP's default keeps a second, flat copy of every gradient in its all-reduce buckets; bucket views make the
+    # gradients live inside the buckets instead (torch DDP docs: saves "the total gradients size"). The memory
+    # model counts the buckets as persistent gradients (engine/model/memory.py).
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    return Accelerator(cpu=not torch.cuda.is_available(), gradient_accumulation_steps=cfg.grad_accum,
+                       kwargs_handlers=[DistributedDataParallelKwargs(gradient_as_bucket_view=True)])
+
+
+def _check_ds_config(acc: Any, cfg: RunConfig) -> None:
+    """Fill 'auto' batch values with the plan's numbers (accelerate would use its own process count) and refuse
+    sections that would fight the trainer."""
+    ds = acc.state.deepspeed_plugin.deepspeed_config
+    for key in ("optimizer", "scheduler"):
+        if key in ds:
+            raise ScaletrainError(f"ds_config.json has an {key!r} section; the bundled trainer builds the optimizer "
+                                  "and LR schedule from the plan, so remove it (or use --script for your own)")
+    _, world = rank_and_world(acc)
+    wanted = {"train_micro_batch_size_per_gpu": cfg.micro_batch, "gradient_accumulation_steps": cfg.grad_accum,
+              "train_batch_size": cfg.micro_batch * cfg.grad_accum * world}
+    for key, value in wanted.items():
+        have = ds.get(key, "auto")
+        if have == "auto":
+            ds[key] = value
+        elif int(have) != value:
+            raise ScaletrainError(f"ds_config.json {key} is {have} but the plan with {world} processes needs "
+                                  f"{value}; rewrite the run directory or set it to \"auto\"")
+    if ds.get("gradient_clipping", "auto") == "auto":
+        ds["gradient_clipping"] = cfg.train.max_grad_norm
+
+
+def peak_memory(acc: Any, rank: int, world: int) -> tuple[RankMemory, ...]:
+    """Every rank's peaks (CUDA allocated/reserved where present, host peak RSS always), gathered to all."""
+    import resource
+
+    import torch
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux reports kibibytes
+    if torch.cuda.is_available():
+        mine = [torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(), rss]
+    else:
+        mine = [-1, -1, rss]
+    t = torch.tensor(mine, dtype=torch.int64, device=acc.device)
+    if _dist_ready() and world > 1:
+        import torch.distributed as dist
+        parts = [torch.empty_like(t) for _ in range(world)]
+        dist.all_gather(parts, t)
+    else:
+        parts = [t]
+    out = []
+    for r, p in enumerate(parts):
+        a, res, h = (int(x) for x in p.tolist())
+        out.append(RankMemory(r, a if a >= 0 else None, res if res >= 0 else None, h))
+    return tuple(out)
+
+
+def all_sum(acc: Any, values: list[float]) -> list[float]:
+    import torch
+
+    t = torch.tensor(values, dtype=torch.float64, device=acc.device)
+    if _dist_ready():
+        import torch.distributed as dist
+        dist.all_reduce(t)
+    return t.tolist()

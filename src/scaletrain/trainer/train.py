@@ -1,0 +1,248 @@
+"""The bundled trainer: `python -m scaletrain.trainer.train --run-dir DIR [--resume]`, started by `accelerate launch`.
+
+Causal-LM fine-tuning (full, LoRA, QLoRA) with accelerate + transformers + peft, driven by the run directory's
+plan.json: the plan's micro batch, accumulation, sequence length, precision, attention and checkpointing; the
+train options' LR schedule, epochs or max steps, checkpoints and data.
+
+Distribution: DDP/FSDP run as accelerate configures them (`Accelerator(cpu=...)` so two gloo ranks work on a CPU
+host). ZeRO strategies use accelerate's DeepSpeed plugin with ds_config.json; on a CPU host accelerate then reports
+one process on every rank while torch.distributed (and DeepSpeed) see them all, so rank and world size always come
+from torch.distributed / the launcher's environment, and this trainer shards the data itself for every strategy.
+
+Outputs (rank 0): metrics.jsonl (engine.run.metrics), TensorBoard events under tensorboard/, a human line per step on
+stdout. Checkpoints: checkpoints/step-<n>/ every train.checkpoint_every steps and at the end, each completed by
+trainer_state.json (written last); `--resume` continues from the newest complete one with the step count going on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.run.layout import RunDir
+from scaletrain.engine.run.metrics import MetricsWriter, StepMetrics
+from scaletrain.engine.run.options import LR_SCHEDULES, bundled_demo_dataset
+from scaletrain.trainer import data as data_mod
+from scaletrain.trainer.checkpoints import load_checkpoint, save_checkpoint
+from scaletrain.trainer.config import RunConfig, read_run_config
+from scaletrain.trainer.distributed import all_sum, barrier, make_accelerator, peak_memory, rank_and_world
+from scaletrain.trainer.model import build_model, check_capabilities, make_optimizer, make_tokenizer
+
+EXIT_INTERRUPTED = 130               # shell convention for SIGINT
+
+
+@dataclass(frozen=True)
+class Schedule:
+    rows: int
+    steps_per_epoch: int
+    total_steps: int
+    warmup_steps: int
+
+
+def make_schedule(cfg: RunConfig, rows: int, world: int) -> Schedule:
+    per_step = cfg.micro_batch * cfg.grad_accum * world
+    steps_per_epoch = (rows // world) // cfg.micro_batch // cfg.grad_accum
+    if steps_per_epoch == 0:
+        raise ScaletrainError(
+            f"the dataset gives {rows} blocks of {cfg.seq_len} tokens, but one optimizer step needs micro batch "
+            f"{cfg.micro_batch} × accumulation {cfg.grad_accum} × {world} processes = {per_step}; "
+            "add data, or lower the batch or the sequence length")
+    total = cfg.train.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    warmup = math.ceil(cfg.train.warmup_ratio * total)
+    return Schedule(rows, steps_per_epoch, total, warmup)
+
+
+def _tensorboard(run: RunDir) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        print("scaletrain: note: tensorboard is not installed; metrics.jsonl only", file=sys.stderr)
+        return None
+    return SummaryWriter(log_dir=str(run.path / "tensorboard"))
+
+
+def train(cfg: RunConfig, resume: bool) -> int:
+    import torch
+    from transformers import get_scheduler
+
+    dataset = Path(cfg.train.dataset).expanduser() if cfg.train.dataset else bundled_demo_dataset()
+    if not dataset.is_file():
+        raise ScaletrainError(f"dataset {dataset} does not exist (give a JSONL file: train option dataset)")
+    check_capabilities(cfg)
+    acc = make_accelerator(cfg)
+    rank, world = rank_and_world(acc)
+    main = rank == 0
+    if main and world != cfg.planned_world_size:
+        print(f"scaletrain: warning: planned for {cfg.planned_world_size} processes, running {world}",
+              file=sys.stderr)
+
+    tok = make_tokenizer(cfg)
+    blocks = data_mod.load_blocks(dataset, tok, cfg.seq_len, packing=cfg.train.packing)
+    sched = make_schedule(cfg, len(blocks), world)
+    model = build_model(cfg, acc.device)
+    optimizer = make_optimizer(cfg, model)
+    scheduler = get_scheduler(LR_SCHEDULES[cfg.train.lr_schedule], optimizer,
+                              num_warmup_steps=sched.warmup_steps, num_training_steps=sched.total_steps)
+    model, optimizer = acc.prepare(model, optimizer)
+    ds = cfg.uses_deepspeed and hasattr(model, "save_checkpoint")
+
+    step = 0
+    if not resume and main and (old := cfg.run.newest_checkpoint()) is not None:
+        print(f"scaletrain: note: starting at step 0 although {old} exists; --resume continues from it",
+              flush=True)
+    if resume:
+        ck = cfg.run.newest_checkpoint()
+        if ck is None:
+            if main:
+                print("scaletrain: no checkpoint to resume from; starting at step 0", flush=True)
+        else:
+            state = load_checkpoint(acc, model, scheduler, ck, ds)
+            # [issue 6, relaunch] a micro-batch split that keeps micro × accum reads exactly the same rows per
+            # optimizer step (make_schedule and shard_order depend on the product only), so it may resume.
+            layout = {"micro_batch × grad_accum": cfg.micro_batch * cfg.grad_accum, "world_size": world,
+                      "rows": len(blocks)}
+            saved = {**state, "micro_batch × grad_accum": (state.get("micro_batch") or 0) * (state.get("grad_accum")
+                                                                                            or 0)}
+            changed = {k: (saved.get(k), v) for k, v in layout.items() if saved.get(k) != v}
+            if changed:
+                what = ", ".join(f"{k} {a} → {b}" for k, (a, b) in changed.items())
+                raise ScaletrainError(f"cannot resume {ck.name}: the data layout changed ({what}); "
+                                      "start a new run directory instead")
+            step = int(state["step"])
+            if main:
+                print(f"scaletrain: resumed from {ck} at step {step}", flush=True)
+
+    if main:
+        n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())  # ZeRO-3: full size
+        sharding = f", DeepSpeed data-parallel over {model.dp_world_size}" if ds else ""
+        print(f"scaletrain: {cfg.model_id} ({cfg.method}, {cfg.strategy}, {cfg.precision}) on {world} "
+              f"process(es){sharding}; {len(blocks)} blocks × {cfg.seq_len} tokens from {dataset.name}; "
+              f"{sched.steps_per_epoch} steps/epoch, {sched.total_steps} steps; {n_params:,} parameters",
+              flush=True)
+    writer = MetricsWriter(cfg.run.metrics) if main else None
+    tb = _tensorboard(cfg.run) if main else None
+    every = cfg.train.checkpoint_every
+    last_saved = step
+    model.train()
+    t_last = time.perf_counter()
+    try:
+        while step < sched.total_steps:
+            epoch = step // sched.steps_per_epoch
+            order = data_mod.shard_order(sched.rows, epoch, cfg.train.seed, rank, world)
+            first_micro = (step % sched.steps_per_epoch) * cfg.grad_accum
+            loss_sum = tokens = 0.0
+            micro_in_step = 0
+            for m in range(first_micro, sched.steps_per_epoch * cfg.grad_accum):
+                rows = order[m * cfg.micro_batch:(m + 1) * cfg.micro_batch]
+                batch = {k: torch.tensor([getattr(blocks, k)[i] for i in rows], device=acc.device)
+                         for k in ("input_ids", "labels", "attention_mask")}
+                micro_in_step += 1
+                boundary = micro_in_step == cfg.grad_accum
+                acc.sync_gradients = boundary
+                with contextlib.nullcontext() if boundary else acc.no_sync(model):
+                    loss = model(**batch).loss
+                    acc.backward(loss)
+                loss_sum += float(loss.detach())
+                tokens += float(batch["attention_mask"].sum())
+                if not boundary:
+                    continue
+                grad_norm = None
+                if not ds and cfg.train.max_grad_norm > 0:
+                    norm = acc.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+                    grad_norm = float(norm) if norm is not None else None
+                lr = float(scheduler.get_last_lr()[0])
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                if ds:
+                    gn = model.get_global_grad_norm()
+                    grad_norm = float(gn) if gn is not None else None
+                step += 1
+                loss_all, micro_all, tok_all = all_sum(acc, [loss_sum, float(micro_in_step), tokens])
+                now = time.perf_counter()
+                step_s = now - t_last
+                t_last = now
+                rec = StepMetrics(step=step, total_steps=sched.total_steps,
+                                  epoch=round(step / sched.steps_per_epoch, 4), loss=loss_all / micro_all, lr=lr,
+                                  tokens_per_second=tok_all / step_s, step_seconds=step_s, world_size=world,
+                                  time=time.time(), tokens=int(tok_all), grad_norm=grad_norm,
+                                  peak_memory=peak_memory(acc, rank, world))
+                if main:
+                    writer.write(rec)
+                    if tb is not None:
+                        for k in ("loss", "lr", "tokens_per_second", "step_seconds"):
+                            tb.add_scalar(f"train/{k}", getattr(rec, k), step)
+                    print(f"step {step}/{sched.total_steps} loss {rec.loss:.4f} lr {lr:.3g} "
+                          f"tok/s {rec.tokens_per_second:.0f} step {step_s:.3f}s", flush=True)
+                loss_sum = tokens = 0.0
+                micro_in_step = 0
+                if step % every == 0 or step == sched.total_steps:
+                    save_checkpoint(acc, model, scheduler, cfg.run,
+                                    {"step": step, "total_steps": sched.total_steps, "epoch": rec.epoch,
+                                     "micro_batch": cfg.micro_batch, "grad_accum": cfg.grad_accum,
+                                     "world_size": world, "rows": len(blocks), "strategy": cfg.strategy,
+                                     "time": time.time()}, rank, ds)
+                    last_saved = step
+                    t_last = time.perf_counter()          # saving is not step time
+                _injected_failure(step, rank, resume)
+                if step >= sched.total_steps:
+                    break
+    except KeyboardInterrupt:
+        if main:
+            print(f"scaletrain: interrupted at step {step} (last checkpoint: step {last_saved})", flush=True)
+        return EXIT_INTERRUPTED
+    finally:
+        if writer is not None:
+            writer.close()
+        if tb is not None:
+            tb.close()
+    barrier()
+    if main:
+        print(f"scaletrain: done, {step} steps; checkpoints in {cfg.run.checkpoints}", flush=True)
+    acc.end_training()
+    return 0
+
+
+# [issue 6, failure doctor tests] SCALETRAIN_FAIL_AT_STEP=N kills rank SCALETRAIN_FAIL_RANK (default 0) with
+# SIGKILL right after step N (its metrics and any checkpoint are written), only in a run that was not resumed: a
+# real killed rank, exactly what the host OOM killer leaves behind. Unset in normal runs.
+FAIL_AT_STEP_ENV = "SCALETRAIN_FAIL_AT_STEP"
+FAIL_RANK_ENV = "SCALETRAIN_FAIL_RANK"
+
+
+def _injected_failure(step: int, rank: int, resumed: bool) -> None:
+    at = os.environ.get(FAIL_AT_STEP_ENV)
+    if not at or resumed or step != int(at) or rank != int(os.environ.get(FAIL_RANK_ENV, "0")):
+        return
+    import signal
+
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m scaletrain.trainer.train",
+                                description="scaletrain's bundled causal-LM trainer (run it via accelerate launch)")
+    p.add_argument("--run-dir", required=True, help="a run directory written by scaletrain (holds plan.json)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the run dir")
+    args = p.parse_args(argv)
+    # DeepSpeed 0.19 calls torch.distributed APIs that torch 2.13 deprecates, once per collective: keep logs readable
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
+    try:
+        return train(read_run_config(args.run_dir), args.resume)
+    except ScaletrainError as e:
+        print(f"scaletrain: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

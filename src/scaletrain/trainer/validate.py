@@ -1,0 +1,187 @@
+"""`scaletrain validate`: run the planned configuration for a few steps and put predicted next to measured.
+
+Memory on CPU comes from the same ground truth as the test suite (trainer/measure.py: torch.profiler's memory
+timeline over one steady-state optimizer step of the plan's per-process configuration). On GPUs it is the
+trainer's own `torch.cuda.max_memory_allocated/reserved` per rank, read from metrics.jsonl. Step time is the
+median of the bundled trainer's step times after warm-up, in a real run of the plan (random-init weights when
+the real ones are absent). `derive_calibration` turns a result into a profile for engine/model/calibration.py.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from dataclasses import dataclass, replace
+from datetime import date
+from pathlib import Path
+from typing import Any, Callable
+
+from scaletrain.engine.model.calibration import Calibration, stack_signature
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.plan.plan import Plan, evaluate
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.plan.planner import make_plan
+from scaletrain.engine.run.options import TrainOptions
+
+WARMUP_FRACTION = 0.25      # the first quarter of the steps (at least 2) is warm-up: allocator, kernels, caches
+MIN_WARMUP_STEPS = 2
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    plan: Plan
+    steps: int
+    memory_source: str                     # how the measured peak was read
+    predicted_allocated_bytes: int         # total − overhead of the configuration that was measured
+    measured_allocated_bytes: int | None
+    predicted_reserved_bytes: int | None   # total (GPU: allocated peak + allocator reserve + context)
+    measured_reserved_bytes: int | None
+    predicted_step_seconds: float | None
+    measured_step_seconds: float | None
+    run_dir: Path
+    notes: tuple[str, ...] = ()
+
+    @staticmethod
+    def _err(pred: float | None, meas: float | None) -> float | None:
+        if pred is None or not meas:
+            return None
+        return (pred - meas) / meas
+
+    @property
+    def memory_error(self) -> float | None:
+        return self._err(self.predicted_allocated_bytes, self.measured_allocated_bytes)
+
+    @property
+    def time_error(self) -> float | None:
+        return self._err(self.predicted_step_seconds, self.measured_step_seconds)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "plan": self.plan.to_json(), "steps": self.steps, "memory_source": self.memory_source,
+            "predicted_allocated_bytes": self.predicted_allocated_bytes,
+            "measured_allocated_bytes": self.measured_allocated_bytes,
+            "predicted_reserved_bytes": self.predicted_reserved_bytes,
+            "measured_reserved_bytes": self.measured_reserved_bytes,
+            "predicted_step_seconds": self.predicted_step_seconds,
+            "measured_step_seconds": self.measured_step_seconds,
+            "memory_error": self.memory_error, "time_error": self.time_error,
+            "run_dir": str(self.run_dir), "notes": list(self.notes),
+        }
+
+
+def _measure_precision(plan: Plan) -> str:
+    """trainer/measure.py's name for the regime the trainer runs this plan in (weights dtype, autocast or not)."""
+    from scaletrain.engine.model.numerics import numerics
+
+    s = plan.setup
+    if s.precision == "fp32":
+        return "fp32"
+    nm = numerics(s)
+    if not nm.autocast:
+        return "bf16-pure"
+    return "bf16" if nm.residual == 4 else "bf16-autocast"
+
+
+def _per_process_setup(plan: Plan) -> tuple[Plan, str | None]:
+    """What one CPU process of the plan holds, as the profiler sees it: no DDP buckets, no ZeRO sharding."""
+    s = plan.setup
+    if s.world_size == 1 and s.strategy == "ddp":
+        return plan, None
+    one = s.with_(hardware=replace(s.hardware, gpus_per_node=1, nodes=1), strategy="ddp", offload="none")
+    note = (f"memory measured for one process without {s.strategy.label} "
+            f"(the profiler runs one process); compared with the engine's prediction for that process")
+    return evaluate(one, headroom_fraction=plan.memory.headroom_fraction, name=plan.name), note
+
+
+def measure_cpu_memory(plan: Plan) -> tuple[int, Plan, tuple[str, ...]]:
+    from scaletrain.trainer.measure import measure_step
+
+    s = plan.setup
+    if s.optimizer == "adamw-8bit":
+        raise ScaletrainError("adamw-8bit needs bitsandbytes on a CUDA GPU; validate it on the GPU machine")
+    target, note = _per_process_setup(plan)
+    m = measure_step(dict(s.model.config), method=s.method, lora_rank=s.lora_rank, lora_alpha=2 * s.lora_rank,
+                     lora_targets=s.lora_targets if s.method != "full" else None, micro_batch=s.micro_batch,
+                     seq_len=s.seq_len, grad_ckpt=s.grad_ckpt, attn=s.attn, precision=_measure_precision(plan),
+                     optimizer=s.optimizer, grad_accum=s.grad_accum, device="cpu",
+                     optimizer_impl=s.optimizer_impl)
+    return m.peak_allocated_bytes, target, (note,) if note else ()
+
+
+def _steady_step_seconds(series: list[Any]) -> float | None:
+    if not series:
+        return None
+    skip = max(MIN_WARMUP_STEPS, int(len(series) * WARMUP_FRACTION))
+    steady = series[skip:] or series[-1:]
+    return statistics.median(m.step_seconds for m in steady)
+
+
+def run_steps(request: PlanRequest, train: TrainOptions, steps: int, run_dir: Path,
+              on_output: Callable[[int | None, str], None] | None = None) -> tuple[Plan, list[Any], Any]:
+    """Write the plan's run directory with max_steps = `steps` and run it with the bundled trainer."""
+    from scaletrain.engine.run.launcher import launch
+    from scaletrain.engine.run.metrics import read_metrics
+    from scaletrain.engine.run.writers import write_run_dir
+
+    plan = make_plan(request)
+    train = replace(train, max_steps=steps, checkpoint_every=10 * steps, script=None, script_args=())
+    run = write_run_dir(plan, request, train, run_dir, overwrite=True)
+    result = launch(run.path, on_output=on_output)
+    if not result.ok:
+        raise ScaletrainError(f"the validation run failed with exit code {result.exit_code}"
+                              + (f" on rank {result.first_failing_rank}" if result.first_failing_rank is not None
+                                 else "") + f"; logs in {run.logs}")
+    return plan, read_metrics(run.metrics), run
+
+
+def validate(request: PlanRequest, train: TrainOptions, *, steps: int = 20, run_dir: str | Path | None = None,
+             on_output: Callable[[int | None, str], None] | None = None) -> ValidationResult:
+    if steps < MIN_WARMUP_STEPS + 1:
+        raise ScaletrainError(f"--steps must be at least {MIN_WARMUP_STEPS + 1} (warm-up steps are not timed)")
+    base = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="scaletrain-validate-"))
+    plan, series, run = run_steps(request, train, steps, base, on_output)
+    s = plan.setup
+    notes: list[str] = []
+    if s.device == "cpu":
+        measured_alloc, target, extra = measure_cpu_memory(plan)
+        notes += extra
+        source = "torch.profiler memory timeline, one steady-state step (CPU)"
+        pred_alloc = target.memory.allocated_peak_bytes
+        pred_res = meas_res = None
+    else:
+        peaks = [m for rec in series for m in rec.peak_memory]
+        alloc = [m.allocated_bytes for m in peaks if m.allocated_bytes is not None]
+        res = [m.reserved_bytes for m in peaks if m.reserved_bytes is not None]
+        measured_alloc = max(alloc) if alloc else None
+        meas_res = max(res) if res else None
+        source = "torch.cuda.max_memory_allocated / max_memory_reserved per rank (trainer metrics)"
+        pred_alloc = plan.memory.allocated_peak_bytes
+        pred_res = plan.memory.total_bytes
+    pred_step = plan.time.step_seconds if plan.time is not None else None
+    return ValidationResult(plan=plan, steps=len(series), memory_source=source,
+                            predicted_allocated_bytes=pred_alloc, measured_allocated_bytes=measured_alloc,
+                            predicted_reserved_bytes=pred_res, measured_reserved_bytes=meas_res,
+                            predicted_step_seconds=pred_step, measured_step_seconds=_steady_step_seconds(series),
+                            run_dir=run.path, notes=tuple(notes))
+
+
+def derive_calibration(r: ValidationResult, source: str) -> Calibration:
+    """A profile from one validation: compute scale from the timed steps, allocator reserve from the GPU peaks."""
+    s = r.plan.setup
+    t = r.plan.time
+    if t is None or r.measured_step_seconds is None:
+        raise ScaletrainError("no timed steps to calibrate from; run more --steps")
+    if t.compute_seconds <= 0:
+        raise ScaletrainError("the plan predicts no compute time; nothing to calibrate")
+    non_compute = t.step_seconds - t.compute_seconds
+    # relative to the uncalibrated model: a plan made under an older profile already carries its scale
+    scale = t.constants.compute_scale * max(1e-6, r.measured_step_seconds - non_compute) / t.compute_seconds
+    achieved = (t.model_flops_per_step / (r.measured_step_seconds * t.peak_flops)
+                if s.device != "cpu" and t.peak_flops > 0 else None)
+    reserve = None
+    if r.measured_reserved_bytes and r.measured_allocated_bytes:
+        reserve = max(0.0, r.measured_reserved_bytes / r.measured_allocated_bytes - 1.0)
+    return Calibration(device=s.hardware.gpu.key, method=s.method, stack=stack_signature(),
+                       created=date.today().isoformat(), source=source, compute_scale=round(scale, 4),
+                       achieved_utilization=None if achieved is None else round(achieved, 4),
+                       allocator_reserve_fraction=None if reserve is None else round(reserve, 4))

@@ -1,0 +1,1 @@
+"""The terminal front ends. Nothing in engine/ imports from here."""

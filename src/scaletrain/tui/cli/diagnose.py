@@ -1,0 +1,78 @@
+"""`scaletrain diagnose LOG... [--plan plan.json] [--exit-code RANK=CODE] [--json]`: the doctor's verdict as plain
+text or JSON (the doctor itself is engine.doctor). No Textual, no torch: it works over SSH, in CI and in logs.
+The engine is imported when the command runs, so that parsing any command stays fast."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.units import fmt_bytes, fmt_seconds
+
+if TYPE_CHECKING:
+    from scaletrain.engine.doctor.summary import Diagnosis
+
+
+def configure_diagnose(p: argparse.ArgumentParser) -> None:
+    p.add_argument("logs", nargs="+", metavar="LOG", help="log files, or a run directory (uses its logs, "
+                                                         "status.json and plan.json)")
+    p.add_argument("--plan", metavar="PLAN_JSON", help="the run's plan.json (or `scaletrain plan --json` output), "
+                                                       "for predicted numbers and remedies")
+    p.add_argument("--exit-code", action="append", default=[], metavar="RANK=CODE",
+                   help="a rank's exit code when no status.json has it (e.g. 3=-9)")
+    p.add_argument("--json", action="store_true", help="print the diagnosis as one JSON object")
+
+
+def _exit_codes(items: list[str]) -> dict[int, int]:
+    out = {}
+    for it in items:
+        rank, _, code = it.partition("=")
+        try:
+            out[int(rank)] = int(code)
+        except ValueError:
+            raise ScaletrainError(f"--exit-code {it!r} is not RANK=CODE (e.g. 3=-9)") from None
+    return out
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from scaletrain.engine.doctor.diagnosis import diagnose_paths
+    from scaletrain.engine.run.plan_document import read_plan_document
+
+    plan = read_plan_document(args.plan, flag="--plan") if args.plan else None
+    diag = diagnose_paths([Path(p) for p in args.logs], plan, exit_codes=_exit_codes(args.exit_code))
+    if args.json:
+        print(json.dumps(diag.to_json(), indent=2))
+    else:
+        print_diagnosis(diag, sys.stdout)
+    return 0
+
+
+def print_diagnosis(diag: Diagnosis, out: TextIO) -> None:
+    """Plain text: kind, summary, evidence, remedies with their predicted numbers (all from the Diagnosis)."""
+    where = "".join(f" {k} {v}" for k, v in (("rank", diag.rank), ("gpu", diag.gpu)) if v is not None)
+    print(f"{diag.kind}{where}: {diag.summary}", file=out)
+    if diag.evidence:
+        print("evidence:", file=out)
+        for line in diag.evidence:
+            print(f"  {line}", file=out)
+    for s in diag.secondary:
+        print(f"  also: {s}", file=out)
+    if diag.remedies:
+        print("remedies:", file=out)
+    for i, r in enumerate(diag.remedies, 1):
+        nums = []
+        if r.predicted_per_gpu_bytes is not None:
+            nums.append(f"{fmt_bytes(r.predicted_per_gpu_bytes)}/GPU" + ("" if r.fits is None else
+                                                                     (" fits" if r.fits else " still over")))
+        if r.predicted_step_seconds is not None:
+            nums.append(f"step {fmt_seconds(r.predicted_step_seconds)}")
+        if r.effective_batch is not None:
+            nums.append(f"batch {r.effective_batch}")
+        manual = "" if r.applicable else " [manual]"
+        print(f"  {i}. {r.title}{manual}" + (f"  ({', '.join(nums)})" if nums else ""), file=out)
+        if r.changes:
+            print("     " + ", ".join(f"{k}={v}" for k, v in r.changes.items()), file=out)

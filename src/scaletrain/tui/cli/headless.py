@@ -1,0 +1,93 @@
+"""`scaletrain --preset NAME --headless [--dry-run] [--run-dir DIR]`: replay a plan without any TUI.
+
+Plan, write the run directory, print a short summary (rich, no Textual), then hand the run to the launcher's live
+progress (views/progress.py) unless --dry-run. The exit code is the training's. `--save-preset NEW` writes the
+request (with the planner's choices pinned) as a preset; without --headless it only saves.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+from scaletrain.engine.devices.nvml import detect
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.plan.plan import Plan
+from scaletrain.engine.plan.planner import make_plan
+from scaletrain.engine.plan.presets import write_preset
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.run.layout import RunDir
+from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.run.scripts import node_launch_commands
+from scaletrain.engine.run.writers import write_run_dir, written_files
+from scaletrain.tui.cli.plan_args import request_from_args, train_from_args
+from scaletrain.tui.views.progress import stream_run
+from scaletrain.tui.views.render import print_plan
+
+
+def print_written(console: Console, run: RunDir) -> None:
+    console.print(f"[bold]run directory[/] {run.path}")
+    for p in written_files(run):
+        console.print(f"  {p.name}{'/' if p.is_dir() else ''}")
+
+
+def save_preset_from_args(console: Console, args: argparse.Namespace, request: PlanRequest, train: TrainOptions,
+                          plan: Plan) -> None:
+    name = args.save_preset
+    path, backup = write_preset(name, request, train, plan=plan)
+    console.print(f"saved preset [bold]{name}[/] to {path}"
+                  + (f" (previous version kept as {backup})" if backup else ""))
+
+
+def print_node_commands(console: Console, plan: Plan, run: RunDir, main_process_ip: str | None, lead: str) -> None:
+    """How to start the run: one command, or one per node (any order) plus sbatch for a multi-node plan."""
+    cmds = node_launch_commands(plan, run, main_process_ip=main_process_ip)
+    if not cmds:
+        console.print(f"{lead} Launch with `scaletrain launch {run.path}` or `bash {run.launch_sh}`")
+        return
+    console.print(f"{lead} {len(cmds)} nodes, the same run directory on each; start every node (in any order):")
+    for rank, cmd in enumerate(cmds):
+        console.print(f"  node {rank}: {cmd}", markup=False, highlight=False, soft_wrap=True)
+    if run.sbatch_sh.exists():
+        console.print(f"  or on SLURM: sbatch {run.sbatch_sh}  (partition/account: see its header)", markup=False,
+                      soft_wrap=True)
+
+
+def check_local_gpus(plan: Plan, run: RunDir) -> None:
+    """A GPU plan launched here needs this node's GPUs (counted with NVML); refuse early instead of failing late."""
+    s = plan.setup
+    if s.device != "cuda":
+        return
+    found = detect()
+    have = len(found.gpus)
+    if have < s.hardware.gpus_per_node:
+        why = f" ({found.error})" if found.error and not have else ""
+        raise ScaletrainError(
+            f"the plan needs {s.hardware.gpus_per_node} GPUs per node and this machine has {have}{why}; the run "
+            f"directory is written ({run.path}): launch it on the GPU machine with `scaletrain launch {run.path}`")
+
+
+def run_headless(args: argparse.Namespace) -> int:
+    console = Console(highlight=False)
+    request = request_from_args(args)
+    train = train_from_args(args)
+    plan = make_plan(request)
+    if getattr(args, "save_preset", None):
+        save_preset_from_args(console, args, request, train, plan)
+        if not getattr(args, "headless", False):
+            return 0
+    ip = getattr(args, "main_process_ip", None)
+    run = write_run_dir(plan, request, train, getattr(args, "run_dir", None),
+                        overwrite=bool(getattr(args, "overwrite", False)), main_process_ip=ip)
+    print_plan(plan)
+    print_written(console, run)
+    if not plan.fits:
+        console.print("[yellow]warning:[/] the plan does not fit in memory; the run will likely run out of memory")
+    if getattr(args, "dry_run", False):
+        print_node_commands(console, plan, run, ip, "dry run: nothing launched.")
+        return 0
+    if plan.setup.hardware.nodes > 1:
+        print_node_commands(console, plan, run, ip, "this machine starts node 0, the head node.")
+    check_local_gpus(plan, run)
+    return stream_run(run.path, main_process_ip=ip)

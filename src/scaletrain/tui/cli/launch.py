@@ -1,0 +1,55 @@
+"""`scaletrain launch RUN_DIR [--resume] [--machine-rank R --main-process-ip IP] [--script train.py -- ARGS]`.
+
+Argument parsing only: engine.run.launcher runs the processes, tui.views.progress shows them. User-script mode runs
+`accelerate launch --config_file RUN_DIR/accelerate_config.yaml train.py ARGS` under the run's configs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from scaletrain.engine.errors import ScaletrainError
+
+
+def configure_launch(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by scaletrain (holds plan.json)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in RUN_DIR")
+    p.add_argument("--machine-rank", type=int, help="multi-node: this node's rank (0 on the head node)")
+    p.add_argument("--main-process-ip", help="multi-node: the head node's address")
+    p.add_argument("--logs", action="store_true", help="echo every rank's output above the progress bar")
+    p.add_argument("--script", metavar="SCRIPT",
+                   help="run your own training script under the run's accelerate/DeepSpeed configs; its arguments "
+                        "go after --")
+    p.epilog = "user-script mode: scaletrain launch RUN_DIR --script train.py -- ARGS"
+    p.set_defaults(script_args=())
+    _split_at_double_dash(p)
+
+
+def _split_at_double_dash(p: argparse.ArgumentParser) -> None:
+    """Everything after `--` is the user script's ARGS. argparse (3.11) cannot hand a `--` tail to a subcommand
+    option or positional, so this subparser cuts it off before parsing and stores it as script_args."""
+    parse = p.parse_known_args
+
+    def parse_known_args(args: Any = None, namespace: Any = None) -> Any:
+        args = list(args if args is not None else [])
+        if "--" not in args:
+            return parse(args, namespace)
+        cut = args.index("--")
+        ns, extras = parse(args[:cut], namespace)
+        ns.script_args = tuple(args[cut + 1:])
+        return ns, extras
+
+    p.parse_known_args = parse_known_args  # type: ignore[method-assign]
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    if args.script_args and not args.script:
+        raise ScaletrainError("arguments after -- are for a user script; give it with --script train.py")
+    if args.machine_rank is not None and args.machine_rank < 0:
+        raise ScaletrainError(f"--machine-rank must be ≥ 0 (got {args.machine_rank})")
+    from scaletrain.tui.views.progress import stream_run
+
+    return stream_run(args.run_dir, machine_rank=args.machine_rank, main_process_ip=args.main_process_ip,
+                      resume=args.resume, script=args.script, script_args=tuple(args.script_args),
+                      echo_logs=args.logs)

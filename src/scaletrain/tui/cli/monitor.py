@@ -1,0 +1,172 @@
+"""`scaletrain monitor RUN_DIR [--interval S] [--headless] [--replay FILE] [--once]`: the full-screen monitor, or
+plain lines (a step line per step, device lines every HEADLESS_DEVICE_EVERY_S, warnings once, the doctor's verdict
+when the run fails). The sampler lives in the engine and is imported when the command runs (parsing any command
+stays fast); the full-screen monitor is imported only when asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, TextIO
+
+from scaletrain.engine.units import fmt_bytes, fmt_seconds
+from scaletrain.tui.cli.diagnose import print_diagnosis
+
+if TYPE_CHECKING:
+    from scaletrain.engine.run.metrics import MetricsSummary, StepMetrics
+    from scaletrain.engine.sampling.sampler import Sampler, Tick
+
+# Headless: device lines (GPU or host) are printed at most this often, step lines whenever a step lands.
+HEADLESS_DEVICE_EVERY_S = 10.0
+PROGRESS_BAR_CELLS = 24
+
+
+def configure_monitor(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (running or finished)")
+    p.add_argument("--interval", type=float, default=None, metavar="S", help="sampling interval, seconds (default 1)")
+    p.add_argument("--headless", action="store_true", help="plain lines instead of the full-screen monitor")
+    p.add_argument("--replay", metavar="SAMPLES_JSONL", help="show recorded NVML samples instead of live NVML")
+    p.add_argument("--once", action="store_true", help="headless: print one snapshot and exit")
+
+
+def cmd_monitor(args: argparse.Namespace) -> int:
+    from scaletrain.engine.sampling.gpu import DEFAULT_INTERVAL_S
+    from scaletrain.engine.sampling.sampler import make_sampler
+
+    interval = DEFAULT_INTERVAL_S if args.interval is None else args.interval
+    sampler = make_sampler(args.run_dir, interval, replay=args.replay)
+    if args.headless or args.once:
+        return stream_run(sampler, sys.stdout, once=args.once)
+    from scaletrain.tui.monitor.app import create_monitor_app
+
+    app = create_monitor_app(args.run_dir, sampler=sampler)
+    app.run()
+    return int(app.return_code or 0)
+
+
+class HeadlessPrinter:
+    """Turns Ticks into plain lines: one per new step, device lines every HEADLESS_DEVICE_EVERY_S and whenever
+    the run's processes change (a rank appears or exits), warnings once."""
+
+    def __init__(self, out: TextIO, predicted_peak_bytes: int | None = None):
+        self.out = out
+        self.predicted = predicted_peak_bytes
+        self.last_step: int | None = None
+        self.last_device_s = -1e9
+        self.warned: set[str] = set()
+        self.state: str | None = None
+        self.procs: tuple = ()
+
+    def __call__(self, t: Tick) -> None:
+        job = t.job
+        if job is not None and job.summary is not None:
+            for rec in job.new_steps:           # every step once, in order (a resumed run repeats none)
+                if self.last_step is None or rec.step > self.last_step:
+                    self.last_step = rec.step
+                    self.out.write(step_line(rec, job.summary) + "\n")
+        now = time.monotonic()
+        procs = tuple((p.rank, p.pid, p.alive) for p in t.host.procs) if t.host is not None else ()
+        if now - self.last_device_s >= HEADLESS_DEVICE_EVERY_S or procs != self.procs:
+            self.procs = procs
+            self.last_device_s = now
+            for line in device_lines(t, self.predicted):
+                self.out.write(line + "\n")
+        for w in (job.warnings if job is not None else ()):
+            if w not in self.warned:
+                self.warned.add(w)
+                self.out.write(f"warning: {w}\n")
+        if job is not None and job.status.state != self.state:
+            self.state = job.status.state
+            if self.state in ("finished", "failed"):
+                code = job.status.exit_code
+                self.out.write(f"run {self.state}" + (f": exit code {code}" if code is not None else "") + "\n")
+        self.out.flush()
+
+
+def bar(fraction: float, cells: int = PROGRESS_BAR_CELLS) -> str:
+    fraction = min(1.0, max(0.0, fraction))
+    full = int(round(fraction * cells))
+    return "[" + "#" * full + "." * (cells - full) + "]"
+
+
+def step_line(rec: StepMetrics, summary: MetricsSummary) -> str:
+    """One step record, with the ETA from the recent mean step time (engine.run.metrics.summarize)."""
+    frac = rec.step / rec.total_steps if rec.total_steps else 0.0
+    eta = summary.eta_after(rec)
+    return (f"step {rec.step}/{rec.total_steps} {bar(frac)} {frac:4.0%}  loss {rec.loss:.4f}  "
+            f"tok/s {rec.tokens_per_second:,.0f}  step {fmt_seconds(rec.step_seconds)}  ETA {fmt_seconds(eta)}")
+
+
+def device_lines(t: Tick, predicted: int | None) -> list[str]:
+    out = []
+    g = t.gpu
+    if g is not None and g.available:
+        for s in g.gpus:
+            if s.error:
+                out.append(f"gpu{s.index} ERROR: {s.error}")
+                continue
+            na = "N/A"
+            mem = (f"{fmt_bytes(s.memory_used_bytes)}/{fmt_bytes(s.memory_total_bytes)}"
+                   if s.memory_used_bytes is not None and s.memory_total_bytes else na)
+            pred = f" (pred {fmt_bytes(predicted)})" if predicted else ""
+            power = (f"{s.power_w:.0f}/{s.power_limit_w:.0f} W" if s.power_w is not None and s.power_limit_w
+                     else (f"{s.power_w:.0f} W" if s.power_w is not None else na))
+            util = f"{s.utilization_pct}%" if s.utilization_pct is not None else na
+            temp = f"{s.temperature_c}°C" if s.temperature_c is not None else na
+            out.append(f"gpu{s.index} util {util} mem {mem}{pred} {temp} {power}")
+        for m in g.migs:
+            used = fmt_bytes(m.memory_used_bytes) if m.memory_used_bytes is not None else "N/A"
+            total = fmt_bytes(m.memory_total_bytes) if m.memory_total_bytes else "N/A"
+            out.append(f"  gpu{m.parent_index}/mig{m.mig_index} mem {used}/{total}")
+    elif g is not None:
+        out.append(f"gpus: {g.reason or 'no NVML'}; host numbers below")
+    h = t.host
+    if h is not None:
+        cpu = f"{h.cpu_percent:.0f}%" if h.cpu_percent is not None else "N/A"
+        out.append(f"host cpu {cpu} mem {fmt_bytes(h.memory_used_bytes)}/{fmt_bytes(h.memory_total_bytes)}"
+                   if h.memory_total_bytes else "host: N/A")
+        for p in h.procs:
+            if not p.alive:
+                out.append(f"  rank {p.rank} pid {p.pid} exited")
+            elif p.rss_bytes is not None:
+                pc = f"{p.cpu_percent:.0f}%" if p.cpu_percent is not None else "N/A"
+                out.append(f"  rank {p.rank} pid {p.pid} cpu {pc} rss {fmt_bytes(p.rss_bytes)}")
+    if t.job is not None:
+        for m in t.job.memory:
+            if m.measured_bytes is not None:
+                pred = f" (predicted {fmt_bytes(m.predicted_bytes)})" if m.predicted_bytes else ""
+                out.append(f"  rank {m.rank} peak {m.what}: {fmt_bytes(m.measured_bytes)}{pred}")
+    return out
+
+
+def stream_run(sampler: Sampler, out: TextIO, *, once: bool = False, diagnose_failure: bool = True) -> int:
+    """Headless monitor: print until the run finishes (or ^C). A failed run ends with the doctor's diagnosis."""
+    from scaletrain.engine.doctor.diagnosis import diagnose_paths
+    from scaletrain.engine.sampling.sampler import run_is_over
+
+    job = sampler.job
+    printer = HeadlessPrinter(out, job.predicted_peak_bytes if job is not None else None)
+    stop = threading.Event()
+    last: list[Tick] = []
+
+    def on_tick(t: Tick) -> None:
+        last[:] = [t]
+        printer(t)
+
+    try:
+        if once:
+            on_tick(sampler.tick())
+        else:
+            sampler.run(on_tick, stop, until=run_is_over)
+    except KeyboardInterrupt:
+        stop.set()
+    finally:
+        sampler.close()
+    t = last[0] if last else None
+    if t is not None and t.job is not None and t.job.status.state == "failed" and diagnose_failure:
+        print_diagnosis(diagnose_paths([job.run.path]), out)
+        return 1
+    return 0

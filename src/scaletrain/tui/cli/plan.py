@@ -1,0 +1,62 @@
+"""`scaletrain plan`, `scaletrain gpus` and `scaletrain models`: the engine's answers, as JSON or rich tables."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from scaletrain.tui.cli.plan_args import add_plan_options, request_from_args
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from scaletrain.engine.plan.planner import make_plan
+
+    plan = make_plan(request_from_args(args))
+    if getattr(args, "alternatives", False) or getattr(args, "table", None):
+        from scaletrain.engine.plan.tables import with_tables
+        plan = with_tables(plan, alternatives=getattr(args, "alternatives", False), table=getattr(args, "table", None))
+    if args.json:
+        print(json.dumps(plan.to_json(), indent=2))
+        return 0
+    from scaletrain.tui.views.render import print_plan
+    print_plan(plan, alternatives=getattr(args, "alternatives", False), table=getattr(args, "table", None))
+    return 0
+
+
+def cmd_gpus(args: argparse.Namespace) -> int:
+    from scaletrain.engine.devices.nvml import detect
+
+    res = detect()
+    if args.json:
+        print(json.dumps(res.to_json(), indent=2))
+        return 0
+    from scaletrain.tui.views.render import print_detection
+    print_detection(res)
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from scaletrain.engine.catalog.architectures import catalog_ids, load_model
+
+    rows = []
+    for mid in catalog_ids():
+        m = load_model(mid)
+        rows.append({"id": mid, "model_type": m.model_type, "params": m.params, "layers": m.num_layers,
+                     "hidden_size": m.hidden_size, "vocab_size": m.vocab_size, "tied": m.tie_embeddings})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from scaletrain.tui.views.render import print_models
+    print_models(rows)
+    return 0
+
+
+def configure_plan(p: argparse.ArgumentParser) -> None:
+    add_plan_options(p)
+    p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    p.add_argument("--alternatives", action="store_true", help="show the planner's ranked alternatives")
+    p.add_argument("--table", choices=["batch", "gpus"], help="micro batch vs memory, or GPU kinds × counts")
+
+
+def configure_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true")

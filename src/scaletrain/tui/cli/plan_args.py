@@ -1,0 +1,108 @@
+"""The plan options every front end takes (`scaletrain plan`, the top level, `config write`, `validate`, the wizard
+and the plain prompts) and how they become a PlanRequest and TrainOptions: a preset's fields, then `--set`
+overrides, then explicit flags. A leaf: it imports nothing else from the tui, and no Textual or Rich. Presets
+(pydantic) load only when --preset is given: `scaletrain plan` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from scaletrain.engine.catalog.hardware import inter_node_gbit_s
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.vocabulary import Attention, Method, Offload, Optimizer, Precision, Strategy
+
+# The flags that are PlanRequest fields of the same name (--resident becomes `residents`).
+REQUEST_FLAGS = (
+    "model", "method", "lora_rank", "lora_targets", "base_bits", "gpus", "nodes", "inter_node_gbps", "strategy",
+    "offload", "precision", "optimizer", "attn", "grad_ckpt", "headroom", "micro_batch", "grad_accum",
+    "effective_batch", "seq_len", "dataset_size", "epochs", "tokens_per_sample", "base_lr", "base_batch",
+)
+RESIDENT_BITS = ("16", "8", "4")
+
+
+def parse_csv(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def parse_resident(text: str) -> tuple[str, int]:
+    """--resident MODEL[:BITS] (bits 16, 8 or 4; default 16)."""
+    model, _, bits = text.rpartition(":") if text.rsplit(":", 1)[-1] in RESIDENT_BITS else (text, "", "16")
+    return (model, int(bits))
+
+
+def add_plan_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("what to train")
+    g.add_argument("--model", help="catalog id (scaletrain models), config.json path or folder, or HF cache id")
+    g.add_argument("--method", choices=Method.values())
+    g.add_argument("--lora-rank", type=int)
+    g.add_argument("--lora-targets", type=parse_csv, help="comma list, default all block linears")
+    g.add_argument("--base-bits", type=int, choices=[4, 8, 16], help="frozen base precision for lora/qlora")
+    g.add_argument("--resident", action="append", type=parse_resident, default=None, metavar="MODEL[:BITS]",
+                   help="an extra inference-only model kept on every GPU (reference policy, evaluator)")
+    g = p.add_argument_group("hardware")
+    g.add_argument("--gpus", help="auto | 4xH200 | 8xRTX4090 | 2x8xH100 (nodes × GPUs per node)")
+    g.add_argument("--nodes", type=int)
+    g.add_argument("--inter-node-gbps", type=inter_node_gbit_s, metavar="GBPS|LINK",
+                   help="inter-node link per node, Gb/s or a name: edr, hdr, ndr, xdr, 10gbe … 400gbe "
+                        "(default 200, one HDR InfiniBand port)")
+    g = p.add_argument_group("how")
+    g.add_argument("--strategy", choices=Strategy.values())
+    g.add_argument("--offload", choices=Offload.values())
+    g.add_argument("--precision", choices=Precision.values())
+    g.add_argument("--optimizer", choices=Optimizer.values())
+    g.add_argument("--attn", choices=Attention.values())
+    ck = g.add_mutually_exclusive_group()
+    ck.add_argument("--grad-ckpt", dest="grad_ckpt", action="store_true", default=None)
+    ck.add_argument("--no-grad-ckpt", dest="grad_ckpt", action="store_false")
+    g.add_argument("--headroom", type=float, help="safety fraction of card memory kept free (default 0.10)")
+    g = p.add_argument_group("batch and data")
+    g.add_argument("--micro-batch", type=int)
+    g.add_argument("--grad-accum", type=int)
+    g.add_argument("--effective-batch", type=int)
+    g.add_argument("--seq-len", type=int)
+    g.add_argument("--dataset-size", type=int, help="samples")
+    g.add_argument("--epochs", type=float)
+    g.add_argument("--tokens-per-sample", type=int)
+    g.add_argument("--base-lr", type=float)
+    g.add_argument("--base-batch", type=int)
+    p.add_argument("--preset", help="start from a preset (scaletrain presets); flags override its fields")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a preset field")
+
+
+def request_fields_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """PlanRequest fields: a preset's (if any), then --set overrides, then explicit flags (model not required)."""
+    fields: dict[str, Any] = {}
+    if getattr(args, "preset", None):
+        from scaletrain.engine.plan.presets import apply_overrides, load_preset
+
+        fields.update(load_preset(args.preset).request_fields())
+        fields = apply_overrides(fields, args.set)
+    elif getattr(args, "set", None):
+        raise ScaletrainError("--set overrides preset fields; give --preset NAME too")
+    for name in REQUEST_FLAGS:
+        v = getattr(args, name, None)
+        if v is not None:
+            fields[name] = v
+    if getattr(args, "resident", None):
+        fields["residents"] = tuple(args.resident)
+    return fields
+
+
+def request_from_args(args: argparse.Namespace) -> PlanRequest:
+    """The PlanRequest the flags (and --preset/--set) describe; a model is required."""
+    fields = request_fields_from_args(args)
+    if not fields.get("model"):
+        raise ScaletrainError("--model is required (a catalog id, a config.json, or --preset NAME)")
+    fields.setdefault("gpus", "auto")
+    return PlanRequest(**fields)
+
+
+def train_from_args(args: argparse.Namespace) -> TrainOptions:
+    """The preset's train section with `--set train.KEY=VALUE` overrides (defaults without a preset)."""
+    from scaletrain.engine.plan.presets import load_preset, train_options
+
+    preset = load_preset(args.preset) if getattr(args, "preset", None) else None
+    return train_options(preset, getattr(args, "set", None) or [])

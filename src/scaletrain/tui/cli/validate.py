@@ -1,0 +1,66 @@
+"""`scaletrain validate [plan options | --preset NAME] [--steps N] [--save] [--json]`: predicted vs measured."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+from scaletrain.tui.cli.plan_args import add_plan_options, request_from_args, train_from_args
+
+
+def configure_validate(p: argparse.ArgumentParser) -> None:
+    add_plan_options(p)
+    p.add_argument("--steps", type=int, default=20, help="training steps to run (the first quarter is warm-up)")
+    p.add_argument("--save", action="store_true", help="store a calibration profile for this GPU kind and stack")
+    p.add_argument("--run-dir", help="where the validation run goes (default: a temporary directory)")
+    p.add_argument("--json", action="store_true")
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from scaletrain.engine.model.calibration import save_calibration
+    from scaletrain.engine.units import fmt_bytes, fmt_seconds
+    from scaletrain.trainer.validate import derive_calibration, validate
+
+    console = Console(highlight=False, stderr=args.json)
+    request = request_from_args(args)
+    train = train_from_args(args)
+    console.print(f"validating {request.model} for {args.steps} steps with the bundled trainer …")
+    r = validate(request, train, steps=args.steps, run_dir=args.run_dir)
+    saved = None
+    if args.save:
+        cal = derive_calibration(r, "scaletrain " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+        saved = save_calibration(cal)
+    if args.json:
+        out = r.to_json()
+        out["calibration_path"] = str(saved) if saved else None
+        print(json.dumps(out, indent=2))
+        return 0
+
+    def err(e: float | None) -> str:
+        return "n/a" if e is None else f"{100 * e:+.1f}%"
+
+    t = Table(title=f"predicted vs measured — {r.plan.setup.hardware.describe()}, {r.steps} steps")
+    for col in ("", "predicted", "measured", "error"):
+        t.add_column(col, justify="right" if col else "left")
+    t.add_row("allocated peak / process", fmt_bytes(r.predicted_allocated_bytes),
+              fmt_bytes(r.measured_allocated_bytes) if r.measured_allocated_bytes else "n/a", err(r.memory_error))
+    if r.predicted_reserved_bytes is not None:
+        meas = fmt_bytes(r.measured_reserved_bytes) if r.measured_reserved_bytes else "n/a"
+        t.add_row("reserved + context / GPU", fmt_bytes(r.predicted_reserved_bytes), meas, "")
+    t.add_row("step time (after warm-up)",
+              fmt_seconds(r.predicted_step_seconds) if r.predicted_step_seconds is not None else "n/a",
+              fmt_seconds(r.measured_step_seconds) if r.measured_step_seconds is not None else "n/a",
+              err(r.time_error))
+    console.print(t)
+    console.print(f"memory: {r.memory_source}")
+    for note in r.notes:
+        console.print(f"note: {note}")
+    console.print(f"run directory: {r.run_dir}")
+    if saved:
+        console.print(f"calibration saved to {saved}; later plans on {r.plan.setup.hardware.gpu.key} use it")
+    return 0

@@ -1,0 +1,1 @@
+"""Rich renderings of engine results for the CLI and the wizard's panels (formatting only)."""

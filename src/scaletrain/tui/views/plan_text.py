@@ -1,0 +1,100 @@
+"""Plan → short rich lines for the wizard's panels. Formatting only: every number is read from the Plan."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from scaletrain.engine.plan.plan import Plan
+from scaletrain.engine.plan.rows import AlternativeRow
+from scaletrain.engine.units import fmt_bytes, fmt_count, fmt_seconds
+
+
+
+def model_line(plan: Plan) -> Text:
+    s = plan.setup
+    method = s.method if s.method == "full" else f"{s.method} r={s.lora_rank}, {s.base_bits}-bit base"
+    res = "".join(f" + {r.model.name} ({r.bits}-bit, resident)" for r in s.residents)
+    return Text.assemble((s.model.name, "bold"), f"  {fmt_count(s.model.params)} params, "
+                         f"{fmt_count(s.trainable_params)} trainable ({method}){res}")
+
+
+def hardware_line(plan: Plan) -> Text:
+    hw = plan.setup.hardware
+    where = "detected" if hw.source == "detected" else "planned"
+    return Text.assemble((hw.describe(), "bold"), f"  {hw.gpu.name}, {fmt_bytes(hw.gpu.memory_bytes)} each, "
+                         f"{hw.gpu.interconnect} ({where})")
+
+
+def batch_line(plan: Plan) -> Text:
+    s = plan.setup
+    return Text.assemble("micro ", (str(s.micro_batch), "bold"), " × accum ", (str(s.grad_accum), "bold"),
+                         f" × {s.world_size} GPUs = ", (str(s.effective_batch), "bold cyan"), " effective")
+
+
+def setup_line(plan: Plan) -> Text:
+    s = plan.setup
+    parts = [s.strategy.label]
+    parts.append("no offload" if s.offload == "none" else f"offload {s.offload}")
+    parts.append(f"grad-ckpt {'on' if s.grad_ckpt else 'off'}")
+    parts += [s.precision, s.optimizer, f"attn {s.attn}", f"seq {s.seq_len}"]
+    return Text(" · ".join(parts))
+
+
+def fit_line(plan: Plan) -> Text:
+    m = plan.memory
+    verdict = ("✓ fits", "bold green") if m.fits else ("✗ does not fit", "bold red")
+    spare = (f"{fmt_bytes(m.headroom_bytes)} spare" if m.headroom_bytes >= 0
+             else f"{fmt_bytes(-m.headroom_bytes)} over the card")
+    return Text.assemble(verdict, f": {fmt_bytes(m.total_bytes)} per GPU of {fmt_bytes(m.capacity_bytes)} "
+                         f"(limit {fmt_bytes(m.usable_bytes)}, {spare})")
+
+
+def time_line(plan: Plan, *, emphasis: bool = True) -> Text | None:
+    """'time: 1.2 s/step, 5,120 tokens/s[, N steps/epoch, E/epoch][, T total]' (the CLI prints it unstyled)."""
+    t = plan.time
+    if t is None:
+        return None
+    bold = "bold" if emphasis else ""
+    out = Text.assemble("time: ", (f"{fmt_seconds(t.step_seconds)}/step", bold), f", {t.tokens_per_second:,.0f} tokens/s")
+    if t.steps_per_epoch and t.epoch_seconds is not None:
+        out.append(f", {t.steps_per_epoch:,} steps/epoch, {fmt_seconds(t.epoch_seconds)}/epoch")
+    if t.total_seconds:
+        out.append(", ")
+        out.append(f"{fmt_seconds(t.total_seconds)} total", style=bold)
+    return out
+
+
+def lr_line(plan: Plan) -> Text | None:
+    lr = plan.lr
+    if lr is None:
+        return None
+    return Text.assemble(f"LR {lr.base_lr:g} @ batch {lr.base_batch} → {lr.effective_batch}: ",
+                         ("√ rule ", "dim"), (f"{lr.sqrt_lr:.3g}", "bold"),
+                         ("  linear rule ", "dim"), (f"{lr.linear_lr:.3g}", "bold"))
+
+
+def why_lines(plan: Plan, explanation: str | None = None) -> list[Text]:
+    """The planner's one-sentence explanation (or the given one) and the plan's notes (lr_line shows the LR)."""
+    explanation = plan.explanation if explanation is None else explanation
+    out = [Text(explanation, style="italic")] if explanation else []
+    for note in plan.notes:
+        if plan.lr is not None and note.startswith("learning rate"):
+            continue
+        out.append(Text.assemble(("note: ", "yellow"), note))
+    return out
+
+
+def alternative_row(row: AlternativeRow) -> tuple[str, ...]:
+    """One row of the planner's ranked alternatives (engine.plan.tables.rank_alternatives)."""
+    return (
+        str(row.rank),
+        row.strategy.label + ("" if row.offload == "none" else f"+off:{row.offload}"),
+        f"{row.micro_batch}×{row.grad_accum}",
+        "on" if row.grad_ckpt else "off",
+        fmt_bytes(row.per_gpu_bytes),
+        fmt_seconds(row.step_seconds),
+        fmt_seconds(row.epoch_seconds) if row.epoch_seconds else "–",
+    )
+
+
+ALTERNATIVE_COLUMNS = ("#", "strategy", "micro×accum", "ckpt", "per GPU", "step", "epoch")

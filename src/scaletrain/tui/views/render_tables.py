@@ -1,0 +1,107 @@
+"""Rich tables for `plan --alternatives` and `plan --table batch|gpus`. Formatting only: rows come from
+scaletrain.engine.plan.tables (the same rows `plan --json` prints)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from scaletrain.engine.plan.plan import Plan
+from scaletrain.engine.plan.rows import AlternativeRow, BatchRow, Choice, GpuRow
+from scaletrain.engine.plan.tables import with_tables
+from scaletrain.engine.units import GiB, fmt_bytes, fmt_seconds
+
+_FIT = {True: Text("fits", style="green"), False: Text("no", style="red")}
+
+
+def print_extra_tables(console: Console, plan: Plan, *, alternatives: bool = False, table: str | None = None) -> None:
+    """Print what was asked for; compute it through the engine if the plan does not carry it yet."""
+    need_alt = alternatives and plan.alternatives is None
+    need_table = table is not None and (plan.table is None or plan.table.kind != table)
+    if need_alt or need_table:
+        plan = with_tables(plan, alternatives=need_alt, table=table if need_table else None)
+    if alternatives and plan.alternatives is not None:
+        print_alternatives(console, plan.alternatives, plan)
+    if plan.table is not None and table == "batch":
+        print_batch_table(console, [r for r in plan.table.rows if isinstance(r, BatchRow)], plan)
+    elif plan.table is not None and table == "gpus":
+        print_gpus_table(console, [r for r in plan.table.rows if isinstance(r, GpuRow)], plan)
+
+
+def _time_cells(row: Choice) -> tuple[str, str]:
+    epoch = row.epoch_seconds
+    return fmt_seconds(row.step_seconds), (fmt_seconds(epoch) if epoch else "—")
+
+
+def _how(row: Choice) -> str:
+    """Compact strategy label: zero3, zero3+opt (optimizer offload), fsdp+all (parameters too)."""
+    return row.strategy + {"none": "", "optimizer": "+opt", "all": "+all"}[row.offload]
+
+
+def _table(title: str, columns: list[tuple[str, str]]) -> Table:
+    t = Table(title=title, show_edge=False, pad_edge=False, collapse_padding=True)
+    for col, just in columns:
+        t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+    return t
+
+
+def print_alternatives(c: Console, rows: tuple[AlternativeRow, ...], plan: Plan) -> None:
+    s = plan.setup
+    t = _table(f"alternatives at effective batch {s.effective_batch}, fastest first",
+               [("#", "right"), ("strategy", "left"), ("micro×accum", "right"), ("ckpt", "left"),
+                ("per GPU", "right"), ("step", "right"), ("epoch", "right"), ("tokens/s", "right")])
+    for r in rows:
+        step, epoch = _time_cells(r)
+        t.add_row(str(r.rank) + ("*" if r.chosen else ""), _how(r), f"{r.micro_batch}×{r.grad_accum}",
+                  "on" if r.grad_ckpt else "off", fmt_bytes(r.per_gpu_bytes), step, epoch,
+                  f"{r.tokens_per_second:,.0f}", style="bold" if r.chosen else "")
+    c.print(t)
+    if not rows:
+        c.print("no alternative fits")
+    else:
+        c.print("[grey50]strategy+opt / +all: optimizer / all states offloaded to CPU"
+                + ("; * this plan" if any(r.chosen for r in rows) else "") + "[/]")
+
+
+def print_batch_table(c: Console, rows: list[BatchRow], plan: Plan) -> None:
+    s = plan.setup
+    t = _table(f"micro batch vs per-GPU memory ({s.strategy}, gc {'on' if s.grad_ckpt else 'off'}, "
+               f"seq {s.seq_len}, {s.hardware.describe()})",
+               [("micro", "right"), ("accum", "right"), ("act+logits", "right"), ("per GPU", "right"),
+                ("fits", "left"), ("step", "right"), ("tokens/s", "right")])
+    for r in rows:
+        accum = str(r.grad_accum) + ("" if r.keeps_effective_batch else "!")
+        t.add_row(str(r.micro_batch) + ("*" if r.current else ""), accum,
+                  fmt_bytes(r.activations_bytes + r.logits_bytes), fmt_bytes(r.per_gpu_bytes),
+                  _FIT[r.fits], fmt_seconds(r.step_seconds), f"{r.tokens_per_second:,.0f}",
+                  style="bold" if r.current else "")
+    c.print(t)
+    if rows:
+        note = f"limit {fmt_bytes(rows[0].usable_bytes)} per GPU; * this plan"
+        if not all(r.keeps_effective_batch for r in rows):
+            note += f"; ! micro batch does not divide {s.effective_batch // s.world_size} per GPU (batch changes)"
+        c.print(f"[grey50]{note}[/]")
+
+
+def print_gpus_table(c: Console, rows: list[GpuRow], plan: Plan) -> None:
+    s = plan.setup
+    t = _table(f"GPUs × count at effective batch {s.effective_batch} ({s.model.name} {s.method}, seq {s.seq_len})",
+               [("GPU", "left"), ("memory", "right"), ("GPUs", "right"), ("fit", "left"), ("plan", "left"),
+                ("per GPU", "right"), ("step", "right"), ("epoch", "right")])
+    t.columns[4].max_width = 18
+    t.columns[4].overflow = "ellipsis"
+    for r in rows:
+        count = f"{r.nodes}×{r.gpus_per_node}" if r.nodes > 1 else str(r.gpus_per_node)
+        memory = f"{r.gpu_memory_bytes / GiB:.0f} GiB"
+        ch = r.choice
+        if ch is not None:
+            step, epoch = _time_cells(ch)
+            how = f"{_how(ch)} {ch.micro_batch}×{ch.grad_accum}{' gc' if ch.grad_ckpt else ''}"
+            t.add_row(r.gpu, memory, count, Text("yes", style="green"), how, fmt_bytes(ch.per_gpu_bytes),
+                      step, epoch)
+        else:
+            t.add_row(r.gpu, memory, count, Text("no", style="red"), Text(r.reason or "", style="grey50"),
+                      "", "", "")
+    c.print(t)
+    c.print("[grey50]plan: strategy(+opt/+all offload) micro×accum, gc = gradient checkpointing[/]")

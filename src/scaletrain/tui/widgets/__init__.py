@@ -1,0 +1,1 @@
+"""Textual widgets shared by the wizard and the monitor, one per file."""

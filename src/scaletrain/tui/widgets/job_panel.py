@@ -1,0 +1,116 @@
+"""The job panel: step / total, loss plot, tokens/s, step time, ETA, measured vs predicted peak per rank, log tail.
+
+Formatting only: numbers come from sampling.watcher.JobSnapshot (which reads engine.run.metrics), the predicted peaks from the
+plan. The log tail keeps LOG_TAIL_LINES per rank so the rank filter (`r`) can re-show past lines.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Log, Static
+
+from scaletrain.engine.sampling.watcher import LOG_TAIL_LINES
+from scaletrain.engine.units import fmt_bytes, fmt_seconds
+from scaletrain.tui.widgets.gpu_panel import bar, spark
+
+LOSS_SPARK_CELLS = 48
+STATE_STYLE = {"starting": "yellow", "running": "bold green", "finished": "bold cyan", "failed": "bold red",
+               "unknown": "dim"}
+
+
+class JobPanel(Vertical):
+    """Numbers on top, the per-rank log tail below."""
+
+    DEFAULT_CLASSES = "job-panel"
+
+    def __init__(self, world_size: int | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.world_size = world_size
+        self.rank_filter: int | None = None          # None = all ranks
+        self.lines: deque[tuple[int | None, str]] = deque(maxlen=LOG_TAIL_LINES * max(1, world_size or 1))
+        self.ranks_seen: set[int] = set()
+        self.last: Any = None
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text("waiting for the first step…", style="dim"), id="job-numbers")
+        yield Static("", id="job-log-title")
+        yield Log(id="job-log", highlight=False, max_lines=LOG_TAIL_LINES * 4)
+
+    def on_mount(self) -> None:
+        self._title()
+
+    # ---- numbers ---------------------------------------------------------------------------------------------
+    def update_job(self, job: Any) -> None:
+        self.last = job
+        self.query_one("#job-numbers", Static).update(self.render_job(job))
+        new = [(r, ln) for r, ln in job.new_log_lines]
+        if new:
+            self.lines.extend(new)
+            self.ranks_seen.update(r for r, _ in new if r is not None)
+            log = self.query_one("#job-log", Log)
+            log.write_lines([self._fmt(r, ln) for r, ln in new if self._keep(r)])
+
+    def render_job(self, job: Any) -> Group:
+        st = job.status
+        head = Text.assemble(("job ", "bold"), (st.state, STATE_STYLE.get(st.state, "")))
+        if st.exit_code is not None:
+            head.append(f"  exit code {st.exit_code}")
+        if st.first_failing_rank is not None:
+            head.append(f"  first failing rank {st.first_failing_rank}", style="red")
+        rows: list[Any] = [head]
+        s = job.summary
+        if s is None:
+            rows.append(Text("no step finished yet (metrics.jsonl is empty)", style="dim"))
+        else:
+            line = Text(f"step {s.step}/{s.total_steps}  ")
+            line.append_text(bar(s.fraction_done, cells=30, style="cyan"))
+            line.append(f" {s.fraction_done:4.0%}   epoch {s.epoch:.2f}")
+            rows.append(line)
+            rows.append(Text(f"loss {s.loss:.4f} (first {s.loss_first:.4f})   lr {s.lr:.3g}"))
+            rows.append(Text.assemble(("loss ", "dim"), (spark(job.losses, width=LOSS_SPARK_CELLS), "green")))
+            rows.append(Text(f"tokens/s {s.tokens_per_second:,.0f}   step {fmt_seconds(s.step_seconds)}   "
+                             f"ETA {fmt_seconds(s.eta_seconds)}   elapsed {fmt_seconds(s.elapsed_seconds)}"))
+        if job.memory:
+            t = Table(box=None, pad_edge=False, show_edge=False, header_style="dim")
+            t.add_column("rank")
+            t.add_column("measured peak", justify="right")
+            t.add_column("predicted", justify="right")
+            t.add_column("")
+            for m in job.memory:
+                t.add_row(str(m.rank), "N/A" if m.measured_bytes is None else fmt_bytes(m.measured_bytes),
+                          "N/A" if not m.predicted_bytes else fmt_bytes(m.predicted_bytes),
+                          Text("over!" if m.warning else m.what, style="bold red" if m.warning else "dim"))
+            rows.append(t)
+        for w in job.warnings:
+            rows.append(Text(f"⚠ {w}", style="bold red"))
+        return Group(*rows)
+
+    # ---- log tail --------------------------------------------------------------------------------------------
+    def _keep(self, rank: int | None) -> bool:
+        return self.rank_filter is None or rank == self.rank_filter
+
+    @staticmethod
+    def _fmt(rank: int | None, line: str) -> str:
+        return f"[{rank}] {line}" if rank is not None else line
+
+    def _title(self) -> None:
+        which = "all ranks" if self.rank_filter is None else f"rank {self.rank_filter}"
+        self.query_one("#job-log-title", Static).update(
+            Text.assemble(("log tail: ", "bold"), which, ("   (r: next rank)", "dim")))
+
+    def cycle_rank(self) -> None:
+        ranks = sorted(self.ranks_seen | set(range(self.world_size or 0)))
+        order: list[int | None] = [None, *ranks]
+        self.rank_filter = order[(order.index(self.rank_filter) + 1) % len(order)] if self.rank_filter in order \
+            else None
+        self._title()
+        log = self.query_one("#job-log", Log)
+        log.clear()
+        log.write_lines([self._fmt(r, ln) for r, ln in self.lines if self._keep(r)])

@@ -1,0 +1,206 @@
+"""The Textual wizard: detect → model → batch → plan → write & launch.
+
+`create_app(...)` is the one factory the CLI (`run_wizard`), the pilot tests, the snapshot tests and the bench use.
+The app holds the wizard's immutable state, NVML's detection and the current Plan; screens only lay them out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from functools import partial
+from typing import Callable, Sequence
+
+from textual.app import App
+from textual.binding import Binding
+from textual.worker import Worker
+
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.catalog.architectures import ModelArch
+from scaletrain.engine.devices.nvml import DetectionResult, detect
+from scaletrain.engine.plan.plan import Plan
+from scaletrain.engine.run.launcher import LaunchResult
+from scaletrain.engine.run.layout import RunDir
+from scaletrain.tui.wizard.state import WizardOptions, WizardState, plannable, state_from_args
+
+
+def options_from(args_or_options: "WizardOptions | argparse.Namespace | Sequence[str] | None") -> WizardOptions:
+    """Accept CLI args (a Namespace or an argv list, as `scaletrain` parses them) or ready WizardOptions."""
+    if isinstance(args_or_options, WizardOptions):
+        return args_or_options
+    if args_or_options is None or isinstance(args_or_options, (list, tuple)):
+        from scaletrain.tui.cli.parser import build_parser
+
+        args_or_options = build_parser().parse_args(list(args_or_options or []))
+    return WizardOptions(state=state_from_args(args_or_options),
+                         overwrite=bool(getattr(args_or_options, "overwrite", False)))
+
+
+class WizardApp(App[int]):
+    CSS_PATH = "app.tcss"
+    TITLE = "scaletrain"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+        Binding("ctrl+s", "save_preset", "Save preset", show=False, priority=True),
+    ]
+
+    def __init__(self, options: WizardOptions) -> None:
+        super().__init__()
+        self.options = options
+        self.state: WizardState = options.state
+        self.detection: DetectionResult | None = None
+        self.plan: Plan | None = None
+        self.catalog_arch: dict[str, ModelArch] = {}      # filled by a thread worker after the first paint
+        self.launch_result: LaunchResult | None = None     # the run started here, once it ended
+        self.launch_error: str | None = None
+        self.stop_requested = threading.Event()            # set on quit: a run started here is stopped
+
+    def on_mount(self) -> None:
+        from scaletrain.tui.wizard.screen_hardware import HardwareScreen
+
+        self.push_screen(HardwareScreen())
+        self.run_worker(self._detect, thread=True, group="detect", name="nvml-detect")
+        self.run_worker(self._load_catalog, thread=True, group="catalog", name="catalog")
+
+    # ---- slow start-up work, off the UI thread -----------------------------------------------------------------
+    def _detect(self) -> DetectionResult:
+        return (self.options.detect or detect)()    # NVML's own, unless a test or bench replays one
+
+    def _load_catalog(self) -> dict[str, ModelArch]:
+        from scaletrain.engine.catalog.architectures import catalog_ids, load_model
+
+        archs = {}
+        for mid in catalog_ids():
+            try:
+                archs[mid] = load_model(mid)
+            except ScaletrainError:     # a catalog entry this build cannot count is left out of the picker
+                continue
+        return archs
+
+    @property
+    def catalog_ids(self) -> tuple[str, ...]:
+        return tuple(self.catalog_arch)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        w = event.worker
+        if not w.is_finished or w.result is None:
+            return
+        if w.group == "detect":
+            self.detection = w.result
+            self._tell_screens("refresh_detection")
+        elif w.group == "catalog":
+            self.catalog_arch = w.result
+            self._tell_screens("refresh_catalog_labels")
+
+    def _tell_screens(self, method: str) -> None:
+        for screen in self.screen_stack:
+            fn = getattr(screen, method, None)
+            if fn is not None and screen.is_mounted:
+                fn()
+
+    # ---- moving between steps ----------------------------------------------------------------------------------
+    def advance(self, state: WizardState, step: int) -> None:
+        """Accept a step's state and open the next step. Changed inputs drop the plan step's fixed choices."""
+        self.state = state.rebased(self.state) if step < 4 else state
+        if step == 1:
+            from scaletrain.tui.wizard.screen_model import ModelScreen
+            self.push_screen(ModelScreen())
+        elif step == 2:
+            from scaletrain.tui.wizard.screen_batch import BatchScreen
+            self.push_screen(BatchScreen())
+        elif step == 3:
+            from scaletrain.tui.wizard.screen_plan import PlanScreen
+            try:
+                self.state, self.plan = plannable(self.state, self.detection)
+            except ScaletrainError as e:    # the batch step checked this; a refusal still stays on screen
+                self.screen.refuse(e)           # type: ignore[attr-defined]  (a WizardStep)
+                return
+            self.push_screen(PlanScreen())
+        elif step == 4:
+            from scaletrain.tui.wizard.screen_write import WriteScreen
+            self.push_screen(WriteScreen())
+
+    # ---- app-wide actions ----------------------------------------------------------------------------------------
+    async def action_quit(self) -> None:
+        """ctrl+q at any step: exit 0. A run launched from here is stopped by its launcher (every rank, no
+        orphans) before the process ends: start long runs with `scaletrain launch` to outlive the wizard."""
+        self.stop_requested.set()
+        self.exit(0)
+
+    # ---- launching (the write step asks; the monitor watches) -----------------------------------------------------
+    def launch_run(self, run: RunDir) -> None:
+        """Run engine.run.launcher.launch for a written run in a thread worker; its outcome lands in launch_result."""
+        self.launch_result = None
+        self.launch_error = None
+        self.run_worker(partial(self._launch, run), thread=True, group="launch", exclusive=True,
+                        exit_on_error=False, name="launch")
+
+    @property
+    def launching(self) -> bool:
+        return any(w.group == "launch" and not w.is_finished for w in self.workers)
+
+    def _launch(self, run: RunDir) -> None:
+        from scaletrain.engine.run.launcher import launch
+
+        interrupted = threading.Event()
+
+        def on_tick() -> None:
+            # once: the launcher's own Ctrl-C path (SIGINT, SIGTERM, SIGKILL, no orphans), then its final tick
+            if self.stop_requested.is_set() and not interrupted.is_set():
+                interrupted.set()
+                raise KeyboardInterrupt
+
+        try:
+            self.launch_result = launch(run.path, on_tick=on_tick)
+        except Exception as e:      # shown by the monitor, never a traceback
+            self.launch_error = f"launch failed: {e}"
+
+    def action_help(self) -> None:
+        from scaletrain.tui.widgets.help import HelpScreen
+
+        if isinstance(self.screen, HelpScreen):
+            return
+        self.push_screen(HelpScreen(getattr(self.screen, "HELP", "")))
+
+    def action_save_preset(self) -> None:
+        from scaletrain.tui.wizard.screen_preset import SavePresetScreen
+
+        if isinstance(self.screen, SavePresetScreen):
+            return
+        self.push_screen(SavePresetScreen())
+
+
+def create_app(args_or_options: "WizardOptions | argparse.Namespace | Sequence[str] | None" = None, *,
+               detect: Callable[[], DetectionResult] | None = None, launch: bool | None = None) -> WizardApp:
+    """The wizard app for CLI args, an argv list, or WizardOptions (tests pass `detect` to replay NVML)."""
+    options = options_from(args_or_options)
+    if detect is not None:
+        options.detect = detect
+    if launch is not None:
+        options.launch = launch
+    return WizardApp(options)
+
+
+def run_wizard(args: argparse.Namespace) -> int:
+    """`scaletrain` with no subcommand: run the wizard full-screen; the exit code is the app's return code.
+
+    Without a terminal on both ends (stdin piped, output redirected) a full-screen app cannot work: the same
+    questions are asked in plain mode instead, and stderr says so.
+    """
+    options = options_from(args)          # bad flags or an unknown preset: one line, before anything starts
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        print("scaletrain: no terminal for the full-screen wizard; asking the same questions as --plain",
+              file=sys.stderr)
+        from scaletrain.tui.wizard.plain import run_plain
+
+        return run_plain(args)
+    app = create_app(options)
+    code = app.run()
+    if isinstance(code, int):
+        return code
+    return int(app.return_code or 0)
+
+
+__all__ = ["WizardApp", "WizardOptions", "create_app", "run_wizard"]

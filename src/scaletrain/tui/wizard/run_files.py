@@ -1,0 +1,56 @@
+"""The write step's engine calls: preview the run directory's files, write them, save a preset.
+
+No Textual here (the plain wizard uses it too).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.plan.plan import Plan
+from scaletrain.engine.plan.presets import save_preset as save_preset_file
+from scaletrain.engine.run.layout import RunDir, default_run_dir
+from scaletrain.engine.run import writers
+from scaletrain.tui.wizard.state import WizardState
+
+# Order in which the write step lists files (the rest follow alphabetically).
+FILE_ORDER = ("plan.json", "accelerate_config.yaml", "ds_config.json", "launch.sh", "sbatch.sh")
+
+
+def default_dir(state: WizardState) -> str:
+    return state.run_dir or str(default_run_dir(state.request.name or "plan"))
+
+
+def _ordered(files: dict[str, str]) -> dict[str, str]:
+    known = [n for n in FILE_ORDER if n in files]
+    return {n: files[n] for n in known + sorted(n for n in files if n not in FILE_ORDER)}
+
+
+def preview(plan: Plan, state: WizardState, run_dir: str) -> dict[str, str]:
+    """The files `write` would create in `run_dir`, name → text, rendered by the writers without touching disk."""
+    train = writers.checked_train(state.train)
+    files = writers.render_run_files(plan, state.request, train, RunDir(Path(run_dir or ".").expanduser()))
+    return _ordered({name: text for name, (text, _mode) in files.items()})
+
+
+def write(plan: Plan, state: WizardState, run_dir: str, *, overwrite: bool = False) -> RunDir:
+    """Write the run directory (the writers refuse to clobber a different plan, in one line, unless overwrite)."""
+    if not run_dir.strip():
+        raise ScaletrainError("the run directory is empty; give a folder to write the run into")
+    try:
+        return writers.write_run_dir(plan, state.request, state.train, Path(run_dir).expanduser(), overwrite=overwrite)
+    except OSError as e:
+        raise ScaletrainError(f"cannot write {run_dir}: {e.strerror or e}; choose another run directory") from None
+
+
+def written_files(run: RunDir) -> dict[str, str]:
+    """What is on disk now, name → text, in the order the write step lists files."""
+    return _ordered({p.name: p.read_text() for p in writers.written_files(run) if p.is_file()})
+
+
+def save_preset(name: str, state: WizardState, plan: Plan | None = None) -> Path:
+    """Save the wizard's choices as a preset YAML (with a plan: its choices pinned); returns where it went."""
+    if not name.strip():
+        raise ScaletrainError("preset name is empty; give a name like my-h200-lora")
+    return Path(save_preset_file(name.strip(), state.request, state.train, plan=plan))

@@ -1,0 +1,120 @@
+"""Step 3: target effective batch, sequence length, data, epochs, LR; the solver's answer shown live."""
+
+from __future__ import annotations
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.containers import Horizontal, VerticalScroll
+from textual.widgets import Input
+from textual.worker import get_current_worker
+
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.plan.plan import Plan
+from scaletrain.tui.wizard.screen_base import WizardStep
+from scaletrain.tui.widgets.field import Field
+from scaletrain.tui.widgets.solver import SolverPanel
+from scaletrain.tui.wizard.state import (BATCH_FIELDS, FieldError, WizardState, apply_batch_fields, dataset_text,
+                                         plan_for, plannable)
+
+_LABELS = {
+    "effective_batch": ("effective batch", "samples per optimizer step, all GPUs together"),
+    "seq_len": ("sequence length", "tokens per sample (packed)"),
+    "dataset": ("dataset", "JSONL path, or a sample count; empty: bundled demo data"),
+    "epochs": ("epochs", "passes over the data (fractions allowed)"),
+    "lr": ("learning rate", "peak LR the run uses"),
+    "base_lr": ("base LR", "optional: an LR tuned at another batch…"),
+    "base_batch": ("base batch", "…and that batch: the LR rules scale it"),
+}
+
+
+def _initial(state: WizardState, name: str) -> str:
+    req = state.request
+    values = {
+        "effective_batch": req.effective_batch, "seq_len": req.seq_len, "dataset": dataset_text(state),
+        "epochs": req.epochs, "lr": state.train.lr, "base_lr": req.base_lr, "base_batch": req.base_batch,
+    }
+    v = values[name]
+    return "" if v is None else (f"{v:g}" if isinstance(v, float) else str(v))
+
+
+class BatchScreen(WizardStep):
+    STEP = 3
+    HELP = """
+## Step 3 · Batch & data
+Give the **effective batch** (samples per optimizer step over all GPUs), the sequence length, the data (a JSONL
+path — its samples are counted — or just a sample count) and epochs. The panel on the right is the engine's solver,
+recomputed as you type: micro batch × gradient accumulation × GPUs = effective batch, the strategy, whether it fits,
+and the time. With a **base LR** tuned at a **base batch**, it shows what the square-root and linear rules suggest.
+"""
+
+    def body(self) -> ComposeResult:
+        st = self.wizard.state
+        with Horizontal(id="body"):
+            with VerticalScroll(id="batch-form"):
+                for name in BATCH_FIELDS:
+                    label, hint = _LABELS[name]
+                    yield Field(name, label, _initial(st, name), hint=hint)
+            yield SolverPanel(id="solver")
+
+    def on_mount(self) -> None:
+        eb = self.query_one("#field-effective_batch", Field)
+        if not eb.value:  # a preset fixed micro batch × accumulation: its effective batch is the plan's
+            try:
+                eb.value = str(plan_for(self.wizard.state, self.wizard.detection).setup.effective_batch)
+            except ScaletrainError:
+                pass
+        eb.input.focus()
+        self.resolve()
+
+    def values(self) -> dict[str, str]:
+        return {f.field_name: f.value for f in self.query(Field)}
+
+    @on(Input.Changed)
+    def _changed(self) -> None:
+        self.resolve()
+
+    @on(Input.Submitted)
+    def _submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == f"in-{BATCH_FIELDS[-1]}":
+            self.action_next()
+        else:
+            self.focus_next()
+
+    # ---- the live solver -------------------------------------------------------------------------------------
+    def candidate(self, state: WizardState, values: dict[str, str]) -> tuple[WizardState, Plan]:
+        """The fields applied to `state` (changed inputs drop the plan step's choices) and the engine's plan."""
+        return plannable(apply_batch_fields(state, values).rebased(state), self.wizard.detection)
+
+    def resolve(self) -> None:
+        self.solve(self.wizard.state, self.values())
+
+    @work(thread=True, exclusive=True, group="solver")
+    def solve(self, state: WizardState, values: dict[str, str]) -> None:
+        """Parse the fields and ask the engine for a plan, off the UI thread (a dataset is counted, once)."""
+        plan: Plan | None = None
+        error: ScaletrainError | None = None
+        try:
+            _state, plan = self.candidate(state, values)
+        except ScaletrainError as e:
+            error = e
+        except Exception as e:  # an unexpected failure is shown in place, never a traceback
+            error = ScaletrainError(f"unexpected error: {e.__class__.__name__}: {e}")
+        if not get_current_worker().is_cancelled:
+            self.app.call_from_thread(self._solved, plan, error)
+
+    def _solved(self, plan: Plan | None, error: ScaletrainError | None) -> None:
+        self.clear_field_errors()
+        if isinstance(error, FieldError):
+            self.show_field_error(error)
+        elif error is not None and ("effective batch" in str(error) or "micro batch" in str(error)):
+            self.query_one("#field-effective_batch", Field).show_error(str(error))
+        self.query_one(SolverPanel).show(plan, error)
+
+    def action_next(self) -> None:
+        try:
+            state, _plan = self.candidate(self.wizard.state, self.values())
+        except ScaletrainError as e:
+            self.refuse(e)
+            return
+        self.set_status(None)
+        self.wizard.advance(state, self.STEP)

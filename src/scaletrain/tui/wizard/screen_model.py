@@ -1,0 +1,216 @@
+"""Step 2: the model (catalog search, or a config path / HF cache id) and the method (full, LoRA, QLoRA)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import Input, Label, OptionList, RadioButton, RadioSet, Static
+from textual.widgets.option_list import Option
+from textual.worker import get_current_worker
+
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.catalog.architectures import ModelArch, load_model
+from scaletrain.engine.plan.request import base_setup
+from scaletrain.engine.vocabulary import Method
+from scaletrain.engine.units import fmt_count
+from scaletrain.tui.wizard.screen_base import WizardStep
+from scaletrain.tui.widgets.field import Field
+from scaletrain.tui.wizard.state import (FieldError, WizardState, field_value, format_residents, hardware_for,
+                                         parse_int, parse_named, parse_residents, parse_targets)
+
+BASE_BITS_CHOICES = (16, 8, 4)
+
+
+def describe_model(m: ModelArch) -> Text:
+    return Text.assemble((m.name, "bold"), f" · {m.model_type} · ", (f"{fmt_count(m.params)}", "bold"),
+                         f" params · {m.num_layers} layers · hidden {m.hidden_size} · vocab {m.vocab_size}"
+                         f"{' · tied embeddings' if m.tie_embeddings else ''}")
+
+
+def matches(model_id: str, query: str) -> bool:
+    """Catalog search: every word of the query appears in the id (case-insensitive)."""
+    mid = model_id.lower()
+    return all(w in mid for w in query.lower().split())
+
+
+class ModelScreen(WizardStep):
+    STEP = 2
+    HELP = """
+## Step 2 · Model & method
+Type to **search the catalog**; `down`/`tab` moves into the list and `enter` picks a model. Or type a **path** to a
+config.json (or a folder holding one) or a **Hugging Face cache id** (read offline from the local cache).
+**Method**: full fine-tuning, LoRA (rank, target modules; empty targets = every block linear; frozen base in 16 or
+8 bits) or QLoRA (4-bit NF4 base). **Extra resident models** are inference-only models kept on every GPU next to the
+trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with bits 16, 8 or 4.
+"""
+
+    def body(self) -> ComposeResult:
+        req = self.wizard.state.request
+        with VerticalScroll(id="body"):
+            yield Field("model", "model", req.model, placeholder="search the catalog, or a config.json path / HF id",
+                        hint="catalog id, config.json path or folder, or a local HF cache id")
+            yield OptionList(id="models")
+            yield Static("", id="model-info")
+            with Horizontal(classes="field-row", id="method-row"):
+                yield Label("method", classes="field-label")
+                with RadioSet(id="method"):
+                    for m in Method.values():
+                        yield RadioButton(m, id=f"method-{m}", value=req.method == m)
+            with Vertical(id="lora-box"):
+                yield Field("lora_rank", "LoRA rank", str(req.lora_rank), hint="adapter rank r (e.g. 8, 16, 64)")
+                yield Field("lora_targets", "LoRA targets", ",".join(req.lora_targets or ()),
+                            placeholder="all block linears", hint="comma list: q_proj,k_proj,v_proj,o_proj,"
+                                                                   "gate_proj,up_proj,down_proj")
+                yield Field("base_bits", "frozen base bits", "" if req.base_bits is None else str(req.base_bits),
+                            placeholder="16 for LoRA, 4 for QLoRA", hint="16, 8 or 4")
+            yield Field("residents", "resident models", format_residents(req.residents),
+                        placeholder="none", hint="MODEL[:BITS], … inference-only (reference policy, evaluator)")
+
+    def on_mount(self) -> None:
+        self.fill_catalog()
+        self._sync_method()
+        self.query_one("#in-model", Input).focus()
+        if self.wizard.state.request.model:
+            self.load_info(self.wizard.state.request.model)
+
+    # ---- catalog search --------------------------------------------------------------------------------------
+    def fill_catalog(self) -> None:
+        query = self.query_one("#in-model", Input).value
+        ol = self.query_one("#models", OptionList)
+        ids = [mid for mid in self.wizard.catalog_ids if matches(mid, query)]
+        ol.set_options(Option(self._label(mid), id=mid) for mid in ids)
+        if ids:
+            ol.highlighted = ids.index(query) if query in ids else 0
+
+    def _label(self, mid: str) -> Text:
+        arch = self.wizard.catalog_arch[mid]
+        return Text.assemble((f"{mid:<34}", "bold"), (f"{arch.params / 1e9:6.2f}B {arch.model_type}", "dim"))
+
+    def refresh_catalog_labels(self) -> None:
+        """The app's worker finished loading the catalog (ids and exact parameter counts)."""
+        self.fill_catalog()
+
+    @on(Input.Changed, "#in-model")
+    def _model_typed(self, event: Input.Changed) -> None:
+        self.fill_catalog()
+        self.query_one("#field-model", Field).show_error(None)
+        self.load_info(event.value)
+
+    @on(OptionList.OptionSelected, "#models")
+    def _model_picked(self, event: OptionList.OptionSelected) -> None:
+        self.pick(event.option_id or "")
+
+    def pick(self, model_id: str) -> None:
+        inp = self.query_one("#in-model", Input)
+        with inp.prevent(Input.Changed):
+            inp.value = model_id
+        self.query_one("#field-model", Field).show_error(None)
+        self.load_info(model_id)
+        self.query_one("#method").focus()
+
+    @work(thread=True, exclusive=True, group="model-info")
+    def load_info(self, spec: str) -> None:
+        """Resolve the model off the UI thread (a path or cache id reads disk; unknown families load torch)."""
+        if not spec.strip():
+            info: Text = Text("no model chosen yet", style="dim")
+        else:
+            try:
+                info = describe_model(load_model(spec))
+            except ScaletrainError as e:
+                info = Text(str(e), style="yellow")
+            except Exception as e:  # shown in place, never a traceback
+                info = Text(f"cannot read {spec!r}: {e.__class__.__name__}: {e}", style="yellow")
+        if not get_current_worker().is_cancelled:
+            self.app.call_from_thread(self.query_one("#model-info", Static).update, info)
+
+    # ---- method ----------------------------------------------------------------------------------------------
+    def _method(self) -> str:
+        pressed = self.query_one("#method", RadioSet).pressed_button
+        return pressed.id.removeprefix("method-") if pressed and pressed.id else "full"
+
+    def _sync_method(self) -> None:
+        box = self.query_one("#lora-box")
+        full = self._method() == "full"
+        box.set_class(full, "-disabled")
+        for inp in box.query(Input):
+            inp.disabled = full
+
+    @on(RadioSet.Changed, "#method")
+    def _method_changed(self) -> None:
+        self._sync_method()
+
+    @on(Input.Submitted)
+    def _submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "in-model":
+            # enter on a search picks the highlighted catalog match; a catalog id, path or cache id is kept as typed
+            opt = self.query_one("#models", OptionList).highlighted_option
+            if event.value not in self.wizard.catalog_ids and opt is not None and opt.id:
+                self.pick(opt.id)
+            else:
+                self.pick(event.value.strip())
+        elif event.input.id == "in-residents":
+            self.action_next()
+        else:
+            self.focus_next()
+
+    # ---- next ------------------------------------------------------------------------------------------------
+    def candidate(self) -> WizardState:
+        """Parse the fields (fast); the slow checks run in `check`."""
+        method = self._method()
+        model = self.query_one("#field-model", Field).value.strip()
+        if not model:
+            raise FieldError("model", "no model chosen; pick one from the catalog or give a config.json path")
+        changes: dict = dict(model=model, method=method)
+        if method != "full":
+            changes["lora_rank"] = field_value(self.query_one("#field-lora_rank", Field),
+                                               lambda t: parse_int(t, "LoRA rank"))
+            changes["lora_targets"] = parse_targets(self.query_one("#field-lora_targets", Field).value)
+            bits = field_value(self.query_one("#field-base_bits", Field),
+                               lambda t: parse_int(t, "frozen base bits", optional=True))
+            if bits is not None and bits not in BASE_BITS_CHOICES:
+                raise FieldError("base_bits", f"frozen base bits must be 16, 8 or 4 (got {bits})")
+            changes["base_bits"] = bits
+        else:
+            changes["base_bits"] = None
+        changes["residents"] = field_value(self.query_one("#field-residents", Field), parse_residents)
+        return self.wizard.state.with_model(**changes)
+
+    def action_next(self) -> None:
+        self.clear_field_errors()
+        try:
+            state = self.candidate()
+        except ScaletrainError as e:
+            self.refuse(e)
+            return
+        self.set_status("checking the model…")
+        self.check(state)
+
+    @work(thread=True, exclusive=True, group="model-check")
+    def check(self, state: WizardState) -> None:
+        """Load every named config and build the engine's TrainingSetup: refusals come back as one line."""
+        error: FieldError | ScaletrainError | None = None
+        req = state.request
+        try:
+            for name, spec in (("model", req.model), *(("residents", mid) for mid, _bits in req.residents)):
+                parse_named(name, spec, load_model)
+            try:
+                base_setup(req, hardware_for(state, self.wizard.detection))
+            except ScaletrainError as e:
+                name = "lora_targets" if "LoRA target" in str(e) else (
+                    "base_bits" if "bits" in str(e) or "quantized" in str(e) else None)
+                raise (FieldError(name, str(e)) if name else e) from None
+        except ScaletrainError as e:
+            error = e
+        except Exception as e:  # shown in place, never a traceback
+            error = ScaletrainError(f"unexpected error: {e.__class__.__name__}: {e}")
+        if not get_current_worker().is_cancelled:
+            self.app.call_from_thread(self._checked, state, error)
+
+    def _checked(self, state: WizardState, error: ScaletrainError | None) -> None:
+        if error is None:
+            self.set_status(None)
+            self.wizard.advance(state, self.STEP)
+        else:
+            self.refuse(error)

@@ -1,0 +1,42 @@
+"""`ctrl+s` on any step: save the wizard's choices so far as a preset (engine.plan.presets.save_preset)."""
+
+from __future__ import annotations
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Input, Static
+
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.tui.wizard import run_files
+from scaletrain.tui.widgets.field import Field
+
+
+class SavePresetScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape", "close", "Close")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="preset-box"):
+            yield Static("Save these choices as a preset (enter saves, escape closes)", classes="section")
+            yield Field("preset_name", "preset name", self.app.state.preset or "",  # type: ignore[attr-defined]
+                        placeholder="e.g. my-h200-lora", hint="reuse with: scaletrain --preset NAME")
+
+    def on_mount(self) -> None:
+        self.query_one("#in-preset_name", Input).focus()
+
+    @on(Input.Submitted, "#in-preset_name")
+    def _save(self, event: Input.Submitted) -> None:
+        field = self.query_one("#field-preset_name", Field)
+        try:
+            path = run_files.save_preset(event.value, self.app.state, self.app.plan)  # type: ignore[attr-defined]
+        except ScaletrainError as e:
+            field.show_error(str(e))
+            return
+        field.show_error(None)
+        field.set_hint(f"saved to {path}; escape closes")
+        self.app.notify(f"preset saved to {path}")
+
+    def action_close(self) -> None:
+        self.dismiss()

@@ -1,0 +1,405 @@
+"""The wizard's state: what the user chose so far, immutable, and the one place it becomes a PlanRequest.
+
+Screens parse their text fields into a new WizardState (bad text → ScaletrainError with a one-line message that the
+screen shows in place); the plan always comes from the engine (`plan_for` → make_plan). Nothing here estimates
+memory or time. No Textual imports: the plain (`--plain`) wizard uses the same functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.catalog.hardware import GPU_CATALOG, CPU_DEVICE, GpuSpec, Hardware, parse_gpus
+from scaletrain.engine.devices.detect import hardware_from_detection
+from scaletrain.engine.devices.nvml import DetectionResult
+from scaletrain.engine.plan.plan import Plan
+from scaletrain.engine.plan.planner import leanest_unfitting_plan, make_plan
+from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.plan.rows import AlternativeRow
+from scaletrain.engine.plan.search import next_micro_batch, search_key
+from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.vocabulary import Offload, Strategy
+from scaletrain.tui.cli.plan_args import parse_resident, request_fields_from_args, request_from_args, train_from_args
+
+# The what-if key cycles the ZeRO stage: plain DDP is "stage 0"; FSDP is reachable from the alternatives table.
+ZERO_CYCLE = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3)
+# Hardware offered when nothing is detected and nothing was named: the most common fine-tuning node.
+DEFAULT_CATALOG_GPUS = "8xH100-SXM"
+# Wizard starting points when neither flags nor a preset say otherwise (a LoRA run is the most common request).
+DEFAULT_METHOD = "lora"
+DEFAULT_EFFECTIVE_BATCH = 128
+DEFAULT_PLAN_NAME = PlanRequest.name
+
+
+def auto_name(model: str, method: str) -> str:
+    """'Qwen/Qwen2.5-7B-Instruct', 'lora' → 'qwen2.5-7b-instruct-lora' (empty model: the default name)."""
+    base = os.path.basename(model.rstrip("/")).removesuffix(".json") if model else ""
+    if base == "config" and model:
+        base = os.path.basename(os.path.dirname(model.rstrip("/")))
+    slug = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in base.lower()).strip("-.")
+    return f"{slug}-{method}" if slug else DEFAULT_PLAN_NAME
+
+
+def catalog_gpus() -> tuple[GpuSpec, ...]:
+    """GPUs the hardware step offers: the datasheet catalog plus the host CPU (gloo runs, demos, tests)."""
+    return (*GPU_CATALOG, CPU_DEVICE)
+
+
+@dataclass(frozen=True)
+class WizardState:
+    """Everything the user fixed; None fields in `request` are left to the planner."""
+
+    request: PlanRequest
+    train: TrainOptions = field(default_factory=TrainOptions)
+    hw_source: str = "catalog"          # "detected" (NVML, request.gpus == "auto") | "catalog" (named hardware)
+    run_dir: str | None = None
+    preset: str | None = None
+
+    def with_request(self, **changes: Any) -> "WizardState":
+        return replace(self, request=self.request.with_(**changes))
+
+    def with_train(self, **changes: Any) -> "WizardState":
+        return replace(self, train=replace(self.train, **changes))
+
+    def with_(self, **changes: Any) -> "WizardState":
+        return replace(self, **changes)
+
+    # ---- hardware ----------------------------------------------------------------------------------------------
+    def catalog_choice(self) -> tuple[str, int, int]:
+        """(gpu key, GPUs per node, nodes) of the named hardware, or the default when the request says auto."""
+        named = self.hw_source == "catalog" and self.request.gpus != "auto"
+        text = self.request.gpus if named else DEFAULT_CATALOG_GPUS
+        try:
+            hw = parse_gpus(text, nodes=self.request.nodes)
+        except ScaletrainError:
+            hw = parse_gpus(DEFAULT_CATALOG_GPUS)
+        return hw.gpu.key, hw.gpus_per_node, hw.nodes
+
+    def with_catalog_hardware(self, gpu_key: str, per_node: int, nodes: int) -> "WizardState":
+        return replace(self, hw_source="catalog",
+                       request=self.request.with_(gpus=f"{per_node}x{gpu_key}", nodes=nodes))
+
+    def with_detected_hardware(self, nodes: int) -> "WizardState":
+        return replace(self, hw_source="detected", request=self.request.with_(gpus="auto", nodes=nodes))
+
+    def with_model(self, **changes: Any) -> "WizardState":
+        """Model-step changes; a plan the user did not name is named after model and method (the run folder)."""
+        req = self.request
+        new = req.with_(**changes)
+        if req.name in (DEFAULT_PLAN_NAME, auto_name(req.model, req.method)):
+            new = new.with_(name=auto_name(new.model, new.method))
+        return replace(self, request=new)
+
+    def clear_what_ifs(self) -> "WizardState":
+        """Forget choices the plan step made, so the planner solves again after an earlier step changed."""
+        return self.with_request(micro_batch=None, grad_accum=None, strategy=None, offload=None, grad_ckpt=None)
+
+    def planning_inputs(self) -> PlanRequest:
+        """The request minus the plan step's choices, in one spelling (nodes 1 = None, tuples not lists)."""
+        r = self.clear_what_ifs().request
+        return r.with_(nodes=r.nodes or 1,
+                       lora_targets=tuple(r.lora_targets) if r.lora_targets is not None else None,
+                       residents=tuple((str(m), int(b)) for m, b in r.residents))
+
+    def rebased(self, before: "WizardState") -> "WizardState":
+        """Keep fixed choices (a preset's micro batch, strategy, ...) only while the inputs they were made for stay."""
+        return self if self.planning_inputs() == before.planning_inputs() else self.clear_what_ifs()
+
+
+@dataclass
+class WizardOptions:
+    """What the wizard starts from. `detect` is NVML's detect() unless a test or bench passes a recorded one."""
+
+    state: WizardState
+    detect: Callable[[], DetectionResult] | None = None
+    launch: bool = True                       # the write step may launch (tests of the write step turn it off)
+    overwrite: bool = False                   # --overwrite: a run directory holding another plan is moved aside
+
+
+# ---- building the first state ------------------------------------------------------------------------------------
+def state_from_args(args: argparse.Namespace) -> WizardState:
+    """Flags and `--preset NAME` → the wizard's first state (same precedence as the CLI: preset, --set, flags)."""
+    preset = getattr(args, "preset", None)
+    train = TrainOptions()
+    if preset or getattr(args, "model", None):
+        request = request_from_args(args)
+        if preset:
+            train = train_from_args(args)     # the preset's train options (lr, data, ...), with --set train.*
+    else:
+        fields = request_fields_from_args(args)
+        fields.setdefault("gpus", "auto")
+        fields.setdefault("method", DEFAULT_METHOD)
+        request = PlanRequest(model="", **{k: v for k, v in fields.items() if k != "model"})
+    if request.effective_batch is None and request.micro_batch is None and request.grad_accum is None:
+        request = request.with_(effective_batch=DEFAULT_EFFECTIVE_BATCH)
+    gpus = (request.gpus or "auto").strip()
+    source = "detected" if gpus.lower() == "auto" else "catalog"
+    if source == "catalog":
+        parse_gpus(gpus, nodes=request.nodes, inter_node_gbps=request.inter_node_gbps)  # bad --gpus: one line, now
+    return WizardState(request=request.with_(gpus=gpus), train=train, hw_source=source,
+                       run_dir=getattr(args, "run_dir", None), preset=preset)
+
+
+# ---- hardware and plan (engine calls) ----------------------------------------------------------------------------
+def hardware_for(state: WizardState, detection: DetectionResult | None) -> Hardware:
+    """The Hardware the plan runs on: NVML's cards, or the named catalog entry."""
+    req = state.request
+    if state.hw_source == "detected":
+        if detection is None:
+            raise ScaletrainError("GPU detection has not finished yet; wait a moment or pick catalog hardware")
+        return hardware_from_detection(nodes=req.nodes, inter_node_gbps=req.inter_node_gbps, result=detection)
+    return parse_gpus(req.gpus, nodes=req.nodes, inter_node_gbps=req.inter_node_gbps)
+
+
+def plan_for(state: WizardState, detection: DetectionResult | None) -> Plan:
+    """The engine's plan for the current choices (ScaletrainError when they cannot be planned)."""
+    if not state.request.model:
+        raise ScaletrainError("no model chosen yet; pick one from the catalog or give a config.json path")
+    return make_plan(state.request, hardware_for(state, detection))
+
+
+def plannable(state: WizardState, detection: DetectionResult | None) -> tuple[WizardState, Plan]:
+    """The state and its plan; plan-step choices (what-ifs, a preset's split) that no longer plan are dropped."""
+    try:
+        return state, plan_for(state, detection)
+    except ScaletrainError:
+        cleared = state.clear_what_ifs()
+        if cleared == state:
+            raise
+        return cleared, plan_for(cleared, detection)
+
+
+def launchable_here(plan: Plan) -> str | None:
+    """None when the plan can run on this machine, else the one-line reason it cannot."""
+    hw = plan.setup.hardware
+    if hw.source == "detected" or hw.gpu.key == CPU_DEVICE.key:
+        return None
+    return (f"this plan is for {hw.describe()}, which is not this machine's hardware; copy the run directory to "
+            "that machine and run its launch.sh there")
+
+
+# ---- what-if keys on the plan step: state → state, the engine recomputes ------------------------------------------
+def _fixed_from(plan: Plan) -> dict[str, Any]:
+    s = plan.setup
+    return dict(micro_batch=s.micro_batch, grad_accum=s.grad_accum, strategy=s.strategy, offload=s.offload,
+                grad_ckpt=s.grad_ckpt)
+
+
+def what_if(state: WizardState, plan: Plan, change: str) -> WizardState:
+    """Apply one what-if key to the choices behind `plan`; every other choice of the plan stays fixed.
+
+    Changing the micro batch keeps the effective batch: it moves to the next divisor of each GPU's share, and the
+    engine derives the accumulation.
+    """
+    fixed = _fixed_from(plan)
+    eff = plan.setup.effective_batch
+    if change in ("micro+", "micro-"):
+        fixed.update(micro_batch=_next_micro(plan, up=change == "micro+"), grad_accum=None)
+    elif change == "ckpt":
+        fixed.update(grad_ckpt=not fixed["grad_ckpt"])
+    elif change == "zero":
+        cur = fixed["strategy"]
+        nxt = ZERO_CYCLE[(ZERO_CYCLE.index(cur) + 1) % len(ZERO_CYCLE)] if cur in ZERO_CYCLE else ZERO_CYCLE[0]
+        fixed.update(strategy=nxt, offload=nxt.offload_within(fixed["offload"]))
+    elif change == "offload":
+        offloads = tuple(Offload)
+        fixed.update(offload=offloads[(offloads.index(fixed["offload"]) + 1) % len(offloads)])
+    else:
+        raise ValueError(f"unknown what-if {change!r}")
+    return state.with_request(effective_batch=eff, **fixed)
+
+
+def _next_micro(plan: Plan, *, up: bool) -> int:
+    """The next micro batch up or down that still divides each GPU's share of the effective batch."""
+    s = plan.setup
+    nxt = next_micro_batch(s, up=up)
+    if nxt is None:
+        raise ScaletrainError(
+            f"micro batch {s.micro_batch} is already the {'largest' if up else 'smallest'} split of the "
+            f"{s.effective_batch // s.world_size} samples each GPU takes per step; change the effective batch on "
+            "step 3 for more")
+    return nxt
+
+
+def pick_alternative(state: WizardState, row: AlternativeRow) -> WizardState:
+    """Fix the choices of one of the planner's ranked alternatives (a rank_alternatives row)."""
+    return state.with_request(effective_batch=row.effective_batch, micro_batch=row.micro_batch,
+                              grad_accum=row.grad_accum, strategy=row.strategy, offload=row.offload,
+                              grad_ckpt=row.grad_ckpt)
+
+
+def is_current(row: AlternativeRow, plan: Plan) -> bool:
+    return row.search_key() == search_key(plan.setup)
+
+
+def plan_what_if(state: WizardState, detection: DetectionResult | None) -> tuple[Plan, str | None]:
+    """The plan for a what-if, shown even when it does not fit: (plan, the engine's refusal or None).
+
+    The planner refuses a fixed combination that does not fit; the wizard still draws it over the line, so the
+    user sees by how much, with the planner's message beside it.
+    """
+    try:
+        return plan_for(state, detection), None
+    except ScaletrainError as e:
+        over = _leanest_over_the_line(state, detection)
+        if over is None:
+            raise
+        return over, str(e)
+
+
+def _leanest_over_the_line(state: WizardState, detection: DetectionResult | None) -> Plan | None:
+    try:
+        hardware = hardware_for(state, detection)
+    except ScaletrainError:
+        return None
+    return leanest_unfitting_plan(state.request, hardware)
+
+
+# ---- parsing what people type --------------------------------------------------------------------------------------
+def parse_int(text: str, what: str, *, minimum: int = 1, optional: bool = False) -> int | None:
+    t = (text or "").strip().replace(",", "").replace("_", "")
+    if not t:
+        if optional:
+            return None
+        raise ScaletrainError(f"{what} is empty; enter a whole number ≥ {minimum}")
+    try:
+        v = int(t)
+    except ValueError:
+        raise ScaletrainError(f"{what} must be a whole number ≥ {minimum} (got {text.strip()!r})") from None
+    if v < minimum:
+        raise ScaletrainError(f"{what} must be a whole number ≥ {minimum} (got {v})")
+    return v
+
+
+def parse_float(text: str, what: str, *, optional: bool = False, positive: bool = True) -> float | None:
+    t = (text or "").strip()
+    if not t:
+        if optional:
+            return None
+        raise ScaletrainError(f"{what} is empty; enter a number")
+    try:
+        v = float(t)
+    except ValueError:
+        raise ScaletrainError(f"{what} must be a number (got {t!r})") from None
+    if positive and not v > 0:
+        raise ScaletrainError(f"{what} must be positive (got {t})")
+    return v
+
+
+def parse_targets(text: str) -> tuple[str, ...] | None:
+    """Comma list of LoRA targets; empty or 'all' = every block linear (the engine checks the names)."""
+    t = (text or "").strip()
+    if not t or t.lower() == "all":
+        return None
+    return tuple(x.strip() for x in t.split(",") if x.strip())
+
+
+def parse_residents(text: str) -> tuple[tuple[str, int], ...]:
+    """'MODEL[:BITS], MODEL[:BITS]' → ((model, bits), ...); the CLI's --resident syntax."""
+    return tuple(parse_resident(x.strip()) for x in (text or "").split(",") if x.strip())
+
+
+def format_residents(residents: tuple[tuple[str, int], ...]) -> str:
+    return ", ".join(f"{m}:{b}" for m, b in residents)
+
+
+@dataclass(frozen=True)
+class DatasetChoice:
+    path: str | None          # a JSONL file the trainer reads (None: the bundled demo data)
+    samples: int | None       # samples, for steps per epoch
+
+
+_COUNT_CACHE: dict[tuple[str, int, int], int] = {}
+
+
+def count_samples(path: Path) -> int:
+    """Samples in a JSONL file (non-empty lines), cached by path, size and mtime so live edits don't re-read it."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _COUNT_CACHE:
+        with path.open("rb") as f:
+            _COUNT_CACHE[key] = sum(1 for line in f if line.strip())
+    return _COUNT_CACHE[key]
+
+
+def parse_dataset(text: str) -> DatasetChoice:
+    """A JSONL path (must exist) or a sample count; empty = the bundled demo data, no dataset size."""
+    t = (text or "").strip()
+    if not t:
+        return DatasetChoice(None, None)
+    digits = t.replace(",", "").replace("_", "")
+    if digits.isdigit():
+        n = int(digits)
+        if n < 1:
+            raise ScaletrainError("dataset size must be at least 1 sample")
+        return DatasetChoice(None, n)
+    p = Path(os.path.expanduser(t))
+    if not p.exists():
+        raise ScaletrainError(f"dataset {t!r} does not exist; give a JSONL file path or a number of samples")
+    if not p.is_file():
+        raise ScaletrainError(f"dataset {t!r} is not a file; give a JSONL file path or a number of samples")
+    try:
+        n = count_samples(p)
+    except OSError as e:
+        raise ScaletrainError(f"cannot read dataset {t!r} ({e.strerror or e})") from None
+    if n < 1:
+        raise ScaletrainError(f"dataset {t!r} is empty; give a JSONL file with one sample per line")
+    return DatasetChoice(str(p), n)
+
+
+def dataset_text(state: WizardState) -> str:
+    if state.train.dataset:
+        return state.train.dataset
+    return str(state.request.dataset_size) if state.request.dataset_size else ""
+
+
+BATCH_FIELDS = ("effective_batch", "seq_len", "dataset", "epochs", "lr", "base_lr", "base_batch")
+
+
+def apply_batch_fields(state: WizardState, values: dict[str, str]) -> WizardState:
+    """Step 3's text fields → state. Raises FieldError naming the first bad field (shown next to it)."""
+    parsers: dict[str, Callable[[str], Any]] = {
+        "effective_batch": lambda t: parse_int(t, "effective batch"),
+        "seq_len": lambda t: parse_int(t, "sequence length"),
+        "dataset": parse_dataset,
+        "epochs": lambda t: parse_float(t, "epochs"),
+        "lr": lambda t: parse_float(t, "learning rate"),
+        "base_lr": lambda t: parse_float(t, "base LR", optional=True),
+        "base_batch": lambda t: parse_int(t, "base batch", optional=True),
+    }
+    got = {name: parse_named(name, values.get(name, ""), parsers[name]) for name in BATCH_FIELDS}
+    if (got["base_lr"] is None) != (got["base_batch"] is None):
+        missing = "base_batch" if got["base_batch"] is None else "base_lr"
+        raise FieldError(missing, "the LR suggestion needs both a base LR and the base batch it was tuned at")
+    ds: DatasetChoice = got["dataset"]
+    return state.with_request(
+        effective_batch=got["effective_batch"], seq_len=got["seq_len"], dataset_size=ds.samples,
+        epochs=got["epochs"], base_lr=got["base_lr"], base_batch=got["base_batch"],
+    ).with_train(dataset=ds.path, lr=got["lr"])
+
+
+class FieldError(ScaletrainError):
+    """A ScaletrainError that also names the field it is about, so a screen can show it in place."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(message)
+        self.field_name = field_name
+
+
+def parse_named(name: str, text: str, parse: Callable[[str], Any]) -> Any:
+    """parse(text); a refusal becomes a FieldError naming the field."""
+    try:
+        return parse(text)
+    except ScaletrainError as e:
+        raise FieldError(name, str(e)) from None
+
+
+def field_value(field: Any, parse: Callable[[str], Any]) -> Any:
+    """Parse a form field's text (anything with .field_name and .value); a refusal names the field."""
+    return parse_named(field.field_name, field.value, parse)
+
