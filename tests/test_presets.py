@@ -76,8 +76,11 @@ def test_4090_presets_have_seed_000s_numbers():
 def test_other_seeds():
     g = _plan("h200x2-gemma27b-qlora")[0].setup
     assert (g.method, g.base_bits, g.world_size, g.grad_ckpt, g.model.name) == ("qlora", 4, 2, True, "google/gemma-3-27b-it")
-    r = _plan("grpo-7b-h200")[0].setup
-    assert r.micro_batch == 8 and r.world_size == 1
+    grpo = _plan("grpo-7b-h200")[0]
+    r = grpo.setup
+    assert r.micro_batch == 8 and r.world_size == 1 and r.master_weights == "bf16"
+    # the seed's ~94-103 GB holds for bf16-only weights; fp32 master weights would not fit the H200
+    assert grpo.fits and not _plan("grpo-7b-h200", "master_weights=fp32")[0].fits
     assert [(x.model.name, x.bits) for x in r.residents] == [("Qwen/Qwen2.5-14B-Instruct", 16)]
     o = _plan("olmo32b-zero3")[0].setup
     assert (o.strategy, o.world_size, o.method, o.model.name) == ("zero3", 16, "full", "allenai/OLMo-2-0325-32B")

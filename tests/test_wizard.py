@@ -460,3 +460,39 @@ def test_ctrl_q_during_a_run_stops_every_rank(tmp_path):
     alive = [pid for pid in status["tracked_pids"] if Path(f"/proc/{pid}").exists()
              and "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]]
     assert alive == []
+
+
+def test_master_weights_key_switches_to_bf16_only_weights_and_back(tmp_path):
+    """`m` on the plan step: bf16 weights with no fp32 master (DeepSpeed has none such, so ZeRO moves to DDP/FSDP);
+    the plan the engine makes for it is what the screen shows, and the run directory records it."""
+    run_dir = tmp_path / "run"
+    app = create_app(["--gpus", "8xH100", "--model", "Qwen/Qwen2.5-1.5B-Instruct", "--method", "full",
+                      "--effective-batch", "64", "--seq-len", "1024", "--run-dir", str(run_dir)],
+                     detect=no_gpu, launch=False)
+
+    async def walk():
+        async with app.run_test(size=(100, 32)) as pilot:
+            await settle(pilot, app)
+            for _ in range(3):
+                await press(pilot, app, "ctrl+n")
+            assert screen_name(app) == "PlanScreen"
+            while not app.plan.setup.strategy.uses_deepspeed:
+                await press(pilot, app, "z")
+            before = app.plan
+            assert before.setup.master_weights == "fp32"
+            await press(pilot, app, "m")
+            after = app.plan
+            assert after.setup.master_weights == "bf16" and after.setup.strategy in ("ddp", "fsdp")
+            assert after.setup.effective_batch == 64
+            assert after.memory == estimate_memory(after.setup, after.memory.headroom_fraction)
+            assert "bf16 weights only" in text_of(app, "#plan-head")
+            await press(pilot, app, "ctrl+n")
+            await press(pilot, app, "w")
+            await press(pilot, app, "m")      # not a key of the write step: nothing changes
+            await press(pilot, app, "ctrl+q")
+        return after
+
+    after = run(walk())
+    written = json.loads((run_dir / "plan.json").read_text())
+    assert written["training"]["master_weights"] == "bf16" and written["training"]["strategy"] in ("ddp", "fsdp")
+    assert written["memory"]["per_gpu_bytes"]["weights"] == after.memory.weights_bytes

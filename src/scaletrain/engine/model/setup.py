@@ -156,6 +156,19 @@ class TrainingSetup:
         return self.model.lora_params(self.lora_rank, self.lora_targets)
 
     @property
+    def precision_label(self) -> str:
+        """The weights' and compute's dtypes in words (plan lines, the wizard)."""
+        if self.method == "full" and self.master_weights == "bf16":
+            return f"{self.precision} weights only (no fp32 master)"
+        if self.method.is_adapter and self.base_bits == 32:
+            return f"{self.precision}, fp32 base"
+        return str(self.precision)
+
+    @property
+    def optimizer_label(self) -> str:
+        return f"{self.optimizer} ({self.optimizer_impl})" if self.optimizer != "adamw-8bit" else str(self.optimizer)
+
+    @property
     def sample_tokens(self) -> int:
         return self.tokens_per_sample or self.seq_len
 

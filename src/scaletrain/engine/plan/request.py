@@ -32,7 +32,9 @@ class PlanRequest:
     strategy: str | None = None
     offload: str | None = None
     precision: str = "bf16"
+    master_weights: str = "fp32"
     optimizer: str = "adamw"
+    optimizer_impl: str = "fused"
     attn: str = "sdpa"
     grad_ckpt: bool | None = None
     micro_batch: int | None = None
@@ -104,7 +106,8 @@ def base_setup(req: PlanRequest, hardware: Hardware | None = None) -> TrainingSe
         model=model, hardware=hw, method=req.method, lora_rank=req.lora_rank,
         lora_targets=tuple(req.lora_targets) if req.lora_targets else BLOCK_LINEARS, base_bits=base_bits,
         strategy=req.strategy or _default_strategy(req), offload=req.offload or "none", precision=req.precision,
-        optimizer=req.optimizer, attn=req.attn, grad_ckpt=bool(req.grad_ckpt),
+        master_weights=req.master_weights, optimizer=req.optimizer, optimizer_impl=req.optimizer_impl,
+        attn=req.attn, grad_ckpt=bool(req.grad_ckpt),
         micro_batch=req.micro_batch or 1, grad_accum=req.grad_accum or 1, seq_len=req.seq_len,
         residents=residents, dataset_size=req.dataset_size, epochs=req.epochs,
         tokens_per_sample=req.tokens_per_sample,

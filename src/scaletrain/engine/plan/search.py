@@ -157,6 +157,8 @@ def check_target(target: int, world: int, micro: int | None = None, accum: int |
 def _configs(base: TrainingSetup, fixed: Mapping[str, SearchValue]) -> Iterable[TrainingSetup]:
     """Every valid strategy × offload × checkpointing setup allowed by what the user fixed."""
     strategies = (fixed["strategy"],) if "strategy" in fixed else STRATEGY_ORDER
+    if base.master_weights == "bf16":     # DeepSpeed always keeps an fp32 master: bf16-only weights are DDP or FSDP
+        strategies = tuple(x for x in strategies if not Strategy(x).uses_deepspeed)
     ckpts = (fixed["grad_ckpt"],) if "grad_ckpt" in fixed else (False, True)
     for strategy in strategies:
         # only the offloads the strategy allows: FSDP's CPUOffload moves parameters, gradients and the step

@@ -12,12 +12,14 @@ from scaletrain.engine.catalog.hardware import inter_node_gbit_s
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.request import PlanRequest
 from scaletrain.engine.run.options import TrainOptions
-from scaletrain.engine.vocabulary import Attention, Method, Offload, Optimizer, Precision, Strategy
+from scaletrain.engine.vocabulary import (Attention, MasterWeights, Method, Offload, Optimizer, OptimizerImpl,
+                                          Precision, Strategy)
 
 # The flags that are PlanRequest fields of the same name (--resident becomes `residents`).
 REQUEST_FLAGS = (
     "model", "method", "lora_rank", "lora_targets", "base_bits", "gpus", "nodes", "inter_node_gbps", "strategy",
-    "offload", "precision", "optimizer", "attn", "grad_ckpt", "headroom", "micro_batch", "grad_accum",
+    "offload", "precision", "master_weights", "optimizer", "optimizer_impl", "attn", "grad_ckpt", "headroom",
+    "micro_batch", "grad_accum",
     "effective_batch", "seq_len", "dataset_size", "epochs", "tokens_per_sample", "base_lr", "base_batch",
 )
 RESIDENT_BITS = ("16", "8", "4")
@@ -39,7 +41,8 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--method", choices=Method.values())
     g.add_argument("--lora-rank", type=int)
     g.add_argument("--lora-targets", type=parse_csv, help="comma list, default all block linears")
-    g.add_argument("--base-bits", type=int, choices=[4, 8, 16], help="frozen base precision for lora/qlora")
+    g.add_argument("--base-bits", type=int, choices=[4, 8, 16, 32],
+                   help="frozen base for lora/qlora: 4/8 quantized, 16 (bf16, default), 32 (fp32 under autocast)")
     g.add_argument("--resident", action="append", type=parse_resident, default=None, metavar="MODEL[:BITS]",
                    help="an extra inference-only model kept on every GPU (reference policy, evaluator)")
     g = p.add_argument_group("hardware")
@@ -52,7 +55,12 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--strategy", choices=Strategy.values())
     g.add_argument("--offload", choices=Offload.values())
     g.add_argument("--precision", choices=Precision.values())
+    g.add_argument("--master-weights", choices=MasterWeights.values(),
+                   help="full fine-tuning: fp32 master weights (mixed precision, default) or bf16 weights only "
+                        "(a model loaded in bf16 with AdamW on it, no fp32 copy; DDP or FSDP)")
     g.add_argument("--optimizer", choices=Optimizer.values())
+    g.add_argument("--optimizer-impl", choices=OptimizerImpl.values(),
+                   help="torch's optimizer implementation (default fused, as the bundled trainer and HF Trainer run)")
     g.add_argument("--attn", choices=Attention.values())
     ck = g.add_mutually_exclusive_group()
     ck.add_argument("--grad-ckpt", dest="grad_ckpt", action="store_true", default=None)

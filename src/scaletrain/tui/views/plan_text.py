@@ -36,7 +36,7 @@ def setup_line(plan: Plan) -> Text:
     parts = [s.strategy.label]
     parts.append("no offload" if s.offload == "none" else f"offload {s.offload}")
     parts.append(f"grad-ckpt {'on' if s.grad_ckpt else 'off'}")
-    parts += [s.precision, s.optimizer, f"attn {s.attn}", f"seq {s.seq_len}"]
+    parts += [s.precision_label, s.optimizer_label, f"attn {s.attn}", f"seq {s.seq_len}"]
     return Text(" · ".join(parts))
 
 

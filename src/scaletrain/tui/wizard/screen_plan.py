@@ -53,6 +53,7 @@ the line with the engine's message. The **alternatives** table ranks what fits; 
         Binding("c", "what_if('ckpt')", "ckpt"),
         Binding("z", "what_if('zero')", "ZeRO"),
         Binding("o", "what_if('offload')", "offload"),
+        Binding("m", "what_if('master')", "bf16 weights"),
     ]
 
     def __init__(self) -> None:

@@ -169,6 +169,8 @@ def plannable(state: WizardState, detection: DetectionResult | None) -> tuple[Wi
         return state, plan_for(state, detection)
     except ScaletrainError:
         cleared = state.clear_what_ifs()
+        if cleared.request.master_weights == "bf16" and cleared.request.method != "full":
+            cleared = cleared.with_request(master_weights="fp32")   # bf16-only weights belong to full fine-tuning
         if cleared == state:
             raise
         return cleared, plan_for(cleared, detection)
@@ -209,6 +211,15 @@ def what_if(state: WizardState, plan: Plan, change: str) -> WizardState:
     elif change == "offload":
         offloads = tuple(Offload)
         fixed.update(offload=offloads[(offloads.index(fixed["offload"]) + 1) % len(offloads)])
+    elif change == "master":
+        if plan.setup.method != "full":
+            raise ScaletrainError("bf16-only weights apply to full fine-tuning; LoRA adapters stay fp32 (PEFT)")
+        bf16 = plan.setup.master_weights != "bf16"
+        if bf16 and fixed["strategy"].uses_deepspeed:
+            # DeepSpeed always keeps an fp32 master: the nearest strategy that can hold bf16 weights alone
+            fixed.update(strategy=Strategy.FSDP if fixed["strategy"].shards_params else Strategy.DDP)
+            fixed.update(offload=fixed["strategy"].offload_within(fixed["offload"]))
+        fixed.update(master_weights="bf16" if bf16 else "fp32")
     else:
         raise ValueError(f"unknown what-if {change!r}")
     return state.with_request(effective_batch=eff, **fixed)
