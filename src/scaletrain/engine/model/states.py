@@ -113,10 +113,11 @@ def model_states(s: TrainingSetup) -> ModelStates:
             sub = min(T // n, DS_SUB_GROUP_ELEMS)
             step = persistent + (cb + 4) * sub
         elif s.strategy == "zero2":
-            # grads_in_partition (16-bit, the whole partition at the first bucket flush) + the ipg bucket during
-            # backward; released after the step unless the next micro-step accumulates into it
+            # grads_in_partition (16-bit, the whole partition at the first bucket flush) + the ipg bucket, both from
+            # the first gradient hook on (lm_head's); released after the step unless the next micro-step
+            # accumulates into them
             persistent = part if s.grad_accum > 1 else 0
-            backward = part + _ds_bucket(s, cb)
+            backward, grows = part + _ds_bucket(s, cb), False
             step = part + 4 * T // n
         else:
             # ZeRO-1: param.grad accumulates in full 16-bit; step flattens this rank's partition and converts it
