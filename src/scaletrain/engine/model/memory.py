@@ -142,7 +142,7 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     # backward through the loss (sft: log_softmax's saved output + its grad + the input grad; TRL's fused head:
     # the recomputed tiles, with the fp32 weight gradient allocated up front)
     head_grad_gather = gather_head if full else 0   # ZeRO-3/FSDP: the unsharded head gradient
-    mark("backward", acts, head.saved + head.backward_transient, grads, gather=gather_head + head_grad_gather)
+    mark("backward", acts, head.saved + head.backward_transient, grads, gather=gather_head)
     # head backward: its output's gradient (compute dtype) is consumed; the head's weight gradient appears
     # (16-bit under autocast, then converted to the fp32 gradient)
     head_grad = 0
