@@ -37,3 +37,21 @@ def test_objective_rows_are_checked_in_one_line(tmp_path):
     with pytest.raises(ScaletrainError, match="lacks rejected"):
         read_rows(bad, "dpo")
     assert read_rows(bad, "grpo")[0]["prompt"] == "a"
+
+
+def test_wizard_objective_key_cycles_and_replans():
+    from scaletrain.engine.plan.planner import make_plan
+    from scaletrain.engine.plan.request import PlanRequest
+    from scaletrain.tui.wizard.state import WizardState, what_if
+
+    from scaletrain.engine.run.options import TrainOptions
+
+    state = WizardState(request=PlanRequest(model="Qwen/Qwen3-4B", gpus="8xRTX4090", micro_batch=2, grad_accum=8,
+                                            strategy="zero3", grad_ckpt=True), train=TrainOptions())
+    seen = []
+    for _ in range(4):
+        plan = make_plan(state.request)
+        seen.append((str(plan.setup.objective), plan.memory.logits_bytes))
+        state = what_if(state, plan, "objective")
+    assert [o for o, _ in seen] == ["sft", "reward", "dpo", "grpo"]
+    assert seen[1][1] == 0 < seen[0][1]          # a reward model has no B·S·V logits
