@@ -158,6 +158,52 @@ class Attention(Vocabulary):
         return "flash_attention_2" if self is Attention.FLASH else self.value
 
 
+class Objective(Vocabulary):
+    """What a step optimises. sft: next-token cross-entropy (the bundled loop); reward: a preference (reward) model,
+    a sequence classifier with one output trained on chosen/rejected pairs (TRL RewardTrainer); dpo: direct
+    preference optimisation against reference log-probs (DPOTrainer); grpo: group-relative policy optimisation on
+    the policy's own completions (GRPOTrainer)."""
+
+    SFT = "sft"
+    REWARD = "reward"
+    DPO = "dpo"
+    GRPO = "grpo"
+
+    @property
+    def uses_trl(self) -> bool:
+        return self is not Objective.SFT
+
+    @property
+    def pairs(self) -> bool:
+        """A micro batch of pairs: chosen and rejected run through the model together (2 × micro sequences)."""
+        return self in (Objective.REWARD, Objective.DPO)
+
+    @property
+    def log_probs(self) -> bool:
+        """Per-token log-probs through TRL's fused LM head (chunked, no B·S·V logits)."""
+        return self in (Objective.DPO, Objective.GRPO)
+
+
+class RefModel(Vocabulary):
+    """The reference policy. same: a frozen copy of the policy (under LoRA: the base with adapters disabled);
+    none: no reference (GRPO with beta 0, TRL's default); precomputed: DPO's reference log-probs computed once
+    before training (precompute_ref_log_probs)."""
+
+    SAME = "same"
+    NONE = "none"
+    PRECOMPUTED = "precomputed"
+
+
+class Generation(Vocabulary):
+    """Where GRPO's completions are generated. train: model.generate in the training process (TRL's default);
+    colocate: a vLLM engine inside the training process holding a fixed share of the card; server: vLLM on
+    separate GPUs (nothing on the learner's)."""
+
+    TRAIN = "train"
+    COLOCATE = "colocate"
+    SERVER = "server"
+
+
 class Device(Vocabulary):
     CUDA = "cuda"
     CPU = "cpu"

@@ -32,6 +32,11 @@ class RunConfig:
     seq_len: int
     epochs: float
     planned_world_size: int
+    # the objective (issue 16): sft runs the bundled loop, reward/dpo/grpo run TRL (trainer/objectives/run.py)
+    objective: str = "sft"
+    prompt_len: int | None = None
+    num_generations: int = 8
+    ref_model: str = "none"
 
     @property
     def uses_deepspeed(self) -> bool:
@@ -55,4 +60,14 @@ def read_run_config(run_dir: str | os.PathLike[str]) -> RunConfig:
         lora_targets=tr.lora_targets, base_bits=tr.base_bits, strategy=tr.strategy, precision=tr.precision,
         optimizer=tr.optimizer, attn=tr.attn, grad_ckpt=tr.grad_ckpt, micro_batch=batch.micro_batch,
         grad_accum=batch.grad_accum, seq_len=batch.seq_len, epochs=float(req.epochs or 1.0),
-        planned_world_size=batch.world_size)
+        planned_world_size=batch.world_size, **_objective_fields(doc))
+
+
+def _objective_fields(doc) -> dict:
+    """The objective and its knobs as the plan resolved them (plan.json "training"); sft when absent."""
+    rec = doc.recorded
+    out = {"objective": rec("objective") or "sft", "prompt_len": rec("prompt_len"),
+           "ref_model": rec("ref_model") or "none"}
+    if rec("num_generations"):
+        out["num_generations"] = int(rec("num_generations"))
+    return out

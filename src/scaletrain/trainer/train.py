@@ -74,6 +74,10 @@ def train(cfg: RunConfig, resume: bool) -> int:
     import torch
     from transformers import get_scheduler
 
+    if cfg.objective != "sft":          # reward / dpo / grpo: TRL's trainers (issue 16)
+        from scaletrain.trainer.objectives.run import train_objective
+
+        return train_objective(cfg, resume)
     dataset = Path(cfg.train.dataset).expanduser() if cfg.train.dataset else bundled_demo_dataset()
     if not dataset.is_file():
         raise ScaletrainError(f"dataset {dataset} does not exist (give a JSONL file: train option dataset)")

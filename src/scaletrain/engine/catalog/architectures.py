@@ -61,6 +61,7 @@ class ModelArch:
     config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), compare=False, hash=False,
                                       repr=False)
     exact_params: int | None = field(default=None, compare=False)   # set when counted by transformers (fallback)
+    score_head: bool = False       # a sequence classifier with one output (reward model): h×1 score, no lm_head
 
     # ---- structure -------------------------------------------------------------------------------------------
     @property
@@ -114,7 +115,8 @@ class ModelArch:
 
     @property
     def tensor_count(self) -> int:
-        return 1 + self.num_layers * self.block_tensor_count() + 1 + (0 if self.tie_embeddings else 1)
+        head = 1 if self.score_head else (0 if self.tie_embeddings else 1)
+        return 1 + self.num_layers * self.block_tensor_count() + 1 + head
 
     @property
     def embedding_params(self) -> int:
@@ -122,7 +124,25 @@ class ModelArch:
 
     @property
     def lm_head_params(self) -> int:
+        """The output head's own parameters: an untied lm_head (V×h), none when tied, or a reward model's score."""
+        if self.score_head:
+            return self.hidden_size
         return 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
+
+    @property
+    def vocab_head(self) -> bool:
+        """The model ends in an lm_head over the vocabulary (a reward model's score head does not)."""
+        return not self.score_head
+
+    def with_score_head(self) -> "ModelArch":
+        """The same backbone as AutoModelForSequenceClassification(num_labels=1) builds it (transformers'
+        GenericForSequenceClassification: `score = Linear(h, 1, bias=False)` in place of lm_head)."""
+        if self.score_head:
+            return self
+        from dataclasses import replace
+
+        exact = None if self.exact_params is None else self.exact_params - self.lm_head_params + self.hidden_size
+        return replace(self, score_head=True, exact_params=exact)
 
     @property
     def params(self) -> int:
@@ -160,6 +180,7 @@ class ModelArch:
             "intermediate_size": self.intermediate_size, "num_layers": self.num_layers,
             "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
             "vocab_size": self.vocab_size, "tie_embeddings": self.tie_embeddings, "params": self.params,
+            "head": "score" if self.score_head else "lm_head",
         }
 
 

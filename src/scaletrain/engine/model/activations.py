@@ -221,10 +221,11 @@ def outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> dict[str
     shared = rope_sets * 2 * t * m.head_dim * nm.residual + 8 * t
     window_mask = b * s.seq_len * s.seq_len * nm.compute if (s.attn != "eager" and sliding_layers(s)) else 0
     final = t * _norm_saved(h, 1, nm.residual, full, style)
-    if full:
+    if full and not s.objective.log_probs:       # TRL's fused head saves its own copy (objectives.py)
         final += t * _reader_saved(h, nm.residual, 1, 0, nm, True)
-    if nm.trainable_copies or nm.fp32_head:
-        final += 2 * m.vocab_size * h
+    head_out = m.vocab_size if m.vocab_head else 1
+    if (nm.trainable_copies or nm.fp32_head) and not s.objective.log_probs:
+        final += 2 * head_out * h
     # the window mask sdpa keeps for backward (cast to the q dtype): through backward without checkpointing, with
     # it only while a block is recomputed
     return {"shared": shared + (0 if s.grad_ckpt else window_mask), "final": final, "labels": 8 * t,

@@ -28,6 +28,10 @@ class MemoryBreakdown:
     model_states_unsharded_bytes: int = 0                         # what one GPU would hold without sharding
     host_bytes_per_gpu: int = 0                                   # CPU RAM for offloaded states, per GPU
     workspace_bytes: int = 0                                      # the part of overhead inside the allocator
+    objective: str = "sft"
+    # the objective's own terms at the peak, each inside one component: (component, what it is, bytes)
+    terms: tuple[tuple[str, str, int], ...] = ()
+    outside_allocator_bytes: int = 0                              # a colocated vLLM engine (GRPO), in overhead
 
     @property
     def allocated_peak_bytes(self) -> int:
@@ -72,4 +76,6 @@ class MemoryBreakdown:
             "model_states_unsharded_bytes": self.model_states_unsharded_bytes,
             "host_bytes_per_gpu": self.host_bytes_per_gpu,
             "workspace_bytes": self.workspace_bytes,
+            "objective": self.objective,
+            "objective_terms": [{"component": c, "term": t, "bytes": b} for c, t, b in self.terms],
         }

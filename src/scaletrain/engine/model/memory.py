@@ -26,6 +26,8 @@ from scaletrain.engine.model.activations import (LayerActivations, block_activat
                                                  outside_blocks, sliding_layers, weight_copies_bytes)
 from scaletrain.engine.model.breakdown import MemoryBreakdown
 from scaletrain.engine.model.numerics import Numerics, autocast_regime, numerics, uses_deepspeed  # noqa: F401
+from scaletrain.engine.model.objectives import (generation_cost, head_cost, objective_terms, reference_forward_bytes,
+                                                reference_weight_bytes, sequences)
 from scaletrain.engine.model.setup import TrainingSetup
 from scaletrain.engine.model.states import (DS_ALLGATHER_BUCKET_ELEMS, DS_PREFETCH_BUCKET_ELEMS,  # noqa: F401
                                             DS_REDUCE_BUCKET_ELEMS, DS_SUB_GROUP_ELEMS, ModelStates, model_states,
@@ -63,32 +65,34 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     m = s.model
     nm = numerics(s)
     b = micro_batch or s.micro_batch
-    t = b * s.seq_len
+    seqs = sequences(s, b)             # reward/dpo: chosen + rejected of every pair; grpo: completions
+    t = seqs * s.seq_len
     c = nm.compute
     ms = model_states(s)
-    layer = block_activations(s, b)
-    lg = logits_bytes(s, b)
-    out = outside_blocks(s, b)
+    layer = block_activations(s, seqs)
+    head = head_cost(s, b)
+    out = outside_blocks(s, seqs)
     n = s.world_size
     L = m.num_layers
-    V, h = m.vocab_size, m.hidden_size
+    h = m.hidden_size
     full = s.method == "full"
-    static = ms.weights + ms.optimizer
+    ref_weights = reference_weight_bytes(s)
+    static = ms.weights + ms.optimizer + ref_weights
 
     # ZeRO-3 / FSDP: the gathered 16-bit copy of the block being computed plus the prefetched next one;
-    # the embedding matrix is gathered for the lookup and again (tied) for lm_head.
+    # the embedding matrix is gathered for the lookup and again (tied) for the output head.
     if s.strategy in ("zero3", "fsdp") and n > 1:
         gb = 2 if s.precision != "fp32" else 4
         blk = m.block_params()
         prefetch = min(blk, DS_PREFETCH_BUCKET_ELEMS) if s.strategy == "zero3" else blk
         gather_block = gb * (blk + prefetch)
-        gather_head = gb * (m.embedding_params if m.tie_embeddings else m.vocab_size * m.hidden_size)
+        gather_head = gb * (m.embedding_params if m.tie_embeddings or not m.vocab_head else head.weight_params)
         grad_gather_block = gb * blk if full else 0
     else:
         gather_block = gather_head = grad_gather_block = 0
 
     # what checkpointing keeps per block, and what recomputing one block costs in backward
-    mask = b * s.seq_len * s.seq_len * nm.residual if s.attn == "eager" else 0
+    mask = seqs * s.seq_len * s.seq_len * nm.residual if s.attn == "eager" else 0
     wcopy = layer.weight_copies
     if s.grad_ckpt:
         per_block_saved = t * h * nm.residual
@@ -104,7 +108,7 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
 
     grads = ms.gradients_persistent
     parts_at_peak: dict[str, Any] = {}
-    phase_peaks = {"forward": 0, "loss": 0, "backward": 0, "step": 0}
+    phase_peaks = {"generation": 0, "forward": 0, "loss": 0, "backward": 0, "step": 0}
 
     def mark(phase: str, act: int, logit: int, grad: int, opt_extra: int = 0, gather: int = 0) -> None:
         total = static + grad + act + logit + opt_extra + gather
@@ -113,6 +117,13 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
         if total > parts_at_peak.get("total", -1):
             parts_at_peak.update(total=total, phase=phase, activations=act + gather, logits=logit,
                                  gradients=grad, optimizer_extra=opt_extra)
+
+    # GRPO: the completions are generated (no grad) before the first micro-step of the optimizer step
+    gen = generation_cost(s)
+    if gen.peak:
+        mark("generation", gen.peak, 0, grads, gather=gather_block)
+    if s.objective == "grpo" and s.ref_model == "same":   # reference log-probs of the completions, micro by micro
+        mark("generation", shared + reference_forward_bytes(s, layer.fwd_transient, b), 0, grads)
 
     # forward: blocks one by one. Under checkpointing, autocast's cache still holds every cast trainable weight
     # until forward returns (saved copies count in per_block_saved otherwise); the eager mask lives until then too
@@ -123,27 +134,30 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
         acts += per_block_saved
         cache += layer.cached_copies if recompute else 0
     acts += final
-    # loss: logits + fp32 copy + log_softmax output while it runs; shifted labels
-    acts += out["labels"]
-    mark("loss", acts + cache, lg["forward_transient"] + lg["saved"], grads, gather=gather_head)
-    # backward through cross-entropy: saved output + its grad + input grad
-    mark("backward", acts, lg["saved"] + lg["backward_transient"], grads, gather=gather_head)
-    # lm_head backward: the logits' gradient (compute dtype) is consumed; the head's weight gradient appears
+    # loss: the head's forward (sft: logits + fp32 copy + log_softmax output; dpo/grpo: TRL's log-prob tiles)
+    acts += head.labels
+    mark("loss", acts + cache, head.forward_transient + head.saved, grads, gather=gather_head)
+    if s.objective == "dpo":   # the reference's no-grad forward runs while the policy's graph is alive
+        mark("loss", acts + reference_forward_bytes(s, layer.fwd_transient, b), head.saved, grads)
+    # backward through the loss (sft: log_softmax's saved output + its grad + the input grad; TRL's fused head:
+    # the recomputed tiles, with the fp32 weight gradient allocated up front)
+    head_grad_gather = gather_head if full else 0   # ZeRO-3/FSDP: the unsharded head gradient
+    mark("backward", acts, head.saved + head.backward_transient, grads, gather=gather_head)
+    # head backward: its output's gradient (compute dtype) is consumed; the head's weight gradient appears
     # (16-bit under autocast, then converted to the fp32 gradient)
     head_grad = 0
     if full and not (uses_deepspeed(s) and s.precision != "fp32"):
-        head_grad = _grad_share(V * h, s)
-    head_cast = c * V * h if (full and nm.trainable_copies) else 0
-    head_grad_gather = gather_head if full else 0   # ZeRO-3/FSDP: the unsharded lm_head grad
+        head_grad = _grad_share(head.weight_params, s)
+    head_cast = c * head.weight_params if (full and nm.trainable_copies and not head.weight_grad_early) else 0
     if ms.grows_in_backward:
-        mark("backward", acts, c * t * V, grads + head_grad, opt_extra=head_cast,
+        mark("backward", acts, head.output_grad, grads + head_grad, opt_extra=head_cast,
              gather=gather_head + head_grad_gather)
         grads += head_grad
     else:   # the buffers (accumulation, DDP buckets, DeepSpeed) already hold it
-        mark("backward", acts, c * t * V, ms.gradients_backward, opt_extra=head_cast,
+        mark("backward", acts, head.output_grad, ms.gradients_backward, opt_extra=head_cast,
              gather=gather_head + head_grad_gather)
         grads = ms.gradients_backward
-    acts -= final + out["labels"]
+    acts -= final + head.labels
     block_grad = _grad_share(m.block_params() if full else s.trainable_params // max(L, 1), s)
     for _ in range(L):
         # under checkpointing the block's own tensors (and autocast's weight copies) are recomputed on top of
@@ -158,11 +172,15 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     # the embedding's backward writes a dense V×h gradient; with tied embeddings autograd adds it to lm_head's,
     # which waits in the engine's input buffer: out of place (a third V×h tensor) unless lm_head's gradient is a
     # fresh fp32 copy of autocast's 16-bit one, which the engine may add into (torch/csrc/autograd/input_buffer.cpp)
-    embed_bwd = _grad_share(V * h, s) * (1 if nm.trainable_copies else 2) if (full and m.tie_embeddings) else 0
+    V = m.vocab_size
+    tied = m.tie_embeddings and m.vocab_head
+    embed_bwd = _grad_share(V * h, s) * (1 if nm.trainable_copies else 2) if (full and tied) else 0
     mark("backward", acts, 0, grads, opt_extra=embed_bwd)
     # optimizer step
     mark("step", 0, 0, ms.gradients_step, opt_extra=ms.step_temporaries)
-    return {"phase_peaks": phase_peaks, "parts": parts_at_peak, "states": ms}
+    if not gen.peak:
+        del phase_peaks["generation"]
+    return {"phase_peaks": phase_peaks, "parts": parts_at_peak, "states": ms, "head": head, "generation": gen}
 
 
 def _grad_share(n_params: int, s: TrainingSetup) -> int:
@@ -206,9 +224,10 @@ def estimate_memory(s: TrainingSetup, headroom_fraction: float = 0.10,
     parts = sim["parts"]
     ws = workspace_bytes(s)
     allocated = parts["total"] + ws
-    overhead = ws + overhead_bytes(s, allocated)
+    vllm = sim["generation"].vllm_share    # a colocated vLLM engine allocates outside torch's allocator
+    overhead = ws + overhead_bytes(s, allocated) + vllm
     return MemoryBreakdown(
-        weights_bytes=ms.weights,
+        weights_bytes=ms.weights + reference_weight_bytes(s),
         gradients_bytes=parts["gradients"],
         optimizer_bytes=ms.optimizer + parts["optimizer_extra"],
         activations_bytes=parts["activations"],
@@ -221,4 +240,7 @@ def estimate_memory(s: TrainingSetup, headroom_fraction: float = 0.10,
         model_states_unsharded_bytes=ms.unsharded,
         host_bytes_per_gpu=ms.host,
         workspace_bytes=ws,
+        objective=str(s.objective),
+        terms=objective_terms(s, sim["head"], parts["phase"]),
+        outside_allocator_bytes=vllm,
     )

@@ -12,8 +12,9 @@ from typing import Any
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import Hardware
 from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, ModelArch
-from scaletrain.engine.vocabulary import (Attention, Device, MasterWeights, Method, Offload, Optimizer,
-                                          OptimizerImpl, Precision, Strategy, Vocabulary)
+from scaletrain.engine.vocabulary import (Attention, Device, Generation, MasterWeights, Method, Objective,
+                                          Offload, Optimizer, OptimizerImpl, Precision, RefModel, Strategy,
+                                          Vocabulary)
 
 BASE_BITS = (4, 8, 16, 32)
 
@@ -77,6 +78,13 @@ class TrainingSetup:
     epochs: float = 1.0
     tokens_per_sample: int | None = None
     device: Device = Device.CUDA     # CUDA or CPU (CPU runs: no CUDA context or workspaces)
+    # ---- the objective (engine/model/objectives.py holds its memory terms) ----
+    objective: Objective = Objective.SFT
+    prompt_len: int | None = None    # DPO / GRPO: the prompt's tokens within seq_len
+    num_generations: int = 8         # GRPO: completions per prompt (TRL's default)
+    ref_model: RefModel = RefModel.NONE
+    generation: Generation = Generation.TRAIN
+    generation_memory: float = 0.3   # GRPO colocate: the card's share vLLM holds (TRL vllm_gpu_memory_utilization)
 
     def __post_init__(self) -> None:
         def one_of(name: str, kind: type[Vocabulary]) -> None:
@@ -94,6 +102,12 @@ class TrainingSetup:
         one_of("attn", Attention)
         one_of("optimizer_impl", OptimizerImpl)
         one_of("master_weights", MasterWeights)
+        one_of("objective", Objective)
+        one_of("ref_model", RefModel)
+        one_of("generation", Generation)
+        _check_objective(self)
+        if self.objective == "reward" and not self.model.score_head:
+            object.__setattr__(self, "model", self.model.with_score_head())
         if self.base_bits not in BASE_BITS:
             raise ScaletrainError(f"--base-bits {self.base_bits!r} is not accepted; use one of: "
                                   f"{', '.join(map(str, BASE_BITS))}")
@@ -153,7 +167,9 @@ class TrainingSetup:
     def trainable_params(self) -> int:
         if not self.method.is_adapter:
             return self.model.params
-        return self.model.lora_params(self.lora_rank, self.lora_targets)
+        # a reward model under PEFT (task SEQ_CLS) also trains a copy of its score head (modules_to_save)
+        score = self.model.hidden_size if self.model.score_head else 0
+        return self.model.lora_params(self.lora_rank, self.lora_targets) + score
 
     @property
     def precision_label(self) -> str:
@@ -172,6 +188,17 @@ class TrainingSetup:
     def sample_tokens(self) -> int:
         return self.tokens_per_sample or self.seq_len
 
+    @property
+    def sequences_per_micro(self) -> int:
+        """Sequences one micro-step runs through the model: TRL's per_device_train_batch_size counts pairs for
+        reward and DPO (chosen and rejected are concatenated into one batch), completions for GRPO."""
+        return 2 * self.micro_batch if self.objective.pairs else self.micro_batch
+
+    @property
+    def completion_len(self) -> int:
+        """DPO / GRPO: the completion's tokens (seq_len − prompt_len)."""
+        return self.seq_len - (self.prompt_len or 0)
+
     def with_(self, **changes: Any) -> "TrainingSetup":
         return replace(self, **changes)
 
@@ -184,4 +211,36 @@ class TrainingSetup:
             "optimizer": self.optimizer.value, "optimizer_impl": self.optimizer_impl.value, "attn": self.attn.value,
             "grad_ckpt": self.grad_ckpt, "seq_len": self.seq_len, "device": self.device.value,
             "residents": [{"model": r.model.name, "bits": r.bits, "role": r.role} for r in self.residents],
+            "objective": self.objective.value, "prompt_len": self.prompt_len,
+            "num_generations": self.num_generations if self.objective == "grpo" else None,
+            "ref_model": self.ref_model.value, "generation": self.generation.value if self.objective == "grpo" else None,
         }
+
+
+def _check_objective(s: TrainingSetup) -> None:
+    """The objective's own knobs, each refused in one line where it does not apply."""
+    obj = s.objective
+    if obj in ("sft", "reward") and s.ref_model != "none":
+        raise ScaletrainError(f"--ref-model {s.ref_model} applies to dpo and grpo; a {obj} step has no reference "
+                              "model (use --ref-model none)")
+    if obj == "dpo" and s.ref_model == "none":
+        raise ScaletrainError("DPO compares with reference log-probs: use --ref-model same (a frozen copy, or the "
+                              "base with adapters disabled under LoRA) or precomputed")
+    if obj == "grpo" and s.ref_model == "precomputed":
+        raise ScaletrainError("GRPO scores new completions every step, so its reference log-probs cannot be "
+                              "precomputed: use --ref-model same or none")
+    if s.prompt_len is not None:
+        if obj not in ("dpo", "grpo"):
+            raise ScaletrainError(f"--prompt-len applies to dpo and grpo (got --objective {obj})")
+        if not isinstance(s.prompt_len, int) or isinstance(s.prompt_len, bool) or not 1 <= s.prompt_len < s.seq_len:
+            raise ScaletrainError(f"--prompt-len must be a whole number from 1 to seq_len − 1 = {s.seq_len - 1} "
+                                  f"(got {s.prompt_len!r})")
+    n = s.num_generations
+    if not isinstance(n, int) or isinstance(n, bool) or n < 2:
+        raise ScaletrainError(f"--num-generations must be a whole number ≥ 2: GRPO's advantages compare completions "
+                              f"of one prompt (got {n!r})")
+    if not 0 < s.generation_memory < 1:
+        raise ScaletrainError(f"--generation-memory must be a fraction of the card in (0, 1) (got "
+                              f"{s.generation_memory})")
+    if obj != "grpo" and s.generation != "train":
+        raise ScaletrainError(f"--generation {s.generation} applies to grpo (got --objective {obj})")

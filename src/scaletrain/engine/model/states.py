@@ -93,7 +93,8 @@ def model_states(s: TrainingSetup) -> ModelStates:
     if s.device == "cpu" and s.optimizer == "adamw" and not ds:
         # torch keeps AdamW's `step` as a 0-dim fp32 tensor per parameter tensor, on the host (so it only
         # counts against memory when the host is the device)
-        optimizer += 4 * (m.tensor_count if s.method == "full" else 2 * len(s.lora_targets) * m.num_layers)
+        adapters = 2 * len(s.lora_targets) * m.num_layers + (1 if m.score_head else 0)   # + PEFT's score copy
+        optimizer += 4 * (m.tensor_count if s.method == "full" else adapters)
     host_opt = 0
     if s.offload in ("optimizer", "all"):
         host_opt, optimizer = optimizer, 0

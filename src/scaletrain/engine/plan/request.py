@@ -16,6 +16,10 @@ from scaletrain.engine.model.setup import ResidentModel, TrainingSetup
 from scaletrain.engine.vocabulary import Vocabulary
 
 
+TRL_OBJECTIVES = ("reward", "dpo", "grpo")
+GRPO_COMPLETION_LEN = 512      # TRL GRPOConfig.max_completion_length
+GRPO_NUM_GENERATIONS = 8       # TRL GRPOConfig.num_generations
+
 # The request fields that name the machines: changing one is a new run directory, not a relaunch.
 HARDWARE_FIELDS = frozenset({"gpus", "nodes", "inter_node_gbps"})
 
@@ -50,6 +54,13 @@ class PlanRequest:
     base_lr: float | None = None
     base_batch: int | None = None
     device: str | None = None        # None → "cpu" for --gpus NxCPU, else "cuda"
+    objective: str = "sft"
+    prompt_len: int | None = None    # dpo: default half of seq_len; grpo: default seq_len − completion_len
+    completion_len: int | None = None  # grpo: default 512 (TRL's max_completion_length); seq_len = prompt + completion
+    num_generations: int | None = None  # grpo: default 8 (TRL)
+    ref_model: str | None = None     # dpo: default same; grpo: default none (TRL's beta 0)
+    generation: str = "train"        # grpo: train | colocate | server
+    generation_memory: float = 0.3   # grpo colocate: vLLM's share of the card
     name: str = "plan"
 
     def __post_init__(self) -> None:
@@ -58,6 +69,8 @@ class PlanRequest:
             v = getattr(self, f.name)
             if isinstance(v, Vocabulary):
                 object.__setattr__(self, f.name, v.value)
+        if self.grad_ckpt is None and self.objective in TRL_OBJECTIVES:
+            object.__setattr__(self, "grad_ckpt", True)     # TRL's configs turn checkpointing on by default
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -94,7 +107,7 @@ def resolve_hardware(req: PlanRequest) -> Hardware:
 def base_setup(req: PlanRequest, hardware: Hardware | None = None) -> TrainingSetup:
     """A TrainingSetup with the request's fixed choices and neutral defaults for the free ones."""
     for name in ("micro_batch", "grad_accum", "effective_batch", "seq_len", "dataset_size", "tokens_per_sample",
-                 "lora_rank", "nodes", "base_batch"):
+                 "lora_rank", "nodes", "base_batch", "prompt_len", "completion_len", "num_generations"):
         _positive(name, getattr(req, name))
     if not 0.0 <= req.headroom < 1.0:
         raise ScaletrainError(f"--headroom must be a fraction in [0, 1) (got {req.headroom})")
@@ -102,17 +115,40 @@ def base_setup(req: PlanRequest, hardware: Hardware | None = None) -> TrainingSe
     model = load_model(req.model)
     residents = tuple(ResidentModel(load_model(mid), int(bits)) for mid, bits in req.residents)
     base_bits = req.base_bits if req.base_bits is not None else (4 if req.method == "qlora" else 16)
+    seq_len, prompt_len = objective_lengths(req)
     return TrainingSetup(
         model=model, hardware=hw, method=req.method, lora_rank=req.lora_rank,
         lora_targets=tuple(req.lora_targets) if req.lora_targets else BLOCK_LINEARS, base_bits=base_bits,
         strategy=req.strategy or _default_strategy(req), offload=req.offload or "none", precision=req.precision,
         master_weights=req.master_weights, optimizer=req.optimizer, optimizer_impl=req.optimizer_impl,
         attn=req.attn, grad_ckpt=bool(req.grad_ckpt),
-        micro_batch=req.micro_batch or 1, grad_accum=req.grad_accum or 1, seq_len=req.seq_len,
+        micro_batch=req.micro_batch or 1, grad_accum=req.grad_accum or 1, seq_len=seq_len,
         residents=residents, dataset_size=req.dataset_size, epochs=req.epochs,
         tokens_per_sample=req.tokens_per_sample,
         device=req.device or ("cpu" if hw.gpu.key == "CPU" else "cuda"),
+        objective=req.objective, prompt_len=prompt_len,
+        num_generations=req.num_generations or GRPO_NUM_GENERATIONS,
+        ref_model=req.ref_model or ("same" if req.objective == "dpo" else "none"),
+        generation=req.generation, generation_memory=req.generation_memory,
     )
+
+
+def objective_lengths(req: PlanRequest) -> tuple[int, int | None]:
+    """(seq_len, prompt_len) the objective trains on. GRPO's sequences are prompt + completion; DPO's prompt is
+    half the sequence unless given; reward and SFT read seq_len alone."""
+    if req.completion_len is not None and req.objective != "grpo":
+        raise ScaletrainError(f"--completion-len applies to grpo (got --objective {req.objective}); "
+                              "give --seq-len (and --prompt-len for dpo)")
+    if req.objective == "grpo":
+        completion = req.completion_len or GRPO_COMPLETION_LEN
+        prompt = req.prompt_len if req.prompt_len is not None else req.seq_len - completion
+        if prompt < 1:
+            raise ScaletrainError(f"--completion-len {completion} leaves no room for a prompt in --seq-len "
+                                  f"{req.seq_len}; give --prompt-len (seq_len becomes prompt + completion)")
+        return prompt + completion, prompt
+    if req.objective == "dpo":
+        return req.seq_len, req.prompt_len if req.prompt_len is not None else max(1, req.seq_len // 2)
+    return req.seq_len, req.prompt_len
 
 
 def _default_strategy(req: PlanRequest) -> str:

@@ -225,6 +225,12 @@ class PlanDocument:
             optimizer=tr["optimizer"], attn=tr["attn"], grad_ckpt=bool(tr["grad_ckpt"]), seq_len=int(tr["seq_len"]),
             micro_batch=int(batch["micro_batch"]), grad_accum=int(batch["grad_accum"]), effective_batch=None,
             device=tr.get("device"))
+        if tr.get("objective"):           # the objective and its knobs as the plan resolved them (issue 16)
+            fields_.update(objective=tr["objective"], ref_model=tr.get("ref_model"), prompt_len=tr.get("prompt_len"),
+                           generation=tr.get("generation") or "train")
+            if tr["objective"] == "grpo":
+                fields_.update(num_generations=tr.get("num_generations"),
+                               completion_len=int(tr["seq_len"]) - int(tr["prompt_len"]))
         if tr.get("lora_rank"):
             fields_["lora_rank"] = int(tr["lora_rank"])
         targets = tr.get("lora_targets") or fields_.get("lora_targets")

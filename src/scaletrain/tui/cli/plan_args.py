@@ -12,8 +12,8 @@ from scaletrain.engine.catalog.hardware import inter_node_gbit_s
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.request import PlanRequest
 from scaletrain.engine.run.options import TrainOptions
-from scaletrain.engine.vocabulary import (Attention, MasterWeights, Method, Offload, Optimizer, OptimizerImpl,
-                                          Precision, Strategy)
+from scaletrain.engine.vocabulary import (Attention, Generation, MasterWeights, Method, Objective, Offload, Optimizer,
+                                          OptimizerImpl, Precision, RefModel, Strategy)
 
 # The flags that are PlanRequest fields of the same name (--resident becomes `residents`).
 REQUEST_FLAGS = (
@@ -21,6 +21,7 @@ REQUEST_FLAGS = (
     "offload", "precision", "master_weights", "optimizer", "optimizer_impl", "attn", "grad_ckpt", "headroom",
     "micro_batch", "grad_accum",
     "effective_batch", "seq_len", "dataset_size", "epochs", "tokens_per_sample", "base_lr", "base_batch",
+    "objective", "prompt_len", "completion_len", "num_generations", "ref_model", "generation", "generation_memory",
 )
 RESIDENT_BITS = ("16", "8", "4")
 
@@ -45,6 +46,22 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
                    help="frozen base for lora/qlora: 4/8 quantized, 16 (bf16, default), 32 (fp32 under autocast)")
     g.add_argument("--resident", action="append", type=parse_resident, default=None, metavar="MODEL[:BITS]",
                    help="an extra inference-only model kept on every GPU (reference policy, evaluator)")
+    g = p.add_argument_group("objective (TRL: reward, dpo, grpo)")
+    g.add_argument("--objective", choices=Objective.values(),
+                   help="sft (default), reward (preference model), dpo or grpo; --micro-batch counts pairs for "
+                        "reward/dpo and completions for grpo, as TRL's per_device_train_batch_size")
+    g.add_argument("--prompt-len", type=int, help="dpo/grpo: prompt tokens (dpo default: half of --seq-len)")
+    g.add_argument("--completion-len", type=int,
+                   help="grpo: completion tokens (default 512); the sequence is prompt + completion")
+    g.add_argument("--num-generations", type=int, metavar="G", help="grpo: completions per prompt (default 8)")
+    g.add_argument("--ref-model", choices=RefModel.values(),
+                   help="reference policy: same (frozen copy; LoRA: adapters disabled), none, precomputed (dpo); "
+                        "default same for dpo, none for grpo (TRL's beta 0)")
+    g.add_argument("--generation", choices=Generation.values(),
+                   help="grpo: generate in the training process (train, default), with vLLM colocated (a share of "
+                        "the card), or on separate GPUs (server)")
+    g.add_argument("--generation-memory", type=float, metavar="F",
+                   help="grpo colocate: vLLM's share of the card (default 0.3, TRL's vllm_gpu_memory_utilization)")
     g = p.add_argument_group("hardware")
     g.add_argument("--gpus", help="auto | 4xH200 | 8xRTX4090 | 2x8xH100 (nodes × GPUs per node)")
     g.add_argument("--nodes", type=int)

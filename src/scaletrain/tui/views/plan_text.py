@@ -31,6 +31,23 @@ def batch_line(plan: Plan) -> Text:
                          f" × {s.world_size} GPUs = ", (str(s.effective_batch), "bold cyan"), " effective")
 
 
+def objective_line(plan: Plan) -> Text:
+    """'objective: grpo, 8 completions per prompt, prompt 512 + completion 512, reference none, generation train'."""
+    s = plan.setup
+    obj = s.objective
+    if obj == "reward":
+        what = f"reward model: {s.micro_batch} pairs per micro-step = {s.sequences_per_micro} sequences of {s.seq_len}"
+    elif obj == "dpo":
+        what = (f"dpo: {s.micro_batch} pairs per micro-step = {s.sequences_per_micro} sequences, prompt "
+                f"{s.prompt_len} + completion {s.completion_len}, reference {s.ref_model}")
+    elif obj == "grpo":
+        what = (f"grpo: {s.micro_batch} completions per micro-step, {s.num_generations} per prompt, prompt "
+                f"{s.prompt_len} + completion {s.completion_len}, reference {s.ref_model}, generation {s.generation}")
+    else:
+        what = "sft"
+    return Text.assemble("objective: ", (what, "bold"))
+
+
 def setup_line(plan: Plan) -> Text:
     s = plan.setup
     parts = [s.strategy.label]

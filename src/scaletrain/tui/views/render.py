@@ -11,7 +11,7 @@ from rich.text import Text
 from scaletrain.engine.devices.nvml import DetectionResult
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.units import fmt_bytes, fmt_count
-from scaletrain.tui.views.plan_text import time_line
+from scaletrain.tui.views.plan_text import objective_line, time_line
 
 COMPONENT_STYLE = {
     "weights": "bright_blue", "gradients": "magenta", "optimizer": "yellow",
@@ -59,6 +59,8 @@ def print_plan(plan: Plan, *, alternatives: bool = False, table: str | None = No
             f"{s.optimizer_label}, attn {s.attn}, grad-ckpt {'on' if s.grad_ckpt else 'off'}, seq {s.seq_len}")
     c.print(f"batch: micro {s.micro_batch} × accum {s.grad_accum} × {s.world_size} GPUs = "
             f"[bold]{s.effective_batch}[/] effective")
+    if s.objective != "sft":
+        c.print(objective_line(plan))
     t = Table(title="per-GPU memory at the peak", show_edge=False, pad_edge=False)
     t.add_column("component")
     t.add_column("bytes", justify="right")
@@ -67,6 +69,10 @@ def print_plan(plan: Plan, *, alternatives: bool = False, table: str | None = No
     for name, b in comps.items():
         t.add_row(Text(name, style=COMPONENT_STYLE[name]), fmt_bytes(b),
                   f"{100 * b / m.capacity_bytes:.1f}%")
+        for comp, term, tb in m.terms:     # the objective's own terms inside this component
+            if comp == name:
+                t.add_row(Text(f"  {term}", style="grey62"), Text(fmt_bytes(tb), style="grey62"),
+                          f"{100 * tb / m.capacity_bytes:.1f}%")
     t.add_row(Text("total", style="bold"), Text(fmt_bytes(m.total_bytes), style="bold"),
               f"{100 * m.total_bytes / m.capacity_bytes:.1f}%")
     c.print(t)

@@ -54,6 +54,7 @@ the line with the engine's message. The **alternatives** table ranks what fits; 
         Binding("z", "what_if('zero')", "ZeRO"),
         Binding("o", "what_if('offload')", "offload"),
         Binding("m", "what_if('master')", "bf16 weights"),
+        Binding("t", "what_if('objective')", "objective", show=False),   # sft → reward → dpo → grpo
     ]
 
     def __init__(self) -> None:
@@ -93,7 +94,8 @@ the line with the engine's message. The **alternatives** table ranks what fits; 
             plan_text.model_line(plan), plan_text.hardware_line(plan),
             Text.assemble(plan_text.batch_line(plan), " · ", plan_text.setup_line(plan))))
         self.query_one(MemoryBars).show(plan.memory, plan.setup.world_size)
-        fit = [plan_text.fit_line(plan)]
+        fit = [plan_text.objective_line(plan)] if plan.setup.objective != "sft" else []
+        fit.append(plan_text.fit_line(plan))
         fit += [x for x in (plan_text.time_line(plan), plan_text.lr_line(plan)) if x is not None]
         self._update("#plan-fit", Group(*fit))
         self._update("#plan-why", Group(*plan_text.why_lines(plan, self._why(plan))))

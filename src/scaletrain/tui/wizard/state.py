@@ -23,7 +23,7 @@ from scaletrain.engine.plan.request import PlanRequest
 from scaletrain.engine.plan.rows import AlternativeRow
 from scaletrain.engine.plan.search import next_micro_batch, search_key
 from scaletrain.engine.run.options import TrainOptions
-from scaletrain.engine.vocabulary import Offload, Strategy
+from scaletrain.engine.vocabulary import Objective, Offload, Strategy
 from scaletrain.tui.cli.plan_args import parse_resident, request_fields_from_args, request_from_args, train_from_args
 
 # The what-if key cycles the ZeRO stage: plain DDP is "stage 0"; FSDP is reachable from the alternatives table.
@@ -220,6 +220,12 @@ def what_if(state: WizardState, plan: Plan, change: str) -> WizardState:
             fixed.update(strategy=Strategy.FSDP if fixed["strategy"].shards_params else Strategy.DDP)
             fixed.update(offload=fixed["strategy"].offload_within(fixed["offload"]))
         fixed.update(master_weights="bf16" if bf16 else "fp32")
+    elif change == "objective":
+        # sft → reward → dpo → grpo; each objective's knobs go back to TRL's defaults (dpo: reference same)
+        order = Objective.values()
+        cur = plan.setup.objective
+        fixed.update(objective=order[(order.index(cur) + 1) % len(order)], ref_model=None, prompt_len=None,
+                     completion_len=None, generation="train")
     else:
         raise ValueError(f"unknown what-if {change!r}")
     return state.with_request(effective_batch=eff, **fixed)

@@ -1,0 +1,158 @@
+"""CPU ground truth for the objectives' memory terms: predicted allocated peak vs torch.profiler over a real TRL step.
+
+For each case: TRL's RewardTrainer / DPOTrainer / GRPOTrainer on a random-init tiny model (trainer/objectives),
+one warm-up optimizer step, then one profiled step (GRPO: generation included); compared with the engine's
+allocated peak for the same setup on one CPU process. Parameter and optimizer-state bytes are compared exactly.
+Writes bench/results/objective_groundtruth.json and prints a Markdown table (the README's):
+
+    .venv/bin/python bench/objective_groundtruth.py [--quick] [--only TEXT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from machine import machine_line
+from scaletrain.engine.catalog.architectures import arch_from_config, catalog_entry
+from scaletrain.engine.catalog.hardware import parse_gpus
+from scaletrain.engine.model.memory import estimate_memory, model_states
+from scaletrain.engine.model.objectives import reference_weight_bytes
+from scaletrain.engine.model.setup import TrainingSetup
+
+MiB = 1024 ** 2
+
+
+@dataclass(frozen=True)
+class Case:
+    objective: str
+    model: str = "scaletrain/tiny-qwen2"
+    method: str = "full"
+    ref_model: str = "none"
+    grad_ckpt: bool = True            # TRL's default
+    micro_batch: int = 2
+    grad_accum: int = 1
+    seq_len: int = 128
+    prompt_len: int = 32
+    num_generations: int = 2
+    attn: str = "sdpa"
+    lora_rank: int = 8
+
+    @property
+    def label(self) -> str:
+        bits = [self.model.split("/")[-1], self.objective, self.method, self.attn,
+                "ckpt" if self.grad_ckpt else "no-ckpt", f"b{self.micro_batch}×s{self.seq_len}"]
+        if self.objective in ("dpo", "grpo"):
+            bits.append(f"prompt {self.prompt_len}")
+        if self.objective == "grpo":
+            bits.append(f"G{self.num_generations}")
+        if self.ref_model != "none":
+            bits.append(f"ref {self.ref_model}")
+        if self.grad_accum > 1:
+            bits.append(f"ga{self.grad_accum}")
+        return " ".join(bits)
+
+
+CASES = [
+    Case("reward"),
+    Case("reward", grad_ckpt=False, micro_batch=4),
+    Case("reward", method="lora", model="scaletrain/tiny-llama"),
+    Case("dpo", ref_model="same"),
+    Case("dpo", ref_model="precomputed", grad_ckpt=False, model="scaletrain/tiny-qwen3"),
+    Case("dpo", ref_model="same", method="lora", model="scaletrain/tiny-llama"),
+    Case("grpo"),
+    Case("grpo", ref_model="same", grad_accum=2, num_generations=4),
+    Case("grpo", method="lora", grad_ckpt=False, model="scaletrain/tiny-qwen3", seq_len=96, prompt_len=16),
+]
+QUICK = [CASES[i] for i in (2, 3, 7)]
+
+
+def config_for(case: Case) -> dict:
+    return dict(catalog_entry(case.model)["config"])
+
+
+def setup_for(case: Case) -> TrainingSetup:
+    return TrainingSetup(
+        model=arch_from_config(config_for(case), case.model), hardware=parse_gpus("1xCPU"), method=case.method,
+        lora_rank=case.lora_rank, strategy="ddp", precision="fp32", optimizer_impl="fused", attn=case.attn,
+        grad_ckpt=case.grad_ckpt, micro_batch=case.micro_batch, grad_accum=case.grad_accum, seq_len=case.seq_len,
+        device="cpu", objective=case.objective, prompt_len=case.prompt_len if case.objective != "reward" else None,
+        num_generations=case.num_generations, ref_model=case.ref_model)
+
+
+def run_case(case: Case) -> dict:
+    from scaletrain.trainer.objectives.build import ObjectiveRun
+    from scaletrain.trainer.objectives.measure import measure_objective_step
+
+    s = setup_for(case)
+    mem = estimate_memory(s)
+    states = model_states(s)
+    run = ObjectiveRun(objective=case.objective, model_config=config_for(case), output_dir="", method=case.method,
+                       lora_rank=case.lora_rank, lora_targets=s.lora_targets if case.method != "full" else None,
+                       precision="fp32", attn=case.attn, grad_ckpt=case.grad_ckpt, micro_batch=case.micro_batch,
+                       grad_accum=case.grad_accum, seq_len=case.seq_len, prompt_len=case.prompt_len,
+                       num_generations=case.num_generations, ref_model=case.ref_model)
+    measured = measure_objective_step(run)
+    predicted = mem.allocated_peak_bytes
+    return {
+        "case": case.label, "objective": case.objective, "model": case.model, "method": case.method,
+        "ref_model": case.ref_model, "grad_ckpt": case.grad_ckpt,
+        "params_predicted": s.model.params + (s.trainable_params if case.method != "full" else 0),
+        "params_measured": measured.params,
+        "trainable_predicted": s.trainable_params, "trainable_measured": measured.trainable_params,
+        "weights_bytes_predicted": states.weights, "weights_bytes_measured": measured.param_bytes,
+        "reference_bytes_predicted": reference_weight_bytes(s), "reference_bytes_measured": measured.reference_bytes,
+        "optimizer_bytes_predicted": states.optimizer, "optimizer_bytes_measured": measured.optimizer_state_bytes,
+        "predicted_peak_bytes": predicted, "measured_peak_bytes": measured.peak_allocated_bytes,
+        "peak_phase": mem.peak_phase,
+        "error": (predicted - measured.peak_allocated_bytes) / measured.peak_allocated_bytes,
+        "measured_by_category": measured.peak_by_category,
+    }
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| case | params & states exact | predicted peak | measured peak | error | peak in |",
+             "|---|---|---:|---:|---:|---|"]
+    for r in rows:
+        exact = all(r[f"{k}_predicted"] == r[f"{k}_measured"]
+                    for k in ("params", "trainable", "weights_bytes", "reference_bytes", "optimizer_bytes"))
+        lines.append(f"| {r['case']} | {'yes' if exact else 'no'} | {r['predicted_peak_bytes'] / MiB:.2f} MiB | "
+                     f"{r['measured_peak_bytes'] / MiB:.2f} MiB | {100 * r['error']:+.1f}% | {r['peak_phase']} |")
+    errs = [abs(r["error"]) for r in rows]
+    lines.append("")
+    lines.append(f"Median |error| **{100 * statistics.median(errs):.1f}%**, max **{100 * max(errs):.1f}%** over "
+                 f"{len(rows)} cases.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "objective_groundtruth.json"))
+    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--only", help="run the cases whose label contains this text")
+    args = ap.parse_args(argv)
+    cases = QUICK if args.quick else CASES
+    if args.only:
+        cases = [c for c in cases if args.only in c.label]
+    rows = [run_case(c) for c in cases]
+    print(markdown(rows))
+    if not args.no_write:
+        import torch
+        import transformers
+        import trl
+
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({
+            "machine": machine_line(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "trl": trl.__version__, "command": "python bench/objective_groundtruth.py", "cases": rows},
+            indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
