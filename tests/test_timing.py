@@ -222,3 +222,30 @@ def test_zero3_on_one_gpu_pays_gathers_and_serial_hooks():
     assert t.micro.seconds == pytest.approx(t.micro.device + t.micro.host)
     ddp = estimate_time(s.with_(strategy="ddp"))
     assert t.step_seconds > ddp.step_seconds
+
+
+def test_objectives_time_their_own_work():
+    """reward: twice the sequences, no vocabulary head; dpo: the reference's forward on top; grpo: generation once
+    per step, on the learner's clock unless vLLM runs on other GPUs."""
+    base = base_setup(PlanRequest(model="Qwen/Qwen2.5-1.5B-Instruct", gpus="1xH100", micro_batch=4, grad_accum=2,
+                                  seq_len=1024, strategy="ddp", offload="none", grad_ckpt=True))
+    sft = estimate_time(base)
+    reward = estimate_time(base.with_(objective="reward"))
+    assert reward.micro.loss == 0 and sft.micro.loss > 0
+    assert reward.tokens_per_step == 2 * sft.tokens_per_step          # chosen and rejected
+    assert reward.micro.attention == pytest.approx(2 * sft.micro.attention)
+    dpo = estimate_time(base.with_(objective="dpo", prompt_len=512, ref_model="same"))
+    dpo_noref = estimate_time(base.with_(objective="dpo", prompt_len=512, ref_model="precomputed"))
+    assert dpo.micro.reference > 0 and dpo_noref.micro.reference == 0
+    assert dpo.step_seconds > dpo_noref.step_seconds
+    grpo = estimate_time(base.with_(objective="grpo", prompt_len=512, num_generations=8))
+    assert grpo.generation is not None and grpo.generation.completions == 4 * 2   # micro × accumulation
+    assert grpo.generation.host_bound                                  # HF generate dispatches a forward per token
+    assert grpo.step_seconds > grpo.compute_seconds + grpo.generation.seconds * 0.99
+    colocated = estimate_time(base.with_(objective="grpo", prompt_len=512, num_generations=8,
+                                         generation="colocate", generation_memory=0.3))
+    assert 0 < colocated.generation.seconds < grpo.generation.seconds
+    server = estimate_time(base.with_(objective="grpo", prompt_len=512, num_generations=8,
+                                      generation="server"))
+    assert server.generation.seconds == 0
+    assert any("completions per step" in a for a in grpo.assumptions)

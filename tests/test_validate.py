@@ -115,3 +115,13 @@ def test_accuracy_sweep_harness_runs_end_to_end_on_cpu(tmp_path, config_dir):
         assert key in rec
     assert rec["gpu"] == "CPU" and rec["measured_peak_bytes"] > 0
     assert abs(rec["predicted_peak_bytes"] - rec["measured_peak_bytes"]) / rec["measured_peak_bytes"] <= 0.20
+
+
+@pytest.mark.slow
+def test_validate_measures_an_objective_with_trl(tmp_path, capsys, config_dir):
+    """DPO (reference model included): predicted vs the profiler over one real TRL step, as for supervised steps."""
+    assert main(["validate", "--preset", "cpu-tiny-dpo", "--steps", "3", "--run-dir", str(tmp_path / "v"),
+                 "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["plan"]["training"]["objective"] == "dpo"
+    assert abs(r["memory_error"]) <= 0.05

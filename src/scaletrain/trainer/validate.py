@@ -100,12 +100,31 @@ def measure_cpu_memory(plan: Plan) -> tuple[int, Plan, tuple[str, ...]]:
     if s.optimizer == "adamw-8bit":
         raise ScaletrainError("adamw-8bit needs bitsandbytes on a CUDA GPU; validate it on the GPU machine")
     target, note = _per_process_setup(plan)
+    if s.objective != "sft":
+        return _measure_objective_memory(plan), target, (note,) if note else ()
     m = measure_step(dict(s.model.config), method=s.method, lora_rank=s.lora_rank, lora_alpha=2 * s.lora_rank,
                      lora_targets=s.lora_targets if s.method != "full" else None, micro_batch=s.micro_batch,
                      seq_len=s.seq_len, grad_ckpt=s.grad_ckpt, attn=s.attn, precision=_measure_precision(plan),
                      optimizer=s.optimizer, grad_accum=s.grad_accum, device="cpu",
                      optimizer_impl=s.optimizer_impl)
     return m.peak_allocated_bytes, target, (note,) if note else ()
+
+
+def _measure_objective_memory(plan: Plan) -> int:
+    """Reward/DPO/GRPO: one real TRL step of the plan's per-process configuration under the profiler
+    (trainer/objectives/measure.py, the same ground truth as tests/test_objectives_groundtruth.py)."""
+    from scaletrain.trainer.objectives.build import ObjectiveRun
+    from scaletrain.trainer.objectives.measure import measure_objective_step
+
+    s = plan.setup
+    run = ObjectiveRun(
+        objective=str(s.objective), model_config=dict(s.model.config), output_dir="", method=str(s.method),
+        lora_rank=s.lora_rank, lora_targets=tuple(s.lora_targets) if s.method != "full" else None,
+        precision=str(s.precision), bf16_weights=s.method == "full" and s.master_weights == "bf16",
+        attn=str(s.attn), grad_ckpt=s.grad_ckpt, micro_batch=s.micro_batch, grad_accum=s.grad_accum,
+        seq_len=s.seq_len, prompt_len=s.prompt_len, num_generations=s.num_generations, ref_model=str(s.ref_model),
+        optimizer=str(s.optimizer), optimizer_impl=str(s.optimizer_impl))
+    return measure_objective_step(run).peak_allocated_bytes
 
 
 def _steady_step_seconds(series: list[Any]) -> float | None:

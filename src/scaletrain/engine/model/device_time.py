@@ -5,8 +5,11 @@ update on the device. engine/model/timing.py composes these into a step."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from scaletrain.engine.model.numerics import numerics, uses_deepspeed
+from scaletrain.engine.model.objective_time import head_seconds, runs_reference, tokens_per_micro_step
+from scaletrain.engine.model.objectives import scored_tokens, sequences
 from scaletrain.engine.model.setup import TrainingSetup, quantized_linear_bytes
 from scaletrain.engine.model.time_constants import (BACKWARD_TRAFFIC_RATIO, CAUSAL_ATTENTION_FRACTION,  # noqa: F401
                                                     CLIP_GRADIENT_PASSES, CPU_ACTIVATION_PASSES,
@@ -30,11 +33,12 @@ class MicroStep:
     gathers: float           # ZeRO-3 / FSDP parameter gathers (copies even on one GPU)
     host: float              # host dispatch: Python, autograd, launches, DeepSpeed hooks
     serial_host: bool        # host and device wait on each other (ZeRO-3) instead of overlapping
+    reference: float = 0.0   # DPO/GRPO: the frozen reference's no-grad forward on the device
 
     @property
     def device(self) -> float:
         return (self.matmul + self.attention + self.memory_bound + self.loss + self.kernel_overhead + self.dequant
-                + self.gathers)
+                + self.gathers + self.reference)
 
     @property
     def seconds(self) -> float:
@@ -66,31 +70,38 @@ def _gemm_seconds(M: float, N: float, K: float, peak: float, hbm: float, c: Time
     return max(2.0 * M * N * K / (peak * eff), 2.0 * (M * K + K * N + M * N) / hbm)
 
 
-def _matmul_seconds(s: TrainingSetup, t: int, peak: float, hbm: float, c: TimeConstants) -> float:
-    """Block linears (forward, input gradient, weight gradient when trained, recomputed forward) and the LM head.
-    LoRA's rank-r matmuls are memory-bound and counted with the adapters' traffic."""
+def gemm_for(s: TrainingSetup, c: TimeConstants) -> Callable[[float, float, float], float]:
+    """_gemm_seconds bound to this setup's GPU and constants: (M, N, K) → seconds."""
+    g = s.hardware.gpu
+    peak = g.peak_tflops(s.precision) * 1e12
+    hbm = g.hbm_gbps * 1e9 * c.hbm_efficiency
+    return lambda M, N, K: _gemm_seconds(M, N, K, peak, hbm, c, g.arch)
+
+
+def _block_matmul_seconds(s: TrainingSetup, t: int, gemm: Callable[[float, float, float], float],
+                          forward_only: bool = False) -> float:
+    """Block linears: forward (twice under checkpointing), input gradient, weight gradient when trained. LoRA's
+    rank-r matmuls are memory-bound and counted with the adapters' traffic."""
     m = s.model
-    arch = s.hardware.gpu.arch
     full = s.method == "full"
-    passes = 2 if s.grad_ckpt else 1
+    passes = 1 if forward_only else (2 if s.grad_ckpt else 1)
     block = 0.0
     for i, o, _ in m.linear_shapes().values():
-        block += passes * _gemm_seconds(t, o, i, peak, hbm, c, arch) + _gemm_seconds(t, i, o, peak, hbm, c, arch)
-        if full:
-            block += _gemm_seconds(o, i, t, peak, hbm, c, arch)
-    V, h = m.vocab_size, m.hidden_size
-    head = _gemm_seconds(t, V, h, peak, hbm, c, arch) + _gemm_seconds(t, h, V, peak, hbm, c, arch)
-    if full:
-        head += _gemm_seconds(V, h, t, peak, hbm, c, arch)
-    return m.num_layers * block + head
+        block += passes * gemm(t, o, i)
+        if not forward_only:
+            block += gemm(t, i, o) + (gemm(o, i, t) if full else 0.0)
+    return m.num_layers * block
 
 
-def _attention_seconds(s: TrainingSetup, peak: float, hbm: float, c: TimeConstants) -> float:
+def _attention_seconds(s: TrainingSetup, peak: float, hbm: float, c: TimeConstants,
+                       forward_only: bool = False) -> float:
     """The attention core of all blocks: FlashAttention-2 (sdpa/flash on CUDA) at its measured fraction of peak, or
     eager's two batched matmuls over all S² scores plus its fp32 softmax, mask and cast at HBM speed."""
     m = s.model
-    b, S, L = s.micro_batch, s.seq_len, m.num_layers
+    b, S, L = sequences(s), s.seq_len, m.num_layers
     passes = 2 if s.grad_ckpt else 1
+    if forward_only:
+        passes = 1
     if s.attn == "eager":
         flops = 2 * 2 * b * S * S * m.q_dim * L
         scores = b * m.num_heads * S * S
@@ -99,10 +110,13 @@ def _attention_seconds(s: TrainingSetup, peak: float, hbm: float, c: TimeConstan
         traffic = scores * (4 * cb + 8) * (passes + c.backward_traffic_ratio) * L
         arch = s.hardware.gpu.arch
         gemm_rate = peak * c.gemm_efficiency.get(arch, 0.7)
+        if forward_only:
+            return flops / gemm_rate + scores * (4 * cb + 8) * L / hbm
         return flops * (passes + 2) / gemm_rate + traffic / hbm
     fwd_eff, bwd_eff = c.flash_efficiency.get(s.hardware.gpu.arch, (0.4, 0.3))
     flops = 2 * 2 * b * S * S * CAUSAL_ATTENTION_FRACTION * m.q_dim * L
-    return passes * flops / (peak * fwd_eff) + FLASH_BACKWARD_FLOPS_RATIO * flops / (peak * bwd_eff)
+    backward = 0.0 if forward_only else FLASH_BACKWARD_FLOPS_RATIO * flops / (peak * bwd_eff)
+    return passes * flops / (peak * fwd_eff) + backward
 
 
 def block_forward_traffic(s: TrainingSetup) -> int:
@@ -164,25 +178,33 @@ def micro_step(s: TrainingSetup, c: TimeConstants = DEFAULT_CONSTANTS) -> MicroS
     m = s.model
     g = s.hardware.gpu
     nm = numerics(s)
-    tokens = min(s.sample_tokens, s.seq_len)
-    t = s.micro_batch * tokens
+    t = tokens_per_micro_step(s)
     L = m.num_layers
     passes = 2 if s.grad_ckpt else 1
     peak = g.peak_tflops(s.precision) * 1e12
     hbm = g.hbm_gbps * 1e9 * c.hbm_efficiency
-    matmul = _matmul_seconds(s, t, peak, hbm, c)
+    gemm = gemm_for(s, c)
+    head = head_seconds(s, t, gemm, hbm)
+    matmul = _block_matmul_seconds(s, t, gemm) + head.matmul
     attention = _attention_seconds(s, peak, hbm, c)
-    traffic = L * t * block_forward_traffic(s) * (passes + c.backward_traffic_ratio)
+    forward_traffic = L * t * block_forward_traffic(s)
+    traffic = forward_traffic * (passes + c.backward_traffic_ratio)
     block_w = sum(i * o for i, o, _ in m.linear_shapes().values())
     if nm.trainable_copies or nm.frozen_copies:
         traffic += passes * 6 * L * block_w                # autocast casts fp32 weights each forward (4 → 2 B)
     if nm.trainable_copies:
         traffic += 6 * m.params                            # 16-bit weight gradients converted to fp32
     memory_bound = traffic / hbm
-    loss_bytes = LOSS_BYTES_PER_LOGIT_FP32 + 2 * (nm.compute + 4) if nm.compute < 4 else LOSS_BYTES_PER_LOGIT_FP32
-    loss = t * m.vocab_size * loss_bytes / hbm
+    loss = head.loss
     kf, kb = block_kernels(s)
     kernels = L * (passes * kf + kb)
+    reference = 0.0
+    if runs_reference(s):
+        # the frozen reference's forward on the same tokens, nothing saved: GEMMs, attention, traffic, its head
+        reference = (_block_matmul_seconds(s, t, gemm, forward_only=True)
+                     + gemm(scored_tokens(s), m.vocab_size, m.hidden_size)
+                     + _attention_seconds(s, peak, hbm, c, forward_only=True) + forward_traffic / hbm)
+        kernels += L * kf
     dequant = 0.0
     if s.method != "full" and s.base_bits in (4, 8):
         lin = m.targeted_linear_params(s.lora_targets)
@@ -203,7 +225,8 @@ def micro_step(s: TrainingSetup, c: TimeConstants = DEFAULT_CONSTANTS) -> MicroS
         host += m.tensor_count * c.ds_grad_hook_seconds
     scale = c.compute_scale
     return MicroStep(matmul * scale, attention * scale, memory_bound * scale, loss * scale,
-                     kernels * c.kernel_seconds * scale, dequant * scale, gathers * scale, host * scale, serial)
+                     kernels * c.kernel_seconds * scale, dequant * scale, gathers * scale, host * scale, serial,
+                     reference * scale)
 
 
 def optimizer_device_seconds(s: TrainingSetup, c: TimeConstants) -> float:

@@ -28,8 +28,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from scaletrain.engine.model.device_time import (MicroStep, cpu_micro_step, micro_step,  # noqa: F401
-                                                 optimizer_device_seconds, param_bytes_gathered)
+from scaletrain.engine.model.device_time import (MicroStep, block_kernels, cpu_micro_step,  # noqa: F401
+                                                 gemm_for, micro_step, optimizer_device_seconds,
+                                                 param_bytes_gathered)
+from scaletrain.engine.model.objective_time import GenerationTime, generation_seconds
+from scaletrain.engine.model.objectives import sequences
 from scaletrain.engine.model.numerics import numerics
 from scaletrain.engine.model.setup import TrainingSetup
 from scaletrain.engine.model.time_constants import (CAUSAL_ATTENTION_FRACTION, CPU_ADAM_BYTES_PER_PARAM,  # noqa: F401
@@ -56,6 +59,7 @@ class TimeEstimate:
     peak_flops: float                 # per GPU, dense, compute dtype
     bus_bandwidth_bytes_per_second: float
     micro: MicroStep | None = None
+    generation: GenerationTime | None = None   # GRPO: generating the completions, once per step
     steps_per_epoch: int | None = None
     total_steps: int | None = None
     epoch_seconds: float | None = None
@@ -79,7 +83,9 @@ class TimeEstimate:
             u = self.micro
             out.update(matmul=ga * u.matmul, attention=ga * u.attention, memory_bound=ga * u.memory_bound,
                        loss=ga * u.loss, kernel_overhead=ga * u.kernel_overhead, dequant=ga * u.dequant,
-                       gathers=ga * u.gathers, host=ga * u.host)
+                       gathers=ga * u.gathers, reference=ga * u.reference, host=ga * u.host)
+        if self.generation is not None:
+            out["generation"] = self.generation.seconds
         out.update(compute=self.compute_seconds, optimizer=self.optimizer_seconds,
                    communication=self.communication_seconds,
                    exposed_communication=self.exposed_communication_seconds, offload=self.offload_seconds)
@@ -252,11 +258,14 @@ def estimate_time(s: TrainingSetup, constants: TimeConstants | None = None) -> T
 
     compute = ga * compute_micro
     offload = ga * offload_micro + offload_step
-    step = compute + exposed + optimizer + offload
+    generation = (GenerationTime(0, 0.0, 0.0, False, "") if s.device == "cpu"
+                  else generation_seconds(s, c, gemm_for(s, c), block_kernels(s)[0]))
+    step = compute + exposed + optimizer + offload + generation.seconds
 
-    tokens_per_step = s.effective_batch * tokens
-    flops_step = ga * s.micro_batch * fl.total
-    model_flops_step = ga * s.micro_batch * (fl.forward + fl.backward)
+    seqs = sequences(s) // s.micro_batch           # sequences per sample: 2 for a chosen/rejected pair
+    tokens_per_step = s.effective_batch * seqs * tokens
+    flops_step = ga * s.micro_batch * seqs * fl.total
+    model_flops_step = ga * s.micro_batch * seqs * (fl.forward + fl.backward)
     mfu = model_flops_step / (step * peak) if step > 0 and peak > 0 else 0.0
     steps_per_epoch = total_steps = None
     epoch_s = total_s = None
@@ -267,12 +276,19 @@ def estimate_time(s: TrainingSetup, constants: TimeConstants | None = None) -> T
         total_s = total_steps * step
 
     assumptions = _assumptions(s, micro, peak, tokens, bw, link_what, overlap, optimizer, offload, c)
+    if generation.completions:
+        gen = generation
+        assumptions += ((f"GRPO generates {gen.completions} completions per step {gen.where}: "
+                         + (f"{gen.seconds:.2f} s (prefill {gen.prefill * 1000:.0f} ms, {s.completion_len} decode "
+                            f"steps {'bound by the host' if gen.host_bound else 'reading every weight'})"
+                            if gen.seconds else "not on this GPU's clock")),)
     return TimeEstimate(
         step_seconds=step, compute_seconds=compute, dequant_seconds=ga * micro.dequant,
         communication_seconds=communication, exposed_communication_seconds=exposed, optimizer_seconds=optimizer,
         offload_seconds=offload, flops_per_step=flops_step, model_flops_per_step=model_flops_step,
         tokens_per_step=tokens_per_step, mfu=mfu, peak_flops=peak, bus_bandwidth_bytes_per_second=bw if n > 1 else 0.0,
-        micro=micro, steps_per_epoch=steps_per_epoch, total_steps=total_steps, epoch_seconds=epoch_s,
+        micro=micro, generation=generation if generation.completions else None,
+        steps_per_epoch=steps_per_epoch, total_steps=total_steps, epoch_seconds=epoch_s,
         total_seconds=total_s, assumptions=assumptions, constants=c,
     )
 
@@ -293,7 +309,8 @@ def _assumptions(s: TrainingSetup, micro: MicroStep, peak: float, tokens: int, b
                    f"(forward/backward); memory-bound work at {c.hbm_efficiency:.0%} of {g.hbm_gbps:,.0f} GB/s")
         u = micro
         parts = {"matmul": u.matmul, "attention": u.attention, "memory-bound": u.memory_bound, "loss": u.loss,
-                 "kernel overhead": u.kernel_overhead, "dequant": u.dequant, "gathers": u.gathers}
+                 "kernel overhead": u.kernel_overhead, "dequant": u.dequant, "gathers": u.gathers,
+                 "reference forward": u.reference}
         shown = ", ".join(f"{k} {v * 1000:.0f}" for k, v in parts.items() if v * 1000 >= 0.5)
         if micro.serial_host:
             out.append(f"micro-step {micro.seconds * 1000:.0f} ms = device {micro.device * 1000:.0f} ms ({shown}) "
