@@ -11,7 +11,9 @@ trainer/measure.py does for supervised steps.
 
 from __future__ import annotations
 
+import contextlib
 import random
+import sys
 import tempfile
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -112,7 +114,8 @@ def measure_objective_step(run: ObjectiveRun, warmup_steps: int = 1) -> Measured
         rows = run.micro_batch * run.grad_accum * (warmup_steps + 1) * 2
         tok = byte_level_tokenizer(int(run.model_config["vocab_size"]))
         probe = _ProfileStep(warmup_steps)
-        with warnings.catch_warnings():
+        # the Trainer prints its log dicts on stdout; a measurement's caller (`validate --json`) owns stdout
+        with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
             warnings.simplefilter("ignore")
             trainer = build_trainer(run, synthetic_dataset(run, rows), tok,
                                     reward_funcs=letter_reward if run.objective == "grpo" else None,
