@@ -76,12 +76,21 @@ def _shell_code(code: int) -> int:
 def _read_yaml(path: Path) -> dict[str, Any]:
     import yaml
 
+    from scaletrain.engine.yamlsafe import MAX_YAML_BYTES, YamlLimitError, load_yaml
+
     try:
-        d = yaml.safe_load(path.read_text())
+        if path.stat().st_size > MAX_YAML_BYTES:
+            raise ScaletrainError(f"{path} is {path.stat().st_size:,} bytes, not an accelerate config")
+        d = load_yaml(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ScaletrainError(f"{path} is missing; write the run directory first (scaletrain ... --dry-run)") from None
+    except YamlLimitError as e:
+        raise ScaletrainError(f"{path} is refused: {e}") from None
     except yaml.YAMLError as e:
-        raise ScaletrainError(f"{path} is not valid YAML ({str(e).splitlines()[0]})") from None
+        raise ScaletrainError(f"{path} is not valid YAML ({str(e).splitlines()[0][:200]})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else e.__class__.__name__
+        raise ScaletrainError(f"cannot read {path} ({why})") from None
     if not isinstance(d, dict):
         raise ScaletrainError(f"{path} is not an accelerate config (a YAML mapping is needed)")
     return d
@@ -90,6 +99,12 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 def preflight(run: RunDir, doc: PlanDocument, train: TrainOptions,
               machine_rank: int | None = None) -> dict[str, Any]:
     """Refuse what would fail after the processes start: missing files, this node's share already running."""
+    for path, kind in ((run.logs, "directory"), (run.checkpoints, "directory"), (run.metrics, "file"),
+                       (run.node_status(machine_rank), "file")):
+        if path.exists() and path.is_dir() != (kind == "directory"):
+            other = "a directory" if path.is_dir() else "a file"
+            raise ScaletrainError(f"{path} should be a {kind} of the run, but is {other}; move it away (the run "
+                                  "writes there)")
     cfg = _read_yaml(run.accelerate_config)
     old = read_status(run.node_status(machine_rank))
     pid = old.launcher_pid
@@ -140,7 +155,11 @@ def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None 
                    script_args: Sequence[str] = ()) -> PreparedLaunch:
     """Everything short of starting a process: read and check the run directory, build the argv.
     Raises ScaletrainError (one line) for anything that would only fail after the ranks start."""
+    if not str(os.fspath(run_dir)).strip():
+        raise ScaletrainError("RUN_DIR is empty; give a run directory written by scaletrain (it holds plan.json)")
     run = RunDir(run_dir)
+    if run.path.exists() and not run.path.is_dir():
+        raise ScaletrainError(f"{run.path} is a file, not a run directory; give the directory holding plan.json")
     doc = read_plan_document(run.plan)
     train = doc.train
     if script:

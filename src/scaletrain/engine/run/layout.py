@@ -107,6 +107,22 @@ def check_host(text: str) -> str:
     return host
 
 
+MAX_RUN_DIR_CHARS = 1024
+
+
+def check_run_dir_path(path: str | os.PathLike[str]) -> Path:
+    """--run-dir as given: not empty (that would be the current directory), one printable line (a newline or a
+    control character in a path ends up in launch.sh and sbatch.sh), of a sane length."""
+    text = os.fspath(path)
+    if not str(text).strip():
+        raise ScaletrainError("--run-dir is empty; give a directory to write the run into (it is created)")
+    if len(text) > MAX_RUN_DIR_CHARS or not str(text).isprintable():
+        shown = repr(text[:60]) + ("…" if len(text) > 60 else "")
+        raise ScaletrainError(f"--run-dir {shown} is not accepted: give a path of printable characters (no newline "
+                              f"or control character), at most {MAX_RUN_DIR_CHARS} long")
+    return Path(text)
+
+
 def default_run_dir(name: str, root: str | os.PathLike[str] = "runs") -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in name) or "run"

@@ -74,8 +74,9 @@ class StepMetrics:
 
 def _parse(line: str) -> StepMetrics | None:
     try:
-        return StepMetrics.from_json(json.loads(line))
-    except (ValueError, KeyError, TypeError):
+        d = json.loads(line)
+        return StepMetrics.from_json(d) if isinstance(d, dict) else None
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
         return None          # a foreign or damaged line is skipped, never fatal to a viewer
 
 
