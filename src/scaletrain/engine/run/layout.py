@@ -75,18 +75,21 @@ class RunDir:
 
     def newest_checkpoint(self) -> Path | None:
         """The highest step-<n>/ whose trainer_state.json exists (an interrupted save is never picked)."""
-        best: tuple[int, Path] | None = None
+        complete = self.complete_checkpoints()
+        return complete[0] if complete else None
+
+    def complete_checkpoints(self) -> list[Path]:
+        """Every step-<n>/ whose trainer_state.json exists, newest first (resume falls back along this list)."""
+        found: list[tuple[int, Path]] = []
         if not self.checkpoints.is_dir():
-            return None
+            return []
         for d in self.checkpoints.iterdir():
             if d.name.startswith(CHECKPOINT_PREFIX) and (d / TRAINER_STATE).is_file():
                 try:
-                    n = int(d.name[len(CHECKPOINT_PREFIX):])
+                    found.append((int(d.name[len(CHECKPOINT_PREFIX):]), d))
                 except ValueError:
                     continue
-                if best is None or n > best[0]:
-                    best = (n, d)
-        return best[1] if best else None
+        return [d for _, d in sorted(found, reverse=True)]
 
 
 def log_rank(name: str) -> int | None:
