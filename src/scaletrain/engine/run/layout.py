@@ -12,6 +12,7 @@
       checkpoints/step-<n>/   trainer checkpoints (complete once trainer_state.json is written, last)
       status.json             launcher: exit code, first failing rank, pids (node R > 0: status-node-<R>.json;
                               status.py)
+      .launch.lock            flock held by the launcher (and its watchdog) while the run lives (runlock.py)
 
 Multi-node: every node runs from the same files (the YAML holds machine_rank 0; each node's launch passes its own
 --machine_rank). Nodes sharing one run directory (a shared filesystem, or the loopback test) write disjoint files.
@@ -68,6 +69,11 @@ class RunDir:
                         key=lambda p: int(p.stem[len(NODE_STATUS_PREFIX):]) if p.stem[len(NODE_STATUS_PREFIX):]
                         .isdigit() else 1 << 30)
         return ([self.status] if self.status.exists() else []) + others
+
+    def node_lock(self, machine_rank: int | None = None) -> Path:
+        """The lock one node's launch holds for its whole run (runlock.py): .launch.lock, .launch-node-<R>.lock."""
+        r = machine_rank or 0
+        return self.path / (".launch.lock" if r == 0 else f".launch-node-{r}.lock")
 
     def launcher_log(self, machine_rank: int | None = None) -> Path:
         r = machine_rank or 0
