@@ -223,7 +223,8 @@ def find_preset(spec: str) -> Path:
     if _is_path(spec):
         p = Path(spec).expanduser()
         if not _is_file(p):
-            raise ScaletrainError(f"preset file {spec} does not exist")
+            raise ScaletrainError(f"preset file {_short(spec)} " + ("is not a file" if p.is_dir() else
+                                                                    "does not exist"))
         return p
     for d in _search_dirs():
         for suffix in PRESET_SUFFIXES:

@@ -159,6 +159,21 @@ def accelerate_default_config_path() -> Path:
     return Path(os.path.expanduser(hf_home)) / "accelerate" / "default_config.yaml"
 
 
+def check_installable(dest: Path | None = None) -> Path:
+    """Refuse, before anything is written, a default-config target that cannot be written (a read-only place, a
+    directory in the way); returns the target."""
+    target = Path(dest or accelerate_default_config_path())
+    if target.is_dir():
+        raise ScaletrainError(f"accelerate's default config {target} is a directory; move it away first")
+    parent = target.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ScaletrainError(f"cannot write accelerate's default config {target}: {parent} is not writable "
+                              "(nothing was written); use `accelerate launch --config_file RUN_DIR/...` instead")
+    return target
+
+
 def install_accelerate_default(run: RunDir, dest: Path | None = None) -> tuple[Path, Path | None]:
     """Copy the run's accelerate YAML to accelerate's default location; an existing different file is backed up
     first (returned). Nothing is written when the default already holds the same text."""
