@@ -420,3 +420,52 @@ def test_a_monitor_on_junk_metrics_lines_skips_them(sandbox, tmp_path, capsys):
     assert main(["monitor", str(d), "--headless", "--once"]) == 0
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err and "step" not in out
+
+
+SRUN_STANDIN = """\
+#!{python}
+# Stand-in for srun: run the task's command line as its node's shell would, with `exec` recording the words it
+# would run (nothing is executed beyond the shell's own expansion).
+import os, subprocess, sys
+inner = sys.argv[-1]
+env = dict(os.environ, SLURM_NODEID="0", SLURM_PROCID="0")
+subprocess.run(["bash", "-c", 'exec() {{ printf "%s\\\\n" "$@" > "$ARGV_OUT.srun"; }}; ' + inner], env=env, check=True)
+"""
+SCONTROL_STANDIN = "#!/bin/sh\necho 127.0.0.1\n"
+
+
+def test_names_that_look_like_shell_run_nothing_from_launch_sh_or_sbatch_sh(tmp_path, monkeypatch):
+    """A run directory named with $(…), backticks, ; and quotes, and a model folder whose name holds a newline and
+    a command: both scripts are executed for real (exec and srun stood in for), and no command runs."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    model = Path(_config(tmp_path / "models" / "tiny\ntouch m4 #"))
+    run_dir = tmp_path / "runs" / "r$(touch m1)`touch m2`;touch m3;'\"x"
+    assert main(["--model", str(model), "--gpus", "2xCPU", "--nodes", "2", "--main-process-ip", "127.0.0.1",
+                 "--precision", "fp32", "--headless", "--dry-run", "--run-dir", str(run_dir)]) == 0
+    launch_sh, sbatch_sh = run_dir / "launch.sh", run_dir / "sbatch.sh"
+    head = launch_sh.read_text().split("set -euo pipefail")[0]
+    assert all(line.startswith("#") for line in head.splitlines()) and "tiny?touch m4 #" in head
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", SRUN_STANDIN.format(python=sys.executable)), ("scontrol", SCONTROL_STANDIN)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    out = tmp_path / "argv"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", ARGV_OUT=str(out), SLURM_JOB_NODELIST="n[1-2]")
+    r = subprocess.run(["bash", "-c", 'exec() { printf "%s\\n" "$@" > "$ARGV_OUT"; }; source "$1" 1 127.0.0.1',
+                        "_", str(launch_sh)], cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    words = out.read_text().splitlines()
+    assert "--config_file" in words and str(run_dir / "accelerate_config.yaml") in words
+    assert words[words.index("--machine_rank") + 1] == "1"
+    r = subprocess.run(["bash", str(sbatch_sh)], cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"logs in {run_dir / 'logs'}/node-<N>.log" in r.stdout
+    words = Path(f"{out}.srun").read_text().splitlines()
+    assert str(run_dir / "accelerate_config.yaml") in words and words[words.index("--machine_rank") + 1] == "0"
+    assert words[words.index("--main_process_ip") + 1] == "127.0.0.1"
+    planted = [p for p in tmp_path.rglob("*") if p.name in ("m1", "m2", "m3", "m4")]
+    assert planted == [] and list(work.iterdir()) == []

@@ -14,6 +14,7 @@ import time
 import psutil
 import pytest
 
+from scaletrain.engine.doctor.diagnosis import diagnose_paths
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.launcher import launch
 from scaletrain.engine.run.metrics import read_metrics
@@ -106,6 +107,7 @@ def test_ctrl_c_leaves_no_process_and_resume_continues_the_step_count(tmp_path):
     status = json.loads(run.status.read_text())
     assert status["state"] == "interrupted" and status["exit_code"] == 130
     assert "Resume with" in out
+    assert diagnose_paths([run.path]).kind == "interrupted"          # stopped, not failed: no fix to look for
 
     stopped_at = read_metrics(run.metrics)[-1]
     before = {r.step: r.loss for r in read_metrics(run.metrics)}
