@@ -115,6 +115,7 @@ def sandbox(tmp_path_factory):
         (fx / "loop").symlink_to(fx / "loop")                                        # unreadable even for root
         (fx / "plan-binary.json").write_bytes(bytes(range(256)))
         (fx / "plan-list.json").write_text("[]")
+        (fx / "samples.jsonl").write_text('[1, 2]\nnull\n')
 
         runs = root / "runs"
         good = _run_dir(runs, "good")
@@ -205,6 +206,7 @@ def _cases(f: dict) -> list[tuple[str, list[str], str]]:
         ("model_300_chars", [*plan, "m" * 300], "not a usable path"),
         ("model_empty", [*plan, ""], "--model"),
         ("model_unknown", [*plan, "nobody/nothing"], "unknown model"),
+        ("resident_empty", [*plan, TINY, "--resident", ""], "--resident"),
         # ---- request values: finite, positive, bounded --------------------------------------------------------
         ("epochs_inf", [*tiny, "--epochs", "inf", "--dataset-size", "1000"], "--epochs"),
         ("epochs_nan", [*tiny, "--epochs", "nan"], "--epochs"),
@@ -289,6 +291,10 @@ def _cases(f: dict) -> list[tuple[str, list[str], str]]:
         # ---- monitor, diagnose, validate, config, presets ---------------------------------------------------------
         ("monitor_a_file", ["monitor", str(fx / "afile"), "--headless", "--once"], "not a directory"),
         ("monitor_nowhere", ["monitor", str(fx / "nowhere"), "--headless", "--once"], "not a directory"),
+        ("monitor_replay_junk", ["monitor", f["good"], "--headless", "--once", "--replay", str(fx / "samples.jsonl")],
+         "not a recorded sample"),
+        ("monitor_replay_directory", ["monitor", f["good"], "--headless", "--once", "--replay", str(fx)],
+         "cannot read recorded samples"),
         ("monitor_interval_0", ["monitor", f["good"], "--headless", "--once", "--interval", "0"], "--interval"),
         ("monitor_interval_nan", ["monitor", f["good"], "--headless", "--once", "--interval", "nan"], "--interval"),
         ("diagnose_plan_directory", ["diagnose", str(fx / "afile"), "--plan", f["good"]], "directory"),

@@ -74,6 +74,8 @@ def check_values(req: Any) -> None:
 def _check_model_spec(flag: str, model: Any) -> None:
     if not isinstance(model, str):
         raise ScaletrainError(f"{flag} must be text (got {model!r})")
+    if not model.strip():
+        raise ScaletrainError(f"{flag} is empty; give a catalog id (scaletrain models) or a config.json path")
     if len(model) > MAX_MODEL_SPEC_CHARS:
         raise ScaletrainError(f"{flag} is {len(model):,} characters long; give a catalog id, a config.json path "
                               f"or an HF cache id (at most {MAX_MODEL_SPEC_CHARS} characters)")
