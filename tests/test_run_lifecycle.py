@@ -255,3 +255,22 @@ def test_a_sigkilled_rank_without_an_oom_kill_is_killed_not_host_oom(tmp_path):
         return
     assert (d.kind, d.rank) == ("killed", 1) and "OOM killer did not act" in d.summary
     assert not any("micro" in r.title or "offload" in r.title for r in d.remedies)   # no memory remedies
+
+
+def test_a_running_status_whose_launcher_is_gone_reads_as_interrupted(tmp_path):
+    """Both the launcher and its watchdog SIGKILLed (kill -9 of everything): readers still see the run ended, so
+    `monitor --headless` exits and a new launch is not refused."""
+    import socket
+
+    from scaletrain.engine.run.status import read_status
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    path = tmp_path / "status.json"
+    path.write_text(json.dumps({"state": "running", "pids": {"launcher": gone.pid}, "host": socket.gethostname()}))
+    st = read_status(path)
+    assert st.state == "interrupted" and st.over and "is gone" in st.reason and st.running_elsewhere() is None
+    path.write_text(json.dumps({"state": "running", "pids": {"launcher": os.getpid()}, "host": socket.gethostname()}))
+    assert read_status(path).state == "running"                       # alive: still running
+    path.write_text(json.dumps({"state": "running", "pids": {"launcher": gone.pid}, "host": "another-node"}))
+    assert read_status(path).state == "running"                       # another host's pid says nothing here

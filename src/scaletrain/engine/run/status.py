@@ -68,8 +68,10 @@ class RunStatus:
 
     @property
     def stale(self) -> bool:
-        """Says running, but its launcher (on this host) is gone: it was killed along with its watchdog."""
-        if self.state != "running" or self.launcher_pid is None or self.host != socket.gethostname():
+        """Says starting or running, but its launcher (on this host) is gone: killed along with its watchdog, or
+        before it could start one."""
+        if self.state not in ("starting", "running") or self.launcher_pid is None \
+                or self.host != socket.gethostname():
             return False
         start = process_start(self.launcher_pid)
         return start is None or (self.launcher_start is not None and start != self.launcher_start)
@@ -150,7 +152,8 @@ def _opt(d: dict[str, Any], key: str, kind: type) -> Any:
 
 def read_status(path: str | Path) -> RunStatus:
     """One node's status file: absent → "starting", unreadable → "unknown". A "running" status whose launcher on
-    this host is gone (killed together with its watchdog) reads as "interrupted", with the reason."""
+    this host is gone (killed together with its watchdog) reads as "interrupted", with the reason (so does a
+    "starting" one)."""
     try:
         d = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
