@@ -139,12 +139,22 @@ def run_steps(request: PlanRequest, train: TrainOptions, steps: int, run_dir: Pa
 
 def validate(request: PlanRequest, train: TrainOptions, *, steps: int = 20, run_dir: str | Path | None = None,
              on_output: Callable[[int | None, str], None] | None = None) -> ValidationResult:
-    if isinstance(steps, bool) or not isinstance(steps, int) or not MIN_WARMUP_STEPS + 1 <= steps <= MAX_STEPS:
-        raise ScaletrainError(f"--steps must be a whole number from {MIN_WARMUP_STEPS + 1} (warm-up steps are not "
-                              f"timed) to {MAX_STEPS:,} (got {steps})")
+    check_steps(steps)
     _require_devices(make_plan(request))       # before anything is written: a GPU plan never runs on CPU here
     base = check_run_dir_path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="scaletrain-validate-"))
     plan, series, run = run_steps(request, train, steps, base, on_output)
+    return _result(plan, series, run)
+
+
+def check_steps(steps: object) -> None:
+    """--steps: enough to time some after the warm-up, few enough to be a validation."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or not MIN_WARMUP_STEPS + 1 <= steps <= MAX_STEPS:
+        raise ScaletrainError(f"--steps must be at least {MIN_WARMUP_STEPS + 1} (warm-up steps are not timed) and at "
+                              f"most {MAX_STEPS:,} (got {steps})")
+
+
+def _result(plan: Plan, series: list[Any], run: Any) -> ValidationResult:
+    """Predicted next to measured for a finished validation run."""
     s = plan.setup
     notes: list[str] = []
     if s.device == "cpu":

@@ -307,6 +307,9 @@ def _run(prep: PreparedLaunch, on_output: Callable[[int | None, str], None] | No
         for t in readers:
             t.start()
         watchdog = Watchdog.start(proc.pid, prep.status, prep.lock.fd if prep.lock is not None else None)
+        if not watchdog.ready:
+            logs.feed_raw(prep.launcher_log.name, "scaletrain: warning: the watchdog did not start; if this launcher "
+                                                  "is killed with SIGKILL its processes keep running")
         status.write(state="running", machine_rank=prep.machine_rank if prep.num_machines > 1 else None,
                      num_machines=prep.num_machines, local_ranks=tuple(prep.local_ranks),
                      **_pid_fields(proc.pid, {}, tree))

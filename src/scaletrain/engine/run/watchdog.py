@@ -40,8 +40,9 @@ START_WAIT_SECONDS = 10.0          # for the watchdog to say it is watching ("re
 class Watchdog:
     """The launcher's handle: start() → watching; done() on a normal end (the watchdog then exits quietly)."""
 
-    def __init__(self, proc: subprocess.Popen):
+    def __init__(self, proc: subprocess.Popen, ready: bool):
         self.proc = proc
+        self.ready = ready              # False: it did not say it was watching in time (the launcher warns)
 
     @classmethod
     def start(cls, root_pid: int, status: Path, lock_fd: int | None) -> "Watchdog":
@@ -51,10 +52,9 @@ class Watchdog:
                                 start_new_session=True, pass_fds=(lock_fd,) if lock_fd is not None else ())
         assert proc.stdout is not None
         ready, _, _ = select.select([proc.stdout], [], [], START_WAIT_SECONDS)   # it tracks the tree from here on
-        if ready:
-            proc.stdout.readline()
+        said = proc.stdout.readline().strip() == b"ready" if ready else False
         proc.stdout.close()
-        return cls(proc)
+        return cls(proc, said)
 
     def done(self) -> None:
         """The launcher has stopped everything itself: let the watchdog go (and wait for it, so the run
