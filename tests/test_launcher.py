@@ -14,6 +14,7 @@ import time
 import psutil
 import pytest
 
+from scaletrain.engine.doctor.diagnosis import diagnose_paths
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.launcher import launch
 from scaletrain.engine.run.metrics import read_metrics
@@ -106,8 +107,10 @@ def test_ctrl_c_leaves_no_process_and_resume_continues_the_step_count(tmp_path):
     status = json.loads(run.status.read_text())
     assert status["state"] == "interrupted" and status["exit_code"] == 130
     assert "Resume with" in out
+    assert diagnose_paths([run.path]).kind == "interrupted"          # stopped, not failed: no fix to look for
 
     stopped_at = read_metrics(run.metrics)[-1]
+    before = {r.step: r.loss for r in read_metrics(run.metrics)}
     ckpt = max(int(p.name.split("-")[1]) for p in run.checkpoints.glob("step-*")
                if (p / "trainer_state.json").exists())
     assert ckpt % 4 == 0 and 4 <= ckpt <= stopped_at.step
@@ -118,12 +121,11 @@ def test_ctrl_c_leaves_no_process_and_resume_continues_the_step_count(tmp_path):
     res = launch(run.path, resume=True, on_tick=deadline_tick())
     assert res.exit_code == 0, run.rank_log(0).read_text()
     raw = [json.loads(line) for line in run.metrics.read_text().splitlines()]
-    resumed = raw[[r["step"] for r in raw].index(stopped_at.step) + 1:]
-    assert [r["step"] for r in resumed] == list(range(ckpt + 1, ckpt + 5))   # continues, does not restart at 1
-    before = {r["step"]: r["loss"] for r in raw[:len(raw) - len(resumed)]}
+    # continues, does not restart at 1; the steps logged after the checkpoint were cut and logged again, once
+    assert [r["step"] for r in raw] == list(range(1, ckpt + 5))
+    resumed = raw[ckpt:]
     if ckpt + 1 in before:          # same weights, optimizer and data position: the same loss again
         assert resumed[0]["loss"] == pytest.approx(before[ckpt + 1], rel=1e-4)
-    assert [r.step for r in read_metrics(run.metrics)] == list(range(1, ckpt + 5))
     assert f"resumed from {run.checkpoints / f'step-{ckpt}'}" in run.rank_log(0).read_text()
 
 

@@ -105,7 +105,8 @@ def test_forgiving_catalog_lookup():
     ("not json at all", "not a JSON config.json"),
     ('{"foo": 1}', "not a causal-LM config.json"),
     ("[1, 2]", "not a config.json object"),
-    ('{"hidden_size": "x", "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 10}', "non-numeric"),
+    ('{"hidden_size": "x", "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 10}',
+     "hidden_size must be a whole number"),
 ])
 def test_bad_config_files(tmp_path, content, needle):
     p = tmp_path / "config.json"

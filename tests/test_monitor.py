@@ -156,6 +156,10 @@ def test_cpu_run_live_then_killed_rank_diagnosed_then_fixed_and_resumed(tmp_path
     rd = cpu_run_dir(tmp_path / "run")
     monkeypatch.setenv("SCALETRAIN_FAIL_AT_STEP", "3")       # trainer/train.py's test hook: SIGKILL rank 1 at step 3
     monkeypatch.setenv("SCALETRAIN_FAIL_RANK", "1")
+    # ... as the kernel's OOM killer would: its kill count goes up during the run (the launcher records it; an
+    # unchanged count makes the same SIGKILL `killed`, not host_oom: tests/test_run_lifecycle.py)
+    kills = iter(range(100, 200))
+    monkeypatch.setattr("scaletrain.engine.run.launcher.oom_kill_count", lambda: next(kills))
     headless = io.StringIO()                                  # `scaletrain monitor --headless`, attached meanwhile
     streamer = threading.Thread(target=lambda: stream_run(Sampler(None, HostSource(), RunWatcher(rd.path), 0.3),
                                                           headless), daemon=True)

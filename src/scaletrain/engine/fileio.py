@@ -3,9 +3,33 @@ rename) and incremental reads of a file another process appends to."""
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
+
+from scaletrain.engine.errors import ScaletrainError
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def os_error_reason(e: OSError) -> str:
+    """Why an OSError happened, in a few words (a full disk is named as such)."""
+    if e.errno in DISK_FULL_ERRNOS:
+        return "the disk is full (No space left on device)" if e.errno == errno.ENOSPC else "disk quota exceeded"
+    return e.strerror or e.__class__.__name__
+
+
+@contextmanager
+def writing(what: str) -> Iterator[None]:
+    """Turn an OSError while writing `what` into one ScaletrainError line (read-only place, full disk, ...)."""
+    try:
+        yield
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename and str(e.filename) not in what else ""
+        raise ScaletrainError(f"cannot write {what}{where}: {os_error_reason(e)}") from None
 
 
 def atomic_write(path: Path, text: str, *, mode: int | None = None, backup: bool = True) -> Path | None:

@@ -1,19 +1,28 @@
 """Trainer checkpoints: checkpoints/step-<n>/, written by every rank (DeepSpeed's ZeRO partitions, or accelerate's
-state), completed by trainer_state.json written last by rank 0 (layout.RunDir.newest_checkpoint picks those)."""
+state), completed by trainer_state.json written last by rank 0 (layout.RunDir.complete_checkpoints picks those).
+
+Nothing in a checkpoint runs code when it is loaded: the scheduler state and DeepSpeed's partitions are read with
+`torch.load(weights_only=True)` (DeepSpeed's own loader passes weights_only=False; its engine's loader is replaced
+for the load), accelerate reads its files with weights_only=True itself. trainer_state.json records the size of
+every file of the checkpoint, so a damaged (truncated, missing) one is known before any rank starts loading it and
+resume falls back to the newest intact checkpoint (resume_from).
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import atomic_write
 from scaletrain.engine.run.layout import CHECKPOINT_PREFIX, TRAINER_STATE, RunDir
-from scaletrain.trainer.distributed import barrier
+from scaletrain.trainer.distributed import all_sum, barrier
 
 SCHEDULER_STATE = "scheduler.pt"
 DS_CHECKPOINT_TAG = "deepspeed"
+MANIFEST_KEY = "files"          # trainer_state.json: relative path → size in bytes of every file written before it
 
 
 def save_checkpoint(acc: Any, model: Any, scheduler: Any, run: RunDir, state: dict[str, Any], rank: int,
@@ -30,21 +39,107 @@ def save_checkpoint(acc: Any, model: Any, scheduler: Any, run: RunDir, state: di
         torch.save(scheduler.state_dict(), d / SCHEDULER_STATE)
     barrier()
     if rank == 0:
-        atomic_write(d / TRAINER_STATE, json.dumps(state, indent=2) + "\n", backup=False)
+        manifest = {str(p.relative_to(d)): p.stat().st_size for p in sorted(d.rglob("*"))
+                    if p.is_file() and p.name != TRAINER_STATE}
+        atomic_write(d / TRAINER_STATE, json.dumps({**state, MANIFEST_KEY: manifest}, indent=2) + "\n",
+                     backup=False)
     barrier()
     return d
 
 
-def load_checkpoint(acc: Any, model: Any, scheduler: Any, d: Path, deepspeed: bool) -> dict[str, Any]:
+def read_state(d: Path) -> dict[str, Any]:
+    """trainer_state.json, checked against the files it lists; ScaletrainError naming what is damaged."""
+    try:
+        state = json.loads((d / TRAINER_STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ScaletrainError(f"{d.name}/{TRAINER_STATE} is unreadable ({e.__class__.__name__})") from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise ScaletrainError(f"{d.name}/{TRAINER_STATE} has no step")
+    manifest = state.get(MANIFEST_KEY)
+    for rel, size in (manifest.items() if isinstance(manifest, dict) else ()):
+        p = d / rel
+        try:
+            have = p.stat().st_size
+        except OSError:
+            raise ScaletrainError(f"{d.name}/{rel} is missing") from None
+        if have != size:
+            raise ScaletrainError(f"{d.name}/{rel} has {have:,} bytes, {size:,} were written")
+    return state
+
+
+# DeepSpeed classes its optimizer partitions pickle (0.19: the loss scaler, the ZeRO stage enum, bf16 fragment
+# addresses); weights_only loading accepts these and plain tensors/containers, nothing that runs code.
+def _deepspeed_safe_globals() -> list[Any]:
+    out: list[Any] = []
+    for module, names in (("deepspeed.runtime.fp16.loss_scaler", ("LossScaler", "DynamicLossScaler")),
+                          ("deepspeed.runtime.zero.config", ("ZeroStageEnum",)),
+                          ("deepspeed.utils.tensor_fragment", ("fragment_address",))):
+        try:
+            mod = __import__(module, fromlist=list(names))
+        except ImportError:
+            continue
+        out += [getattr(mod, n) for n in names if hasattr(mod, n)]
+    return out
+
+
+def safe_load(path: str | Path, map_location: Any = None) -> Any:
+    """torch.load that runs no code from the file (weights_only=True; DeepSpeed's state classes allowed)."""
     import torch
 
+    with torch.serialization.safe_globals(_deepspeed_safe_globals()):
+        return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def load_checkpoint(acc: Any, model: Any, scheduler: Any, d: Path, deepspeed: bool) -> dict[str, Any]:
+    state = read_state(d)
     if deepspeed:
-        path, _ = model.load_checkpoint(str(d), tag=DS_CHECKPOINT_TAG)
+        engine = getattr(model, "checkpoint_engine", None)
+        if engine is not None:
+            engine.load = lambda path, map_location=None: safe_load(path, map_location)
+        try:
+            path, _ = model.load_checkpoint(str(d), tag=DS_CHECKPOINT_TAG)
+        finally:
+            if engine is not None:
+                del engine.load             # the class's own loader again (for later saves' housekeeping)
         if path is None:
             raise ScaletrainError(f"{d} has no DeepSpeed checkpoint; it was written by another strategy")
     else:
         if not any(d.glob("model*")):
             raise ScaletrainError(f"{d} holds no accelerate checkpoint; it was written by another strategy")
         acc.load_state(str(d))
-    scheduler.load_state_dict(torch.load(d / SCHEDULER_STATE, weights_only=False))
-    return json.loads((d / TRAINER_STATE).read_text())
+    scheduler.load_state_dict(safe_load(d / SCHEDULER_STATE))
+    return state
+
+
+def resume_from(acc: Any, model: Any, scheduler: Any, run: RunDir, deepspeed: bool,
+                main: bool) -> tuple[Path, dict[str, Any]] | None:
+    """Load the newest checkpoint every rank can load, falling back to older ones past a damaged one; None when
+    there is none. The ranks agree on each attempt (a sum of failures), so all of them resume from the same step."""
+    damaged: list[str] = []
+    for d in run.complete_checkpoints():
+        why = ""
+        try:
+            state = load_checkpoint(acc, model, scheduler, d, deepspeed)
+        except Exception as e:            # a damaged file: truncated, missing, not a checkpoint, a refused pickle
+            why = _why(e)
+        if all_sum(acc, [1.0 if why else 0.0])[0] == 0:
+            return d, state
+        damaged.append(d.name)
+        if main:
+            print(f"scaletrain: warning: checkpoint {d.name} cannot be loaded ({why or 'on another rank'}); "
+                  "trying the previous one", flush=True)
+    if damaged:
+        raise ScaletrainError(f"no checkpoint can be loaded ({', '.join(damaged)} damaged); start a new run "
+                              "directory, or launch without --resume to start at step 0")
+    return None
+
+
+def _why(e: Exception) -> str:
+    """One short line for a failed load; a refused pickle names what it asked to run."""
+    text = " ".join(str(e).split())
+    refused = re.search(r"(?:unsupported|Unsupported global:) GLOBAL ([\w.]+)", text)
+    if refused:
+        return f"a file in it asks to run {refused.group(1)}; refused, nothing from it was executed"
+    if "Weights only load failed" in text:
+        return "a file in it is not plain tensors and containers; refused, nothing from it was executed"
+    return text[:300] or e.__class__.__name__

@@ -11,7 +11,8 @@ from torch.distributed / the launcher's environment, and this trainer shards the
 
 Outputs (rank 0): metrics.jsonl (engine.run.metrics), TensorBoard events under tensorboard/, a human line per step on
 stdout. Checkpoints: checkpoints/step-<n>/ every train.checkpoint_every steps and at the end, each completed by
-trainer_state.json (written last); `--resume` continues from the newest complete one with the step count going on.
+trainer_state.json (written last); `--resume` continues from the newest one that loads (a damaged one is passed over)
+with the step count going on, after cutting metrics.jsonl back to that step.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.layout import RunDir
-from scaletrain.engine.run.metrics import MetricsWriter, StepMetrics
+from scaletrain.engine.run.metrics import MetricsWriter, StepMetrics, truncate_metrics
 from scaletrain.engine.run.options import LR_SCHEDULES, bundled_demo_dataset
 from scaletrain.trainer import data as data_mod
-from scaletrain.trainer.checkpoints import load_checkpoint, save_checkpoint
+from scaletrain.trainer.checkpoints import resume_from, save_checkpoint
 from scaletrain.trainer.config import RunConfig, read_run_config
 from scaletrain.trainer.distributed import all_sum, barrier, make_accelerator, peak_memory, rank_and_world
 from scaletrain.trainer.model import build_model, check_capabilities, make_optimizer, make_tokenizer
@@ -104,12 +105,12 @@ def train(cfg: RunConfig, resume: bool) -> int:
         print(f"scaletrain: note: starting at step 0 although {old} exists; --resume continues from it",
               flush=True)
     if resume:
-        ck = cfg.run.newest_checkpoint()
-        if ck is None:
+        found = resume_from(acc, model, scheduler, cfg.run, ds, main)
+        if found is None:
             if main:
                 print("scaletrain: no checkpoint to resume from; starting at step 0", flush=True)
         else:
-            state = load_checkpoint(acc, model, scheduler, ck, ds)
+            ck, state = found
             # [issue 6, relaunch] a micro-batch split that keeps micro × accum reads exactly the same rows per
             # optimizer step (make_schedule and shard_order depend on the product only), so it may resume.
             layout = {"micro_batch × grad_accum": cfg.micro_batch * cfg.grad_accum, "world_size": world,
@@ -132,6 +133,10 @@ def train(cfg: RunConfig, resume: bool) -> int:
               f"process(es){sharding}; {len(blocks)} blocks × {cfg.seq_len} tokens from {dataset.name}; "
               f"{sched.steps_per_epoch} steps/epoch, {sched.total_steps} steps; {n_params:,} parameters",
               flush=True)
+    if resume and main:
+        dropped = truncate_metrics(cfg.run.metrics, step)      # steps after the checkpoint are logged again
+        if dropped:
+            print(f"scaletrain: metrics.jsonl cut back to step {step} ({dropped} later line(s) dropped)", flush=True)
     writer = MetricsWriter(cfg.run.metrics) if main else None
     tb = _tensorboard(cfg.run) if main else None
     every = cfg.train.checkpoint_every

@@ -21,10 +21,12 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan, evaluate
 from scaletrain.engine.plan.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan
+from scaletrain.engine.run.layout import check_run_dir_path
 from scaletrain.engine.run.options import TrainOptions
 
 WARMUP_FRACTION = 0.25      # the first quarter of the steps (at least 2) is warm-up: allocator, kernels, caches
 MIN_WARMUP_STEPS = 2
+MAX_STEPS = 100_000         # a validation measures a few steps; more is a typo
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,7 @@ def run_steps(request: PlanRequest, train: TrainOptions, steps: int, run_dir: Pa
     from scaletrain.engine.run.writers import write_run_dir
 
     plan = make_plan(request)
+    _require_devices(plan)
     train = replace(train, max_steps=steps, checkpoint_every=10 * steps, script=None, script_args=())
     run = write_run_dir(plan, request, train, run_dir, overwrite=True)
     result = launch(run.path, on_output=on_output)
@@ -155,10 +158,22 @@ def run_steps(request: PlanRequest, train: TrainOptions, steps: int, run_dir: Pa
 
 def validate(request: PlanRequest, train: TrainOptions, *, steps: int = 20, run_dir: str | Path | None = None,
              on_output: Callable[[int | None, str], None] | None = None) -> ValidationResult:
-    if steps < MIN_WARMUP_STEPS + 1:
-        raise ScaletrainError(f"--steps must be at least {MIN_WARMUP_STEPS + 1} (warm-up steps are not timed)")
-    base = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="scaletrain-validate-"))
+    check_steps(steps)
+    _require_devices(make_plan(request))       # before anything is written: a GPU plan never runs on CPU here
+    base = check_run_dir_path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="scaletrain-validate-"))
     plan, series, run = run_steps(request, train, steps, base, on_output)
+    return _result(plan, series, run)
+
+
+def check_steps(steps: object) -> None:
+    """--steps: enough to time some after the warm-up, few enough to be a validation."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or not MIN_WARMUP_STEPS + 1 <= steps <= MAX_STEPS:
+        raise ScaletrainError(f"--steps must be at least {MIN_WARMUP_STEPS + 1} (warm-up steps are not timed) and at "
+                              f"most {MAX_STEPS:,} (got {steps})")
+
+
+def _result(plan: Plan, series: list[Any], run: Any) -> ValidationResult:
+    """Predicted next to measured for a finished validation run."""
     s = plan.setup
     notes: list[str] = []
     if s.device == "cpu":
@@ -182,6 +197,13 @@ def validate(request: PlanRequest, train: TrainOptions, *, steps: int = 20, run_
                             predicted_reserved_bytes=pred_res, measured_reserved_bytes=meas_res,
                             predicted_step_seconds=pred_step, measured_step_seconds=_steady_step_seconds(series),
                             run_dir=run.path, notes=tuple(notes))
+
+
+def _require_devices(plan: Plan) -> None:
+    from scaletrain.engine.devices.detect import require_local_gpus
+
+    s = plan.setup
+    require_local_gpus(str(s.device), s.hardware.gpus_per_node, f"the plan ({s.hardware.describe()})")
 
 
 def derive_calibration(r: ValidationResult, source: str) -> Calibration:

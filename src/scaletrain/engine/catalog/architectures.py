@@ -9,6 +9,7 @@ unit all come from the same table. Tests check the counts against transformers b
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -197,6 +198,35 @@ def _text_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 _REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+# Sanity limits on config.json sizes: every released causal LM is far inside them, and a value outside is a typo or
+# a damaged file that would otherwise surface as a ZeroDivisionError, an OverflowError or a minutes-long search.
+SIZE_LIMITS = {"hidden_size": 1 << 18, "intermediate_size": 1 << 20, "num_hidden_layers": 4096,
+               "num_attention_heads": 1 << 12, "num_key_value_heads": 1 << 12, "head_dim": 1 << 14,
+               "vocab_size": 1 << 24}
+MAX_CONFIG_BYTES = 16 << 20           # a config.json is a few KiB; anything this large is not one
+MAX_SPEC_CHARS = 4096                 # PATH_MAX: no catalog id, path or cache id is longer
+
+
+def _size(cfg: Mapping[str, Any], key: str, name: str, default: int | None = None) -> int:
+    """A positive whole-number size field of config.json (an integral float such as 4096.0 is accepted)."""
+    v = cfg.get(key)
+    if v is None:
+        if default is None:
+            raise ScaletrainError(f"{name}: config.json has no {key}")
+        return default
+    ok = isinstance(v, int) and not isinstance(v, bool)
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+        v, ok = int(v), True
+    limit = SIZE_LIMITS[key]
+    if not ok or not 1 <= v <= limit:
+        raise ScaletrainError(f"{name}: config.json {key} must be a whole number from 1 to {limit:,} "
+                              f"(got {_short(cfg.get(key))})")
+    return v
+
+
+def _short(v: Any, limit: int = 40) -> str:
+    text = repr(v)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def arch_from_config(cfg: Mapping[str, Any], name: str) -> ModelArch:
@@ -207,25 +237,26 @@ def arch_from_config(cfg: Mapping[str, Any], name: str) -> ModelArch:
         raise ScaletrainError(
             f"{name} is not a causal-LM config.json (missing {', '.join(missing)}); "
             "give a catalog id (scaletrain models), a config.json, or a folder holding one")
-    model_type = str(cfg.get("model_type", "llama"))
-    try:
-        h = int(cfg["hidden_size"])
-        heads = int(cfg["num_attention_heads"])
-        kv = int(cfg.get("num_key_value_heads") or heads)
-        head_dim = int(cfg.get("head_dim") or h // heads)
-        inter = int(cfg.get("intermediate_size") or 4 * h)
-        arch = ModelArch(
-            name=name, model_type=model_type, hidden_size=h, intermediate_size=inter,
-            num_layers=int(cfg["num_hidden_layers"]), num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
-            vocab_size=int(cfg["vocab_size"]),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", model_type in ("gemma3_text", "gemma2"))),
-            attention_bias=bool(cfg.get("attention_bias", False)), mlp_bias=bool(cfg.get("mlp_bias", False)),
-            config=MappingProxyType(dict(cfg)),
-        )
-    except (TypeError, ValueError) as e:
-        raise ScaletrainError(f"{name}: config.json has a non-numeric size field ({e})") from None
-    if min(arch.hidden_size, arch.num_layers, arch.num_heads, arch.vocab_size, arch.intermediate_size) <= 0:
-        raise ScaletrainError(f"{name}: config.json sizes must be positive")
+    model_type = str(cfg.get("model_type", "llama"))[:100]
+    h = _size(cfg, "hidden_size", name)
+    heads = _size(cfg, "num_attention_heads", name)
+    kv = _size(cfg, "num_key_value_heads", name, heads)
+    if heads % kv:
+        raise ScaletrainError(f"{name}: config.json num_attention_heads {heads} is not a multiple of "
+                              f"num_key_value_heads {kv} (each key/value head serves a whole group of query heads)")
+    if cfg.get("head_dim") is None and h % heads:
+        raise ScaletrainError(f"{name}: config.json hidden_size {h} is not divisible by num_attention_heads {heads} "
+                              "(give head_dim when the heads do not split the hidden size)")
+    head_dim = _size(cfg, "head_dim", name, h // heads)
+    inter = _size(cfg, "intermediate_size", name, 4 * h if 4 * h <= SIZE_LIMITS["intermediate_size"] else None)
+    arch = ModelArch(
+        name=name, model_type=model_type, hidden_size=h, intermediate_size=inter,
+        num_layers=_size(cfg, "num_hidden_layers", name), num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
+        vocab_size=_size(cfg, "vocab_size", name),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", model_type in ("gemma3_text", "gemma2"))),
+        attention_bias=bool(cfg.get("attention_bias", False)), mlp_bias=bool(cfg.get("mlp_bias", False)),
+        config=MappingProxyType(dict(cfg)),
+    )
     if model_type not in _FAMILIES:
         arch = _count_with_transformers(arch)
     return arch
@@ -287,37 +318,60 @@ def _hf_cache_config(model_id: str) -> Path | None:
     folder = "models--" + model_id.replace("/", "--")
     for root in roots:
         snaps = root / folder / "snapshots"
-        if snaps.is_dir():
-            cands = sorted(snaps.glob("*/config.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-            if cands:
-                return cands[0]
+        try:
+            if snaps.is_dir():
+                cands = sorted(snaps.glob("*/config.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+                if cands:
+                    return cands[0]
+        except (OSError, ValueError):      # an id too long for a file name, a dangling snapshot link
+            continue
     return None
+
+
+def _read_config(path: Path, spec: str) -> dict[str, Any]:
+    """A config.json as a dict, or one line saying why not (unreadable, too large, not JSON, not an object)."""
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ScaletrainError(f"{spec}: {path.name} is {path.stat().st_size:,} bytes, not a config.json "
+                                  f"(at most {MAX_CONFIG_BYTES >> 20} MiB)")
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else e.__class__.__name__
+        where = spec if str(path) == spec else f"{spec} ({path})"
+        raise ScaletrainError(f"{where} is not a JSON config.json ({why})") from None
+    if not isinstance(cfg, dict):
+        raise ScaletrainError(f"{spec} is not a config.json object" if str(path) == spec
+                              else f"{spec} ({path}) is not a config.json object")
+    return cfg
 
 
 def load_model(spec: str) -> ModelArch:
     """Resolve --model: catalog id, config.json path, folder with config.json, or a local HF cache id."""
-    if not spec or not spec.strip():
+    if not isinstance(spec, str) or not spec.strip():
         raise ScaletrainError("--model is empty; give a catalog id (see `scaletrain models`) or a config.json path")
+    if len(spec) > MAX_SPEC_CHARS:
+        raise ScaletrainError(f"--model is {len(spec):,} characters long; give a catalog id, a config.json path or "
+                              f"an HF cache id (at most {MAX_SPEC_CHARS} characters)")
     entry = catalog_entry(spec)
     if entry is not None:
         return arch_from_config(entry["config"], entry["id"])
     p = Path(spec).expanduser()
-    if p.exists():
+    try:
+        exists = p.exists()
+    except (OSError, ValueError) as e:      # a name too long for the filesystem, a NUL byte
+        raise ScaletrainError(f"--model {_short(spec)} is not a usable path ({getattr(e, 'strerror', None) or e})"
+                              ) from None
+    if exists:
         if p.is_dir():
             p = p / "config.json"
             if not p.exists():
                 raise ScaletrainError(f"{spec} is a folder without a config.json")
-        try:
-            cfg = json.loads(p.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ScaletrainError(f"{spec} is not a JSON config.json ({e.__class__.__name__})") from None
-        if not isinstance(cfg, dict):
-            raise ScaletrainError(f"{spec} is not a config.json object")
+        cfg = _read_config(p, spec)
         name = p.parent.name if p.name == "config.json" else p.stem
         return arch_from_config(cfg, name)
     cached = _hf_cache_config(spec)
     if cached is not None:
-        return arch_from_config(json.loads(cached.read_text()), spec)
+        return arch_from_config(_read_config(cached, spec), spec)
     raise ScaletrainError(
-        f"unknown model {spec!r}: not in the catalog ({len(_catalog_index())} models, `scaletrain models`), "
-        "not a path, and not in the local HF cache")
+        f"unknown model {_short(spec, 100)}: not in the catalog ({len(_catalog_index())} models, `scaletrain "
+        "models`), not a path, and not in the local HF cache")

@@ -147,6 +147,7 @@ INTER_NODE_LINKS: dict[str, float] = {
     "edr": 100.0, "hdr": 200.0, "ndr": 400.0, "xdr": 800.0,
     "10gbe": 10.0, "25gbe": 25.0, "40gbe": 40.0, "50gbe": 50.0, "100gbe": 100.0, "200gbe": 200.0, "400gbe": 400.0,
 }
+MAX_INTER_NODE_GBPS = 100_000.0     # 100 Tb/s per node: far beyond any fabric; a larger number is a typo
 DEFAULT_INTER_NODE_LINK = "hdr"       # one HDR InfiniBand port: the common GPU-cluster fabric of the A100 era
 
 
@@ -154,19 +155,23 @@ def inter_node_gbit_s(value: str | float | int) -> float:
     """--inter-node-gbps: a number of Gb/s (400) or a link name (ndr, hdr, 100gbe); one line on anything else."""
     accepted = f"a number of Gb/s (e.g. 400) or one of {', '.join(INTER_NODE_LINKS)}"
     if isinstance(value, str):
+        if len(value) > 40:
+            raise ScaletrainError(f"--inter-node-gbps {value[:40]!r}… is not accepted; give {accepted}")
         key = re.sub(r"[^a-z0-9.]", "", value.lower())
         if key in INTER_NODE_LINKS:
             return INTER_NODE_LINKS[key]
+        number = re.sub(r"[\s_/]", "", value.lower())          # keep the sign: -5 is refused, not read as 5
         try:
-            gbps = float(key.removesuffix("gbps").removesuffix("gbs").removesuffix("gb") or "nan")
+            gbps = float(number.removesuffix("gbps").removesuffix("gbs").removesuffix("gb") or "nan")
         except ValueError:
             raise ScaletrainError(f"--inter-node-gbps {value!r} is not accepted; give {accepted}") from None
     elif isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ScaletrainError(f"--inter-node-gbps {value!r} is not accepted; give {accepted}")
     else:
         gbps = float(value)
-    if not gbps > 0 or gbps == float("inf"):
-        raise ScaletrainError(f"--inter-node-gbps must be positive (got {value}); give {accepted}")
+    if not 0 < gbps <= MAX_INTER_NODE_GBPS:
+        raise ScaletrainError(f"--inter-node-gbps must be positive and at most {MAX_INTER_NODE_GBPS:,.0f} Gb/s "
+                              f"(got {value}); give {accepted}")
     return gbps
 
 
@@ -194,6 +199,8 @@ class Hardware:
         return replace(self, nodes=nodes)
 
 
+MAX_NODES = 1 << 14
+MAX_CPU_PROCESSES = 1024
 _GPUS_RE = re.compile(r"^\s*(?:(\d+)\s*[x×*]\s*)?(?:(\d+)\s*[x×*]\s*)?(.+?)\s*$", re.IGNORECASE)
 
 
@@ -221,8 +228,12 @@ def parse_gpus(text: str, *, nodes: int | None = None, inter_node_gbps: str | fl
         n_nodes = nodes
     if per_node < 1 or n_nodes < 1:
         raise ScaletrainError(f"GPU and node counts must be at least 1 (got {text!r}, nodes={n_nodes})")
+    if n_nodes > MAX_NODES:
+        raise ScaletrainError(f"{n_nodes:,} nodes is not a cluster scaletrain plans for; at most {MAX_NODES:,}")
     if per_node > 64 and gpu.key != "CPU":
         raise ScaletrainError(f"{per_node} GPUs per node is not a machine; use NODESxGPUSxNAME, e.g. 2x8xH100")
+    if per_node > MAX_CPU_PROCESSES and gpu.key == "CPU":
+        raise ScaletrainError(f"{per_node:,} CPU processes per node is not a machine; at most {MAX_CPU_PROCESSES}")
     hw = Hardware(gpu=gpu, gpus_per_node=per_node, nodes=n_nodes)
     if inter_node_gbps is not None:
         hw = replace(hw, inter_node_gbit_s=inter_node_gbit_s(inter_node_gbps))

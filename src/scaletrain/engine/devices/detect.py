@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 from scaletrain.engine.errors import ScaletrainError
@@ -34,3 +35,27 @@ def hardware_from_detection(nodes: int | None = None, inter_node_gbps: float | N
     if inter_node_gbps is not None:
         hw = replace(hw, inter_node_gbit_s=float(inter_node_gbps))
     return hw
+
+
+def visible_gpu_count(result: DetectionResult | None = None) -> tuple[int, str | None]:
+    """GPUs a process started here can use: NVML's count, narrowed by CUDA_VISIBLE_DEVICES when it is set; and
+    NVML's error when it found none."""
+    res = result if result is not None else detect()
+    count = len(res.gpus)
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None:
+        listed = [x for x in cvd.split(",") if x.strip() and x.strip() != "-1"]
+        count = min(count, len(listed))
+    return count, (res.error if not res.gpus else None)
+
+
+def require_local_gpus(device: str, gpus_per_node: int, what: str, result: DetectionResult | None = None) -> None:
+    """Refuse to run a GPU plan on a machine without its GPUs (it would otherwise run silently on CPU, with every
+    rank loading the model into host RAM). `what` names the run for the message."""
+    if device != "cuda":
+        return
+    have, why = visible_gpu_count(result)
+    if have < gpus_per_node:
+        raise ScaletrainError(
+            f"{what} needs {gpus_per_node} GPUs per node and this machine has {have} usable"
+            f"{f' ({why})' if why else ''}; run it on the GPU machine, or plan for this one (e.g. --gpus 2xCPU)")

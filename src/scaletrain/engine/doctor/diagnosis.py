@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from scaletrain.engine.doctor.fixes import remedies_for
-from scaletrain.engine.doctor.logs import LogLine, read_lines, run_dir_inputs
-from scaletrain.engine.doctor.signatures import (CAUSE, CONSEQUENCE, MAX_EVIDENCE_LINES, RE_TRACEBACK, SIGABRT_EXIT,
-                                                 SIGKILL_EXIT, SIGTERM_EXIT, Event, scan)
+from scaletrain.engine.doctor.logs import LogLine, read_lines, run_dir_inputs, run_dir_status
+from scaletrain.engine.doctor.signatures import (CAUSE, CONSEQUENCE, EXCEPTION, MAX_EVIDENCE_LINES, RE_TRACEBACK,
+                                                 SIGABRT_EXIT, SIGKILL_EXIT, SIGTERM_EXIT, Event, scan)
 from scaletrain.engine.doctor.summary import Diagnosis, with_summary
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.plan_document import PlanDocument
+from scaletrain.engine.run.status import RunStatus
 
 
 def _pick(events: list[Event], file_order: dict[str, int], hint_rank: int | None) -> Event | None:
@@ -77,8 +78,10 @@ def _silent_rank(chosen: Event, events: list[Event], by_rank: dict[int, list[Log
     return Event("unknown", chosen.strength, last, r, None, {"silent": True, "peers_saw": chosen.kind}, [last])
 
 
-def _events_from_exit_codes(exit_codes: dict[int, int], lines_by_rank: dict[int, list[LogLine]]) -> list[Event]:
-    """A rank SIGKILLed with no traceback in its own log: the host OOM killer (§5.5)."""
+def _events_from_exit_codes(exit_codes: dict[int, int], lines_by_rank: dict[int, list[LogLine]],
+                            oom_kills: int | None = None) -> list[Event]:
+    """A rank SIGKILLed with no traceback in its own log: the host OOM killer (§5.5), unless the launcher saw the
+    kernel's OOM-kill count unchanged over the run (`oom_kills` 0): then something outside killed it."""
     out = []
     for rank, code in sorted(exit_codes.items()):
         if code != SIGKILL_EXIT:
@@ -92,13 +95,45 @@ def _events_from_exit_codes(exit_codes: dict[int, int], lines_by_rank: dict[int,
         if own:
             ev.append(LogLine("exit codes", 0, f"rank {rank} exit code {code} (SIGKILL), no traceback",
                               f"rank {rank} exit code {code} (SIGKILL), no traceback", rank, None))
-        out.append(Event("host_oom", CAUSE, anchor, rank, None, {"exit_code": code, "from_exit_code": True}, ev))
+        kind = "killed" if oom_kills == 0 else "host_oom"
+        out.append(Event(kind, CAUSE, anchor, rank, None, {"exit_code": code, "from_exit_code": True}, ev))
     return out
 
 
+# Free space below which a failed run's disk counts as full (a checkpoint of even a small model needs more).
+LOW_DISK_BYTES = 16 << 20
+
+
+def _events_from_status(status: RunStatus | None) -> list[Event]:
+    """What the launcher recorded that no log line can say: a full disk it could not even log to (a cause), or a
+    failed run that left its disk all but full (an exception's strength: a logged cause still wins)."""
+    if status is None:
+        return []
+    free = status.disk_free_bytes
+    if status.disk_full:
+        text, strength = "the launcher met a full disk writing the run's files", CAUSE
+    elif status.state == "failed" and free is not None and free < LOW_DISK_BYTES:
+        text, strength = f"the run failed with {free:,} bytes left on the run directory's disk", EXCEPTION
+    else:
+        return []
+    line = LogLine("status.json", 0, f"status.json: {text}", text, None, None)
+    return [Event("disk_full", strength, line, None, None, {"disk_free_bytes": free}, [line])]
+
+
+def _interrupted(status: RunStatus | None, chosen: Event | None) -> Event | None:
+    """A run its launcher recorded as stopped from outside is `interrupted`, unless a real cause came first."""
+    if status is None or status.state != "interrupted" or (chosen is not None and chosen.strength >= CAUSE):
+        return None
+    line = LogLine("status.json", 0, f"status.json: state interrupted, exit code {status.exit_code}"
+                   + (f" ({status.reason})" if status.reason else ""), "", None, None)
+    details = {"reason": status.reason} if status.reason else {}
+    return Event("interrupted", CAUSE, line, None, None, details, [line] + (chosen.evidence[:1] if chosen else []))
+
+
 def diagnose(logs: list[Path], plan: PlanDocument | None = None, exit_codes: dict[int, int] | None = None, *,
-             first_failing_rank: int | None = None, with_remedies: bool = True) -> Diagnosis:
-    """Classify a failed run from its logs (and, when known, per-rank exit codes and the plan)."""
+             first_failing_rank: int | None = None, with_remedies: bool = True,
+             status: RunStatus | None = None) -> Diagnosis:
+    """Classify a failed run from its logs (and, when known, per-rank exit codes, the plan and status.json)."""
     if not logs and not exit_codes:
         raise ScaletrainError("diagnose needs at least one log file (or a run directory)")
     codes = {int(k): int(v) for k, v in (exit_codes or {}).items() if v is not None}
@@ -114,13 +149,15 @@ def diagnose(logs: list[Path], plan: PlanDocument | None = None, exit_codes: dic
     for ln in all_lines:
         if ln.rank is not None:
             by_rank.setdefault(ln.rank, []).append(ln)
-    events.extend(_events_from_exit_codes(codes, by_rank))
+    events.extend(_events_from_exit_codes(codes, by_rank, status.oom_kills if status is not None else None))
+    events.extend(_events_from_status(status))
     hint = _hint_rank(events, codes, first_failing_rank)
     chosen = _pick(events, file_order, hint)
+    chosen = _interrupted(status, chosen) or chosen
     if chosen is None:
         return _unknown(all_lines, codes, hint)
     _merge_details(chosen, events)
-    if chosen.strength <= CONSEQUENCE and not codes:
+    if chosen.strength <= CONSEQUENCE and not codes and chosen.kind != "interrupted":
         chosen = _silent_rank(chosen, events, by_rank) or chosen
     if chosen.kind == "unknown" and chosen.details.get("exit_code") == SIGABRT_EXIT:
         # a C++ abort: the NCCL watchdog teardown is the usual reason (§5.5)
@@ -189,6 +226,7 @@ def diagnose_paths(paths: list[Path], plan: PlanDocument | None = None,
     logs: list[Path] = []
     codes: dict[int, int] = {}
     first = None
+    status: RunStatus | None = None
     for p in paths:
         p = Path(p)
         if p.is_dir():
@@ -199,7 +237,8 @@ def diagnose_paths(paths: list[Path], plan: PlanDocument | None = None,
             codes.update(c2)
             first = first if first is not None else f2
             plan = plan if plan is not None else pj
+            status = status if status is not None else run_dir_status(p)
         else:
             logs.append(p)
     codes.update(exit_codes or {})
-    return diagnose(logs, plan, codes, first_failing_rank=first, **kw)
+    return diagnose(logs, plan, codes, first_failing_rank=first, status=status, **kw)

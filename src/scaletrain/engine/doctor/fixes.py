@@ -74,6 +74,14 @@ def remedies_for(diag: Diagnosis, doc: PlanDocument | None) -> list[Remedy]:
         return out
     if k == "fp16_overflow":
         return _fp16_remedies(req, plan, doc)
+    if k == "disk_full":
+        return [_known("free disk space where the run directory lives, or move it to a larger disk", {}, plan,
+                       applicable=False, why="checkpoints and logs need room to be written"),
+                _known("keep fewer checkpoints (raise train.checkpoint_every)", {}, plan, applicable=False,
+                       why="every checkpoint holds the model and optimizer states")]
+    if k in ("interrupted", "killed"):
+        return [_known("resume from the last checkpoint (scaletrain launch RUN_DIR --resume)", {}, plan,
+                       applicable=False, why="nothing in the run failed; it was stopped")]
     if k == "config_error":
         return [_known("rewrite the run's configs from the plan (scaletrain writers)", {}, plan,
                        why="a hand-edited or stale accelerate/DeepSpeed config was rejected")]

@@ -12,7 +12,7 @@ from scaletrain.engine.run.elastic import split_prefix
 from scaletrain.engine.run.layout import RunDir, log_rank
 from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
 from scaletrain.engine.run.rank_logs import LAUNCH_MARK_RE
-from scaletrain.engine.run.status import read_status
+from scaletrain.engine.run.status import RunStatus, read_status
 
 # Timestamps: glog ("E1122 00:20:47.170000" / "[E709 17:05:39.08]"), python logging ("2024-07-09 17:05:39,081"),
 # torchelastic ("2026-11-22_00:20:47"), scaletrain's trainer (ISO "2024-07-09T17:05:39").
@@ -45,6 +45,8 @@ def read_lines(path: Path) -> list[LogLine]:
         raise ScaletrainError(f"log {path} does not exist; pass log files or a run directory") from None
     except IsADirectoryError:
         raise ScaletrainError(f"{path} is a directory; pass its log files, or a run directory with plan.json") from None
+    except OSError as e:
+        raise ScaletrainError(f"cannot read log {path} ({e.strerror or e.__class__.__name__})") from None
     file_rank = log_rank(Path(path).name)
     out = []
     all_lines = raw.splitlines()
@@ -77,3 +79,8 @@ def run_dir_inputs(run_dir: Path) -> tuple[list[Path], PlanDocument | None, dict
 def _log_sort_key(p: Path) -> tuple[int, int, str]:
     r = log_rank(p.name)
     return (0, r, p.name) if r is not None else (1, 0, p.name)
+
+
+def run_dir_status(run_dir: Path) -> RunStatus:
+    """The head node's status.json (how the run ended: interrupted, a full disk, the host's OOM kills)."""
+    return read_status(RunDir(run_dir).status)

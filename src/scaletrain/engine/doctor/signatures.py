@@ -16,7 +16,7 @@ from scaletrain.engine.doctor.logs import LogLine
 from scaletrain.engine.run.elastic import ROOT_CAUSE_WINDOW, agent_failure, root_cause
 
 KINDS = ("cuda_oom", "cuda_oom_zero3_gather", "host_oom", "nccl_timeout", "nccl_error", "fp16_overflow",
-         "config_error", "unknown")
+         "config_error", "disk_full", "interrupted", "killed", "unknown")
 
 # How causal a signature is. A rank's own resource failure or a rejected config causes a crash; an exception
 # is probably the cause; NCCL timeouts / aborted communicators are usually the *effect* of another rank dying
@@ -71,6 +71,12 @@ RE_CONFIG = re.compile(
     r"|validation errors? for DeepSpeed\w*Config.*"
     r"|Please correct the following DeepSpeed config values that mismatch.*"
     r"|Specified distributed type .* but only using 1 GPU.*")
+# A full disk: the OSError (errno 28, or 122 for a quota), safetensors' StorageFull, torch.save's stream writer.
+RE_DISK_FULL = re.compile(r"No space left on device|\[Errno 28\]|StorageFull|Disk quota exceeded|\[Errno 122\]"
+                          r"|PytorchStreamWriter failed writing file .*file write failed")
+# Stopped from outside: the bundled trainer's Ctrl-C line, torchrun's agent receiving SIGINT/SIGTERM/SIGHUP.
+RE_INTERRUPTED = re.compile(r"scaletrain: interrupted at step \d+|SignalException: Process \d+ got signal: \d+"
+                            r"|Received (?:SIGINT|SIGTERM|SIGHUP|\d+) death signal, shutting down workers")
 RE_EXCEPTION = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Interrupt))(?::\s*(.*))?$")
 RE_TRACEBACK = re.compile(r"Traceback \(most recent call last\):")
 # torchelastic's root-cause block and agent line: engine.run.elastic (the launcher reads them too). Per-line rank
@@ -108,7 +114,8 @@ def scan(lines: list[LogLine]) -> list[Event]:
     events: list[Event] = []
     for i, ln in enumerate(lines):
         ev = (_match_oom(lines, i) or _match_host(ln) or _match_nccl(lines, i) or _match_fp16(ln)
-              or _match_config(lines, i) or _match_elastic(lines, i) or _match_exception(lines, i))
+              or _match_config(lines, i) or _match_disk_full(ln) or _match_interrupted(ln)
+              or _match_elastic(lines, i) or _match_exception(lines, i))
         if ev is not None:
             events.append(ev)
     return events
@@ -254,6 +261,21 @@ def _match_config(lines: list[LogLine], i: int) -> Event | None:
         evidence += nxt
         msg += ": " + " ".join(x.body.strip() for x in nxt)
     return Event("config_error", CAUSE, ln, ln.rank, None, {"message": msg}, evidence)
+
+
+def _match_disk_full(ln: LogLine) -> Event | None:
+    """A write that failed for lack of space: the cause of whatever error follows it."""
+    if RE_DISK_FULL.search(ln.body):
+        return Event("disk_full", CAUSE, ln, ln.rank, None, {"message": ln.body.strip()[:300]}, [ln])
+    return None
+
+
+def _match_interrupted(ln: LogLine) -> Event | None:
+    """Ctrl-C, SIGTERM or a hang-up reached the job: it was stopped, it did not fail (an exception's strength, so a
+    real cause seen before it still wins)."""
+    if RE_INTERRUPTED.search(ln.body):
+        return Event("interrupted", EXCEPTION, ln, ln.rank, None, {}, [ln])
+    return None
 
 
 def _match_elastic(lines: list[LogLine], i: int) -> Event | None:

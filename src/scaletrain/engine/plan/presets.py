@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import reprlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -26,8 +27,9 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.request import PlanRequest
-from scaletrain.engine.fileio import atomic_write
+from scaletrain.engine.fileio import atomic_write, writing
 from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.yamlsafe import MAX_YAML_BYTES, YamlLimitError, load_yaml
 
 LOCAL_DIR_NAME = "presets-local"
 PRESET_SUFFIXES = (".yaml", ".yml")
@@ -83,6 +85,14 @@ class PresetSchema(BaseModel):
         return v
 
 
+def _short(value: object, limit: int = 80) -> str:
+    """repr of a value for a one-line message, cut to `limit` characters (an expanded YAML bomb is gigabytes)."""
+    r = reprlib.Repr()
+    r.maxlevel, r.maxlist, r.maxdict, r.maxstring, r.maxother = 2, 4, 4, limit, limit
+    text = r.repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def _accepted(loc: tuple) -> list[str]:
     if loc and loc[0] in _SCHEMAS:
         return sorted(_SCHEMAS[loc[0]].model_fields)
@@ -99,7 +109,7 @@ def _validation_line(e: ValidationError, where: str, prefix: tuple = ()) -> str:
     elif first["type"] == "missing":
         msg = f"{dotted} is required"
     else:
-        msg = f"{dotted}: {first['msg'].rstrip('.')} (got {first.get('input')!r})"
+        msg = f"{dotted}: {first['msg'].rstrip('.')} (got {_short(first.get('input'))})"
     more = f" (and {len(errs) - 1} more problem{'s' if len(errs) > 2 else ''})" if len(errs) > 1 else ""
     return f"{where}: {msg}{more}"
 
@@ -194,31 +204,50 @@ def preset_names() -> list[str]:
     return sorted(names)
 
 
+MAX_PRESET_SPEC_CHARS = 4096
+
+
+def _is_file(p: Path) -> bool:
+    try:
+        return p.is_file()
+    except (OSError, ValueError):       # a name too long for the filesystem, a NUL byte
+        return False
+
+
 def find_preset(spec: str) -> Path:
     if not spec or not spec.strip():
         raise ScaletrainError("--preset is empty; give a preset name (scaletrain presets) or a .yaml path")
     spec = spec.strip()
+    if len(spec) > MAX_PRESET_SPEC_CHARS:
+        raise ScaletrainError(f"--preset is {len(spec):,} characters long; give a preset name or a .yaml path")
     if _is_path(spec):
         p = Path(spec).expanduser()
-        if not p.is_file():
-            raise ScaletrainError(f"preset file {spec} does not exist")
+        if not _is_file(p):
+            raise ScaletrainError(f"preset file {_short(spec)} " + ("is not a file" if p.is_dir() else
+                                                                    "does not exist"))
         return p
     for d in _search_dirs():
         for suffix in PRESET_SUFFIXES:
             p = d / f"{spec}{suffix}"
-            if p.is_file():
+            if _is_file(p):
                 return p
-    raise ScaletrainError(f"unknown preset {spec!r}; available: {', '.join(preset_names()) or 'none'} "
+    raise ScaletrainError(f"unknown preset {_short(spec)}; available: {', '.join(preset_names()) or 'none'} "
                           "(see `scaletrain presets`), or give a path to a .yaml file")
 
 
 def load_preset_file(path: Path, *, by_name: bool = False) -> Preset:
     try:
+        if path.stat().st_size > MAX_YAML_BYTES:
+            raise ScaletrainError(f"preset file {path} is {path.stat().st_size:,} bytes; a preset is a few KiB "
+                                  f"(at most {MAX_YAML_BYTES >> 10} KiB)")
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise ScaletrainError(f"cannot read preset file {path} ({e.__class__.__name__})") from None
+        why = e.strerror if isinstance(e, OSError) and e.strerror else e.__class__.__name__
+        raise ScaletrainError(f"cannot read preset file {path} ({why})") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
+    except YamlLimitError as e:
+        raise ScaletrainError(f"preset file {path} is refused: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -284,7 +313,9 @@ def split_override_key(key: str) -> tuple[str, str]:
 def _parse_value(raw: str) -> Any:
     """YAML scalars (numbers, true/false, null, lists); anything YAML cannot read stays a string."""
     try:
-        return yaml.safe_load(raw)
+        return load_yaml(raw)
+    except YamlLimitError as e:
+        raise ScaletrainError(f"--set value {raw[:40]!r}{'…' if len(raw) > 40 else ''} is refused: {e}") from None
     except yaml.YAMLError:
         return raw
 
@@ -296,7 +327,7 @@ def _check_value(section: str, name: str, value: Any) -> None:
         TypeAdapter(ann).validate_python(_normalize(section, {name: value})[name])
     except ValidationError as e:
         first = e.errors()[0]
-        raise ScaletrainError(f"--set: {section}.{name}: {first['msg'].rstrip('.')} (got {value!r})") from None
+        raise ScaletrainError(f"--set: {section}.{name}: {first['msg'].rstrip('.')} (got {_short(value)})") from None
 
 
 def apply_overrides(fields: dict[str, Any], overrides: Iterable[str] | None, section: str = "request") -> dict[str, Any]:
@@ -392,5 +423,6 @@ def write_preset(name: str, request: PlanRequest, train: TrainOptions, path: str
         raise ScaletrainError(_validation_line(e, f"preset {name!r}")) from None
     text = (f"# saved by scaletrain --save-preset; replay with: scaletrain --preset {name} --headless\n"
             + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None))
-    backup = atomic_write(target, text, backup=True)
+    with writing(f"preset {target}"):
+        backup = atomic_write(target, text, backup=True)
     return target, backup

@@ -13,6 +13,7 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import Hardware, inter_node_gbit_s, parse_gpus
 from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, load_model
 from scaletrain.engine.model.setup import ResidentModel, TrainingSetup
+from scaletrain.engine.plan.request_checks import check_values
 from scaletrain.engine.vocabulary import Vocabulary
 
 
@@ -106,6 +107,7 @@ def resolve_hardware(req: PlanRequest) -> Hardware:
 
 def base_setup(req: PlanRequest, hardware: Hardware | None = None) -> TrainingSetup:
     """A TrainingSetup with the request's fixed choices and neutral defaults for the free ones."""
+    check_values(req)
     for name in ("micro_batch", "grad_accum", "effective_batch", "seq_len", "dataset_size", "tokens_per_sample",
                  "lora_rank", "nodes", "base_batch", "prompt_len", "completion_len", "num_generations"):
         _positive(name, getattr(req, name))

@@ -13,6 +13,12 @@ Multi-node: `launch(run_dir, machine_rank=R)` starts node R's share (accelerate'
 files as every other node. Global rank numbering keeps the rank logs of nodes sharing a run directory apart; node
 R > 0 writes its own logs/launcher-node-<R>.log and status-node-<R>.json (layout.RunDir.node_status).
 
+Whatever ends the launcher, nothing it started outlives it and status.json ends in a final state: Ctrl-C, SIGTERM
+and SIGHUP (a closed terminal) stop the run here; a SIGKILLed launcher is cleaned up after by its watchdog
+(watchdog.py, a separate process that inherits the run directory's lock). One launch per run directory and node:
+prepare_launch takes an exclusive flock (runlock.py) held until the last process is gone. A GPU plan is refused on
+a machine without its GPUs (it would run silently on CPU).
+
 The process tree is processes.py, the per-rank logs rank_logs.py, torchrun's failure summary elastic.py, and
 status.json (written here as the run goes) status.py.
 """
@@ -21,24 +27,29 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from scaletrain.engine.devices.detect import require_local_gpus
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.fileio import os_error_reason, writing
 from scaletrain.engine.run.elastic import parse_failures
 from scaletrain.engine.run.layout import LINE_PREFIX, LINE_PREFIX_ENV, RunDir, check_host
 from scaletrain.engine.run.options import TrainOptions, bundled_demo_dataset
 from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
-from scaletrain.engine.run.processes import ProcessTree, pid_alive
+from scaletrain.engine.run.processes import ProcessTree, oom_kill_count, process_start
 from scaletrain.engine.run.rank_logs import RankLogs
+from scaletrain.engine.run.runlock import RunLock
 from scaletrain.engine.run.scripts import launch_argv
 from scaletrain.engine.run.status import StatusWriter, read_status
+from scaletrain.engine.run.watchdog import Watchdog
 STOP_GRACE_SECONDS = (20.0, 5.0)   # after SIGINT (torchrun forwards it; its own shutdown waits up to 30 s), after SIGTERM
 POLL_SECONDS = 0.25
 READER_JOIN_SECONDS = 5.0
@@ -76,12 +87,21 @@ def _shell_code(code: int) -> int:
 def _read_yaml(path: Path) -> dict[str, Any]:
     import yaml
 
+    from scaletrain.engine.yamlsafe import MAX_YAML_BYTES, YamlLimitError, load_yaml
+
     try:
-        d = yaml.safe_load(path.read_text())
+        if path.stat().st_size > MAX_YAML_BYTES:
+            raise ScaletrainError(f"{path} is {path.stat().st_size:,} bytes, not an accelerate config")
+        d = load_yaml(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ScaletrainError(f"{path} is missing; write the run directory first (scaletrain ... --dry-run)") from None
+    except YamlLimitError as e:
+        raise ScaletrainError(f"{path} is refused: {e}") from None
     except yaml.YAMLError as e:
-        raise ScaletrainError(f"{path} is not valid YAML ({str(e).splitlines()[0]})") from None
+        raise ScaletrainError(f"{path} is not valid YAML ({str(e).splitlines()[0][:200]})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else e.__class__.__name__
+        raise ScaletrainError(f"cannot read {path} ({why})") from None
     if not isinstance(d, dict):
         raise ScaletrainError(f"{path} is not an accelerate config (a YAML mapping is needed)")
     return d
@@ -90,12 +110,16 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 def preflight(run: RunDir, doc: PlanDocument, train: TrainOptions,
               machine_rank: int | None = None) -> dict[str, Any]:
     """Refuse what would fail after the processes start: missing files, this node's share already running."""
+    for path, kind in ((run.logs, "directory"), (run.checkpoints, "directory"), (run.metrics, "file"),
+                       (run.node_status(machine_rank), "file")):
+        if path.exists() and path.is_dir() != (kind == "directory"):
+            other = "a directory" if path.is_dir() else "a file"
+            raise ScaletrainError(f"{path} should be a {kind} of the run, but is {other}; move it away (the run "
+                                  "writes there)")
     cfg = _read_yaml(run.accelerate_config)
-    old = read_status(run.node_status(machine_rank))
-    pid = old.launcher_pid
-    if old.state == "running" and pid is not None and pid != os.getpid() and pid_alive(pid):
-        what = f"node {machine_rank} of {run.path}" if machine_rank else str(run.path)
-        raise ScaletrainError(f"{what} is already running (launcher pid {pid}); stop it first")
+    pid = read_status(run.node_status(machine_rank)).running_elsewhere()
+    if pid is not None:
+        raise ScaletrainError(f"{_what(run, machine_rank)} is already running (launcher pid {pid}); stop it first")
     if train.script:
         if not Path(train.script).expanduser().is_file():
             raise ScaletrainError(f"script {train.script} does not exist")
@@ -112,6 +136,10 @@ def preflight(run: RunDir, doc: PlanDocument, train: TrainOptions,
     return cfg
 
 
+def _what(run: RunDir, machine_rank: int | None) -> str:
+    return f"node {machine_rank} of {run.path}" if machine_rank else str(run.path)
+
+
 @dataclass(frozen=True)
 class PreparedLaunch:
     """A checked launch: the argv to run and what the launcher needs to attribute output to ranks."""
@@ -125,6 +153,7 @@ class PreparedLaunch:
     machine_rank: int = 0
     num_machines: int = 1
     main_process_ip: str | None = None
+    lock: RunLock | None = field(default=None, compare=False, repr=False)   # held until launch() returns
 
     @property
     def status(self) -> Path:
@@ -140,7 +169,11 @@ def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None 
                    script_args: Sequence[str] = ()) -> PreparedLaunch:
     """Everything short of starting a process: read and check the run directory, build the argv.
     Raises ScaletrainError (one line) for anything that would only fail after the ranks start."""
+    if not str(os.fspath(run_dir)).strip():
+        raise ScaletrainError("RUN_DIR is empty; give a run directory written by scaletrain (it holds plan.json)")
     run = RunDir(run_dir)
+    if run.path.exists() and not run.path.is_dir():
+        raise ScaletrainError(f"{run.path} is a file, not a run directory; give the directory holding plan.json")
     doc = read_plan_document(run.plan)
     train = doc.train
     if script:
@@ -163,11 +196,15 @@ def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None 
     node = machine_rank if machine_rank is not None else cfg_rank
     head = main_process_ip or cfg.get("main_process_ip")
     _check_node(run, node, nmachines, head)
+    per_node_gpus = doc.gpus_per_node if isinstance(doc.gpus_per_node, int) else 1
+    require_local_gpus("cpu" if doc.on_cpu else "cuda", per_node_gpus, f"{run.path} ({doc.gpu or 'GPU'})")
     single = nprocs <= 1 or bool(cfg.get("use_cpu")) or cfg.get("distributed_type") == "NO"
     per_node = max(1, nprocs // max(1, nmachines))
     offset = node * per_node
+    lock = RunLock(run.node_lock(node)).acquire(_what(run, node))       # last: a refused launch leaves no lock
     return PreparedLaunch(run, argv, nprocs, single, offset, range(offset, offset + (1 if single else per_node)),
-                          machine_rank=node, num_machines=nmachines, main_process_ip=str(head) if head else None)
+                          machine_rank=node, num_machines=nmachines, main_process_ip=str(head) if head else None,
+                          lock=lock)
 
 
 def _check_node(run: RunDir, node: int, nmachines: int, head: Any) -> None:
@@ -200,9 +237,20 @@ def launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None, 
     """
     prep = prepared or prepare_launch(run_dir, machine_rank=machine_rank, main_process_ip=main_process_ip,
                                       resume=resume, script=script, script_args=script_args)
+    try:
+        return _run(prep, on_output, on_tick, env, stop, stop_grace_seconds)
+    finally:
+        if prep.lock is not None:
+            prep.lock.release()
+
+
+def _run(prep: PreparedLaunch, on_output: Callable[[int | None, str], None] | None,
+         on_tick: Callable[[], None] | None, env: dict[str, str] | None, stop: threading.Event | None,
+         stop_grace_seconds: tuple[float, float]) -> LaunchResult:
     run, argv = prep.run, prep.argv
-    logs = RankLogs(run, single_process=prep.single_process, rank_offset=prep.rank_offset,
-                    launcher_log=prep.launcher_log.name)
+    with writing(f"the logs of {run.path}"):
+        logs = RankLogs(run, single_process=prep.single_process, rank_offset=prep.rank_offset,
+                        launcher_log=prep.launcher_log.name)
     logs.start(prep.local_ranks)
     child_env = dict(os.environ if env is None else env)
     child_env[LINE_PREFIX_ENV] = LINE_PREFIX
@@ -210,6 +258,12 @@ def launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None, 
 
     status = StatusWriter(prep.status)
     started = datetime.now().isoformat(timespec="seconds")
+    status.write(state="starting", started=started, argv=tuple(argv), host=socket.gethostname(),
+                 launcher_pid=os.getpid(), launcher_start=process_start(os.getpid()))
+    if status.failed is not None:             # a run nobody can watch or diagnose: refuse before it starts
+        logs.close()
+        raise ScaletrainError(f"cannot write {prep.status}: {os_error_reason(status.failed)}")
+    ooms_before = oom_kill_count()
     old_signals = _install_signals()          # before Popen: the child must not inherit an ignored SIGINT
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env,
@@ -224,6 +278,7 @@ def launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None, 
         raise
     tree = ProcessTree(proc.pid)
     rank_pids: dict[int, int] = {}
+    watchdog: Watchdog | None = None
 
     def reader(stream: Any) -> None:
         for raw in iter(stream.readline, b""):
@@ -231,7 +286,7 @@ def launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None, 
             if on_output is not None:
                 try:
                     on_output(rank, text)
-                except Exception:          # a viewer's bug must not stop log capture
+                except Exception:          # a viewer's bug (or a hung-up terminal) must not stop log capture
                     pass
         stream.close()
 
@@ -251,7 +306,11 @@ def launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None, 
     try:
         for t in readers:
             t.start()
-        status.write(state="running", started=started, argv=tuple(argv), machine_rank=machine_rank,
+        watchdog = Watchdog.start(proc.pid, prep.status, prep.lock.fd if prep.lock is not None else None)
+        if not watchdog.ready:
+            logs.feed_raw(prep.launcher_log.name, "scaletrain: warning: the watchdog did not start; if this launcher "
+                                                  "is killed with SIGKILL its processes keep running")
+        status.write(state="running", machine_rank=prep.machine_rank if prep.num_machines > 1 else None,
                      num_machines=prep.num_machines, local_ranks=tuple(prep.local_ranks),
                      **_pid_fields(proc.pid, {}, tree))
         while proc.poll() is None:
@@ -264,6 +323,9 @@ def launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None, 
                 time.sleep(POLL_SECONDS)
     except (KeyboardInterrupt, _Stop):
         interrupted = True
+    except BaseException:
+        interrupted = True                     # the caller's own exception (a deadline, a viewer): stop, record
+        raise
     finally:
         try:
             _stop(proc, tree, refresh, stop_grace_seconds if proc.poll() is None else (0.0, stop_grace_seconds[1]))
@@ -277,9 +339,19 @@ def launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None, 
                 if t.is_alive() or t.ident is not None:
                     t.join(READER_JOIN_SECONDS)
             logs.close()
+            ooms_after = oom_kill_count()
+            ooms = ooms_after - ooms_before if ooms_after is not None and ooms_before is not None else None
+            result = _finish(prep, proc, tree, logs, status, rank_pids, interrupted, ooms)
+            if watchdog is not None:
+                watchdog.done()
     if on_tick is not None:
         on_tick()
+    return result
 
+
+def _finish(prep: PreparedLaunch, proc: subprocess.Popen, tree: ProcessTree, logs: RankLogs, status: StatusWriter,
+            rank_pids: dict[int, int], interrupted: bool, oom_kills: int | None) -> LaunchResult:
+    """Every process is gone: status.json's final state, and the result."""
     rc = proc.returncode
     rank, rank_code, codes = ((None, None, {}) if interrupted
                               else parse_failures(logs.launcher_lines, prep.rank_offset))
@@ -294,10 +366,21 @@ def launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None, 
     state = "interrupted" if interrupted else ("finished" if code == 0 else "failed")
     status.write(state=state, ended=datetime.now().isoformat(timespec="seconds"), exit_code=code,
                  launcher_exit_code=rc, first_failing_rank=rank, failing_rank_exit_code=rank_code,
-                 exit_codes=dict(codes), **_pid_fields(proc.pid, rank_pids, tree))
+                 exit_codes=dict(codes), disk_full=status.status.disk_full or logs.disk_full,
+                 disk_free_bytes=_free_bytes(prep.run.path), oom_kills=oom_kills,
+                 **_pid_fields(proc.pid, rank_pids, tree))
     return LaunchResult(exit_code=code, launcher_exit_code=rc, first_failing_rank=rank,
-                        failing_rank_exit_code=rank_code, exit_codes=codes, interrupted=interrupted, rank_pids=dict(rank_pids),
-                        pids=tuple(sorted(tree.known)), argv=tuple(argv), run_dir=run.path)
+                        failing_rank_exit_code=rank_code, exit_codes=codes, interrupted=interrupted,
+                        rank_pids=dict(rank_pids), pids=tuple(sorted(tree.known)), argv=tuple(prep.argv),
+                        run_dir=prep.run.path)
+
+
+def _free_bytes(path: Path) -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def _pid_fields(accelerate_pid: int, rank_pids: dict[int, int], tree: ProcessTree) -> dict[str, Any]:
@@ -330,21 +413,24 @@ def _stop(proc: subprocess.Popen, tree: ProcessTree, refresh: Callable[[], None]
 
 
 def _install_signals() -> Any:
-    """SIGTERM stops the run like Ctrl-C, and SIGINT raises KeyboardInterrupt even where the parent shell ignored it
-    (background jobs of a script start with SIGINT ignored). Main thread only; elsewhere the caller handles signals."""
+    """SIGTERM and SIGHUP (a closed terminal) stop the run like Ctrl-C, and SIGINT raises KeyboardInterrupt even
+    where the parent shell ignored it (background jobs of a script start with SIGINT ignored). Main thread only;
+    elsewhere the caller handles signals."""
     if threading.current_thread() is not threading.main_thread():
         return None
 
     def handler(signum: int, frame: Any) -> None:
         raise _Stop()
 
-    return (signal.signal(signal.SIGTERM, handler), signal.signal(signal.SIGINT, signal.default_int_handler))
+    return (signal.signal(signal.SIGTERM, handler), signal.signal(signal.SIGINT, signal.default_int_handler),
+            signal.signal(signal.SIGHUP, handler))
 
 
 def _restore_signals(old: Any) -> None:
     if old is not None and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, old[0])
         signal.signal(signal.SIGINT, old[1])
+        signal.signal(signal.SIGHUP, old[2])
 
 
 def rank_log_tail(run_dir: str | os.PathLike[str], rank: int, lines: int = 20) -> list[str]:

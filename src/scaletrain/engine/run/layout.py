@@ -12,6 +12,7 @@
       checkpoints/step-<n>/   trainer checkpoints (complete once trainer_state.json is written, last)
       status.json             launcher: exit code, first failing rank, pids (node R > 0: status-node-<R>.json;
                               status.py)
+      .launch.lock            flock held by the launcher (and its watchdog) while the run lives (runlock.py)
 
 Multi-node: every node runs from the same files (the YAML holds machine_rank 0; each node's launch passes its own
 --machine_rank). Nodes sharing one run directory (a shared filesystem, or the loopback test) write disjoint files.
@@ -69,24 +70,32 @@ class RunDir:
                         .isdigit() else 1 << 30)
         return ([self.status] if self.status.exists() else []) + others
 
+    def node_lock(self, machine_rank: int | None = None) -> Path:
+        """The lock one node's launch holds for its whole run (runlock.py): .launch.lock, .launch-node-<R>.lock."""
+        r = machine_rank or 0
+        return self.path / (".launch.lock" if r == 0 else f".launch-node-{r}.lock")
+
     def launcher_log(self, machine_rank: int | None = None) -> Path:
         r = machine_rank or 0
         return self.logs / ("launcher.log" if r == 0 else f"launcher-node-{r}.log")
 
     def newest_checkpoint(self) -> Path | None:
         """The highest step-<n>/ whose trainer_state.json exists (an interrupted save is never picked)."""
-        best: tuple[int, Path] | None = None
+        complete = self.complete_checkpoints()
+        return complete[0] if complete else None
+
+    def complete_checkpoints(self) -> list[Path]:
+        """Every step-<n>/ whose trainer_state.json exists, newest first (resume falls back along this list)."""
+        found: list[tuple[int, Path]] = []
         if not self.checkpoints.is_dir():
-            return None
+            return []
         for d in self.checkpoints.iterdir():
             if d.name.startswith(CHECKPOINT_PREFIX) and (d / TRAINER_STATE).is_file():
                 try:
-                    n = int(d.name[len(CHECKPOINT_PREFIX):])
+                    found.append((int(d.name[len(CHECKPOINT_PREFIX):]), d))
                 except ValueError:
                     continue
-                if best is None or n > best[0]:
-                    best = (n, d)
-        return best[1] if best else None
+        return [d for _, d in sorted(found, reverse=True)]
 
 
 def log_rank(name: str) -> int | None:
@@ -105,6 +114,22 @@ def check_host(text: str) -> str:
         raise ScaletrainError(f"--main-process-ip {text!r} is not a host name or IP address; give the head node's "
                               "address as every node reaches it, e.g. 10.0.0.1 or node001")
     return host
+
+
+MAX_RUN_DIR_CHARS = 1024
+
+
+def check_run_dir_path(path: str | os.PathLike[str]) -> Path:
+    """--run-dir as given: not empty (that would be the current directory), one printable line (a newline or a
+    control character in a path ends up in launch.sh and sbatch.sh), of a sane length."""
+    text = os.fspath(path)
+    if not str(text).strip():
+        raise ScaletrainError("--run-dir is empty; give a directory to write the run into (it is created)")
+    if len(text) > MAX_RUN_DIR_CHARS or not str(text).isprintable():
+        shown = repr(text[:60]) + ("…" if len(text) > 60 else "")
+        raise ScaletrainError(f"--run-dir {shown} is not accepted: give a path of printable characters (no newline "
+                              f"or control character), at most {MAX_RUN_DIR_CHARS} long")
+    return Path(text)
 
 
 def default_run_dir(name: str, root: str | os.PathLike[str] = "runs") -> Path:

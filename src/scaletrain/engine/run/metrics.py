@@ -9,9 +9,10 @@ all ranks; `grad_norm` is the global norm before clipping (null where the strate
 `allocated_bytes`/`reserved_bytes` are CUDA's max_memory_allocated/reserved per rank (null on CPU);
 `host_rss_bytes` is the rank's peak resident set size.
 
-A resumed run appends after its checkpoint's step, so a file can hold an abandoned stretch (steps logged after the
-last checkpoint of a killed run). Readers keep one monotone series: a step that does not go forward replaces the
-records from that step on.
+A resumed run first cuts the file back to its checkpoint's step (truncate_metrics: the steps logged after the last
+checkpoint of a killed run are logged again, and a torn last line goes), then appends. Readers still keep one
+monotone series, for files written before that: a step that does not go forward replaces the records from that
+step on.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from scaletrain.engine.fileio import AppendedLines
+from scaletrain.engine.fileio import AppendedLines, atomic_write
 
+TORN_TAIL_SCAN_BYTES = 1 << 20  # a record is a few hundred bytes: its line break is well within the last MiB
 ETA_WINDOW_STEPS = 20          # recent steps averaged for the ETA (skips the slow first steps once past them)
 
 
@@ -74,8 +76,9 @@ class StepMetrics:
 
 def _parse(line: str) -> StepMetrics | None:
     try:
-        return StepMetrics.from_json(json.loads(line))
-    except (ValueError, KeyError, TypeError):
+        d = json.loads(line)
+        return StepMetrics.from_json(d) if isinstance(d, dict) else None
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
         return None          # a foreign or damaged line is skipped, never fatal to a viewer
 
 
@@ -120,12 +123,40 @@ class MetricsTail:
         return new
 
 
+def truncate_metrics(path: str | os.PathLike[str], through_step: int) -> int:
+    """Resume: keep the records of the one monotone series up to `through_step` (the checkpoint's step), drop the
+    rest (an abandoned stretch the resumed run logs again, a torn last line). Rewritten atomically; returns the
+    number of lines dropped."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        return 0
+    lines = raw.split(b"\n")
+    complete, torn = lines[:-1], lines[-1]
+    kept: list[tuple[int, bytes]] = []
+    for line in complete:
+        rec = _parse(line.decode("utf-8", errors="replace"))
+        if rec is None:
+            continue
+        while kept and kept[-1][0] >= rec.step:
+            kept.pop()
+        kept.append((rec.step, line))
+    kept = [(s, line) for s, line in kept if s <= through_step]
+    dropped = len(complete) - len(kept) + (1 if torn else 0)
+    if dropped:
+        atomic_write(p, "".join(line.decode("utf-8", errors="replace") + "\n" for _, line in kept), backup=False)
+    return dropped
+
+
 class MetricsWriter:
-    """Append-only writer: one complete line per write, flushed, so a tailing reader never sees half a record."""
+    """Append-only writer: one complete line per write, flushed, so a tailing reader never sees half a record.
+    A torn last line (a process killed mid-write) is cut off first, so the next record starts on its own line."""
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _drop_torn_tail(self.path)
         self._f = self.path.open("a", encoding="utf-8")
 
     def write(self, rec: StepMetrics) -> None:
@@ -134,6 +165,25 @@ class MetricsWriter:
 
     def close(self) -> None:
         self._f.close()
+
+
+def _drop_torn_tail(path: Path) -> None:
+    try:
+        with path.open("rb+") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == 0:
+                return
+            f.seek(max(0, size - TORN_TAIL_SCAN_BYTES))
+            tail = f.read()
+            if tail.endswith(b"\n"):
+                return
+            cut = tail.rfind(b"\n")
+            if cut >= 0 or size <= TORN_TAIL_SCAN_BYTES:
+                f.truncate(size - len(tail) + cut + 1)           # cut = -1 with the whole file read: empty
+            else:
+                f.write(b"\n")                                   # no line break in sight: end the line instead
+    except FileNotFoundError:
+        return
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -34,12 +35,17 @@ class TrainOptions:
 
     @classmethod
     def from_json(cls, d: dict[str, Any] | None) -> "TrainOptions":
+        if d is not None and not isinstance(d, dict):
+            raise ScaletrainError(f"the train options must be a mapping of option → value (got {_short(d)})")
         d = dict(d or {})
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
+        unknown = sorted(set(map(str, d)) - known)
         if unknown:
-            raise ScaletrainError(f"unknown train option(s) {', '.join(unknown)}; accepted: {', '.join(sorted(known))}")
+            raise ScaletrainError(f"unknown train option(s) {_short(', '.join(unknown), 200)}; accepted: "
+                                  f"{', '.join(sorted(known))}")
         if "script_args" in d and d["script_args"] is not None:
+            if not isinstance(d["script_args"], (list, tuple)):
+                raise ScaletrainError(f"script_args must be a list of strings (got {_short(d['script_args'])})")
             d["script_args"] = tuple(d["script_args"])
         return cls(**d)
 
@@ -49,18 +55,59 @@ class TrainOptions:
         return d
 
     def check(self) -> None:
-        """The options the training loop reads, checked before any process loads a model."""
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise ScaletrainError(f"lr_schedule {self.lr_schedule!r} is not accepted; use one of: "
+        """The options the training loop reads, checked before any process loads a model (and at --dry-run):
+        types, finite numbers and ranges, each refused in one line naming the option and what is accepted."""
+        _whole("checkpoint_every", self.checkpoint_every, 1)
+        _whole("seed", self.seed, 0)
+        if self.max_steps is not None:
+            _whole("max_steps", self.max_steps, 1, "or unset")
+        if self.lora_alpha is not None:
+            _whole("lora_alpha", self.lora_alpha, 1, "or unset (2 × rank)")
+        if not isinstance(self.lr_schedule, str) or self.lr_schedule not in LR_SCHEDULES:
+            raise ScaletrainError(f"lr_schedule {_short(self.lr_schedule)} is not accepted; use one of: "
                                   f"{', '.join(LR_SCHEDULES)}")
-        if not self.lr > 0:
-            raise ScaletrainError(f"lr must be positive (got {self.lr})")
-        if not 0 <= self.warmup_ratio < 1:
+        lr = _real("lr", self.lr)
+        if not lr > 0:
+            raise ScaletrainError(f"lr must be a positive finite number (got {self.lr})")
+        if not 0 <= _real("warmup_ratio", self.warmup_ratio) < 1:
             raise ScaletrainError(f"warmup_ratio must be in [0, 1) (got {self.warmup_ratio})")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ScaletrainError(f"max_steps must be ≥ 1 or unset (got {self.max_steps})")
-        if self.checkpoint_every < 1:
-            raise ScaletrainError(f"checkpoint_every must be ≥ 1 optimizer step (got {self.checkpoint_every})")
+        for name in ("weight_decay", "max_grad_norm"):
+            if _real(name, getattr(self, name)) < 0:
+                raise ScaletrainError(f"{name} must be ≥ 0 (got {getattr(self, name)})")
+        if not 0 <= _real("lora_dropout", self.lora_dropout) < 1:
+            raise ScaletrainError(f"lora_dropout must be in [0, 1) (got {self.lora_dropout})")
+        if not isinstance(self.packing, bool):
+            raise ScaletrainError(f"packing must be true or false (got {_short(self.packing)})")
+        for name in ("dataset", "script"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v.strip() or len(v) > MAX_PATH_CHARS):
+                raise ScaletrainError(f"{name} must be a path (got {_short(v)})")
+        if not isinstance(self.model_source, str) or not self.model_source.strip() \
+                or len(self.model_source) > MAX_PATH_CHARS:
+            raise ScaletrainError(f"model_source must be random-init, a local path or an HF cache id "
+                                  f"(got {_short(self.model_source)})")
+        if not all(isinstance(a, str) for a in self.script_args):
+            raise ScaletrainError("script_args must be a list of strings")
+
+
+MAX_PATH_CHARS = 4096
+
+
+def _short(v: Any, limit: int = 60) -> str:
+    text = v if isinstance(v, str) and limit > 60 else repr(v)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _whole(name: str, v: Any, least: int, alternative: str = "") -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+        raise ScaletrainError(f"{name} must be a whole number ≥ {least}{' ' + alternative if alternative else ''} "
+                              f"(got {_short(v)})")
+
+
+def _real(name: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ScaletrainError(f"{name} must be a finite number (got {_short(v)})")
+    return float(v)
 
 
 def bundled_demo_dataset() -> Path:

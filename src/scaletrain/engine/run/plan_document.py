@@ -142,7 +142,8 @@ class PlanDocument:
 
     def recorded(self, name: str) -> Any:
         """A PlanRequest field's value as the plan recorded it ("training", else "batch"); None if neither has it."""
-        tr, ob = self._data.get("training") or {}, self._data.get("batch") or {}
+        tr, ob = self._data.get("training"), self._data.get("batch")
+        tr, ob = (tr if isinstance(tr, Mapping) else {}), (ob if isinstance(ob, Mapping) else {})
         return tr.get(name, ob.get(name))
 
     # ---- strict: the run cannot be understood without these ---------------------------------------------------
@@ -205,6 +206,13 @@ class PlanDocument:
         Pinning matters: a request with free fields would be re-solved by the planner and could come back
         different, and `--gpus auto` would re-detect this machine instead of the one the run died on.
         """
+        try:
+            return self._replan()
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ScaletrainError(f"{self.source} cannot be re-planned (missing or bad field {e}); pass a plan.json "
+                                  "written by scaletrain (run directory) or `scaletrain plan --json`") from None
+
+    def _replan(self) -> tuple[PlanRequest, Plan]:
         d = self._data
         try:
             hw_j = d["hardware"]
@@ -251,26 +259,46 @@ class PlanDocument:
         return req, make_plan(req, hardware=hw)
 
 
+MAX_PLAN_BYTES = 64 << 20
+
+
 def read_plan_document(path: str | Path, *, flag: str | None = None) -> PlanDocument:
     """A plan.json from disk. `flag`: how the user named the file (e.g. "--plan"); None: a run directory's own."""
     path = Path(path)
+    name = f"{flag} {path}" if flag else str(path)
     try:
-        text = path.read_text()
+        if path.stat().st_size > MAX_PLAN_BYTES:
+            raise ScaletrainError(f"{name} is {path.stat().st_size:,} bytes; a plan.json is a few KiB (at most "
+                                  f"{MAX_PLAN_BYTES >> 20} MiB)")
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ScaletrainError(f"{flag} {path} does not exist" if flag
                               else f"{path.parent} is not a run directory (no plan.json)") from None
+    except NotADirectoryError:
+        raise ScaletrainError(f"{flag} {path} does not exist" if flag
+                              else f"{path.parent} is not a directory; give a run directory (it holds plan.json)"
+                              ) from None
+    except IsADirectoryError:
+        raise ScaletrainError(f"{name} is a directory; give a plan.json file" if flag
+                              else f"{path} is a directory, not a plan.json file") from None
+    except UnicodeDecodeError:
+        raise ScaletrainError(f"{name} is not text (binary data); give a plan.json written by scaletrain") from None
+    except OSError as e:
+        raise ScaletrainError(f"cannot read {name} ({e.strerror or e.__class__.__name__})") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ScaletrainError(f"{flag} {path} is not JSON ({e.msg} at line {e.lineno}); give a plan.json" if flag
                               else f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    except (ValueError, RecursionError) as e:
+        raise ScaletrainError(f"{name} is not valid JSON ({e.__class__.__name__})") from None
     return PlanDocument.from_json(data, str(path))
 
 
 def holds_plan(path: str | Path, doc: PlanDocument) -> bool | None:
     """Does the plan.json at `path` hold exactly `doc`? None when there is no readable plan.json there."""
     try:
-        old = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+        old = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):      # UnicodeDecodeError is a ValueError
         return None
     return old == doc.to_json()

@@ -108,3 +108,21 @@ class ProcessTree:
 def pid_alive(pid: int) -> bool:
     st = _stat(pid)
     return bool(st) and st[1] != "Z"
+
+
+def process_start(pid: int) -> int | None:
+    """A live process's start time (clock ticks after boot): with the pid, it names one process for good."""
+    st = _stat(pid)
+    return st[2] if st and st[1] != "Z" else None
+
+
+def oom_kill_count() -> int | None:
+    """The kernel's OOM kills since boot (/proc/vmstat oom_kill: every victim, cgroup limits included)."""
+    try:
+        with open("/proc/vmstat", "rb") as f:
+            for line in f:
+                if line.startswith(b"oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None

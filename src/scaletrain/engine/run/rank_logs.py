@@ -7,6 +7,7 @@ import threading
 from datetime import datetime
 from typing import TextIO
 
+from scaletrain.engine.fileio import DISK_FULL_ERRNOS, os_error_reason
 from scaletrain.engine.run.elastic import split_prefix
 from scaletrain.engine.run.layout import RunDir
 
@@ -26,6 +27,8 @@ class RankLogs:
         self._files: dict[str, TextIO] = {}
         self._lock = threading.Lock()
         self.launcher_lines: list[str] = []
+        self.write_error: str | None = None
+        self.disk_full = False
         run.logs.mkdir(parents=True, exist_ok=True)
 
     def start(self, ranks: range) -> None:
@@ -40,12 +43,18 @@ class RankLogs:
             self._write(name, text)
 
     def _write(self, name: str, text: str) -> None:
-        """Append one line to logs/<name> and flush (caller holds the lock)."""
-        f = self._files.get(name)
-        if f is None:
-            f = self._files[name] = (self.run.logs / name).open("a", encoding="utf-8")
-        f.write(text + "\n")
-        f.flush()
+        """Append one line to logs/<name> and flush (caller holds the lock). A failed write (a full disk) loses
+        the line, never the run: the first error is kept (`write_error`, `disk_full`) for status.json."""
+        try:
+            f = self._files.get(name)
+            if f is None:
+                f = self._files[name] = (self.run.logs / name).open("a", encoding="utf-8")
+            f.write(text + "\n")
+            f.flush()
+        except (OSError, ValueError) as e:
+            if self.write_error is None:
+                self.write_error = f"cannot write logs/{name}: {os_error_reason(e) if isinstance(e, OSError) else e}"
+            self.disk_full = self.disk_full or (isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS)
 
     def feed(self, line: str) -> tuple[int | None, str]:
         """Route one line; returns (rank or None for the launcher, the line without its prefix)."""
@@ -66,5 +75,8 @@ class RankLogs:
     def close(self) -> None:
         with self._lock:
             for f in self._files.values():
-                f.close()
+                try:
+                    f.close()
+                except OSError:            # the buffered tail cannot be written either (a full disk)
+                    pass
             self._files.clear()

@@ -56,6 +56,12 @@ SECONDS_PER_MINUTE = 60
 MINUTES_PER_DAY = 24 * 60
 
 
+def _comment(text: object) -> str:
+    """Text for a `#` comment line: anything that could end the comment (a newline, a control character) becomes
+    '?', so a model folder or plan name can never start a command of its own."""
+    return "".join(ch if ch.isprintable() else "?" for ch in str(text))
+
+
 def _shell_words(argv: list[str], subst: dict[str, str]) -> str:
     return " ".join(subst.get(a, shlex.quote(a)) for a in argv)
 
@@ -73,7 +79,8 @@ def launch_script(plan: Plan, run: RunDir, train: TrainOptions, *, main_process_
     s = plan.setup
     hw = s.hardware
     lines = ["#!/usr/bin/env bash",
-             f"# scaletrain run {plan.name!r}: {s.model.name} on {hw.describe()} ({s.strategy}, {s.precision}).",
+             _comment(f"# scaletrain run {plan.name!r}: {s.model.name} on {hw.describe()} ({s.strategy}, "
+                      f"{s.precision})."),
              "# The same argument list `scaletrain launch RUN_DIR` runs."]
     if hw.nodes <= 1:
         argv = launch_argv(run, train, python=python)
@@ -168,11 +175,11 @@ def sbatch_script(plan: Plan, run: RunDir, train: TrainOptions, *, python: str |
     predicted = predicted_run_seconds(plan, train)
     head = [
         "#!/bin/bash",
-        f"# scaletrain plan {plan.name!r}: {s.model.name} on {hw.describe()} ({s.strategy}, {s.precision}), "
-        f"{s.world_size} processes.",
-        f"# Submit from a login node: sbatch {shlex.quote(str(run.sbatch_sh))}",
+        _comment(f"# scaletrain plan {plan.name!r}: {s.model.name} on {hw.describe()} ({s.strategy}, "
+                 f"{s.precision}), {s.world_size} processes."),
+        _comment(f"# Submit from a login node: sbatch {shlex.quote(str(run.sbatch_sh))}"),
         "# Partition and account: sbatch reads them from the environment, so this file needs no edit:",
-        f"#   SBATCH_PARTITION=gpu SBATCH_ACCOUNT=myproject sbatch {shlex.quote(str(run.sbatch_sh))}",
+        _comment(f"#   SBATCH_PARTITION=gpu SBATCH_ACCOUNT=myproject sbatch {shlex.quote(str(run.sbatch_sh))}"),
         "# (or sbatch -p gpu -A myproject ...), or delete one '#' from the ##SBATCH lines below. Options given to",
         "# sbatch override the #SBATCH lines here (e.g. sbatch --time=2-00:00:00 or --cpus-per-task=N).",
         f"#SBATCH --job-name={re.sub(r'[^A-Za-z0-9._-]', '-', plan.name) or 'scaletrain'}",
@@ -197,7 +204,8 @@ def sbatch_script(plan: Plan, run: RunDir, train: TrainOptions, *, python: str |
         head.append("# --time: the plan has no run-time estimate (give --dataset-size, or train.max_steps): set "
                     "it with sbatch --time=..., else the partition's default limit applies.")
     head += [f"# --cpus-per-task: {SBATCH_CPUS_PER_PROCESS} cores × {hw.gpus_per_node} processes per node.",
-             f"# Every node runs {shlex.quote(argv[0])}: the same environment must exist there (a shared filesystem)."]
+             _comment(f"# Every node runs {shlex.quote(argv[0])}: the same environment must exist there (a shared "
+                      "filesystem).")]
     body = [
         "set -euo pipefail",
         ': "${SLURM_JOB_NODELIST:?submit this script with sbatch}"',
@@ -205,8 +213,9 @@ def sbatch_script(plan: Plan, run: RunDir, train: TrainOptions, *, python: str |
         "export HEAD_NODE",
         f"export {LINE_PREFIX_ENV}={shlex.quote(LINE_PREFIX)}      # every line carries its global rank",
         "export PYTHONUNBUFFERED=1",
-        f'echo "scaletrain: {hw.nodes} nodes, head node $HEAD_NODE, c10d rendezvous on port {port}; '
-        f'logs in {shlex.quote(str(run.logs))}/node-<N>.log"',
+        # printf with the path as its own single-quoted argument: inside "…" a $(…) or `…` in the path would run
+        f"printf 'scaletrain: %s nodes, head node %s, c10d rendezvous on port %s; logs in %s/node-<N>.log\\n' "
+        f'{hw.nodes} "$HEAD_NODE" {port} {shlex.quote(str(run.logs))}',
         "# One task per node, so $SLURM_NODEID (here equal to $SLURM_PROCID) is the machine rank. The single quotes",
         "# leave $SLURM_NODEID and $HEAD_NODE to each node's own shell.",
         f"srun --nodes={hw.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 "

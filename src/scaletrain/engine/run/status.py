@@ -6,21 +6,27 @@
      "tracked_pids": [...],
      once the run ended: "ended", "exit_code" (the training's: the first failing rank's, signal N → 128+N; 130
      after Ctrl-C), "launcher_exit_code" (accelerate's own), "first_failing_rank", "failing_rank_exit_code",
-     "exit_codes" {"<rank>": code as torchrun reports it}}
+     "exit_codes" {"<rank>": code as torchrun reports it},
+     "host", "launcher_start" (the launcher's identity), and when known: "reason" (how it ended, where the exit
+     codes cannot say: a killed launcher stopped by its watchdog), "disk_full", "disk_free_bytes", "oom_kills"
+     (the kernel's OOM kills on this host while the run lived, from /proc/vmstat: 0 clears the OOM killer)}
 
 The head node (and every single-node run) writes status.json; node R > 0 writes status-node-<R>.json
-(layout.RunDir.node_status). A missing file reads as "starting", an unreadable one as "unknown".
+(layout.RunDir.node_status). A missing file reads as "starting", an unreadable one as "unknown", a "running" one
+whose launcher is gone from this host as "interrupted".
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from scaletrain.engine.fileio import atomic_write
+from scaletrain.engine.fileio import DISK_FULL_ERRNOS, atomic_write
+from scaletrain.engine.run.processes import process_start
 
 STATES = ("starting", "running", "finished", "failed", "interrupted", "unknown")
 OVER = ("finished", "failed", "interrupted")
@@ -44,6 +50,12 @@ class RunStatus:
     first_failing_rank: int | None = None
     failing_rank_exit_code: int | None = None
     exit_codes: dict[int, int] = field(default_factory=dict)
+    host: str | None = None                          # where the launcher runs (its pid means something there only)
+    launcher_start: int | None = None                # the launcher's start time (processes.process_start)
+    reason: str | None = None                        # why it ended, when the exit codes do not say (watchdog, stale)
+    disk_full: bool = False                          # a write of the launcher's (logs, status) met a full disk
+    disk_free_bytes: int | None = None               # free space on the run directory's filesystem at the end
+    oom_kills: int | None = None                     # the kernel's OOM kills on this host during the run
 
     @property
     def pids(self) -> tuple[int, ...]:
@@ -53,6 +65,16 @@ class RunStatus:
     @property
     def over(self) -> bool:
         return self.state in OVER
+
+    @property
+    def stale(self) -> bool:
+        """Says starting or running, but its launcher (on this host) is gone: killed along with its watchdog, or
+        before it could start one."""
+        if self.state not in ("starting", "running") or self.launcher_pid is None \
+                or self.host != socket.gethostname():
+            return False
+        start = process_start(self.launcher_pid)
+        return start is None or (self.launcher_start is not None and start != self.launcher_start)
 
     def running_elsewhere(self) -> int | None:
         """The launcher pid when this status says running and that process (not this one) is alive."""
@@ -84,6 +106,11 @@ class RunStatus:
             out.update(ended=self.ended, exit_code=self.exit_code, launcher_exit_code=self.launcher_exit_code,
                        first_failing_rank=self.first_failing_rank, failing_rank_exit_code=self.failing_rank_exit_code,
                        exit_codes={str(r): c for r, c in sorted(self.exit_codes.items())})
+        for key in ("host", "launcher_start", "reason", "disk_free_bytes", "oom_kills"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.disk_full:
+            out["disk_full"] = True
         return out
 
     @classmethod
@@ -112,30 +139,73 @@ class RunStatus:
                    tracked_pids=tuple(d.get("tracked_pids") or ()), ended=d.get("ended"), exit_code=code,
                    launcher_exit_code=d.get("launcher_exit_code"),
                    first_failing_rank=int(first) if first is not None else None,
-                   failing_rank_exit_code=d.get("failing_rank_exit_code"), exit_codes=codes)
+                   failing_rank_exit_code=d.get("failing_rank_exit_code"), exit_codes=codes,
+                   host=_opt(d, "host", str), launcher_start=_opt(d, "launcher_start", int),
+                   reason=_opt(d, "reason", str), disk_full=d.get("disk_full") is True,
+                   disk_free_bytes=_opt(d, "disk_free_bytes", int), oom_kills=_opt(d, "oom_kills", int))
+
+
+def _opt(d: dict[str, Any], key: str, kind: type) -> Any:
+    v = d.get(key)
+    return v if isinstance(v, kind) and not isinstance(v, bool) else None
 
 
 def read_status(path: str | Path) -> RunStatus:
-    """One node's status file: absent → "starting", unreadable → "unknown"."""
+    """One node's status file: absent → "starting", unreadable → "unknown". A "running" status whose launcher on
+    this host is gone (killed together with its watchdog) reads as "interrupted", with the reason (so does a
+    "starting" one)."""
     try:
-        d = json.loads(Path(path).read_text())
+        d = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         return RunStatus("starting")
-    except (ValueError, OSError):
+    except (ValueError, OSError, RecursionError):
         return RunStatus("unknown")
     if not isinstance(d, dict):
         return RunStatus("unknown")
-    return RunStatus.from_json(d)
+    try:
+        st = RunStatus.from_json(d)
+    except (TypeError, ValueError, AttributeError, OverflowError):
+        return RunStatus("unknown")
+    if st.stale:
+        st = replace(st, state="interrupted", reason=f"its launcher (pid {st.launcher_pid}) is gone without "
+                                                     "recording how the run ended")
+    return st
 
 
 class StatusWriter:
-    """The launcher's side: every change is written at once (atomically), so a monitor never reads half of it."""
+    """The launcher's side: every change is written at once (atomically), so a monitor never reads half of it.
 
-    def __init__(self, path: Path):
+    On a full disk the atomic write (a new file) fails; the change is then written over the old file in place (its
+    blocks are already allocated), so status.json still ends in a final state. A write that fails even so is
+    remembered (`failed`), never raised: losing a status line must not stop the run or its clean-up.
+    """
+
+    def __init__(self, path: Path, status: RunStatus | None = None):
         self.path = Path(path)
-        self.status = RunStatus("starting")
+        self.status = status or RunStatus("starting")
+        self.failed: OSError | None = None
 
     def write(self, **changes: Any) -> RunStatus:
         self.status = replace(self.status, **changes)
-        atomic_write(self.path, json.dumps(self.status.to_json(), indent=2) + "\n", backup=False)
+        text = json.dumps(self.status.to_json(), indent=2) + "\n"
+        try:
+            atomic_write(self.path, text, backup=False)
+        except OSError as e:
+            if e.errno in DISK_FULL_ERRNOS and not self.status.disk_full:
+                self.status = replace(self.status, disk_full=True)
+                text = json.dumps(self.status.to_json(), indent=2) + "\n"
+            try:
+                _write_in_place(self.path, text)
+            except OSError as e2:
+                self.failed = e2
         return self.status
+
+
+def _write_in_place(path: Path, text: str) -> None:
+    data = text.encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)

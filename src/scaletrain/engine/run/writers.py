@@ -16,11 +16,11 @@ from datetime import datetime
 from pathlib import Path
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.fileio import atomic_write
+from scaletrain.engine.fileio import atomic_write, writing
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.request import PlanRequest
 from scaletrain.engine.run.configs import accelerate_config, deepspeed_config, render_accelerate_yaml
-from scaletrain.engine.run.layout import NODE_STATUS_PREFIX, RunDir, check_host, default_run_dir
+from scaletrain.engine.run.layout import NODE_STATUS_PREFIX, RunDir, check_host, check_run_dir_path, default_run_dir
 from scaletrain.engine.run.options import TrainOptions
 from scaletrain.engine.run.plan_document import PlanDocument, holds_plan
 from scaletrain.engine.run.scripts import launch_script, sbatch_script
@@ -34,14 +34,23 @@ LAYOUT_NAMES = ("plan.json", "accelerate_config.yaml", "ds_config.json", "launch
 
 # ---- the run directory -----------------------------------------------------------------------------------------
 def checked_train(train: TrainOptions) -> TrainOptions:
-    """A given dataset must exist; it is recorded as an absolute path (the trainer runs from anywhere)."""
+    """The trainer's options, checked as launch would (so --dry-run refuses what launch would); a given dataset
+    must exist and is recorded as an absolute path (the trainer runs from anywhere)."""
+    train.check()
     if train.dataset is None:
         return train
     p = Path(train.dataset).expanduser()
-    if not p.is_file():
+    if not _is_file(p):
         raise ScaletrainError(f"dataset {train.dataset} does not exist; give a JSONL file (text, prompt/response or "
                               "messages per line), or leave it unset for the bundled demo data")
     return replace(train, dataset=str(p.resolve()))
+
+
+def _is_file(p: Path) -> bool:
+    try:
+        return p.is_file()
+    except (OSError, ValueError):       # a name too long for the filesystem, a NUL byte
+        return False
 
 
 def render_run_files(plan: Plan, request: PlanRequest, train: TrainOptions, run: RunDir, *,
@@ -90,8 +99,15 @@ def write_run_dir(plan: Plan, request: PlanRequest, train: TrainOptions, run_dir
     is moved to superseded-<stamp>/ first.
     """
     train = checked_train(train)
-    run = RunDir(run_dir if run_dir is not None else default_run_dir(plan.name))
+    run = RunDir(check_run_dir_path(run_dir) if run_dir is not None else default_run_dir(plan.name))
+    check_run_dir_path(run.path)        # the absolute path goes into launch.sh and sbatch.sh
     files = render_run_files(plan, request, train, run, main_process_ip=main_process_ip)
+    with writing(f"the run directory {run.path}"):
+        return _write(run, plan, request, train, files, overwrite)
+
+
+def _write(run: RunDir, plan: Plan, request: PlanRequest, train: TrainOptions,
+           files: dict[str, tuple[str, int | None]], overwrite: bool) -> RunDir:
     if run.path.exists() and not run.path.is_dir():
         raise ScaletrainError(f"run directory {run.path} exists and is not a directory; choose another --run-dir")
     if not run.path.exists() or not any(run.path.iterdir()):
@@ -143,13 +159,29 @@ def accelerate_default_config_path() -> Path:
     return Path(os.path.expanduser(hf_home)) / "accelerate" / "default_config.yaml"
 
 
+def check_installable(dest: Path | None = None) -> Path:
+    """Refuse, before anything is written, a default-config target that cannot be written (a read-only place, a
+    directory in the way); returns the target."""
+    target = Path(dest or accelerate_default_config_path())
+    if target.is_dir():
+        raise ScaletrainError(f"accelerate's default config {target} is a directory; move it away first")
+    parent = target.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ScaletrainError(f"cannot write accelerate's default config {target}: {parent} is not writable "
+                              "(nothing was written); use `accelerate launch --config_file RUN_DIR/...` instead")
+    return target
+
+
 def install_accelerate_default(run: RunDir, dest: Path | None = None) -> tuple[Path, Path | None]:
     """Copy the run's accelerate YAML to accelerate's default location; an existing different file is backed up
     first (returned). Nothing is written when the default already holds the same text."""
     if not run.accelerate_config.is_file():
         raise ScaletrainError(f"{run.path} has no accelerate_config.yaml; write the run directory first")
     target = dest or accelerate_default_config_path()
-    backup = atomic_write(target, run.accelerate_config.read_text(), backup=True)
+    with writing(f"accelerate's default config {target}"):
+        backup = atomic_write(target, run.accelerate_config.read_text(), backup=True)
     return target, backup
 
 

@@ -133,14 +133,20 @@ class ReplaySource:
     def __init__(self, path: str | os.PathLike[str], loop: bool = True):
         p = Path(path)
         try:
-            lines = [ln for ln in p.read_text().splitlines() if ln.strip()]
+            lines = [ln for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
         except FileNotFoundError:
             raise ScaletrainError(f"recorded samples {p} do not exist") from None
+        except (OSError, UnicodeDecodeError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else e.__class__.__name__
+            raise ScaletrainError(f"cannot read recorded samples {p} ({why})") from None
         snaps = []
         for n, ln in enumerate(lines, 1):
             try:
-                snaps.append(GpuSnapshot.from_json(json.loads(ln)))
-            except (ValueError, TypeError) as e:
+                d = json.loads(ln)
+                if not isinstance(d, dict):
+                    raise TypeError(f"a JSON {type(d).__name__}, not an object")
+                snaps.append(GpuSnapshot.from_json(d))
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
                 raise ScaletrainError(f"{p}:{n} is not a recorded sample ({e}); record with "
                                       "`python -m scaletrain.engine.sampling.gpu --record FILE`") from None
         if not snaps:

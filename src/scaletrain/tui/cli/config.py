@@ -38,7 +38,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
     from scaletrain.engine.errors import ScaletrainError
     from scaletrain.engine.plan.planner import make_plan
-    from scaletrain.engine.run.writers import install_accelerate_default, write_run_dir
+    from scaletrain.engine.run.writers import check_installable, install_accelerate_default, write_run_dir
     from scaletrain.tui.cli.headless import print_written
 
     if getattr(args, "config_command", None) != "write":
@@ -47,6 +47,8 @@ def cmd_config(args: argparse.Namespace) -> int:
     request = request_from_args(args)
     train = train_from_args(args)
     plan = make_plan(request)
+    if args.install_default:
+        check_installable()
     run = write_run_dir(plan, request, train, args.run_dir, overwrite=args.overwrite,
                         main_process_ip=args.main_process_ip)
     print_written(console, run)

@@ -11,7 +11,7 @@ import argparse
 
 from rich.console import Console
 
-from scaletrain.engine.devices.nvml import detect
+from scaletrain.engine.devices.detect import require_local_gpus
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.planner import make_plan
@@ -57,15 +57,11 @@ def print_node_commands(console: Console, plan: Plan, run: RunDir, main_process_
 def check_local_gpus(plan: Plan, run: RunDir) -> None:
     """A GPU plan launched here needs this node's GPUs (counted with NVML); refuse early instead of failing late."""
     s = plan.setup
-    if s.device != "cuda":
-        return
-    found = detect()
-    have = len(found.gpus)
-    if have < s.hardware.gpus_per_node:
-        why = f" ({found.error})" if found.error and not have else ""
-        raise ScaletrainError(
-            f"the plan needs {s.hardware.gpus_per_node} GPUs per node and this machine has {have}{why}; the run "
-            f"directory is written ({run.path}): launch it on the GPU machine with `scaletrain launch {run.path}`")
+    try:
+        require_local_gpus(str(s.device), s.hardware.gpus_per_node, "the plan")
+    except ScaletrainError as e:
+        raise ScaletrainError(f"{e}; the run directory is written ({run.path}): launch it on the GPU machine with "
+                              f"`scaletrain launch {run.path}`") from None
 
 
 def run_headless(args: argparse.Namespace) -> int:

@@ -1,5 +1,8 @@
 """`scaletrain` entry point: parse (parser.py), dispatch, and turn bad input into one line and exit 2.
 
+Anything else that escapes a command is also one line (exit 1, naming it a bug) unless SCALETRAIN_DEBUG is set,
+which shows the traceback; every known bad input is refused where it enters, with exit 2.
+
 Nothing imported at module level may pull in Textual or torch: `scaletrain plan` must answer in well under a
 second. The wizard, the trainer and the monitor are imported by the commands that need them.
 """
@@ -7,13 +10,18 @@ second. The wizard, the trainer and the monitor are imported by the commands tha
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.fileio import DISK_FULL_ERRNOS, os_error_reason
 from scaletrain.tui.cli.parser import build_parser
 
 EXIT_INTERRUPTED = 130
+EXIT_UNEXPECTED = 1
+DEBUG_ENV = "SCALETRAIN_DEBUG"          # set: an unexpected exception shows its traceback
+MAX_ERROR_CHARS = 600                  # an error line fits a few terminal rows; a longer message is cut
 
 
 def _run_top_level(args: argparse.Namespace) -> int:
@@ -34,17 +42,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         run = getattr(args, "_run", None)
         code = run(args) if run is not None else _run_top_level(args)
     except ScaletrainError as e:
-        print(f"scaletrain: error: {e}", file=sys.stderr)
+        _error_line(str(e))
         return e.exit_code
     except KeyboardInterrupt:
         print("scaletrain: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except ModuleNotFoundError as e:
-        print(f"scaletrain: error: missing dependency {e.name!r}; install scaletrain[train]", file=sys.stderr)
+        _error_line(f"missing dependency {e.name!r}; install scaletrain[train]")
         return 2
     except BrokenPipeError:
         return 0
+    except Exception as e:              # a case no check foresaw: one line, the traceback on request
+        if os.environ.get(DEBUG_ENV):
+            raise
+        if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
+            _error_line(f"{os_error_reason(e)}" + (f" writing {e.filename}" if e.filename else ""))
+            return 2
+        _error_line(f"unexpected {e.__class__.__name__}: {e} (this is a scaletrain bug; set {DEBUG_ENV}=1 for the "
+                    "traceback)")
+        return EXIT_UNEXPECTED
     return int(code or 0)
+
+
+def one_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """A message as one line of at most `limit` characters (line breaks become spaces, the rest is cut)."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[:limit - 1] + "…"
+
+
+def _error_line(message: str) -> None:
+    try:
+        print(f"scaletrain: error: {one_line(message)}", file=sys.stderr)
+    except (OSError, ValueError):       # stderr closed (a hung-up terminal): the exit code still says it
+        pass
 
 
 if __name__ == "__main__":

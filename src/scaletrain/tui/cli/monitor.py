@@ -80,9 +80,10 @@ class HeadlessPrinter:
                 self.out.write(f"warning: {w}\n")
         if job is not None and job.status.state != self.state:
             self.state = job.status.state
-            if self.state in ("finished", "failed"):
+            if job.status.over:
                 code = job.status.exit_code
-                self.out.write(f"run {self.state}" + (f": exit code {code}" if code is not None else "") + "\n")
+                self.out.write(f"run {self.state}" + (f": exit code {code}" if code is not None else "")
+                               + (f" ({job.status.reason})" if job.status.reason else "") + "\n")
         self.out.flush()
 
 

@@ -24,11 +24,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     from scaletrain.engine.model.calibration import save_calibration
     from scaletrain.engine.units import fmt_bytes, fmt_seconds
-    from scaletrain.trainer.validate import derive_calibration, validate
+    from scaletrain.trainer.validate import check_steps, derive_calibration, validate
 
     console = Console(highlight=False, stderr=args.json)
     request = request_from_args(args)
     train = train_from_args(args)
+    check_steps(args.steps)                      # before the first line is printed
     console.print(f"validating {request.model} for {args.steps} steps with the bundled trainer …")
     r = validate(request, train, steps=args.steps, run_dir=args.run_dir)
     saved = None

@@ -1,0 +1,81 @@
+"""Sanity limits on a PlanRequest's values, checked before anything is resolved or searched.
+
+Why a separate pass: a request arrives from flags, presets, `--set`, the wizard and plan.json, and a value that
+is the right type can still be absurd (epochs `inf`, a headroom of NaN, a billion nodes). Each one is refused here
+in one line that names the field and what is accepted, instead of surfacing later as an OverflowError in the time
+model or a search that never ends. The limits are far beyond any real training job.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from scaletrain.engine.errors import ScaletrainError
+
+# Whole-number fields: (smallest, largest accepted). A real job is orders of magnitude inside these.
+INT_LIMITS: dict[str, tuple[int, int]] = {
+    "micro_batch": (1, 1 << 16),
+    "grad_accum": (1, 1 << 24),
+    "effective_batch": (1, 1 << 30),
+    "seq_len": (1, 1 << 24),
+    "dataset_size": (1, 1 << 48),
+    "tokens_per_sample": (1, 1 << 24),
+    "lora_rank": (1, 1 << 16),
+    "nodes": (1, 1 << 14),
+    "base_batch": (1, 1 << 30),
+}
+MAX_EPOCHS = 1e6
+MAX_MODEL_SPEC_CHARS = 4096          # PATH_MAX on Linux; longer is no catalog id, path or cache id
+MAX_NAME_CHARS = 200
+MAX_RESIDENTS = 16
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _number(name: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ScaletrainError(f"{_flag(name)} must be a number (got {v!r})")
+    return float(v)
+
+
+def check_values(req: Any) -> None:
+    """Refuse absurd request values in one line each (types, finiteness, ranges)."""
+    for name, (lo, hi) in INT_LIMITS.items():
+        v = getattr(req, name, None)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ScaletrainError(f"{_flag(name)} must be a whole number from {lo} to {hi:,} (got {v!r})")
+    epochs = _number("epochs", req.epochs)
+    if not (math.isfinite(epochs) and 0 < epochs <= MAX_EPOCHS):
+        raise ScaletrainError(f"--epochs must be a positive finite number up to {MAX_EPOCHS:g} (got {req.epochs!r})")
+    headroom = _number("headroom", req.headroom)
+    if not (math.isfinite(headroom) and 0.0 <= headroom < 1.0):
+        raise ScaletrainError(f"--headroom must be a fraction in [0, 1) (got {req.headroom!r})")
+    if req.base_lr is not None:
+        lr = _number("base_lr", req.base_lr)
+        if not (math.isfinite(lr) and lr > 0):
+            raise ScaletrainError(f"--base-lr must be a positive finite number (got {req.base_lr!r})")
+    _check_model_spec("--model", req.model)
+    for resident in req.residents or ():
+        _check_model_spec("--resident", resident[0] if isinstance(resident, (tuple, list)) and resident else resident)
+    if not isinstance(req.gpus, str) or len(req.gpus) > MAX_NAME_CHARS:
+        raise ScaletrainError(f"--gpus must be short text such as auto, 4xH200 or 2x8xH100 (got "
+                              f"{str(req.gpus)[:40]!r}{'…' if len(str(req.gpus)) > 40 else ''})")
+    if not isinstance(req.name, str) or len(req.name) > MAX_NAME_CHARS or not req.name.isprintable():
+        raise ScaletrainError(f"the plan name must be one printable line of at most {MAX_NAME_CHARS} characters")
+    if req.residents and len(req.residents) > MAX_RESIDENTS:
+        raise ScaletrainError(f"at most {MAX_RESIDENTS} --resident models (got {len(req.residents)})")
+
+
+def _check_model_spec(flag: str, model: Any) -> None:
+    if not isinstance(model, str):
+        raise ScaletrainError(f"{flag} must be text (got {model!r})")
+    if not model.strip():
+        raise ScaletrainError(f"{flag} is empty; give a catalog id (scaletrain models) or a config.json path")
+    if len(model) > MAX_MODEL_SPEC_CHARS:
+        raise ScaletrainError(f"{flag} is {len(model):,} characters long; give a catalog id, a config.json path "
+                              f"or an HF cache id (at most {MAX_MODEL_SPEC_CHARS} characters)")

@@ -1,0 +1,276 @@
+"""Issue 14, done-when 2, with real 2-rank CPU runs (accelerate → torchrun → gloo): whatever ends the launcher —
+a closed terminal (SIGHUP) or SIGKILL — no process is left and status.json ends in a final state; one launch per
+run directory, even when two start together; a full disk ends as `disk_full` with a final status; a pickle in a
+checkpoint is never executed, a damaged newest checkpoint is passed over, and resume leaves every step once in
+metrics.jsonl; a SIGKILLed rank with no OOM kill on the host is `killed`, not host_oom."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from scaletrain.engine.doctor.diagnosis import diagnose_paths
+from scaletrain.engine.run.launcher import launch
+from scaletrain.engine.run.metrics import read_metrics
+from scaletrain.engine.run.runlock import RunLock
+from scaletrain.tui.cli.main import main
+
+from test_launcher import FAILING_SCRIPT, _survivors, _tree, _wait_for_steps
+from test_train_cpu import deadline_tick, make_run
+
+CLI = [sys.executable, "-c", "import sys; from scaletrain.tui.cli.main import main; sys.exit(main())"]
+GONE_LIMIT_SECONDS = 60        # a signal to the launcher → every process it started is gone
+FINAL_STATES = ("finished", "failed", "interrupted")
+
+
+def _start(run, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([*CLI, "launch", str(run.path), *extra], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _watch_tree(proc: subprocess.Popen, looks: int = 5) -> dict[int, float]:
+    tree: dict[int, float] = {}
+    for _ in range(looks):                      # the launcher, accelerate, the ranks and the watchdog
+        tree.update(_tree(proc.pid))
+        time.sleep(0.1)
+    return tree
+
+
+def _all_gone(tree: dict[int, float], limit: float = GONE_LIMIT_SECONDS) -> list[str]:
+    deadline = time.monotonic() + limit
+    while _survivors(tree) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _survivors(tree)
+
+
+def _status(run) -> dict:
+    return json.loads(run.status.read_text())
+
+
+@pytest.mark.slow
+def test_sighup_and_sigkill_of_the_launcher_leave_no_process_and_a_final_status(tmp_path):
+    run = make_run(tmp_path, "ddp", lr=5e-3, max_steps=2000, checkpoint_every=4)
+
+    # a closed terminal: SIGHUP stops the run like Ctrl-C
+    proc = _start(run)
+    _wait_for_steps(run, 5, proc)
+    tree = _watch_tree(proc)
+    ranks = {int(r): p for r, p in _status(run)["rank_pids"].items()}
+    assert set(ranks) == {0, 1} and set(ranks.values()) <= set(tree)
+    second = subprocess.run([*CLI, "launch", str(run.path), "--resume"], capture_output=True, text=True, timeout=120)
+    assert second.returncode == 2 and "already running" in second.stderr, second.stderr     # not while it runs
+    assert second.stderr.count("\n") == 1 and _status(run)["state"] == "running"
+    proc.send_signal(signal.SIGHUP)
+    out, _ = proc.communicate(timeout=GONE_LIMIT_SECONDS)
+    assert proc.returncode == 130, out
+    assert _all_gone(tree) == [], "processes left behind after SIGHUP"
+    st = _status(run)
+    assert st["state"] == "interrupted" and st["exit_code"] == 130 and st["pids"]["launcher"] == proc.pid
+    assert diagnose_paths([run.path]).kind == "interrupted"
+
+    # SIGKILL: nothing in the launcher runs; its watchdog stops the rest and writes the final state
+    proc = _start(run, "--resume")
+    _wait_for_steps(run, len(read_metrics(run.metrics)) + 3, proc)
+    tree = _watch_tree(proc)
+    watchdogs = [p for p in tree if "scaletrain.engine.run.watchdog" in " ".join(psutil.Process(p).cmdline())]
+    assert len(watchdogs) == 1
+    assert _status(run)["state"] == "running"
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert _all_gone(tree) == [], "processes left behind after SIGKILL of the launcher"
+    st = _status(run)
+    assert st["state"] == "interrupted" and "was killed" in st["reason"] and st["ended"]
+    d = diagnose_paths([run.path])
+    assert d.kind == "interrupted" and "was killed" in d.summary
+    RunLock(run.node_lock()).acquire("the run").release()          # the lock went with the last process
+
+
+SHORT_SCRIPT = """\
+import os, time
+print(f"rank {os.environ['RANK']} runs", flush=True)
+time.sleep(3)
+"""
+
+
+@pytest.mark.slow
+def test_two_launches_started_together_exactly_one_runs(tmp_path):
+    run = make_run(tmp_path, "ddp")
+    script = tmp_path / "short.py"
+    script.write_text(SHORT_SCRIPT)
+    for trial in range(3):
+        procs = [subprocess.Popen([*CLI, "launch", str(run.path), "--script", str(script)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        results = [p.communicate(timeout=180) for p in procs]
+        codes = sorted(p.returncode for p in procs)
+        assert codes == [0, 2], (trial, codes, [r[1][-500:] for r in results])
+        refused = next(r for p, r in zip(procs, results) if p.returncode == 2)
+        assert "already running" in refused[1] and refused[1].count("\n") == 1 and refused[0] == ""
+        assert _status(run)["state"] == "finished"
+        ran = sum(1 for line in run.rank_log(0).read_text().splitlines() if line == "rank 0 runs")
+        assert ran == trial + 1                                     # one more run per trial, never two
+
+
+def _mount_small_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir(parents=True)
+    if os.geteuid() != 0:
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+def test_a_full_disk_ends_as_disk_full_with_a_final_status(tmp_path):
+    small = tmp_path / "small"
+    if not _mount_small_tmpfs(small, "1m"):
+        pytest.skip("mounting a small tmpfs needs root (mount -t tmpfs); a full disk cannot be made otherwise")
+    try:
+        d = small / "run"
+        # the run directory (a few KiB) fits; its first checkpoint (about 2 MiB of tiny-qwen2 states) does not
+        assert main(["--preset", "cpu-tiny", "--headless", "--dry-run", "--run-dir", str(d), "--set",
+                     "train.max_steps=60", "--set", "train.checkpoint_every=20"]) == 0
+        r = subprocess.run([*CLI, "launch", str(d)], capture_output=True, text=True, timeout=300)
+        assert r.returncode not in (0, 2) and "Traceback" not in r.stderr, r.stderr[-2000:]
+        st = json.loads((d / "status.json").read_text())
+        assert st["state"] == "failed" and st["ended"] and st["disk_free_bytes"] < 1 << 20
+        diag = subprocess.run([*CLI, "diagnose", str(d), "--json"], capture_output=True, text=True, timeout=120)
+        assert diag.returncode == 0 and json.loads(diag.stdout)["kind"] == "disk_full", diag.stdout + diag.stderr
+        mon = subprocess.run([*CLI, "monitor", str(d), "--headless"], capture_output=True, text=True, timeout=120)
+        assert "run failed" in mon.stdout and "disk_full" in mon.stdout and "Traceback" not in mon.stderr
+        # writing a run directory onto the full disk: one line, nothing half-written left
+        fd = os.open(small / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        before = sorted(p.name for p in small.iterdir())
+        w = subprocess.run([*CLI, "--preset", "cpu-tiny", "--headless", "--dry-run", "--run-dir",
+                            str(small / "other")], capture_output=True, text=True, timeout=120)
+        assert w.returncode == 2 and w.stderr.count("\n") == 1 and "disk is full" in w.stderr, w.stderr
+        assert sorted(p.name for p in small.iterdir()) == before
+    finally:
+        subprocess.run(["umount", "-l", str(small)], capture_output=True)
+
+
+class _Evil:
+    """A pickle that would run a command when loaded."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.slow
+def test_resume_runs_no_pickle_skips_a_damaged_checkpoint_and_keeps_each_step_once(tmp_path):
+    import torch
+
+    run = make_run(tmp_path, "ddp", lr=5e-3, max_steps=6, checkpoint_every=2)
+    assert launch(run.path, on_tick=deadline_tick()).exit_code == 0
+    losses = {r.step: r.loss for r in read_metrics(run.metrics)}
+    marker = tmp_path / "PWNED"
+    # step-6: a tampered scheduler.pt (its size recorded as if written, so the load itself is what refuses it)
+    ck6 = run.checkpoints / "step-6"
+    torch.save({"lr_lambdas": [_Evil(marker)]}, ck6 / "scheduler.pt")
+    state = json.loads((ck6 / "trainer_state.json").read_text())
+    state["files"]["scheduler.pt"] = (ck6 / "scheduler.pt").stat().st_size
+    (ck6 / "trainer_state.json").write_text(json.dumps(state))
+    # step-4: a truncated optimizer state (a crash or a full disk during the save)
+    opt = run.checkpoints / "step-4" / "optimizer.bin"
+    opt.write_bytes(opt.read_bytes()[:1000])
+    with run.metrics.open("a") as f:                              # a torn last line, as a killed writer leaves
+        f.write('{"step": 7, "total_st')
+    plan = json.loads(run.plan.read_text())
+    plan["train"]["max_steps"] = 8
+    run.plan.write_text(json.dumps(plan))
+
+    res = launch(run.path, resume=True, on_tick=deadline_tick())
+    log = run.rank_log(0).read_text()
+    assert res.exit_code == 0, log[-3000:]
+    assert not marker.exists(), "the pickle in scheduler.pt was executed"
+    assert "checkpoint step-6 cannot be loaded (a file in it asks to run posix.system; refused" in log
+    assert "checkpoint step-4 cannot be loaded (step-4/optimizer.bin has 1,000 bytes" in log
+    assert f"resumed from {run.checkpoints / 'step-2'} at step 2" in log
+    steps = [json.loads(line)["step"] for line in run.metrics.read_text().splitlines()]
+    assert steps == list(range(1, 9))                               # each step once: no duplicate, no torn line
+    resumed = {r.step: r.loss for r in read_metrics(run.metrics)}
+    assert resumed[3] == pytest.approx(losses[3], rel=1e-4)         # from step 2's exact state again
+
+
+def test_safe_load_refuses_a_pickle_that_would_run_code(tmp_path):
+    import torch
+
+    from scaletrain.trainer.checkpoints import _why, safe_load
+
+    marker = tmp_path / "PWNED"
+    path = tmp_path / "mp_rank_00_model_states.pt"
+    torch.save({"module": {"w": torch.zeros(2)}, "ds_config": _Evil(marker)}, path)
+    with pytest.raises(pickle.UnpicklingError) as e:
+        safe_load(path)
+    assert not marker.exists() and "posix.system" in _why(e.value)
+    torch.save({"module": {"w": torch.ones(2)}, "step": 3}, path)                 # plain tensors load
+    assert safe_load(path)["step"] == 3
+
+
+def test_truncate_metrics_keeps_one_monotone_series_through_the_step(tmp_path):
+    from scaletrain.engine.run.metrics import MetricsWriter, truncate_metrics
+
+    rec = '{{"step": {}, "total_steps": 9, "epoch": 0, "loss": 1, "lr": 1, "tokens_per_second": 1, ' \
+          '"step_seconds": 1, "world_size": 1, "time": 0}}'
+    p = tmp_path / "metrics.jsonl"
+    lines = [rec.format(s) for s in (1, 2, 3, 4, 5, 3, 4, 5, 6)]          # an old resume's abandoned stretch
+    p.write_text("\n".join(lines) + "\n" + '{"step": 7, "to')
+    assert truncate_metrics(p, 4) == 6
+    assert [json.loads(x)["step"] for x in p.read_text().splitlines()] == [1, 2, 3, 4]
+    p.write_text(rec.format(1) + "\n" + '{"step": 2, "tot')                # torn tail without a resume
+    MetricsWriter(p).close()
+    assert p.read_text() == rec.format(1) + "\n"
+
+
+@pytest.mark.slow
+def test_a_sigkilled_rank_without_an_oom_kill_is_killed_not_host_oom(tmp_path):
+    run = make_run(tmp_path, "ddp")
+    script = tmp_path / "train.py"
+    script.write_text(FAILING_SCRIPT)
+    res = launch(run.path, script=str(script), script_args=["kill"], on_tick=deadline_tick(120))
+    assert (res.first_failing_rank, res.failing_rank_exit_code) == (1, -9)
+    ooms = _status(run).get("oom_kills")
+    if ooms is None:
+        pytest.skip("/proc/vmstat has no oom_kill counter here")
+    d = diagnose_paths([run.path])
+    if ooms:
+        assert d.kind == "host_oom"              # the host really OOM-killed something during the run
+        return
+    assert (d.kind, d.rank) == ("killed", 1) and "OOM killer did not act" in d.summary
+    assert not any("micro" in r.title or "offload" in r.title for r in d.remedies)   # no memory remedies
+
+
+def test_a_running_status_whose_launcher_is_gone_reads_as_interrupted(tmp_path):
+    """Both the launcher and its watchdog SIGKILLed (kill -9 of everything): readers still see the run ended, so
+    `monitor --headless` exits and a new launch is not refused."""
+    import socket
+
+    from scaletrain.engine.run.status import read_status
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    path = tmp_path / "status.json"
+    path.write_text(json.dumps({"state": "running", "pids": {"launcher": gone.pid}, "host": socket.gethostname()}))
+    st = read_status(path)
+    assert st.state == "interrupted" and st.over and "is gone" in st.reason and st.running_elsewhere() is None
+    path.write_text(json.dumps({"state": "running", "pids": {"launcher": os.getpid()}, "host": socket.gethostname()}))
+    assert read_status(path).state == "running"                       # alive: still running
+    path.write_text(json.dumps({"state": "running", "pids": {"launcher": gone.pid}, "host": "another-node"}))
+    assert read_status(path).state == "running"                       # another host's pid says nothing here
