@@ -4,12 +4,14 @@ state), completed by trainer_state.json written last by rank 0 (layout.RunDir.ne
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import atomic_write
-from scaletrain.engine.run.layout import CHECKPOINT_PREFIX, TRAINER_STATE, RunDir
+from scaletrain.engine.run.layout import CHECKPOINT_PREFIX, TRAINER_STATE, RunDir, checkpoint_step
 from scaletrain.trainer.distributed import barrier
 
 SCHEDULER_STATE = "scheduler.pt"
@@ -48,3 +50,19 @@ def load_checkpoint(acc: Any, model: Any, scheduler: Any, d: Path, deepspeed: bo
         acc.load_state(str(d))
     scheduler.load_state_dict(torch.load(d / SCHEDULER_STATE, weights_only=False))
     return json.loads((d / TRAINER_STATE).read_text())
+
+
+def prune_checkpoints(run: RunDir, keep: int | None, rank: int) -> list[Path]:
+    """Keep the newest `keep` complete checkpoints (None: all); older step-<n>/ folders, complete or not, go.
+    Each node's local rank 0 prunes (a node without a shared filesystem holds its own ranks' partitions)."""
+    if keep is None or int(os.environ.get("LOCAL_RANK", rank)) != 0:
+        return []
+    complete = sorted((n, d) for d in run.checkpoints.iterdir()
+                      if (n := checkpoint_step(d)) is not None and (d / TRAINER_STATE).is_file())
+    if len(complete) <= keep:
+        return []
+    oldest_kept = complete[-keep][0]
+    gone = [d for d in run.checkpoints.iterdir() if (n := checkpoint_step(d)) is not None and n < oldest_kept]
+    for d in gone:
+        shutil.rmtree(d, ignore_errors=True)
+    return gone

@@ -24,7 +24,9 @@ class TrainOptions:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0            # gradient clipping (ds_config.json gradient_clipping); 0 = off
     max_steps: int | None = None          # overrides epochs when set
-    checkpoint_every: int = 50            # optimizer steps; a final checkpoint is always written
+    checkpoint_every: int = 50            # optimizer steps; a final checkpoint is written too (when saving)
+    save_checkpoints: bool = True         # false: no checkpoint at all, not even the final one (validation runs)
+    keep_checkpoints: int | None = None   # keep only the newest N complete checkpoints; None keeps every one
     seed: int = 0
     packing: bool = True                  # pack samples into seq_len blocks (else pad each sample)
     lora_alpha: int | None = None         # default 2 × rank
@@ -61,6 +63,11 @@ class TrainOptions:
             raise ScaletrainError(f"max_steps must be ≥ 1 or unset (got {self.max_steps})")
         if self.checkpoint_every < 1:
             raise ScaletrainError(f"checkpoint_every must be ≥ 1 optimizer step (got {self.checkpoint_every})")
+        if not isinstance(self.save_checkpoints, bool):
+            raise ScaletrainError(f"save_checkpoints must be true or false (got {self.save_checkpoints!r})")
+        k = self.keep_checkpoints
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ScaletrainError(f"keep_checkpoints must be a whole number ≥ 1 or unset (got {k!r})")
 
 
 def bundled_demo_dataset() -> Path:
