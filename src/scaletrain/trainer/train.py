@@ -13,6 +13,10 @@ Outputs (rank 0): metrics.jsonl (engine.run.metrics), TensorBoard events under t
 stdout. Checkpoints: checkpoints/step-<n>/ every train.checkpoint_every steps and at the end, each completed by
 trainer_state.json (written last); `--resume` continues from the newest complete one with the step count going on.
 train.save_checkpoints false writes none (validation runs); train.keep_checkpoints N keeps the newest N.
+
+Data: the train option's JSONL file, or the bundled demo set; the demo set is repeated when it is too small for
+one optimizer step of the plan (synthetic data sized to the plan: a demo run never dies for lack of tokens), while
+a user's dataset that is too small stays a one-line error.
 """
 
 from __future__ import annotations
@@ -89,7 +93,8 @@ def train(cfg: RunConfig, resume: bool) -> int:
     import torch
     from transformers import get_scheduler
 
-    dataset = Path(cfg.train.dataset).expanduser() if cfg.train.dataset else bundled_demo_dataset()
+    demo = not cfg.train.dataset
+    dataset = bundled_demo_dataset() if demo else Path(cfg.train.dataset).expanduser()
     if not dataset.is_file():
         raise ScaletrainError(f"dataset {dataset} does not exist (give a JSONL file: train option dataset)")
     check_capabilities(cfg)
@@ -101,7 +106,13 @@ def train(cfg: RunConfig, resume: bool) -> int:
               file=sys.stderr)
 
     tok = make_tokenizer(cfg)
-    blocks = data_mod.load_blocks(dataset, tok, cfg.seq_len, packing=cfg.train.packing)
+    per_step = cfg.micro_batch * cfg.grad_accum * world
+    blocks = data_mod.load_blocks(dataset, tok, cfg.seq_len, packing=cfg.train.packing,
+                                  min_blocks=per_step if demo else 0)
+    if main and blocks.repeats > 1:
+        print(f"scaletrain: note: the bundled demo data is repeated {blocks.repeats}× to {len(blocks)} blocks of "
+              f"{cfg.seq_len} tokens (one optimizer step needs {per_step}); set the train option dataset for real "
+              "data", flush=True)
     sched = make_schedule(cfg, len(blocks), world)
     model = build_model(cfg, acc.device)
     if torch.cuda.is_available():
