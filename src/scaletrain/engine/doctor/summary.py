@@ -94,7 +94,14 @@ def with_summary(d: Diagnosis, plan: PlanDocument | None) -> Diagnosis:
     elif d.kind == "fp16_overflow":
         s = f"{who}: fp16 loss scale hit its minimum (gradients overflow at every scale); the run stopped"
     elif d.kind == "config_error":
-        s = f"{who if d.rank is not None else 'launch'}: configuration rejected: {x.get('message', '')}"
+        if x.get("trainer"):
+            s = f"{who if d.rank is not None else 'the trainer'} refused the run: {x.get('message', '')}"
+        else:
+            s = f"{who if d.rank is not None else 'launch'}: configuration rejected: {x.get('message', '')}"
+    elif d.kind == "disk_full":
+        where = f" ({x['path']})" if x.get("path") else ""
+        s = (f"{who} ran out of disk space{' while saving a checkpoint' if x.get('while_saving') else ''}{where}: "
+             "No space left on device; free space or move the run directory, and write fewer checkpoints")
     else:
         if x.get("silent"):
             s = (f"{who} stopped logging with no error while the other ranks reported {x['peers_saw']}: it died "
