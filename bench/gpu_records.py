@@ -79,11 +79,14 @@ def _e2e_record(path: Path) -> dict | None:
 
 
 def setup_for(rec: dict):
+    """The setup a record ran: its config fields on its GPU (records without "gpu" are the 2026-11-23 H100's), then
+    `as_run` (bench/accuracy.py writes the same fields; master_weights is absent from the older records: fp32)."""
     a = rec["as_run"]
-    req = PlanRequest(model=rec["model"], gpus="1xH100-SXM", method=rec["method"], strategy=rec["strategy"],
-                      grad_ckpt=rec["grad_ckpt"], seq_len=rec["seq_len"], micro_batch=rec["micro_batch"],
-                      grad_accum=a["grad_accum"], offload="none", attn=rec["attn"], precision=rec["precision"])
-    s = base_setup(req).with_(optimizer_impl=a["optimizer_impl"])
+    req = PlanRequest(model=rec["model"], gpus=f"1x{rec.get('gpu') or 'H100-SXM'}", method=rec["method"],
+                      strategy=rec["strategy"], grad_ckpt=rec["grad_ckpt"], seq_len=rec["seq_len"],
+                      micro_batch=rec["micro_batch"], grad_accum=a["grad_accum"], offload="none", attn=rec["attn"],
+                      precision=rec["precision"])
+    s = base_setup(req).with_(optimizer_impl=a["optimizer_impl"], master_weights=a.get("master_weights") or "fp32")
     return s.with_(base_bits=a["base_bits"]) if a.get("base_bits") else s
 
 

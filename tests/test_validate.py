@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -100,21 +101,147 @@ def test_validate_bad_steps(capsys, config_dir):
     assert "--steps must be at least" in capsys.readouterr().err
 
 
-def test_accuracy_sweep_harness_runs_end_to_end_on_cpu(tmp_path, config_dir):
-    """bench/accuracy.py is the GPU sweep; its CPU smoke mode proves the harness and the record schema."""
-    import sys as _sys
-    _sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    import accuracy
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
+
+def weight_files(run_dir: Path) -> list[Path]:
+    return [p for p in run_dir.rglob("*") if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES)]
+
+
+@pytest.mark.slow
+def test_issue12_done_when_seq_2048_on_the_demo_data_validates_and_leaves_no_weights(tmp_path, capsys, config_dir):
+    """`scaletrain validate --preset cpu-tiny --set seq_len=2048 --set micro_batch=8 --set grad_accum=4 --steps 3`:
+    the demo data gives 31 blocks of 2048 tokens and one step on 2 ranks needs 64, so the trainer repeats it to the
+    plan's size; the run keeps logs and metrics, and no checkpoint weights at all."""
+    run_dir = tmp_path / "v"
+    code = main(["validate", "--preset", "cpu-tiny", "--set", "seq_len=2048", "--set", "micro_batch=8", "--set",
+                 "grad_accum=4", "--steps", "3", "--run-dir", str(run_dir), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    out = json.loads(captured.out)
+    assert out["steps"] == 3 and out["measured_step_seconds"] > 0 and out["measured_allocated_bytes"] > 0
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert "the bundled demo data is repeated" in log and "one optimizer step needs 64" in log
+    assert "no checkpoints written" in log
+    assert (run_dir / "metrics.jsonl").read_text().count("\n") == 3
+    assert not list((run_dir / "checkpoints").iterdir()) and weight_files(run_dir) == []
+
+
+@pytest.mark.slow
+def test_validation_budget_stops_the_run_and_removes_weights(tmp_path, config_dir):
+    """A budget shorter than the run: every rank is stopped, the error says so, and the run directory keeps its
+    logs but no checkpoint weights (a checkpoint planted in it between two runs of the same plan is removed)."""
+    from scaletrain.engine.plan.presets import load_preset
+    from scaletrain.trainer.validate import ValidationTimedOut, validate
+
+    preset = load_preset("cpu-tiny")
+    run_dir = tmp_path / "v"
+    for attempt in range(2):
+        with pytest.raises(ValidationTimedOut, match="did not finish within its 3 s budget") as e:
+            validate(PlanRequest(**preset.request_fields()), preset.train, steps=100000, run_dir=run_dir,
+                     budget_seconds=3)
+        assert e.value.run.path == run_dir.resolve()
+        assert json.loads((run_dir / "status.json").read_text())["state"] == "interrupted"
+        assert weight_files(run_dir) == [] and (run_dir / "logs" / "rank-0.log").is_file()
+        planted = run_dir / "checkpoints" / "step-50"
+        planted.mkdir()
+        (planted / "model.safetensors").write_bytes(b"x" * 1024)
+    assert not list(run_dir.glob("superseded-*"))          # the same plan: rewritten in place, nothing moved aside
+
+
+def test_demo_data_is_sized_to_the_plan_and_user_data_is_not(tmp_path):
+    """The bundled demo set repeats to the blocks one optimizer step needs; a user's file is taken as it is."""
+    from scaletrain.engine.run.options import bundled_demo_dataset
+    from scaletrain.trainer import data as D
+
+    tok = D.ByteTokenizer(1000)
+    demo = bundled_demo_dataset()
+    once = D.load_blocks(demo, tok, 2048, packing=True)
+    assert once.repeats == 1 and 0 < len(once) < 64
+    sized = D.load_blocks(demo, tok, 2048, packing=True, min_blocks=64)
+    assert len(sized) == 64 and sized.repeats > 1 and sized.input_ids[:len(once)] == once.input_ids
+    padded = D.load_blocks(demo, tok, 64, packing=False, min_blocks=5000)
+    assert len(padded) == 5000 and padded.repeats > 1
+    huge = D.load_blocks(demo, tok, 1 << 17, packing=True, min_blocks=2)      # longer than the whole demo set
+    assert len(huge) == 2 and all(len(r) == 1 << 17 for r in huge.input_ids)
+    small = tmp_path / "small.jsonl"
+    small.write_text('{"text": "only a few words"}\n')
+    with pytest.raises(ScaletrainError, match="yields no training block of 2048 tokens"):
+        D.load_blocks(small, tok, 2048, packing=True)
+
+
+def _bench(name: str):
+    import importlib
+    import sys as _sys
+
+    _sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    return importlib.import_module(name)
+
+
+@pytest.mark.slow
+def test_accuracy_sweep_harness_runs_end_to_end_on_cpu(tmp_path, config_dir):
+    """bench/accuracy.py is the GPU sweep; its CPU smoke mode proves the harness and the record format that
+    bench/gpu_records.py re-predicts."""
+    accuracy, gpu_records = _bench("accuracy"), _bench("gpu_records")
     out = tmp_path / "acc.json"
     assert accuracy.main(["--cpu-smoke", "--only", "0", "--steps", "4", "--out", str(out),
                           "--run-root", str(tmp_path / "runs")]) == 0
-    rec = json.loads(out.read_text())["records"][0]
-    for key in ("gpu", "model", "method", "strategy", "grad_ckpt", "seq_len", "predicted_peak_bytes",
-                "measured_peak_bytes", "measured_reserved_bytes", "predicted_step_seconds", "measured_step_seconds"):
-        assert key in rec
-    assert rec["gpu"] == "CPU" and rec["measured_peak_bytes"] > 0
-    assert abs(rec["predicted_peak_bytes"] - rec["measured_peak_bytes"]) / rec["measured_peak_bytes"] <= 0.20
+    data = json.loads(out.read_text())
+    assert {"machine", "measured_with", "source", "records", "outcomes"} <= set(data)
+    rec = data["records"][0]
+    assert rec["gpu"] == "CPU" and set(rec["as_run"]) == {"optimizer_impl", "base_bits", "grad_accum",
+                                                          "master_weights"}
+    m = rec["measured"]
+    assert m["peak_allocated_bytes"] > 0 and m["step_seconds"] > 0 and m["steps"] == 4
+    compared = rec["predicted_at_run"]["compared_allocated_bytes"]
+    assert abs(compared - m["peak_allocated_bytes"]) / m["peak_allocated_bytes"] <= 0.20
+    assert weight_files(tmp_path / "runs") == []
+    again = gpu_records.repredict(json.loads(out.read_text()))          # the same file, re-predicted
+    assert again["records"][0]["predicted"]["peak_allocated_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_accuracy_sweep_records_no_fit_and_timeouts_as_outcomes(tmp_path, config_dir, monkeypatch):
+    """A config the planner says does not fit runs briefly; its death (here a rank SIGKILLed after step 1, what the
+    host OOM killer leaves) is an outcome with the doctor's kind, not an error. A config past its time budget is
+    stopped and recorded as timed out. The file is whole after each config."""
+    accuracy = _bench("accuracy")
+    out, runs = tmp_path / "acc.json", str(tmp_path / "runs")
+    monkeypatch.setenv("SCALETRAIN_FAIL_AT_STEP", "1")
+    # ... as the host OOM killer would: the kernel's OOM-kill count rises during the run (an unchanged count makes
+    # the same SIGKILL `killed`, not host_oom: tests/test_run_lifecycle.py)
+    kills = itertools.count()
+    monkeypatch.setattr("scaletrain.engine.run.launcher.oom_kill_count", lambda: next(kills))
+    assert accuracy.main(["--cpu-smoke", "--only", "3", "--steps", "6", "--out", str(out), "--run-root", runs]) == 0
+    first = json.loads(out.read_text())
+    (oom,) = first["outcomes"]
+    assert oom["outcome"] == "out_of_memory" and oom["doctor_kind"] == "host_oom"
+    assert oom["predicted_at_run"]["fits"] is False and oom["measured_fits"] is False and first["records"] == []
+    monkeypatch.delenv("SCALETRAIN_FAIL_AT_STEP")
+    assert accuracy.main(["--cpu-smoke", "--only", "0", "--steps", "4", "--budget-seconds", "1", "--out", str(out),
+                          "--run-root", runs]) == 0
+    outcomes = {o["grid_index"]: o for o in json.loads(out.read_text())["outcomes"]}
+    assert set(outcomes) == {0, 3} and outcomes[0]["outcome"] == "timed_out"
+    assert "1 s budget" in outcomes[0]["cause"]
+    assert accuracy.main(["--cpu-smoke", "--only", "9"]) == 2                  # a bad index: one line, exit 2
+
+
+def test_gpu_grid_has_qlora_two_predicted_ooms_and_re_predictable_setups():
+    """The grid (no GPU needed to check it): ≥ 14 configs, QLoRA from random init, two that the planner says do not
+    fit on an 80 GB H100, and each entry's fields rebuild its setup in bench/gpu_records.py."""
+    accuracy, gpu_records = _bench("accuracy"), _bench("gpu_records")
+    from scaletrain.engine.plan.plan import evaluate
+
+    assert len(accuracy.GRID) >= 14 and any(c.method == "qlora" for c in accuracy.GRID)
+    no_fit = 0
+    for cfg in accuracy.GRID:
+        req = cfg.request("1xH100-SXM", "bf16")
+        s = cfg.training_setup(req)
+        no_fit += not evaluate(s).fits
+        entry = {**{k: getattr(req, k) for k in accuracy.CONFIG_KEYS}, "gpu": "H100-SXM",
+                 "as_run": accuracy.as_run(s)}
+        assert gpu_records.setup_for(entry) == s
+    assert no_fit == 2
 
 
 @pytest.mark.slow

@@ -11,13 +11,15 @@ resume falls back to the newest intact checkpoint (resume_from).
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import atomic_write
-from scaletrain.engine.run.layout import CHECKPOINT_PREFIX, TRAINER_STATE, RunDir
+from scaletrain.engine.run.layout import CHECKPOINT_PREFIX, TRAINER_STATE, RunDir, checkpoint_step
 from scaletrain.trainer.distributed import all_sum, barrier
 
 SCHEDULER_STATE = "scheduler.pt"
@@ -143,3 +145,19 @@ def _why(e: Exception) -> str:
     if "Weights only load failed" in text:
         return "a file in it is not plain tensors and containers; refused, nothing from it was executed"
     return text[:300] or e.__class__.__name__
+
+
+def prune_checkpoints(run: RunDir, keep: int | None, rank: int) -> list[Path]:
+    """Keep the newest `keep` complete checkpoints (None: all); older step-<n>/ folders, complete or not, go.
+    Each node's local rank 0 prunes (a node without a shared filesystem holds its own ranks' partitions)."""
+    if keep is None or int(os.environ.get("LOCAL_RANK", rank)) != 0:
+        return []
+    complete = sorted((n, d) for d in run.checkpoints.iterdir()
+                      if (n := checkpoint_step(d)) is not None and (d / TRAINER_STATE).is_file())
+    if len(complete) <= keep:
+        return []
+    oldest_kept = complete[-keep][0]
+    gone = [d for d in run.checkpoints.iterdir() if (n := checkpoint_step(d)) is not None and n < oldest_kept]
+    for d in gone:
+        shutil.rmtree(d, ignore_errors=True)
+    return gone

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from scaletrain.engine.run.layout import RunDir
 from scaletrain.engine.run.options import TrainOptions
 from scaletrain.engine.run.plan_document import read_plan_document
-from scaletrain.engine.vocabulary import Attention, Method, Optimizer, Precision, Strategy
+from scaletrain.engine.vocabulary import (Attention, MasterWeights, Method, Optimizer, OptimizerImpl, Precision,
+                                          Strategy)
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,8 @@ class RunConfig:
     strategy: Strategy
     precision: Precision
     optimizer: Optimizer
+    optimizer_impl: OptimizerImpl
+    master_weights: MasterWeights
     attn: Attention
     grad_ckpt: bool
     micro_batch: int
@@ -46,7 +49,18 @@ class RunConfig:
     def quantized_base(self) -> bool:
         return self.method == "qlora" or (self.method == "lora" and self.base_bits in (4, 8))
 
-
+    @property
+    def weights_dtype(self) -> str:
+        """The torch dtype (name) the model's weights are built or loaded in, as the memory model assumes
+        (engine/model/numerics.py): full fine-tuning keeps fp32 weights under mixed precision, bf16 weights only
+        with master_weights bf16, and 16-bit weights under DeepSpeed (it casts the module to 16-bit and keeps the fp32
+        master in its optimizer, so building fp32 first would only cost memory); a LoRA/QLoRA base is in the compute
+        precision (bf16/fp16), fp32 with base_bits 32 (QLoRA's 4/8-bit linears are quantized from it on load)."""
+        if self.method == "full":
+            if self.master_weights == "bf16" or (self.uses_deepspeed and self.precision != "fp32"):
+                return "bfloat16" if self.master_weights == "bf16" else self.precision.torch_dtype
+            return "float32"
+        return "float32" if self.base_bits == 32 else self.precision.torch_dtype
 
 
 def read_run_config(run_dir: str | os.PathLike[str]) -> RunConfig:
@@ -58,7 +72,8 @@ def read_run_config(run_dir: str | os.PathLike[str]) -> RunConfig:
     return RunConfig(
         run=run, train=train, model_id=req.model, method=tr.method, lora_rank=tr.lora_rank or 16,
         lora_targets=tr.lora_targets, base_bits=tr.base_bits, strategy=tr.strategy, precision=tr.precision,
-        optimizer=tr.optimizer, attn=tr.attn, grad_ckpt=tr.grad_ckpt, micro_batch=batch.micro_batch,
+        optimizer=tr.optimizer, optimizer_impl=tr.optimizer_impl, master_weights=tr.master_weights, attn=tr.attn,
+        grad_ckpt=tr.grad_ckpt, micro_batch=batch.micro_batch,
         grad_accum=batch.grad_accum, seq_len=batch.seq_len, epochs=float(req.epochs or 1.0),
         planned_world_size=batch.world_size, **_objective_fields(doc))
 

@@ -98,6 +98,7 @@ class Blocks:
     attention_mask: tuple[tuple[int, ...], ...]
     seq_len: int
     source_samples: int
+    repeats: int = 1                      # passes over the records (> 1: repeated to the size a plan needs)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -229,14 +230,33 @@ def build_blocks(samples: Sequence[Sample], seq_len: int, *, packing: bool, pad_
     return Blocks(tuple(rows_i), tuple(rows_l), tuple(rows_m), seq_len, len(samples))
 
 
-def load_blocks(path: str | Path, tok: Tokenizer, seq_len: int, *, packing: bool) -> Blocks:
-    """Read, tokenize and block a JSONL dataset; an empty result is an error that says how to fix it."""
+def load_blocks(path: str | Path, tok: Tokenizer, seq_len: int, *, packing: bool, min_blocks: int = 0) -> Blocks:
+    """Read, tokenize and block a JSONL dataset; an empty result is an error that says how to fix it.
+
+    min_blocks > 0 repeats the records, whole and in order, until they give at least that many blocks (cut to
+    exactly that many): synthetic data sized to a plan, for the bundled demo set only (the trainer decides)."""
     records = read_jsonl(path)
-    blocks = build_blocks([tokenize_record(r, tok) for r in records], seq_len, packing=packing, pad_id=tok.pad_id)
+    samples = [tokenize_record(r, tok) for r in records]
+    blocks = build_blocks(samples, seq_len, packing=packing, pad_id=tok.pad_id)
+    if len(blocks) < min_blocks and any(lab != IGNORE_INDEX for s in samples for lab in s.labels):
+        blocks = _repeated(samples, seq_len, packing, tok.pad_id, min_blocks)
     if len(blocks) == 0:
         how = "use padding (packing off) or a shorter --seq-len" if packing else "check the records"
         raise ScaletrainError(f"dataset {path} yields no training block of {seq_len} tokens; {how}")
     return blocks
+
+
+def _repeated(samples: Sequence[Sample], seq_len: int, packing: bool, pad_id: int, min_blocks: int) -> Blocks:
+    """The samples repeated until they give min_blocks blocks (the first min_blocks of them)."""
+    if packing:
+        per_pass = max(1, sum(len(s.input_ids) for s in samples))
+        repeats = -(-(min_blocks * seq_len) // per_pass)             # ceil: enough tokens, the tail dropped
+    else:
+        usable = len(build_blocks(samples, seq_len, packing=False, pad_id=pad_id))
+        repeats = -(-min_blocks // max(1, usable))
+    blocks = build_blocks(list(samples) * repeats, seq_len, packing=packing, pad_id=pad_id)
+    return Blocks(blocks.input_ids[:min_blocks], blocks.labels[:min_blocks], blocks.attention_mask[:min_blocks],
+                  seq_len, len(samples), repeats)
 
 
 def shard_order(n_rows: int, epoch: int, seed: int, rank: int, world_size: int) -> list[int]:

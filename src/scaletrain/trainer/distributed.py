@@ -36,6 +36,15 @@ def barrier() -> None:
         dist.barrier()
 
 
+def shutdown() -> None:
+    """The last collective: every rank is done before any leaves. The process then ends with os._exit
+    (train.py): tearing the objects down could deadlock a gloo rank, its main thread holding the GIL while
+    ~ProcessGroupGloo joins a worker thread that needs the GIL to free the last all-reduce's tensors (seen with
+    gdb on 2 CPU ranks, torch 2.13: Reducer::~Reducer → ~ProcessGroupGloo → thread::join, the worker in
+    ~AsyncAllreduceWork → decref_pyobject → take_gil)."""
+    barrier()
+
+
 def make_accelerator(cfg: RunConfig) -> Any:
     import torch
     from accelerate import Accelerator
@@ -54,9 +63,14 @@ def make_accelerator(cfg: RunConfig) -> Any:
     # DDP's default keeps a second, flat copy of every gradient in its all-reduce buckets; bucket views make the
     # gradients live inside the buckets instead (torch DDP docs: saves "the total gradients size"). The memory
     # model counts the buckets as persistent gradients (engine/model/memory.py).
+    # The plan's mixed precision, also when accelerate_config.yaml was edited: autocast over fp32 weights, or none
+    # for fp32 and for bf16-only weights (master_weights bf16: the model is bf16 and AdamW runs on it).
     from accelerate.utils import DistributedDataParallelKwargs
 
+    from scaletrain.engine.run.configs import mixed_precision
+
     return Accelerator(cpu=not torch.cuda.is_available(), gradient_accumulation_steps=cfg.grad_accum,
+                       mixed_precision=mixed_precision(cfg.precision, cfg.master_weights),
                        kwargs_handlers=[DistributedDataParallelKwargs(gradient_as_bucket_view=True)])
 
 

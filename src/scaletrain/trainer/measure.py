@@ -195,12 +195,14 @@ def _build_harness(hf_config, *, method, lora_rank, lora_alpha, lora_targets, gr
     attn_impl = _attn_implementation(attn)
 
     if method == "qlora":
-        model = _build_qlora_base(cfg, attn_impl, dev, seed)
+        import importlib.util
+
+        if importlib.util.find_spec("bitsandbytes") is None:
+            raise RuntimeError("method='qlora' needs bitsandbytes (≥ 0.45 also runs 4-bit layers on the CPU)")
+        model = model_lib.quantized_random_init(cfg, attn_impl, 4, "bfloat16", dev)
     else:
-        model = model_lib.random_init(cfg, attn_impl)
-        if precision in ("bf16-pure", "bf16-autocast"):
-            model = model.to(torch.bfloat16)
-        model = model.to(dev)
+        dtype = "bfloat16" if precision in ("bf16-pure", "bf16-autocast") else "float32"
+        model = model_lib.random_init(cfg, attn_impl, dtype=dtype, device=dev)
 
     if grad_ckpt:
         # What a trainer does (model_lib.enable_checkpointing, the bundled trainer's own call), no KV cache.
@@ -244,29 +246,6 @@ def _build_harness(hf_config, *, method, lora_rank, lora_alpha, lora_targets, gr
 
     return StepHarness(model=model, optimizer=opt, device=dev, vocab_size=int(cfg.vocab_size),
                        autocast=autocast, lora_targets=targets_used)
-
-
-def _build_qlora_base(cfg, attn_impl: str, dev: str, seed: int):
-    import importlib.util
-
-    import torch
-
-    if importlib.util.find_spec("bitsandbytes") is None:
-        raise RuntimeError("method='qlora' needs bitsandbytes (≥ 0.45 also runs 4-bit layers on the CPU)")
-    import tempfile
-
-    from transformers import AutoModelForCausalLM
-
-    # Quantisation is applied at load time, so write the random-init weights and load them back 4-bit.
-    torch.manual_seed(seed)
-    base = model_lib.random_init(cfg, attn_impl, dtype="bfloat16")
-    with tempfile.TemporaryDirectory() as tmp:
-        base.save_pretrained(tmp)
-        del base
-        bnb = model_lib.quantization(4, torch.bfloat16)
-        model = AutoModelForCausalLM.from_pretrained(tmp, quantization_config=bnb, attn_implementation=attn_impl,
-                                                     dtype=torch.bfloat16, device_map={"": dev})
-    return model
 
 
 def make_batches(n: int, micro_batch: int, seq_len: int, vocab: int, device: str, seed: int) -> list:

@@ -1,7 +1,9 @@
 """The model a run trains and the model a measurement measures, built by the same functions.
 
     hf_config          a catalog / config.json dict → transformers' config (checkpoint-only keys dropped)
-    random_init        that config, randomly initialised in fp32 (tied embeddings tied)
+    random_init        that config with random weights in a given dtype: built on the meta device, materialised
+                       on the target device and initialised there by the model's own init (tied embeddings tied)
+    quantized_random_init  a random base quantized with bitsandbytes on load (QLoRA / 8-bit bases from random init)
     quantization       bitsandbytes' config for a 4-bit NF4 (double-quantised) or 8-bit frozen base
     enable_checkpointing  non-reentrant activation checkpointing on every decoder block, as a trainer does
     add_lora           LoRA adapters with PEFT (after prepare_model_for_kbit_training on a quantized base)
@@ -13,6 +15,7 @@ inside the functions: importing this module is cheap.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from scaletrain.engine.catalog.architectures import load_model
@@ -21,6 +24,9 @@ from scaletrain.trainer import data as data_mod
 from scaletrain.trainer.config import RunConfig
 
 SGD_MOMENTUM = 0.9                   # the memory model counts one fp32 momentum buffer for sgd
+BNB_CPU_VERSION = "0.45"             # bitsandbytes' first release whose 4/8-bit layers and 8-bit optimizers run on CPU
+# torch.optim's implementation switches (torch.optim docs: fused, foreach, or neither = the for-loop)
+OPTIMIZER_IMPL_KWARGS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
 # Keys of a config.json that describe a checkpoint, not the architecture (the dtype is the run's choice).
 CHECKPOINT_KEYS = ("architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path",
                    "quantization_config", "auto_map")
@@ -41,18 +47,68 @@ def hf_config(config: Mapping[str, Any]) -> Any:
     return AutoConfig.for_model(model_type, **cfg)
 
 
-def random_init(config: Mapping[str, Any] | Any, attn_implementation: str, dtype: str = "float32") -> Any:
-    """The architecture (a dict, or a config from hf_config) with random weights in `dtype` (seed torch first);
-    tied embeddings are tied."""
+def random_init(config: Mapping[str, Any] | Any, attn_implementation: str, dtype: str = "float32",
+                device: Any = "cpu") -> Any:
+    """The architecture (a dict, or a config from hf_config) with random weights in `dtype` (seed torch first).
+
+    On `device`: built on the meta device (no memory, no init), materialised there with `to_empty`, then initialised
+    there by transformers' own `init_weights` (every module's `_init_weights`, rotary buffers included, then the tied
+    embeddings tied), so a GPU run does not wait for a multi-billion-parameter init on the CPU (shared/gpu/README.md:
+    tens of seconds for 1.5B on the H100 machine). device None: built the ordinary way, on the CPU, or partitioned
+    as it is built by DeepSpeed's zero.Init when ZeRO-3 is on (transformers does that itself, and its ZeRO-3 init
+    cannot run on the meta device)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     conf = hf_config(config) if isinstance(config, Mapping) else config
-    model = AutoModelForCausalLM.from_config(conf, attn_implementation=attn_implementation,
-                                             dtype=getattr(torch, dtype))
-    if getattr(model.config, "tie_word_embeddings", False):
-        model.tie_weights()
+    if device is None:
+        model = AutoModelForCausalLM.from_config(conf, attn_implementation=attn_implementation,
+                                                 dtype=getattr(torch, dtype))
+        if getattr(model.config, "tie_word_embeddings", False):
+            model.tie_weights()
+        return model
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(conf, attn_implementation=attn_implementation,
+                                                 dtype=getattr(torch, dtype))
+    model.to_empty(device=device)
+    model.init_weights()                   # skipped on the meta device; re-run here (it also ties the embeddings)
     return model
+
+
+def quantized_random_init(config: Mapping[str, Any] | Any, attn_implementation: str, bits: int, dtype: str,
+                          device: Any = "cpu") -> Any:
+    """A random frozen base quantized by bitsandbytes (4-bit NF4 or LLM.int8) on `device`: bitsandbytes quantizes
+    at load time, so the random weights (in `dtype`, the compute dtype) go to a temporary folder and come back
+    through from_pretrained with the quantization config, exactly as a pretrained base loads."""
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    base = random_init(config, attn_implementation, dtype=dtype, device=device)
+    torch_dtype = getattr(torch, dtype)
+    with tempfile.TemporaryDirectory(prefix="scaletrain-random-base-") as tmp:
+        _save_weights(base, Path(tmp))
+        del base
+        return AutoModelForCausalLM.from_pretrained(tmp, quantization_config=quantization(bits, torch_dtype),
+                                                    attn_implementation=attn_implementation, dtype=torch_dtype,
+                                                    device_map={"": device}, local_files_only=True)
+
+
+def _save_weights(model: Any, folder: Path) -> None:
+    """config.json + model.safetensors, on every rank (transformers' save_pretrained writes on global rank 0 only
+    once torch.distributed is up, and each rank quantizes its own copy); a tied weight is written once."""
+    from safetensors.torch import save_file
+
+    model.config.save_pretrained(folder)
+    seen: set[int] = set()
+    tensors = {}
+    for name, t in model.state_dict().items():
+        if t.data_ptr() in seen:
+            continue                                 # the tied lm_head: from_pretrained ties it again
+        seen.add(t.data_ptr())
+        tensors[name] = t.detach().contiguous()
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
 def quantization(bits: int, compute_dtype: Any) -> Any:
@@ -100,14 +156,20 @@ def check_capabilities(cfg: RunConfig) -> None:
     if cfg.attn == "flash" and not (torch.cuda.is_available() and importlib.util.find_spec("flash_attn")):
         raise ScaletrainError("attn flash needs a CUDA GPU with the flash-attn package installed; "
                               "use --attn sdpa (or eager)")
-    needs_bnb = cfg.quantized_base or cfg.optimizer == "adamw-8bit"
-    if needs_bnb and not (torch.cuda.is_available() and importlib.util.find_spec("bitsandbytes")):
+    if cfg.quantized_base or cfg.optimizer == "adamw-8bit":
         what = f"a {cfg.base_bits}-bit base" if cfg.quantized_base else "optimizer adamw-8bit"
-        raise ScaletrainError(f"{what} needs bitsandbytes and a CUDA GPU (pip install bitsandbytes); "
-                              "use --method lora/full with a 16-bit base and --optimizer adamw here")
-    if cfg.quantized_base and cfg.train.model_source == "random-init":
-        raise ScaletrainError("a quantized base needs pretrained weights: set the train option model_source to a "
-                              "local path or HF cache id (random-init builds full-precision weights)")
+        if importlib.util.find_spec("bitsandbytes") is None:
+            raise ScaletrainError(f"{what} needs bitsandbytes (pip install 'bitsandbytes>={BNB_CPU_VERSION}'); "
+                                  "use --method lora/full with a 16-bit base and --optimizer adamw without it")
+        if not torch.cuda.is_available():
+            from importlib.metadata import version
+
+            from packaging.version import Version
+
+            have = version("bitsandbytes")
+            if Version(have) < Version(BNB_CPU_VERSION):
+                raise ScaletrainError(f"{what} on the CPU needs bitsandbytes ≥ {BNB_CPU_VERSION} (installed: {have}; "
+                                      "older releases run on CUDA only)")
 
 
 def model_config_dict(model_id: str) -> dict[str, Any]:
@@ -115,21 +177,28 @@ def model_config_dict(model_id: str) -> dict[str, Any]:
 
 
 def build_model(cfg: RunConfig, device: Any) -> Any:
+    """The model the plan trains, in the dtype the memory model assumes (RunConfig.weights_dtype).
+
+    random-init is materialised on the training device, except under ZeRO-3/FSDP (they shard the parameters; a
+    whole model on every GPU is what they avoid): built as transformers builds it there (ZeRO-3: partitioned by
+    zero.Init as it is built); a 4/8-bit base is quantized from the random weights on load."""
     import torch
     from transformers import AutoModelForCausalLM
 
     attn = cfg.attn.hf_implementation
     src = cfg.train.model_source
+    dtype = cfg.weights_dtype
     torch.manual_seed(cfg.train.seed)
     if src == "random-init":
-        model = random_init(model_config_dict(cfg.model_id), attn)
+        conf = model_config_dict(cfg.model_id)
+        where = None if cfg.strategy.shards_params and not cfg.quantized_base else device
+        model = (quantized_random_init(conf, attn, cfg.base_bits, dtype, device) if cfg.quantized_base
+                 else random_init(conf, attn, dtype=dtype, device=where))
     else:
-        kwargs: dict[str, Any] = {"local_files_only": True, "attn_implementation": attn}
-        if cfg.method != "full":           # frozen base in the compute precision; adapters stay fp32 (peft)
-            kwargs["dtype"] = getattr(torch, cfg.precision.torch_dtype)
+        kwargs: dict[str, Any] = {"local_files_only": True, "attn_implementation": attn,
+                                  "dtype": getattr(torch, dtype)}
         if cfg.quantized_base:
-            compute = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
-            kwargs["quantization_config"] = quantization(cfg.base_bits, compute)
+            kwargs["quantization_config"] = quantization(cfg.base_bits, getattr(torch, dtype))
             kwargs["device_map"] = {"": device}
         try:
             model = AutoModelForCausalLM.from_pretrained(src, **kwargs)
@@ -159,7 +228,9 @@ def make_tokenizer(cfg: RunConfig) -> data_mod.Tokenizer:
 
 
 def make_optimizer(cfg: RunConfig, model: Any) -> Any:
-    """Weight decay on matrices only (not biases or norms), the usual transformer recipe."""
+    """Weight decay on matrices only (not biases or norms), the usual transformer recipe; torch's optimizers in the
+    plan's implementation (fused / foreach / for-loop; fused runs on the CPU too). Under DeepSpeed this is the
+    client optimizer DeepSpeed steps."""
     import torch
 
     decay, no_decay = [], []
@@ -168,10 +239,11 @@ def make_optimizer(cfg: RunConfig, model: Any) -> Any:
             (decay if p.ndim >= 2 else no_decay).append(p)
     groups = [g for g in ({"params": decay, "weight_decay": cfg.train.weight_decay},
                           {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+    impl = OPTIMIZER_IMPL_KWARGS[cfg.optimizer_impl]
     if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=cfg.train.lr)
+        return torch.optim.AdamW(groups, lr=cfg.train.lr, **impl)
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.train.lr, momentum=SGD_MOMENTUM)
-    import bitsandbytes as bnb  # adamw-8bit; availability checked in check_capabilities
+        return torch.optim.SGD(groups, lr=cfg.train.lr, momentum=SGD_MOMENTUM, **impl)
+    import bitsandbytes as bnb  # adamw-8bit (its own kernels; no fused/foreach); checked in check_capabilities
 
     return bnb.optim.AdamW8bit(groups, lr=cfg.train.lr)

@@ -12,7 +12,12 @@ from torch.distributed / the launcher's environment, and this trainer shards the
 Outputs (rank 0): metrics.jsonl (engine.run.metrics), TensorBoard events under tensorboard/, a human line per step on
 stdout. Checkpoints: checkpoints/step-<n>/ every train.checkpoint_every steps and at the end, each completed by
 trainer_state.json (written last); `--resume` continues from the newest one that loads (a damaged one is passed over)
-with the step count going on, after cutting metrics.jsonl back to that step.
+with the step count going on, after cutting metrics.jsonl back to that step. train.save_checkpoints false writes
+none (validation runs); train.keep_checkpoints N keeps the newest N.
+
+Data: the train option's JSONL file, or the bundled demo set; the demo set is repeated when it is too small for
+one optimizer step of the plan (synthetic data sized to the plan: a demo run never dies for lack of tokens), while
+a user's dataset that is too small stays a one-line error.
 """
 
 from __future__ import annotations
@@ -33,12 +38,16 @@ from scaletrain.engine.run.layout import RunDir
 from scaletrain.engine.run.metrics import MetricsWriter, StepMetrics, truncate_metrics
 from scaletrain.engine.run.options import LR_SCHEDULES, bundled_demo_dataset
 from scaletrain.trainer import data as data_mod
-from scaletrain.trainer.checkpoints import resume_from, save_checkpoint
+from scaletrain.trainer.checkpoints import prune_checkpoints, resume_from, save_checkpoint
 from scaletrain.trainer.config import RunConfig, read_run_config
-from scaletrain.trainer.distributed import all_sum, barrier, make_accelerator, peak_memory, rank_and_world
+from scaletrain.trainer.distributed import (all_sum, barrier, make_accelerator, peak_memory, rank_and_world,
+                                            shutdown)
 from scaletrain.trainer.model import build_model, check_capabilities, make_optimizer, make_tokenizer
 
 EXIT_INTERRUPTED = 130               # shell convention for SIGINT
+# The accelerator, the (DDP/DeepSpeed) model and the optimizer, kept alive until the process ends with os._exit:
+# freeing them can deadlock a gloo rank (distributed.shutdown).
+KEEP_UNTIL_EXIT: list[Any] = []
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,16 @@ def make_schedule(cfg: RunConfig, rows: int, world: int) -> Schedule:
     return Schedule(rows, steps_per_epoch, total, warmup)
 
 
+def _weights(model: Any) -> str:
+    """What the weights really are, for the header line: dtype → parameter count (bitsandbytes' packed 4-bit
+    weights show as uint8), trainable or frozen."""
+    counts: dict[str, int] = {}
+    for p in model.parameters():
+        key = f"{'trainable' if p.requires_grad else 'frozen'} {str(p.dtype).removeprefix('torch.')}"
+        counts[key] = counts.get(key, 0) + getattr(p, "ds_numel", p.numel())
+    return "weights " + ", ".join(f"{k} {v:,}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
 def _tensorboard(run: RunDir) -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
@@ -79,7 +98,8 @@ def train(cfg: RunConfig, resume: bool) -> int:
         from scaletrain.trainer.objectives.run import train_objective
 
         return train_objective(cfg, resume)
-    dataset = Path(cfg.train.dataset).expanduser() if cfg.train.dataset else bundled_demo_dataset()
+    demo = not cfg.train.dataset
+    dataset = bundled_demo_dataset() if demo else Path(cfg.train.dataset).expanduser()
     if not dataset.is_file():
         raise ScaletrainError(f"dataset {dataset} does not exist (give a JSONL file: train option dataset)")
     check_capabilities(cfg)
@@ -91,13 +111,25 @@ def train(cfg: RunConfig, resume: bool) -> int:
               file=sys.stderr)
 
     tok = make_tokenizer(cfg)
-    blocks = data_mod.load_blocks(dataset, tok, cfg.seq_len, packing=cfg.train.packing)
+    per_step = cfg.micro_batch * cfg.grad_accum * world
+    blocks = data_mod.load_blocks(dataset, tok, cfg.seq_len, packing=cfg.train.packing,
+                                  min_blocks=per_step if demo else 0)
+    if main and blocks.repeats > 1:
+        print(f"scaletrain: note: the bundled demo data is repeated {blocks.repeats}× to {len(blocks)} blocks of "
+              f"{cfg.seq_len} tokens (one optimizer step needs {per_step}); set the train option dataset for real "
+              "data", flush=True)
     sched = make_schedule(cfg, len(blocks), world)
     model = build_model(cfg, acc.device)
+    if torch.cuda.is_available():
+        # building (a random base written out and quantized, tied weights before tying) is not a training step:
+        # the peaks the metrics report start here
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(acc.device)
     optimizer = make_optimizer(cfg, model)
     scheduler = get_scheduler(LR_SCHEDULES[cfg.train.lr_schedule], optimizer,
                               num_warmup_steps=sched.warmup_steps, num_training_steps=sched.total_steps)
     model, optimizer = acc.prepare(model, optimizer)
+    KEEP_UNTIL_EXIT.extend((acc, model, optimizer))
     ds = cfg.uses_deepspeed and hasattr(model, "save_checkpoint")
 
     step = 0
@@ -131,8 +163,9 @@ def train(cfg: RunConfig, resume: bool) -> int:
         sharding = f", DeepSpeed data-parallel over {model.dp_world_size}" if ds else ""
         print(f"scaletrain: {cfg.model_id} ({cfg.method}, {cfg.strategy}, {cfg.precision}) on {world} "
               f"process(es){sharding}; {len(blocks)} blocks × {cfg.seq_len} tokens from {dataset.name}; "
-              f"{sched.steps_per_epoch} steps/epoch, {sched.total_steps} steps; {n_params:,} parameters",
-              flush=True)
+              f"{sched.steps_per_epoch} steps/epoch, {sched.total_steps} steps; {n_params:,} parameters; "
+              f"{_weights(model)}, mixed precision {acc.mixed_precision}, {cfg.optimizer} "
+              f"({cfg.optimizer_impl if cfg.optimizer != 'adamw-8bit' else 'bitsandbytes'})", flush=True)
     if resume and main:
         dropped = truncate_metrics(cfg.run.metrics, step)      # steps after the checkpoint are logged again
         if dropped:
@@ -194,12 +227,13 @@ def train(cfg: RunConfig, resume: bool) -> int:
                           f"tok/s {rec.tokens_per_second:.0f} step {step_s:.3f}s", flush=True)
                 loss_sum = tokens = 0.0
                 micro_in_step = 0
-                if step % every == 0 or step == sched.total_steps:
+                if cfg.train.save_checkpoints and (step % every == 0 or step == sched.total_steps):
                     save_checkpoint(acc, model, scheduler, cfg.run,
                                     {"step": step, "total_steps": sched.total_steps, "epoch": rec.epoch,
                                      "micro_batch": cfg.micro_batch, "grad_accum": cfg.grad_accum,
                                      "world_size": world, "rows": len(blocks), "strategy": cfg.strategy,
                                      "time": time.time()}, rank, ds)
+                    prune_checkpoints(cfg.run, cfg.train.keep_checkpoints, rank)
                     last_saved = step
                     t_last = time.perf_counter()          # saving is not step time
                 _injected_failure(step, rank, resume)
@@ -216,8 +250,11 @@ def train(cfg: RunConfig, resume: bool) -> int:
             tb.close()
     barrier()
     if main:
-        print(f"scaletrain: done, {step} steps; checkpoints in {cfg.run.checkpoints}", flush=True)
+        where = (f"checkpoints in {cfg.run.checkpoints}" if cfg.train.save_checkpoints
+                 else "no checkpoints written (save_checkpoints false)")
+        print(f"scaletrain: done, {step} steps; {where}", flush=True)
     acc.end_training()
+    shutdown()
     return 0
 
 
@@ -253,5 +290,31 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
 
 
+def _exit(code: int) -> None:
+    """Flush what the rank wrote and leave without tearing the distributed objects down (distributed.shutdown says
+    why): they are held in KEEP_UNTIL_EXIT, so returning from train() frees none of them either."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _run_as_script() -> None:
+    import traceback
+
+    try:
+        code = main()
+    except SystemExit as e:                   # argparse: --help (0) or a usage error (2)
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+    except BaseException:                     # the traceback the interpreter would print (the doctor reads it)
+        traceback.print_exc()
+        code = 1
+    _exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _run_as_script()

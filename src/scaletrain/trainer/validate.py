@@ -5,12 +5,17 @@ timeline over one steady-state optimizer step of the plan's per-process configur
 trainer's own `torch.cuda.max_memory_allocated/reserved` per rank, read from metrics.jsonl. Step time is the
 median of the bundled trainer's step times after warm-up, in a real run of the plan (random-init weights when
 the real ones are absent). `derive_calibration` turns a result into a profile for engine/model/calibration.py.
+
+A validation run keeps its logs and metrics but no weights: it runs with save_checkpoints false, and whatever
+checkpoint folder its run directory holds afterwards is removed (a GPU's disk fills with a few full checkpoints).
+A time budget stops the run (every rank) and raises ValidationTimedOut; a failed run raises ValidationFailed with
+its run directory, so a sweep can ask the doctor why.
 """
 
 from __future__ import annotations
 
-import statistics
 import tempfile
+import threading
 from dataclasses import dataclass, replace
 from datetime import date
 from pathlib import Path
@@ -21,12 +26,23 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan, evaluate
 from scaletrain.engine.plan.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan
-from scaletrain.engine.run.layout import check_run_dir_path
+from scaletrain.engine.run.layout import RunDir, check_run_dir_path
+from scaletrain.engine.run.metrics import MIN_WARMUP_STEPS, steady_step_seconds
 from scaletrain.engine.run.options import TrainOptions
 
-WARMUP_FRACTION = 0.25      # the first quarter of the steps (at least 2) is warm-up: allocator, kernels, caches
-MIN_WARMUP_STEPS = 2
 MAX_STEPS = 100_000         # a validation measures a few steps; more is a typo
+
+
+class ValidationFailed(ScaletrainError):
+    """The validation run exited non-zero; `run` is its run directory (logs, status.json for the doctor)."""
+
+    def __init__(self, message: str, run: RunDir):
+        super().__init__(message)
+        self.run = run
+
+
+class ValidationTimedOut(ValidationFailed):
+    """The run was stopped when its time budget ran out."""
 
 
 @dataclass(frozen=True)
@@ -129,39 +145,54 @@ def _measure_objective_memory(plan: Plan) -> int:
     return measure_objective_step(run).peak_allocated_bytes
 
 
-def _steady_step_seconds(series: list[Any]) -> float | None:
-    if not series:
-        return None
-    skip = max(MIN_WARMUP_STEPS, int(len(series) * WARMUP_FRACTION))
-    steady = series[skip:] or series[-1:]
-    return statistics.median(m.step_seconds for m in steady)
-
-
 def run_steps(request: PlanRequest, train: TrainOptions, steps: int, run_dir: Path,
-              on_output: Callable[[int | None, str], None] | None = None) -> tuple[Plan, list[Any], Any]:
-    """Write the plan's run directory with max_steps = `steps` and run it with the bundled trainer."""
+              on_output: Callable[[int | None, str], None] | None = None, *, plan: Plan | None = None,
+              budget_seconds: float | None = None) -> tuple[Plan, list[Any], RunDir]:
+    """Write the plan's run directory with max_steps = `steps` and no checkpoints, run it with the bundled trainer
+    (stopped after `budget_seconds`), and remove any checkpoint weights it holds afterwards. `plan`: a plan made
+    elsewhere from this request (e.g. with setup fields the request cannot name); default make_plan(request)."""
     from scaletrain.engine.run.launcher import launch
     from scaletrain.engine.run.metrics import read_metrics
     from scaletrain.engine.run.writers import write_run_dir
 
-    plan = make_plan(request)
+    if budget_seconds is not None and not budget_seconds > 0:
+        raise ScaletrainError(f"the time budget must be positive seconds (got {budget_seconds})")
+    plan = plan or make_plan(request)
     _require_devices(plan)
-    train = replace(train, max_steps=steps, checkpoint_every=10 * steps, script=None, script_args=())
+    train = replace(train, max_steps=steps, save_checkpoints=False, keep_checkpoints=None, script=None,
+                    script_args=())
     run = write_run_dir(plan, request, train, run_dir, overwrite=True)
-    result = launch(run.path, on_output=on_output)
+    stop = threading.Event()
+    timer = threading.Timer(budget_seconds, stop.set) if budget_seconds else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    try:
+        result = launch(run.path, on_output=on_output, stop=stop)
+    finally:
+        if timer is not None:
+            timer.cancel()
+        run.remove_checkpoints()
+    if result.interrupted:
+        if stop.is_set():
+            raise ValidationTimedOut(f"the validation run did not finish within its {budget_seconds:g} s budget "
+                                     f"(stopped); logs in {run.logs}", run)
+        raise ValidationFailed(f"the validation run was interrupted; logs in {run.logs}", run)
     if not result.ok:
-        raise ScaletrainError(f"the validation run failed with exit code {result.exit_code}"
-                              + (f" on rank {result.first_failing_rank}" if result.first_failing_rank is not None
-                                 else "") + f"; logs in {run.logs}")
+        raise ValidationFailed(f"the validation run failed with exit code {result.exit_code}"
+                               + (f" on rank {result.first_failing_rank}" if result.first_failing_rank is not None
+                                  else "") + f"; logs in {run.logs}", run)
     return plan, read_metrics(run.metrics), run
 
 
 def validate(request: PlanRequest, train: TrainOptions, *, steps: int = 20, run_dir: str | Path | None = None,
-             on_output: Callable[[int | None, str], None] | None = None) -> ValidationResult:
+             on_output: Callable[[int | None, str], None] | None = None, plan: Plan | None = None,
+             budget_seconds: float | None = None) -> ValidationResult:
     check_steps(steps)
-    _require_devices(make_plan(request))       # before anything is written: a GPU plan never runs on CPU here
+    plan = plan or make_plan(request)
+    _require_devices(plan)                     # before anything is written: a GPU plan never runs on CPU here
     base = check_run_dir_path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="scaletrain-validate-"))
-    plan, series, run = run_steps(request, train, steps, base, on_output)
+    plan, series, run = run_steps(request, train, steps, base, on_output, plan=plan, budget_seconds=budget_seconds)
     return _result(plan, series, run)
 
 
@@ -195,7 +226,7 @@ def _result(plan: Plan, series: list[Any], run: Any) -> ValidationResult:
     return ValidationResult(plan=plan, steps=len(series), memory_source=source,
                             predicted_allocated_bytes=pred_alloc, measured_allocated_bytes=measured_alloc,
                             predicted_reserved_bytes=pred_res, measured_reserved_bytes=meas_res,
-                            predicted_step_seconds=pred_step, measured_step_seconds=_steady_step_seconds(series),
+                            predicted_step_seconds=pred_step, measured_step_seconds=steady_step_seconds(series),
                             run_dir=run.path, notes=tuple(notes))
 
 

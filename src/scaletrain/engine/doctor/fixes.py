@@ -74,18 +74,51 @@ def remedies_for(diag: Diagnosis, doc: PlanDocument | None) -> list[Remedy]:
         return out
     if k == "fp16_overflow":
         return _fp16_remedies(req, plan, doc)
-    if k == "disk_full":
-        return [_known("free disk space where the run directory lives, or move it to a larger disk", {}, plan,
-                       applicable=False, why="checkpoints and logs need room to be written"),
-                _known("keep fewer checkpoints (raise train.checkpoint_every)", {}, plan, applicable=False,
-                       why="every checkpoint holds the model and optimizer states")]
     if k in ("interrupted", "killed"):
         return [_known("resume from the last checkpoint (scaletrain launch RUN_DIR --resume)", {}, plan,
                        applicable=False, why="nothing in the run failed; it was stopped")]
     if k == "config_error":
+        if diag.details.get("trainer"):
+            return []           # the trainer's own line says what to change
         return [_known("rewrite the run's configs from the plan (scaletrain writers)", {}, plan,
                        why="a hand-edited or stale accelerate/DeepSpeed config was rejected")]
+    if k == "disk_full":
+        return _disk_full_remedies(doc)
     return []
+
+
+# A full disk is a disk problem: these remedies change where and how often checkpoints are written, never the
+# per-GPU memory or the step time, so they carry no predicted numbers.
+CHECKPOINT_EVERY_FACTOR = 10        # "checkpoint less often": ten times fewer checkpoints
+
+
+def _disk_remedy(title: str, changes: dict[str, Any], why: str, applicable: bool = True) -> Remedy:
+    return Remedy(title, changes, None, None, None, None, None, None, kind="known", detail=why,
+                  applicable=applicable)
+
+
+def _disk_full_remedies(doc: PlanDocument | None) -> list[Remedy]:
+    out = [_disk_remedy("free disk space, or put the run directory on a bigger disk", {},
+                        "the disk holding the run directory is full (checkpoints, other runs' files)",
+                        applicable=False)]
+    try:
+        train = doc.train if doc is not None else None
+    except ScaletrainError:
+        train = None
+    if train is None:
+        return out + [_disk_remedy("write fewer checkpoints (train options checkpoint_every larger, "
+                                   "keep_checkpoints 1)", {}, "each checkpoint holds weights and optimizer states",
+                                   applicable=False)]
+    if train.keep_checkpoints != 1:
+        out.append(_disk_remedy(f"keep only the newest checkpoint (keep_checkpoints 1, was "
+                                f"{train.keep_checkpoints or 'all'})", {"train.keep_checkpoints": 1},
+                                "older checkpoints are deleted once a newer one is complete"))
+    every = train.checkpoint_every * CHECKPOINT_EVERY_FACTOR
+    out.append(_disk_remedy(f"checkpoint less often (checkpoint_every {train.checkpoint_every} → {every})",
+                            {"train.checkpoint_every": every}, "fewer saves, each as large as before"))
+    out.append(_disk_remedy("write no checkpoints (save_checkpoints false; nothing to resume from)",
+                            {"train.save_checkpoints": False}, "for short runs and validation"))
+    return out
 
 
 def _known(title: str, changes: dict[str, Any], plan: Plan | None, *, applicable: bool = True, why: str = "",

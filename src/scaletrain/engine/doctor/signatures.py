@@ -71,9 +71,20 @@ RE_CONFIG = re.compile(
     r"|validation errors? for DeepSpeed\w*Config.*"
     r"|Please correct the following DeepSpeed config values that mismatch.*"
     r"|Specified distributed type .* but only using 1 GPU.*")
-# A full disk: the OSError (errno 28, or 122 for a quota), safetensors' StorageFull, torch.save's stream writer.
-RE_DISK_FULL = re.compile(r"No space left on device|\[Errno 28\]|StorageFull|Disk quota exceeded|\[Errno 122\]"
-                          r"|PytorchStreamWriter failed writing file .*file write failed")
+# A full disk: errno 28 (ENOSPC) as Python ("OSError: [Errno 28] No space left on device: 'path'"), Rust (safetensors:
+# "I/O error: No space left on device (os error 28)", StorageFull) and C libraries (strerror) word it; a quota
+# (errno 122); torch.save's stream writer.
+RE_DISK_FULL = re.compile(r"No space left on device|\[Errno 28\]|\bos error 28\b|\berrno:? ?28\b|\bENOSPC\b|StorageFull"
+                          r"|Disk quota exceeded|\[Errno 122\]|PytorchStreamWriter failed writing file .*file write failed",
+                          re.IGNORECASE)
+RE_DISK_PATH = re.compile(r"No space left on device: '([^']+)'")
+# Frames of a save (the bundled trainer's checkpoints, accelerate's save_state, transformers/torch/safetensors).
+RE_SAVE_FRAME = re.compile(r"save_checkpoint|save_state|save_pretrained|save_file|torch/serialization\.py")
+# The bundled trainer's and the CLI's own refusals: one line, "scaletrain: error: <what was wrong and what to do>"
+# (trainer/train.py, tui/cli/main.py). A terminal may wrap it (rich's headless output at 80 columns).
+RE_TRAINER_ERROR = re.compile(r"^scaletrain: error: (.+)$")
+WRAP_MIN_CHARS = 60                  # a line this long or longer may continue on the next one (a wrapped terminal)
+WRAP_MAX_LINES = 4
 # Stopped from outside: the bundled trainer's Ctrl-C line, torchrun's agent receiving SIGINT/SIGTERM/SIGHUP.
 RE_INTERRUPTED = re.compile(r"scaletrain: interrupted at step \d+|SignalException: Process \d+ got signal: \d+"
                             r"|Received (?:SIGINT|SIGTERM|SIGHUP|\d+) death signal, shutting down workers")
@@ -113,8 +124,9 @@ def scan(lines: list[LogLine]) -> list[Event]:
     """Every signature the lines match, in order (one event per line at most)."""
     events: list[Event] = []
     for i, ln in enumerate(lines):
-        ev = (_match_oom(lines, i) or _match_host(ln) or _match_nccl(lines, i) or _match_fp16(ln)
-              or _match_config(lines, i) or _match_disk_full(ln) or _match_interrupted(ln)
+        ev = (_match_oom(lines, i) or _match_host(ln) or _match_disk(lines, i) or _match_nccl(lines, i)
+              or _match_fp16(ln) or _match_config(lines, i) or _match_trainer_error(lines, i)
+              or _match_interrupted(ln)
               or _match_elastic(lines, i) or _match_exception(lines, i))
         if ev is not None:
             events.append(ev)
@@ -263,11 +275,39 @@ def _match_config(lines: list[LogLine], i: int) -> Event | None:
     return Event("config_error", CAUSE, ln, ln.rank, None, {"message": msg}, evidence)
 
 
-def _match_disk_full(ln: LogLine) -> Event | None:
-    """A write that failed for lack of space: the cause of whatever error follows it."""
-    if RE_DISK_FULL.search(ln.body):
-        return Event("disk_full", CAUSE, ln, ln.rank, None, {"message": ln.body.strip()[:300]}, [ln])
-    return None
+def _match_disk(lines: list[LogLine], i: int) -> Event | None:
+    """A write that found the disk full (errno 28), with the frame that wrote and whether it was a save."""
+    ln = lines[i]
+    if not RE_DISK_FULL.search(ln.body):
+        return None
+    tb = traceback_of(lines, i)
+    d: dict[str, Any] = {"message": ln.body.strip()[:300],
+                         "while_saving": any(RE_SAVE_FRAME.search(t.body) for t in tb)}
+    m = RE_DISK_PATH.search(ln.body)
+    if m:
+        d["path"] = m.group(1)
+    frames = [t for t in tb if t.body.lstrip().startswith("File ")]
+    return Event("disk_full", CAUSE, ln, ln.rank, None, d, frames[-1:] + [ln])
+
+
+def _match_trainer_error(lines: list[LogLine], i: int) -> Event | None:
+    """`scaletrain: error: …`: the trainer refused the run in one line; the line (and its wrapped continuation) is
+    the evidence and the message."""
+    ln = lines[i]
+    m = RE_TRAINER_ERROR.match(ln.body.strip())
+    if not m:
+        return None
+    evidence = [ln]
+    prev = ln
+    for nxt in lines[i + 1:i + 1 + WRAP_MAX_LINES]:
+        body = nxt.body.strip()
+        if (nxt.rank != ln.rank or len(prev.body.rstrip()) < WRAP_MIN_CHARS or not body
+                or RE_TRACEBACK.search(body) or body.startswith(("scaletrain:", "File ", "[", "==>"))):
+            break
+        evidence.append(nxt)
+        prev = nxt
+    message = " ".join([m.group(1).strip()] + [x.body.strip() for x in evidence[1:]])
+    return Event("config_error", CAUSE, ln, ln.rank, None, {"message": message, "trainer": True}, evidence)
 
 
 def _match_interrupted(ln: LogLine) -> Event | None:

@@ -93,10 +93,6 @@ def with_summary(d: Diagnosis, plan: PlanDocument | None) -> Diagnosis:
             s += f": {x['last_error']}"
     elif d.kind == "fp16_overflow":
         s = f"{who}: fp16 loss scale hit its minimum (gradients overflow at every scale); the run stopped"
-    elif d.kind == "disk_full":
-        s = f"{who if d.rank is not None else 'the run'}: the disk is full (a write failed: no space left)"
-        if x.get("disk_free_bytes") is not None:
-            s += f"; {fmt_bytes(x['disk_free_bytes'])} free on the run directory's filesystem at the end"
     elif d.kind == "interrupted":
         s = ("the run was stopped from outside (Ctrl-C, SIGTERM or a closed terminal), it did not fail"
              + (f": {x['reason']}" if x.get("reason") else "") + "; `scaletrain launch RUN_DIR --resume` continues "
@@ -105,7 +101,17 @@ def with_summary(d: Diagnosis, plan: PlanDocument | None) -> Diagnosis:
         s = (f"{who} was killed with SIGKILL and printed no traceback, and the kernel's OOM killer did not act "
              "during the run: something outside killed it (a user's kill -9, a scheduler's time or preemption limit)")
     elif d.kind == "config_error":
-        s = f"{who if d.rank is not None else 'launch'}: configuration rejected: {x.get('message', '')}"
+        if x.get("trainer"):
+            s = f"{who if d.rank is not None else 'the trainer'} refused the run: {x.get('message', '')}"
+        else:
+            s = f"{who if d.rank is not None else 'launch'}: configuration rejected: {x.get('message', '')}"
+    elif d.kind == "disk_full":
+        where = f" ({x['path']})" if x.get("path") else ""
+        s = (f"{who if d.rank is not None else 'the run'} ran out of disk space"
+             f"{' while saving a checkpoint' if x.get('while_saving') else ''}{where}: No space left on device; "
+             "free space or move the run directory, and write fewer checkpoints")
+        if x.get("disk_free_bytes") is not None:
+            s += f" ({fmt_bytes(x['disk_free_bytes'])} free on the run directory's filesystem at the end)"
     else:
         if x.get("silent"):
             s = (f"{who} stopped logging with no error while the other ranks reported {x['peers_saw']}: it died "

@@ -43,6 +43,12 @@ DS_STEPS_PER_PRINT = 1_000_000_000
 
 
 # ---- accelerate ------------------------------------------------------------------------------------------------
+def mixed_precision(precision: str, master_weights: str) -> str:
+    """accelerate's mixed_precision for a plan: autocast to the compute precision over fp32 weights, or "no" when
+    the weights already are the compute precision (`master_weights` bf16: no fp32 copy, no autocast) or fp32."""
+    return "no" if master_weights == "bf16" else ACCELERATE_MIXED_PRECISION[precision]
+
+
 def main_process_port(run: RunDir) -> int:
     return MAIN_PROCESS_PORT_BASE + zlib.crc32(str(run.path).encode()) % MAIN_PROCESS_PORT_SPAN
 
@@ -95,7 +101,7 @@ def accelerate_config(plan: Plan, run: RunDir, train: TrainOptions, *,
             ds["deepspeed_multinode_launcher"] = "standard"   # torchrun on each node; no pdsh/ssh between nodes
         cfg["deepspeed_config"] = ds
     else:
-        cfg["mixed_precision"] = ACCELERATE_MIXED_PRECISION[s.precision]
+        cfg["mixed_precision"] = mixed_precision(s.precision, s.master_weights)
     if dtype == "FSDP":
         cfg["fsdp_config"] = _fsdp_config(plan, train)
     return cfg

@@ -90,12 +90,33 @@ class RunDir:
         if not self.checkpoints.is_dir():
             return []
         for d in self.checkpoints.iterdir():
-            if d.name.startswith(CHECKPOINT_PREFIX) and (d / TRAINER_STATE).is_file():
-                try:
-                    found.append((int(d.name[len(CHECKPOINT_PREFIX):]), d))
-                except ValueError:
-                    continue
+            n = checkpoint_step(d)
+            if n is not None and (d / TRAINER_STATE).is_file():
+                found.append((n, d))
         return [d for _, d in sorted(found, reverse=True)]
+
+    def remove_checkpoints(self) -> int:
+        """Delete every checkpoints/step-<n>/ (the weights a validation run must not leave); bytes freed."""
+        import shutil
+
+        freed = 0
+        if self.checkpoints.is_dir():
+            for d in list(self.checkpoints.iterdir()):
+                if checkpoint_step(d) is not None:
+                    freed += sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+                    shutil.rmtree(d, ignore_errors=True)
+        return freed
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """n for a checkpoints/step-<n>/ folder, None for anything else."""
+    name = path.name
+    if not name.startswith(CHECKPOINT_PREFIX) or not path.is_dir():
+        return None
+    try:
+        return int(name[len(CHECKPOINT_PREFIX):])
+    except ValueError:
+        return None
 
 
 def log_rank(name: str) -> int | None:

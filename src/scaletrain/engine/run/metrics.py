@@ -27,7 +27,9 @@ from typing import Any, Iterable
 from scaletrain.engine.fileio import AppendedLines, atomic_write
 
 TORN_TAIL_SCAN_BYTES = 1 << 20  # a record is a few hundred bytes: its line break is well within the last MiB
-ETA_WINDOW_STEPS = 20          # recent steps averaged for the ETA (skips the slow first steps once past them)
+ETA_WINDOW_STEPS = 20          # recent steps averaged for the speed and the ETA (warm-up steps left out)
+WARMUP_FRACTION = 0.25         # the first quarter of the steps (at least MIN_WARMUP_STEPS) is warm-up: allocator,
+MIN_WARMUP_STEPS = 2           # kernel selection, caches; a steady-state number leaves them out
 
 
 @dataclass(frozen=True)
@@ -218,13 +220,26 @@ def eta_seconds(rec: StepMetrics, step_seconds: float) -> float:
     return max(0, rec.total_steps - rec.step) * step_seconds
 
 
+def steady_steps(series: Iterable[StepMetrics]) -> list[StepMetrics]:
+    """The steps after warm-up: the first quarter of the series, at least MIN_WARMUP_STEPS, left out."""
+    recs = list(series)
+    return recs[max(MIN_WARMUP_STEPS, int(len(recs) * WARMUP_FRACTION)):]
+
+
+def steady_step_seconds(series: Iterable[StepMetrics]) -> float | None:
+    """The median step time after warm-up (None while every step is still warm-up)."""
+    steady = steady_steps(series)
+    return statistics.median(r.step_seconds for r in steady) if steady else None
+
+
 def summarize(series: Iterable[StepMetrics], window: int = ETA_WINDOW_STEPS) -> MetricsSummary | None:
-    """Latest step, recent speed and ETA (mean recent step time × steps left); None before the first step."""
+    """Latest step, recent speed and ETA (mean step time of the recent steady steps × steps left; the warm-up steps
+    count only while there is nothing else); None before the first step."""
     recs = list(series)
     if not recs:
         return None
     last = recs[-1]
-    recent = recs[-window:]
+    recent = (steady_steps(recs) or recs)[-window:]
     step_s = statistics.fmean(r.step_seconds for r in recent)
     tps = statistics.fmean(r.tokens_per_second for r in recent)
     rss = [m.host_rss_bytes for m in last.peak_memory if m.host_rss_bytes is not None]
@@ -235,3 +250,39 @@ def summarize(series: Iterable[StepMetrics], window: int = ETA_WINDOW_STEPS) -> 
         eta_seconds=eta_seconds(last, step_s),
         elapsed_seconds=sum(r.step_seconds for r in recs), world_size=last.world_size,
         peak_host_rss_bytes=max(rss) if rss else None, peak_allocated_bytes=max(alloc) if alloc else None)
+
+
+@dataclass(frozen=True)
+class VersusPlan:
+    """Measured speed beside the plan's: step time and tokens/s with measured ÷ planned (> 1: slower steps,
+    more tokens/s). Measured is the summary's recent steady speed; planned is plan.json's time section."""
+
+    measured_step_seconds: float
+    planned_step_seconds: float
+    measured_tokens_per_second: float
+    planned_tokens_per_second: float | None
+
+    @property
+    def step_ratio(self) -> float:
+        return self.measured_step_seconds / self.planned_step_seconds
+
+    @property
+    def tokens_ratio(self) -> float | None:
+        p = self.planned_tokens_per_second
+        return self.measured_tokens_per_second / p if p else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"measured_step_seconds": self.measured_step_seconds,
+                "planned_step_seconds": self.planned_step_seconds, "step_ratio": self.step_ratio,
+                "measured_tokens_per_second": self.measured_tokens_per_second,
+                "planned_tokens_per_second": self.planned_tokens_per_second, "tokens_ratio": self.tokens_ratio}
+
+
+def versus_plan(summary: MetricsSummary | None, planned_step_seconds: float | None,
+                planned_tokens_per_second: float | None) -> VersusPlan | None:
+    """The comparison, when there is a step and a planned step time to compare with."""
+    if summary is None or not planned_step_seconds or planned_step_seconds <= 0:
+        return None
+    return VersusPlan(summary.step_seconds, planned_step_seconds, summary.tokens_per_second,
+                      planned_tokens_per_second if planned_tokens_per_second and planned_tokens_per_second > 0
+                      else None)

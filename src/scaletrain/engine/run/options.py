@@ -25,7 +25,9 @@ class TrainOptions:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0            # gradient clipping (ds_config.json gradient_clipping); 0 = off
     max_steps: int | None = None          # overrides epochs when set
-    checkpoint_every: int = 50            # optimizer steps; a final checkpoint is always written
+    checkpoint_every: int = 50            # optimizer steps; a final checkpoint is written too (when saving)
+    save_checkpoints: bool = True         # false: no checkpoint at all, not even the final one (validation runs)
+    keep_checkpoints: int | None = None   # keep only the newest N complete checkpoints; None keeps every one
     seed: int = 0
     packing: bool = True                  # pack samples into seq_len blocks (else pad each sample)
     lora_alpha: int | None = None         # default 2 × rank
@@ -86,6 +88,10 @@ class TrainOptions:
                 or len(self.model_source) > MAX_PATH_CHARS:
             raise ScaletrainError(f"model_source must be random-init, a local path or an HF cache id "
                                   f"(got {_short(self.model_source)})")
+        if not isinstance(self.save_checkpoints, bool):
+            raise ScaletrainError(f"save_checkpoints must be true or false (got {_short(self.save_checkpoints)})")
+        if self.keep_checkpoints is not None:
+            _whole("keep_checkpoints", self.keep_checkpoints, 1, "or unset")
         if not all(isinstance(a, str) for a in self.script_args):
             raise ScaletrainError("script_args must be a list of strings")
 

@@ -21,7 +21,8 @@ from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.plan.request import PlanRequest
 from scaletrain.engine.run.options import TrainOptions
-from scaletrain.engine.vocabulary import Attention, Method, Optimizer, Precision, Strategy
+from scaletrain.engine.vocabulary import (Attention, MasterWeights, Method, Optimizer, OptimizerImpl, Precision,
+                                          Strategy)
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class TrainingSection:
     lora_rank: int | None
     lora_targets: tuple[str, ...]
     base_bits: int
+    master_weights: MasterWeights = MasterWeights.FP32     # plans written before issue 12 trained fp32 masters
+    optimizer_impl: OptimizerImpl = OptimizerImpl.FUSED
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,16 @@ class PlanDocument:
         return self._get("memory", "host_bytes_per_gpu")
 
     @property
+    def planned_step_seconds(self) -> float | None:
+        """The plan's predicted seconds per optimizer step (time.step_seconds)."""
+        return self._get("time", "step_seconds")
+
+    @property
+    def planned_tokens_per_second(self) -> float | None:
+        """The plan's predicted tokens per second over all GPUs (time.tokens_per_second)."""
+        return self._get("time", "tokens_per_second")
+
+    @property
     def train_lr(self) -> float | None:
         """The learning rate the run trains with, when the document has a "train" section."""
         return self._get("train", "lr")
@@ -186,7 +199,9 @@ class PlanDocument:
                 precision=Precision(tr["precision"]), optimizer=Optimizer(tr["optimizer"]),
                 attn=Attention(tr["attn"]), grad_ckpt=bool(tr["grad_ckpt"]),
                 lora_rank=int(tr.get("lora_rank") or req.get("lora_rank") or 16),
-                lora_targets=tuple(tr.get("lora_targets") or ()), base_bits=int(tr.get("base_bits", 16)))
+                lora_targets=tuple(tr.get("lora_targets") or ()), base_bits=int(tr.get("base_bits", 16)),
+                master_weights=MasterWeights(tr.get("master_weights") or MasterWeights.FP32),
+                optimizer_impl=OptimizerImpl(tr.get("optimizer_impl") or OptimizerImpl.FUSED))
         except (KeyError, TypeError, ValueError) as e:
             raise self._missing(e) from None
 
@@ -245,6 +260,9 @@ class PlanDocument:
         fields_["lora_targets"] = tuple(targets) if targets else None
         if tr.get("base_bits") is not None and tr["method"] != "full":
             fields_["base_bits"] = int(tr["base_bits"])
+        for k in ("master_weights", "optimizer_impl"):      # request fields once the request carries them
+            if k in known and tr.get(k) is not None:
+                fields_[k] = tr[k]
         mem = d.get("memory") or {}
         if mem.get("headroom_fraction") is not None:
             fields_["headroom"] = float(mem["headroom_fraction"])

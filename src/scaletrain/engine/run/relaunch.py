@@ -36,6 +36,8 @@ from scaletrain.engine.run.writers import render_run_files
 
 # Request fields whose change keeps the checkpoint loadable and the data order identical (see the docstring).
 RESUMABLE_FIELDS = frozenset({"micro_batch", "grad_accum", "grad_ckpt", "offload", "attn"})
+# Train options that only decide which checkpoints are written: the schedule and the data order stay.
+RESUMABLE_TRAIN_OPTIONS = frozenset({"checkpoint_every", "keep_checkpoints", "save_checkpoints"})
 ATTEMPTS_DIR = "attempts"
 ENV_PREFIX, TRAIN_PREFIX = "env.", "train."
 # What an attempt's backup keeps (the run-directory layout's files; logs are copied, the launcher appends to them).
@@ -56,7 +58,8 @@ class Applied:
 
 def likely_resumes(changes: dict[str, Any], keeps_effective_batch: bool | None = True) -> bool:
     """A quick field-level answer for views (apply_remedy makes the exact check against the checkpoint)."""
-    fields_ = {k for k in changes if not k.startswith(ENV_PREFIX)}
+    fields_ = {k for k in changes if not k.startswith(ENV_PREFIX)
+               and k.removeprefix(TRAIN_PREFIX) not in RESUMABLE_TRAIN_OPTIONS}
     return fields_ <= RESUMABLE_FIELDS and keeps_effective_batch is not False
 
 
@@ -93,8 +96,9 @@ def resume_blocker(old: PlanDocument, new_plan: Plan, plan_c: dict[str, Any],
     changed = sorted(k for k in plan_c if k not in RESUMABLE_FIELDS and plan_c[k] != old.recorded(k))
     if changed:
         return f"{', '.join(changed)} change{'s' if len(changed) == 1 else ''} the checkpoint's format or the data"
-    if train_c:
-        return f"train option {', '.join(sorted(train_c))} needs a fresh schedule"
+    schedule = sorted(k for k in train_c if k not in RESUMABLE_TRAIN_OPTIONS)
+    if schedule:
+        return f"train option {', '.join(schedule)} needs a fresh schedule"
     return None
 
 

@@ -1,4 +1,5 @@
-"""`scaletrain validate [plan options | --preset NAME] [--steps N] [--save] [--json]`: predicted vs measured."""
+"""`scaletrain validate [plan options | --preset NAME] [--steps N] [--budget-seconds S] [--save] [--json]`: predicted
+vs measured. The run keeps its logs and metrics and no checkpoint weights."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ def configure_validate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=20, help="training steps to run (the first quarter is warm-up)")
     p.add_argument("--save", action="store_true", help="store a calibration profile for this GPU kind and stack")
     p.add_argument("--run-dir", help="where the validation run goes (default: a temporary directory)")
+    p.add_argument("--budget-seconds", type=float, metavar="S",
+                   help="stop the run (every rank) if it has not finished after S seconds")
     p.add_argument("--json", action="store_true")
 
 
@@ -31,7 +34,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     train = train_from_args(args)
     check_steps(args.steps)                      # before the first line is printed
     console.print(f"validating {request.model} for {args.steps} steps with the bundled trainer …")
-    r = validate(request, train, steps=args.steps, run_dir=args.run_dir)
+    r = validate(request, train, steps=args.steps, run_dir=args.run_dir, budget_seconds=args.budget_seconds)
     saved = None
     if args.save:
         cal = derive_calibration(r, "scaletrain " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
@@ -61,7 +64,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     console.print(f"memory: {r.memory_source}")
     for note in r.notes:
         console.print(f"note: {note}")
-    console.print(f"run directory: {r.run_dir}")
+    console.print(f"run directory: {r.run_dir} (logs and metrics; no checkpoint weights kept)")
     if saved:
         console.print(f"calibration saved to {saved}; later plans on {r.plan.setup.hardware.gpu.key} use it")
     return 0
