@@ -22,6 +22,8 @@ from scaletrain.engine.doctor.signatures import (CAUSE, CONSEQUENCE, MAX_EVIDENC
                                                  SIGKILL_EXIT, SIGTERM_EXIT, Event, scan)
 from scaletrain.engine.doctor.summary import Diagnosis, with_summary
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.run.layout import RunDir
+from scaletrain.engine.run.metrics import read_metrics, steady_step_seconds
 from scaletrain.engine.run.plan_document import PlanDocument
 
 
@@ -97,8 +99,10 @@ def _events_from_exit_codes(exit_codes: dict[int, int], lines_by_rank: dict[int,
 
 
 def diagnose(logs: list[Path], plan: PlanDocument | None = None, exit_codes: dict[int, int] | None = None, *,
-             first_failing_rank: int | None = None, with_remedies: bool = True) -> Diagnosis:
-    """Classify a failed run from its logs (and, when known, per-rank exit codes and the plan)."""
+             first_failing_rank: int | None = None, with_remedies: bool = True,
+             measured_step_seconds: float | None = None) -> Diagnosis:
+    """Classify a failed run from its logs (and, when known, per-rank exit codes, the plan, and the steady step time
+    the run measured: remedies' step times are scaled by it)."""
     if not logs and not exit_codes:
         raise ScaletrainError("diagnose needs at least one log file (or a run directory)")
     codes = {int(k): int(v) for k, v in (exit_codes or {}).items() if v is not None}
@@ -141,7 +145,8 @@ def diagnose(logs: list[Path], plan: PlanDocument | None = None, exit_codes: dic
                      details=dict(chosen.details), secondary=secondary)
     diag = with_summary(diag, plan)
     if with_remedies:
-        diag = replace(diag, remedies=tuple(remedies_for(diag, plan)))
+        remedies, notes = remedies_for(diag, plan, measured_step_seconds)
+        diag = replace(diag, remedies=tuple(remedies), notes=notes)
     return diag
 
 
@@ -188,7 +193,7 @@ def diagnose_paths(paths: list[Path], plan: PlanDocument | None = None,
     Explicit `exit_codes` win over status.json's."""
     logs: list[Path] = []
     codes: dict[int, int] = {}
-    first = None
+    first = measured = None
     for p in paths:
         p = Path(p)
         if p.is_dir():
@@ -199,7 +204,9 @@ def diagnose_paths(paths: list[Path], plan: PlanDocument | None = None,
             codes.update(c2)
             first = first if first is not None else f2
             plan = plan if plan is not None else pj
+            measured = measured if measured is not None else steady_step_seconds(read_metrics(RunDir(p).metrics))
         else:
             logs.append(p)
     codes.update(exit_codes or {})
+    kw.setdefault("measured_step_seconds", measured)
     return diagnose(logs, plan, codes, first_failing_rank=first, **kw)
