@@ -159,7 +159,7 @@ def test_ddp_two_ranks_loss_falls_with_checkpoints_and_live_progress(tmp_path):
 
     run = make_run(tmp_path, "ddp", lr=5e-3, max_steps=24, checkpoint_every=10, warmup_ratio=0.1)
     out = io.StringIO()
-    code = stream_run(run.path, console=Console(file=out, width=160, force_terminal=False))
+    code = stream_run(run.path, console=Console(file=out, width=240, force_terminal=False))
     text = out.getvalue()
     assert code == 0, text + run.rank_log(0).read_text()
     series = assert_trained(run, 24)
@@ -173,6 +173,14 @@ def test_ddp_two_ranks_loss_falls_with_checkpoints_and_live_progress(tmp_path):
     assert status["state"] == "finished" and status["exit_code"] == 0 and set(status["rank_pids"]) == {"0", "1"}
     assert "demo.jsonl" in run.rank_log(0).read_text()          # no dataset given: the bundled demo data
     assert "24/24" in text and "finished" in text and f"loss {series[-1].loss:.4f}" in text
+    # measured beside the plan's, measured ÷ planned: the engine's summary of this run's metrics
+    from scaletrain.engine.run.metrics import summarize
+    from scaletrain.engine.run.plan_document import read_plan_document
+
+    doc = read_plan_document(run.plan)
+    v = summarize(series, planned_step_seconds=doc.planned_step_seconds,
+                  planned_tokens_per_second=doc.planned_tokens_per_second).versus
+    assert f"{v.tokens_text()}, {v.step_text()} on 2 process(es)" in text
 
 
 @pytest.mark.slow

@@ -117,6 +117,7 @@ def _dtypes(model, trainable: bool) -> set[str]:
     ({"method": "lora", "base_bits": 32}, {}, {"float32"}, {"float32"}),
     # bitsandbytes packs NF4 weights into uint8; prepare_model_for_kbit_training upcasts the rest to fp32
     ({"method": "qlora"}, {}, {"uint8", "float32"}, {"float32"}),
+    ({"method": "lora", "base_bits": 8}, {}, {"int8", "float32"}, {"float32"}),        # LLM.int8 base
 ])
 def test_build_model_gives_the_planned_dtypes(tmp_path, request_fields, setup_changes, frozen, trainable):
     from scaletrain.trainer.model import build_model, check_capabilities
@@ -129,7 +130,26 @@ def test_build_model_gives_the_planned_dtypes(tmp_path, request_fields, setup_ch
     if cfg.quantized_base:
         import bitsandbytes as bnb
 
-        assert any(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())
+        layer = bnb.nn.Linear4bit if cfg.base_bits == 4 else bnb.nn.Linear8bitLt
+        assert any(isinstance(m, layer) for m in model.modules())
+
+
+def test_adamw_8bit_steps_on_the_cpu(tmp_path):
+    """bitsandbytes ≥ 0.45 runs its 8-bit AdamW on the CPU too, so the trainer no longer demands CUDA for it."""
+    import torch
+
+    from scaletrain.trainer.model import check_capabilities, make_optimizer
+
+    run = write_plan(tmp_path, gpus="1xCPU", optimizer="adamw-8bit")
+    cfg = read_run_config(run.path)
+    check_capabilities(cfg)
+    model = torch.nn.Linear(256, 256)                  # ≥ 4096 elements: bitsandbytes keeps 8-bit states for it
+    opt = make_optimizer(cfg, model)
+    before = model.weight.detach().clone()
+    model(torch.randn(4, 256)).pow(2).sum().backward()
+    opt.step()
+    assert type(opt).__name__ == "AdamW8bit" and opt.state[model.weight]["state1"].dtype == torch.uint8
+    assert not torch.equal(before, model.weight)
 
 
 # ---- real 2-rank runs ------------------------------------------------------------------------------------------------

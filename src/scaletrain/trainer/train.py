@@ -302,18 +302,10 @@ def _exit(code: int) -> None:
 
 
 def _run_as_script() -> None:
-    import traceback
-
-    try:
-        code = main()
-    except SystemExit as e:                   # argparse: --help (0) or a usage error (2)
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except KeyboardInterrupt:
-        code = EXIT_INTERRUPTED
-    except BaseException:                     # the traceback the interpreter would print (the doctor reads it)
-        traceback.print_exc()
-        code = 1
-    _exit(code)
+    """main(), then os._exit with its code. An exception still ends the process the ordinary way: its traceback is
+    what the doctor reads, and a failing rank that lingers is what lets torchelastic name the first failure (its
+    peers are stopped by the agent either way)."""
+    _exit(main())
 
 
 if __name__ == "__main__":

@@ -116,7 +116,8 @@ def measure_cpu_memory(plan: Plan) -> tuple[int, Plan, tuple[str, ...]]:
 
     s = plan.setup
     if s.optimizer == "adamw-8bit":
-        raise ScaletrainError("adamw-8bit needs bitsandbytes on a CUDA GPU; validate it on the GPU machine")
+        raise ScaletrainError("the CPU memory ground truth (trainer/measure.py) has no adamw-8bit; validate it on a GPU, "
+                              "where the trainer's own peaks are the measurement")
     target, note = _per_process_setup(plan)
     if s.objective != "sft":
         return _measure_objective_memory(plan), target, (note,) if note else ()

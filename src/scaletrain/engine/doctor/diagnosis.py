@@ -22,6 +22,8 @@ from scaletrain.engine.doctor.signatures import (CAUSE, CONSEQUENCE, EXCEPTION, 
                                                  SIGABRT_EXIT, SIGKILL_EXIT, SIGTERM_EXIT, Event, scan)
 from scaletrain.engine.doctor.summary import Diagnosis, with_summary
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.run.layout import RunDir
+from scaletrain.engine.run.metrics import read_metrics, steady_step_seconds
 from scaletrain.engine.run.plan_document import PlanDocument
 from scaletrain.engine.run.status import RunStatus
 
@@ -132,8 +134,9 @@ def _interrupted(status: RunStatus | None, chosen: Event | None) -> Event | None
 
 def diagnose(logs: list[Path], plan: PlanDocument | None = None, exit_codes: dict[int, int] | None = None, *,
              first_failing_rank: int | None = None, with_remedies: bool = True,
-             status: RunStatus | None = None) -> Diagnosis:
-    """Classify a failed run from its logs (and, when known, per-rank exit codes, the plan and status.json)."""
+             status: RunStatus | None = None, measured_step_seconds: float | None = None) -> Diagnosis:
+    """Classify a failed run from its logs (and, when known, per-rank exit codes, the plan, status.json, and the
+    steady step time the run measured: remedies' step times are scaled by it)."""
     if not logs and not exit_codes:
         raise ScaletrainError("diagnose needs at least one log file (or a run directory)")
     codes = {int(k): int(v) for k, v in (exit_codes or {}).items() if v is not None}
@@ -178,7 +181,8 @@ def diagnose(logs: list[Path], plan: PlanDocument | None = None, exit_codes: dic
                      details=dict(chosen.details), secondary=secondary)
     diag = with_summary(diag, plan)
     if with_remedies:
-        diag = replace(diag, remedies=tuple(remedies_for(diag, plan)))
+        remedies, notes = remedies_for(diag, plan, measured_step_seconds)
+        diag = replace(diag, remedies=tuple(remedies), notes=notes)
     return diag
 
 
@@ -225,7 +229,7 @@ def diagnose_paths(paths: list[Path], plan: PlanDocument | None = None,
     Explicit `exit_codes` win over status.json's."""
     logs: list[Path] = []
     codes: dict[int, int] = {}
-    first = None
+    first = measured = None
     status: RunStatus | None = None
     for p in paths:
         p = Path(p)
@@ -238,7 +242,9 @@ def diagnose_paths(paths: list[Path], plan: PlanDocument | None = None,
             first = first if first is not None else f2
             plan = plan if plan is not None else pj
             status = status if status is not None else run_dir_status(p)
+            measured = measured if measured is not None else steady_step_seconds(read_metrics(RunDir(p).metrics))
         else:
             logs.append(p)
     codes.update(exit_codes or {})
+    kw.setdefault("measured_step_seconds", measured)
     return diagnose(logs, plan, codes, first_failing_rank=first, status=status, **kw)

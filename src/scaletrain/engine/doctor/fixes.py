@@ -3,6 +3,7 @@ config files, host memory, precision) for the rest, each with the numbers of the
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from scaletrain.engine.doctor.summary import FRAGMENTATION_HINT_FRACTION, Diagnosis
@@ -12,7 +13,7 @@ from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.plan.remedies import Remedy, rank_remedies
 from scaletrain.engine.plan.request import PlanRequest
 from scaletrain.engine.run.plan_document import PlanDocument
-from scaletrain.engine.units import fmt_bytes
+from scaletrain.engine.units import fmt_bytes, fmt_seconds
 from scaletrain.engine.vocabulary import Offload
 
 # PyTorch's own advice for a fragmented pool (its OOM message); torch 2.13 reads this spelling too.
@@ -25,8 +26,11 @@ NCCL_DEBUG_ENV = {"env.NCCL_DEBUG": "INFO", "env.TORCH_NCCL_DUMP_ON_TIMEOUT": "1
 NCCL_TIMEOUT_MINUTES = 30
 
 
-def remedies_for(diag: Diagnosis, doc: PlanDocument | None) -> list[Remedy]:
-    """Ranked remedies: the planner's for OOMs, known fixes (with the plan's numbers) for the rest."""
+def remedies_for(diag: Diagnosis, doc: PlanDocument | None,
+                 measured_step_seconds: float | None = None) -> tuple[list[Remedy], tuple[str, ...]]:
+    """Ranked remedies (the planner's for OOMs, known fixes with the plan's numbers for the rest) and notes about
+    them. When the failed run logged steady steps, every predicted step time is scaled by what it measured over
+    what the model predicts for it (the planner's ranking is unchanged by a common factor), and a note says so."""
     req: PlanRequest | None = None
     plan: Plan | None = None
     if doc is not None:
@@ -34,6 +38,24 @@ def remedies_for(diag: Diagnosis, doc: PlanDocument | None) -> list[Remedy]:
             req, plan = doc.replan()
         except ScaletrainError:
             req = plan = None
+    return scaled_by_measurement(_remedies(diag, doc, req, plan), plan, measured_step_seconds)
+
+
+def scaled_by_measurement(remedies: list[Remedy], plan: Plan | None,
+                          measured_step_seconds: float | None) -> tuple[list[Remedy], tuple[str, ...]]:
+    """Each remedy's predicted step time × (the run's measured step time ÷ the model's prediction for the run)."""
+    if not measured_step_seconds or plan is None or plan.time is None or plan.time.step_seconds <= 0:
+        return remedies, ()
+    predicted = plan.time.step_seconds
+    ratio = measured_step_seconds / predicted
+    out = [replace(r, predicted_step_seconds=r.predicted_step_seconds * ratio, time_scale=ratio)
+           if r.predicted_step_seconds is not None else r for r in remedies]
+    note = (f"predicted step times are scaled ×{ratio:.2f}: this run measured {fmt_seconds(measured_step_seconds)}"
+            f"/step after warm-up where the model predicts {fmt_seconds(predicted)}")
+    return out, (note,)
+
+
+def _remedies(diag: Diagnosis, doc: PlanDocument | None, req: PlanRequest | None, plan: Plan | None) -> list[Remedy]:
     k = diag.kind
     if k in ("cuda_oom", "cuda_oom_zero3_gather"):
         out = _planner_remedies(plan, diag) if plan is not None else []

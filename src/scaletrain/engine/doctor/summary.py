@@ -25,10 +25,12 @@ class Diagnosis:
     remedies: tuple[Remedy, ...] = ()
     details: dict[str, Any] = field(default_factory=dict, compare=False)
     secondary: tuple[str, ...] = ()    # what else was seen (SIGTERMed ranks, NCCL fallout), one line each
+    notes: tuple[str, ...] = ()        # about the remedies (e.g. step times scaled by the run's measurement)
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "rank": self.rank, "gpu": self.gpu, "summary": self.summary,
-                "evidence": list(self.evidence), "remedies": [_remedy_json(r) for r in self.remedies]}
+                "evidence": list(self.evidence), "remedies": [_remedy_json(r) for r in self.remedies],
+                "notes": list(self.notes)}
 
     def failure_dict(self) -> dict[str, Any]:
         """The failure as the planner's remedy ranking takes it."""
@@ -39,7 +41,8 @@ class Diagnosis:
 def _remedy_json(r: Remedy) -> dict[str, Any]:
     """A remedy as `diagnose --json` reports it (the numbers of the plan it leads to; None when unknown)."""
     return {"title": r.title, "changes": dict(r.changes), "predicted_per_gpu_bytes": r.predicted_per_gpu_bytes,
-            "predicted_step_seconds": r.predicted_step_seconds, "effective_batch": r.effective_batch}
+            "predicted_step_seconds": r.predicted_step_seconds, "effective_batch": r.effective_batch,
+            "time_scale": r.time_scale}
 
 
 def with_summary(d: Diagnosis, plan: PlanDocument | None) -> Diagnosis:

@@ -51,12 +51,14 @@ class Remedy:
     kind: str = "split"                    # a KIND_TIER key, or "known" for the doctor's known fixes
     detail: str = ""                       # why it helps
     applicable: bool = True                # can a relaunch on the same machines apply it (vs. a manual step)?
+    time_scale: float | None = None        # predicted_step_seconds × this: a failed run's measured ÷ predicted
 
     def to_json(self) -> dict[str, Any]:
         return {"title": self.title, "kind": self.kind, "changes": dict(self.changes),
                 "predicted_per_gpu_bytes": self.predicted_per_gpu_bytes,
                 "predicted_step_seconds": self.predicted_step_seconds, "effective_batch": self.effective_batch,
-                "keeps_effective_batch": self.keeps_effective_batch, "fits": self.fits, "detail": self.detail}
+                "keeps_effective_batch": self.keeps_effective_batch, "fits": self.fits, "detail": self.detail,
+                "time_scale": self.time_scale}
 
 
 def observed_gap_bytes(plan: Plan, failure: dict[str, Any] | None) -> tuple[int, int]:

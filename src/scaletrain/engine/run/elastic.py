@@ -20,6 +20,7 @@ RE_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)(?: \(pid: (\d+)\))?")
 RE_SIGNAL = re.compile(r"Signal (\d+) \((SIG\w+)\) received by PID (\d+)")
 RE_AGENT_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)(?: \(pid: (\d+)\))?")
 RE_BLOCK_END = re.compile(r"^=====")
+SIGTERM = 15           # what torchrun sends the surviving ranks once one has failed
 # How many lines after "Root Cause" the block's rank / exitcode / signal lines are looked for.
 ROOT_CAUSE_WINDOW = 9
 
@@ -88,6 +89,11 @@ def parse_failures(lines: Sequence[str], rank_offset: int = 0) -> tuple[int | No
     The first failing rank is the "Root Cause (first observed failure)" block; the ranks torchrun then stopped
     (exit -15) are listed under "Failures:". Without a summary, the agent's "failed (exitcode: N) local_rank: R"
     (a local rank: this node's first global rank, rank_offset, is added).
+
+    torchrun's "first observed" is by timestamp, and a rank that exits with an error because its peer vanished
+    (gloo "Connection closed by peer", NCCL "remote process exited") can be observed before the peer that was
+    killed: a rank killed by a signal torchrun does not send first (SIGKILL, SIGSEGV, SIGABRT, SIGBUS, not
+    SIGTERM) did not choose to die, so it is the first failure when the observed one only exited with an error.
     """
     codes: dict[int, int] = {}
     root: tuple[int | None, int | None] = (None, None)
@@ -103,6 +109,10 @@ def parse_failures(lines: Sequence[str], rank_offset: int = 0) -> tuple[int | No
             if in_root and root[0] is None:
                 root = (rank, codes[rank])
             rank = None
+    if root[1] is not None and root[1] > 0:
+        killed = [(r, c) for r, c in sorted(codes.items()) if c < 0 and c != -SIGTERM]
+        if killed:
+            root = killed[0]
     if root[0] is None:
         for line in lines:
             if a := agent_failure(line):

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from scaletrain.engine.fileio import AppendedLines, atomic_write
+from scaletrain.engine.units import fmt_seconds
 
 TORN_TAIL_SCAN_BYTES = 1 << 20  # a record is a few hundred bytes: its line break is well within the last MiB
 ETA_WINDOW_STEPS = 20          # recent steps averaged for the speed and the ETA (warm-up steps left out)
@@ -189,6 +190,52 @@ def _drop_torn_tail(path: Path) -> None:
 
 
 @dataclass(frozen=True)
+class VersusPlan:
+    """Measured speed beside the plan's: step time and tokens/s (all ranks) with measured ÷ planned (> 1: slower
+    steps, more tokens/s). The plan's numbers are plan.json's time section."""
+
+    measured_step_seconds: float
+    planned_step_seconds: float
+    measured_tokens_per_second: float
+    planned_tokens_per_second: float | None
+
+    @property
+    def step_ratio(self) -> float:
+        return self.measured_step_seconds / self.planned_step_seconds
+
+    @property
+    def tokens_ratio(self) -> float | None:
+        p = self.planned_tokens_per_second
+        return self.measured_tokens_per_second / p if p else None
+
+    def step_text(self) -> str:
+        """'645 ms/step (plan 324 ms, ×1.99)'."""
+        return (f"{fmt_seconds(self.measured_step_seconds)}/step (plan {fmt_seconds(self.planned_step_seconds)}, "
+                f"×{self.step_ratio:.2f})")
+
+    def tokens_text(self) -> str:
+        """'25,400 tok/s (plan 50,500, ×0.50)'."""
+        r = self.tokens_ratio
+        plan = f" (plan {self.planned_tokens_per_second:,.0f}, ×{r:.2f})" if r is not None else ""
+        return f"{self.measured_tokens_per_second:,.0f} tok/s{plan}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"measured_step_seconds": self.measured_step_seconds,
+                "planned_step_seconds": self.planned_step_seconds, "step_ratio": self.step_ratio,
+                "measured_tokens_per_second": self.measured_tokens_per_second,
+                "planned_tokens_per_second": self.planned_tokens_per_second, "tokens_ratio": self.tokens_ratio}
+
+
+def versus_plan(step_seconds: float, tokens_per_second: float, planned_step_seconds: float | None,
+                planned_tokens_per_second: float | None) -> VersusPlan | None:
+    """Measured beside planned, when there is a planned step time to compare with."""
+    if not planned_step_seconds or planned_step_seconds <= 0 or step_seconds <= 0:
+        return None
+    tps = planned_tokens_per_second if planned_tokens_per_second and planned_tokens_per_second > 0 else None
+    return VersusPlan(step_seconds, planned_step_seconds, tokens_per_second, tps)
+
+
+@dataclass(frozen=True)
 class MetricsSummary:
     """What a progress line shows, computed once here so every view prints the same numbers."""
 
@@ -205,6 +252,7 @@ class MetricsSummary:
     world_size: int
     peak_host_rss_bytes: int | None
     peak_allocated_bytes: int | None
+    versus: VersusPlan | None = None      # the recent steady speed beside the plan's (when a plan is known)
 
     @property
     def fraction_done(self) -> float:
@@ -232,9 +280,12 @@ def steady_step_seconds(series: Iterable[StepMetrics]) -> float | None:
     return statistics.median(r.step_seconds for r in steady) if steady else None
 
 
-def summarize(series: Iterable[StepMetrics], window: int = ETA_WINDOW_STEPS) -> MetricsSummary | None:
+def summarize(series: Iterable[StepMetrics], window: int = ETA_WINDOW_STEPS, *,
+              planned_step_seconds: float | None = None,
+              planned_tokens_per_second: float | None = None) -> MetricsSummary | None:
     """Latest step, recent speed and ETA (mean step time of the recent steady steps × steps left; the warm-up steps
-    count only while there is nothing else); None before the first step."""
+    count only while there is nothing else), and that speed beside the plan's when given; None before the first
+    step."""
     recs = list(series)
     if not recs:
         return None
@@ -249,40 +300,5 @@ def summarize(series: Iterable[StepMetrics], window: int = ETA_WINDOW_STEPS) -> 
         lr=last.lr, tokens_per_second=tps, step_seconds=step_s,
         eta_seconds=eta_seconds(last, step_s),
         elapsed_seconds=sum(r.step_seconds for r in recs), world_size=last.world_size,
-        peak_host_rss_bytes=max(rss) if rss else None, peak_allocated_bytes=max(alloc) if alloc else None)
-
-
-@dataclass(frozen=True)
-class VersusPlan:
-    """Measured speed beside the plan's: step time and tokens/s with measured ÷ planned (> 1: slower steps,
-    more tokens/s). Measured is the summary's recent steady speed; planned is plan.json's time section."""
-
-    measured_step_seconds: float
-    planned_step_seconds: float
-    measured_tokens_per_second: float
-    planned_tokens_per_second: float | None
-
-    @property
-    def step_ratio(self) -> float:
-        return self.measured_step_seconds / self.planned_step_seconds
-
-    @property
-    def tokens_ratio(self) -> float | None:
-        p = self.planned_tokens_per_second
-        return self.measured_tokens_per_second / p if p else None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"measured_step_seconds": self.measured_step_seconds,
-                "planned_step_seconds": self.planned_step_seconds, "step_ratio": self.step_ratio,
-                "measured_tokens_per_second": self.measured_tokens_per_second,
-                "planned_tokens_per_second": self.planned_tokens_per_second, "tokens_ratio": self.tokens_ratio}
-
-
-def versus_plan(summary: MetricsSummary | None, planned_step_seconds: float | None,
-                planned_tokens_per_second: float | None) -> VersusPlan | None:
-    """The comparison, when there is a step and a planned step time to compare with."""
-    if summary is None or not planned_step_seconds or planned_step_seconds <= 0:
-        return None
-    return VersusPlan(summary.step_seconds, planned_step_seconds, summary.tokens_per_second,
-                      planned_tokens_per_second if planned_tokens_per_second and planned_tokens_per_second > 0
-                      else None)
+        peak_host_rss_bytes=max(rss) if rss else None, peak_allocated_bytes=max(alloc) if alloc else None,
+        versus=versus_plan(step_s, tps, planned_step_seconds, planned_tokens_per_second))

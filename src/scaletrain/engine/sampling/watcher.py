@@ -133,7 +133,9 @@ class RunWatcher:
         if new or len(series) != self._seen_steps:     # the series only changes in poll (new steps, or a reset)
             self._seen_steps = len(series)
             self._losses = tuple(r.loss for r in series[-LOSS_HISTORY_STEPS:])
-            self._summary = summarize(series) if series else None
+            doc = self.plan or PlanDocument({})
+            self._summary = summarize(series, planned_step_seconds=doc.planned_step_seconds,
+                                      planned_tokens_per_second=doc.planned_tokens_per_second) if series else None
             self._memory = memory_views(self.plan, series[-1].peak_memory) if series else ()
         summary, mem = self._summary, self._memory
         lines: list[tuple[int | None, str]] = []

@@ -63,13 +63,16 @@ def print_diagnosis(diag: Diagnosis, out: TextIO) -> None:
         print(f"  also: {s}", file=out)
     if diag.remedies:
         print("remedies:", file=out)
+    for note in diag.notes:
+        print(f"  note: {note}", file=out)
     for i, r in enumerate(diag.remedies, 1):
         nums = []
         if r.predicted_per_gpu_bytes is not None:
             nums.append(f"{fmt_bytes(r.predicted_per_gpu_bytes)}/GPU" + ("" if r.fits is None else
                                                                      (" fits" if r.fits else " still over")))
         if r.predicted_step_seconds is not None:
-            nums.append(f"step {fmt_seconds(r.predicted_step_seconds)}")
+            nums.append(f"step {fmt_seconds(r.predicted_step_seconds)}"
+                        + (f" (×{r.time_scale:.2f} as measured)" if r.time_scale is not None else ""))
         if r.effective_batch is not None:
             nums.append(f"batch {r.effective_batch}")
         manual = "" if r.applicable else " [manual]"

@@ -51,9 +51,11 @@ class HeadlessPrinter:
     """Turns Ticks into plain lines: one per new step, device lines every HEADLESS_DEVICE_EVERY_S and whenever
     the run's processes change (a rank appears or exits), warnings once."""
 
-    def __init__(self, out: TextIO, predicted_peak_bytes: int | None = None):
+    def __init__(self, out: TextIO, predicted_peak_bytes: int | None = None,
+                 planned: tuple[float | None, float | None] = (None, None)):
         self.out = out
         self.predicted = predicted_peak_bytes
+        self.planned = planned                 # the plan's step seconds and tokens/s
         self.last_step: int | None = None
         self.last_device_s = -1e9
         self.warned: set[str] = set()
@@ -66,7 +68,7 @@ class HeadlessPrinter:
             for rec in job.new_steps:           # every step once, in order (a resumed run repeats none)
                 if self.last_step is None or rec.step > self.last_step:
                     self.last_step = rec.step
-                    self.out.write(step_line(rec, job.summary) + "\n")
+                    self.out.write(step_line(rec, job.summary, self.planned) + "\n")
         now = time.monotonic()
         procs = tuple((p.rank, p.pid, p.alive) for p in t.host.procs) if t.host is not None else ()
         if now - self.last_device_s >= HEADLESS_DEVICE_EVERY_S or procs != self.procs:
@@ -93,12 +95,19 @@ def bar(fraction: float, cells: int = PROGRESS_BAR_CELLS) -> str:
     return "[" + "#" * full + "." * (cells - full) + "]"
 
 
-def step_line(rec: StepMetrics, summary: MetricsSummary) -> str:
-    """One step record, with the ETA from the recent mean step time (engine.run.metrics.summarize)."""
+def step_line(rec: StepMetrics, summary: MetricsSummary,
+              planned: tuple[float | None, float | None] = (None, None)) -> str:
+    """One step record, beside the plan's step time and tokens/s (engine.run.metrics.versus_plan), with the ETA from
+    the recent mean step time (engine.run.metrics.summarize)."""
+    from scaletrain.engine.run.metrics import versus_plan
+
     frac = rec.step / rec.total_steps if rec.total_steps else 0.0
     eta = summary.eta_after(rec)
-    return (f"step {rec.step}/{rec.total_steps} {bar(frac)} {frac:4.0%}  loss {rec.loss:.4f}  "
-            f"tok/s {rec.tokens_per_second:,.0f}  step {fmt_seconds(rec.step_seconds)}  ETA {fmt_seconds(eta)}")
+    v = versus_plan(rec.step_seconds, rec.tokens_per_second, *planned)
+    speed = (f"{v.tokens_text()}  {v.step_text()}" if v is not None
+             else f"tok/s {rec.tokens_per_second:,.0f}  step {fmt_seconds(rec.step_seconds)}")
+    return (f"step {rec.step}/{rec.total_steps} {bar(frac)} {frac:4.0%}  loss {rec.loss:.4f}  {speed}  "
+            f"ETA {fmt_seconds(eta)}")
 
 
 def device_lines(t: Tick, predicted: int | None) -> list[str]:
@@ -149,7 +158,10 @@ def stream_run(sampler: Sampler, out: TextIO, *, once: bool = False, diagnose_fa
     from scaletrain.engine.sampling.sampler import run_is_over
 
     job = sampler.job
-    printer = HeadlessPrinter(out, job.predicted_peak_bytes if job is not None else None)
+    doc = job.plan if job is not None else None
+    printer = HeadlessPrinter(out, job.predicted_peak_bytes if job is not None else None,
+                              (doc.planned_step_seconds, doc.planned_tokens_per_second) if doc is not None
+                              else (None, None))
     stop = threading.Event()
     last: list[Tick] = []
 

@@ -1,7 +1,8 @@
 """Headless live progress: launch a run directory and show a rich bar from metrics.jsonl (no Textual).
 
-Every number shown comes from engine.run.metrics.summarize (loss, tokens/s, step time, ETA) or the launcher's result;
-this module only formats. Ctrl-C stops the whole run (engine.run.launcher) and the exit code is the training's.
+Every number shown comes from engine.run.metrics.summarize (loss, tokens/s, step time, ETA, and those beside the
+plan's with measured ÷ planned) or the launcher's result; this module only formats. Ctrl-C stops the whole run
+(engine.run.launcher) and the exit code is the training's.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from scaletrain.engine.run.launcher import launch, prepare_launch, rank_log_tail
 from scaletrain.engine.run.metrics import MetricsSummary, MetricsTail, summarize
 from scaletrain.engine.run.layout import RunDir
+from scaletrain.engine.run.plan_document import read_plan_document
 from scaletrain.engine.units import fmt_bytes, fmt_seconds
 
 FAILURE_LOG_LINES = 25          # lines of the failing rank's log shown when a run fails
@@ -23,8 +25,10 @@ FAILURE_LOG_LINES = 25          # lines of the failing rank's log shown when a r
 def _fields(s: MetricsSummary | None) -> dict[str, str]:
     if s is None:
         return {"loss": "starting…", "speed": "", "eta": ""}
-    return {"loss": f"loss {s.loss:.4f}",
-            "speed": f"{s.tokens_per_second:,.0f} tok/s · {fmt_seconds(s.step_seconds)}/step",
+    v = s.versus              # measured beside the plan's, from the engine's summary
+    speed = (f"{v.step_text()} · {v.tokens_text()}" if v is not None
+             else f"{s.tokens_per_second:,.0f} tok/s · {fmt_seconds(s.step_seconds)}/step")
+    return {"loss": f"loss {s.loss:.4f}", "speed": speed,
             "eta": f"ETA {fmt_seconds(s.eta_seconds)}" if s.step < s.total_steps else "done"}
 
 
@@ -42,6 +46,9 @@ def stream_run(run_dir: str | os.PathLike[str], *, machine_rank: int | None = No
                           script=script, script_args=script_args)      # bad input: one line, before any output
     run = prep.run
     con = console or Console(highlight=False)
+    doc = read_plan_document(run.plan)
+    planned = {"planned_step_seconds": doc.planned_step_seconds,
+               "planned_tokens_per_second": doc.planned_tokens_per_second}
     tail = MetricsTail(run.metrics)
     tail.poll()                      # a resumed run: earlier steps are history, the bar starts from them
     progress = make_progress(con)
@@ -49,7 +56,7 @@ def stream_run(run_dir: str | os.PathLike[str], *, machine_rank: int | None = No
 
     def on_tick() -> None:
         if tail.poll():
-            s = summarize(tail.series)
+            s = summarize(tail.series, **planned)
             if s is not None:
                 progress.update(task, total=s.total_steps, completed=s.step, **_fields(s))
 
@@ -68,7 +75,7 @@ def stream_run(run_dir: str | os.PathLike[str], *, machine_rank: int | None = No
     with progress:
         result = launch(run.path, machine_rank=machine_rank, main_process_ip=main_process_ip, resume=resume,
                         script=script, script_args=script_args, on_output=on_output, on_tick=on_tick, prepared=prep)
-    _report(con, run, result, summarize(tail.series), prep.status)
+    _report(con, run, result, summarize(tail.series, **planned), prep.status)
     return result.exit_code
 
 
@@ -76,8 +83,10 @@ def _report(con: Console, run: RunDir, result: Any, s: MetricsSummary | None, st
     if s is not None:
         mem = (f", peak {fmt_bytes(s.peak_allocated_bytes)} allocated" if s.peak_allocated_bytes is not None
                else f", peak host RSS {fmt_bytes(s.peak_host_rss_bytes)}/rank" if s.peak_host_rss_bytes else "")
+        speed = (f"{s.versus.tokens_text()}, {s.versus.step_text()}" if s.versus is not None
+                 else f"{s.tokens_per_second:,.0f} tok/s")
         con.print(f"step {s.step}/{s.total_steps}, loss {s.loss_first:.4f} → {s.loss:.4f}, "
-                  f"{s.tokens_per_second:,.0f} tok/s on {s.world_size} process(es){mem}")
+                  f"{speed} on {s.world_size} process(es){mem}")
     if result.interrupted:
         con.print(f"[yellow]stopped[/] (Ctrl-C); every rank ended. Resume with: "
                   f"scaletrain launch {run.path} --resume")

@@ -1,4 +1,5 @@
-"""The job panel: step / total, loss plot, tokens/s, step time, ETA, measured vs predicted peak per rank, log tail.
+"""The job panel: step / total, loss plot, tokens/s and step time beside the plan's, ETA, measured vs predicted peak
+per rank, log tail.
 
 Formatting only: numbers come from sampling.watcher.JobSnapshot (which reads engine.run.metrics), the predicted peaks from the
 plan. The log tail keeps LOG_TAIL_LINES per rank so the rank filter (`r`) can re-show past lines.
@@ -75,8 +76,12 @@ class JobPanel(Vertical):
             rows.append(line)
             rows.append(Text(f"loss {s.loss:.4f} (first {s.loss_first:.4f})   lr {s.lr:.3g}"))
             rows.append(Text.assemble(("loss ", "dim"), (spark(job.losses, width=LOSS_SPARK_CELLS), "green")))
-            rows.append(Text(f"tokens/s {s.tokens_per_second:,.0f}   step {fmt_seconds(s.step_seconds)}   "
-                             f"ETA {fmt_seconds(s.eta_seconds)}   elapsed {fmt_seconds(s.elapsed_seconds)}"))
+            if s.versus is not None:       # measured beside the plan's, measured ÷ planned (engine summary)
+                rows.append(Text(f"tokens/s {s.versus.tokens_text()}   step {s.versus.step_text()}"))
+                rows.append(Text(f"ETA {fmt_seconds(s.eta_seconds)}   elapsed {fmt_seconds(s.elapsed_seconds)}"))
+            else:
+                rows.append(Text(f"tokens/s {s.tokens_per_second:,.0f}   step {fmt_seconds(s.step_seconds)}   "
+                                 f"ETA {fmt_seconds(s.eta_seconds)}   elapsed {fmt_seconds(s.elapsed_seconds)}"))
         if job.memory:
             t = Table(box=None, pad_edge=False, show_edge=False, header_style="dim")
             t.add_column("rank")

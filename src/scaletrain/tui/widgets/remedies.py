@@ -25,7 +25,8 @@ def remedy_label(r: Any) -> Text:
     if r.predicted_per_gpu_bytes is not None:
         nums.append(f"{fmt_bytes(r.predicted_per_gpu_bytes)}/GPU")
     if r.predicted_step_seconds is not None:
-        nums.append(f"step {fmt_seconds(r.predicted_step_seconds)}")
+        nums.append(f"step {fmt_seconds(r.predicted_step_seconds)}"
+                    + (f" (×{r.time_scale:.2f} as measured)" if r.time_scale is not None else ""))
     if r.effective_batch is not None:
         nums.append(f"batch {r.effective_batch}")
     if nums:
@@ -66,6 +67,8 @@ class RemediesPanel(Vertical):
         body = Text.assemble(head, "\n", diag.summary)
         for line in diag.evidence[-EVIDENCE_LINES_SHOWN:]:
             body.append("\n  " + line[:EVIDENCE_LINE_CHARS], style="dim")
+        for note in diag.notes:
+            body.append(f"\nnote: {note}", style="cyan")
         tip = ("↑/↓ choose, a apply and relaunch from the last checkpoint (A: from step 0)" if diag.remedies
                else "no remedy known")
         body.append(f"\n{tip}", style="italic")
