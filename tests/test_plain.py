@@ -27,6 +27,7 @@ def test_custom_answers_with_bad_entries_refused_and_asked_again(tmp_path):
         "",                            # GPUs: the --gpus default (4xH200)
         "Qwen/Qwen2.5-7B-Instruct",    # model
         "lora", "8", "",               # method, rank, targets (all)
+        "",                            # objective: sft
         "",                            # no resident models
         "12a", "130", "128",           # effective batch: letters, then a batch 4 GPUs cannot split, then 128
         "",                            # sequence length 2048
@@ -57,7 +58,7 @@ def test_custom_answers_with_bad_entries_refused_and_asked_again(tmp_path):
 
 def test_preset_defaults_reproduce_the_preset(tmp_path):
     run_dir = tmp_path / "run"
-    answers = [""] * 12 + ["y", str(run_dir)]     # take every default, then write
+    answers = [""] * 13 + ["y", str(run_dir)]     # take every default, then write
     res = plain(["--preset", "h200x4-fast"], answers)
     assert res.returncode == 0, res.stderr
     written = json.loads((run_dir / "plan.json").read_text())
@@ -76,7 +77,31 @@ def test_input_that_ends_early_is_one_line_exit_2():
 def test_no_gpu_is_said_plainly():
     if detect().gpus:
         pytest.skip("this machine has GPUs; the no-GPU wording is covered by the pilot tests with replayed NVML")
-    res = plain([], ["", "scaletrain/tiny-qwen2", "full", "", "", "", "", "", "", "", "n"])
+    res = plain([], ["", "scaletrain/tiny-qwen2", "full", "", "", "", "", "", "", "", "", "n"])
     assert res.returncode == 0, res.stderr
     assert "No GPU detected on this machine" in res.stdout and "catalog" in res.stdout
     assert "nothing written" in res.stdout
+
+
+def test_objective_and_its_knobs_are_asked(tmp_path):
+    run_dir = tmp_path / "run"
+    answers = [
+        "", "Qwen/Qwen3-4B", "full",   # GPUs (4xH200), model, method
+        "ppo", "grpo",                 # objective: not one of the choices (refused), then grpo
+        "1", "16",                     # completions per prompt: 1 refused (the engine's rule), then 16
+        "4096", "256", "same",         # completion length: longer than seq 2048 (refused), 256; reference model
+        "",                            # no resident models
+        "40", "64",                    # effective batch: not whole groups of 16 (refused), then 64
+        "", "", "", "", "",            # seq len, dataset, epochs, LR, LR reference
+        "y", str(run_dir),
+    ]
+    res = plain(["--gpus", "4xH200"], answers)
+    assert res.returncode == 0, res.stderr
+    assert "✗ 'ppo' is not one of: sft/reward/dpo/grpo".replace("/", ", ") in res.stdout
+    assert "✗ --num-generations must be a whole number ≥ 2" in res.stdout
+    assert "✗ --completion-len 4096 leaves no room for a prompt" in res.stdout
+    assert "multiple of 16; 40 is not" in res.stdout
+    written = json.loads((run_dir / "plan.json").read_text())
+    assert written["training"]["objective"] == "grpo" and written["training"]["num_generations"] == 16
+    assert written["training"]["ref_model"] == "same"
+    assert written["request"]["completion_len"] == 256

@@ -121,7 +121,8 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     # GRPO: the completions are generated (no grad) before the first micro-step of the optimizer step
     gen = generation_cost(s)
     if gen.peak:
-        mark("generation", gen.peak, 0, grads, gather=gather_block)
+        # ZeRO-3 generates with the whole model gathered (in gen.peak), not one block at a time
+        mark("generation", gen.peak, 0, grads, gather=0 if gen.gathered_weights else gather_block)
     if s.objective == "grpo" and s.ref_model == "same":   # reference log-probs of the completions, micro by micro
         mark("generation", shared + reference_forward_bytes(s, layer.fwd_transient, b), 0, grads)
 

@@ -163,10 +163,11 @@ class GenerationCost:
     kv_cache: int            # the whole cache at the last token
     transient: int           # the larger of the prefill's block transients and a decode step's sampler rows
     vllm_share: int          # colocated vLLM: a fixed share of the card outside torch's allocator
+    gathered_weights: int = 0  # ZeRO-3: the rest of the model gathered for generate (beyond this GPU's shard)
 
     @property
     def peak(self) -> int:
-        return self.kv_cache + self.transient
+        return self.kv_cache + self.transient + self.gathered_weights
 
 
 def generation_cost(s: TrainingSetup) -> GenerationCost:
@@ -191,7 +192,11 @@ def generation_cost(s: TrainingSetup) -> GenerationCost:
     cat = n * T * m.kv_dim * c
     prefill = 3 * n * (s.prompt_len or 0) * m.intermediate_size * c + 2 * n * (s.prompt_len or 0) * m.hidden_size * c
     decode = n * m.vocab_size * (c + 4 * SAMPLER_ROWS)
-    return GenerationCost(n, kv, cat + max(prefill, decode), 0)
+    gathered = 0
+    if s.strategy == "zero3" and s.world_size > 1:
+        gb = 4 if s.precision == "fp32" else 2
+        gathered = gb * m.params - gb * m.params // s.world_size
+    return GenerationCost(n, kv, cat + max(prefill, decode), 0, gathered)
 
 
 def objective_terms(s: TrainingSetup, head: HeadCost, phase: str) -> tuple[tuple[str, str, int], ...]:
@@ -206,6 +211,8 @@ def objective_terms(s: TrainingSetup, head: HeadCost, phase: str) -> tuple[tuple
     gen = generation_cost(s)
     if gen.kv_cache and phase == "generation":
         out.append(("activations", f"KV cache of {gen.completions} completions × {s.seq_len} tokens", gen.kv_cache))
+    if gen.gathered_weights and phase == "generation":
+        out.append(("activations", "ZeRO-3 parameters gathered for generation", gen.gathered_weights))
     if gen.vllm_share:
         out.append(("overhead", f"vLLM engine colocated ({s.generation_memory:.0%} of the card)", gen.vllm_share))
     return tuple(out)

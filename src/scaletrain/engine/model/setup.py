@@ -217,6 +217,12 @@ class TrainingSetup:
         }
 
 
+def check_num_generations(n: Any) -> None:
+    if not isinstance(n, int) or isinstance(n, bool) or n < 2:
+        raise ScaletrainError(f"--num-generations must be a whole number ≥ 2: GRPO's advantages compare completions "
+                              f"of one prompt (got {n!r})")
+
+
 def _check_objective(s: TrainingSetup) -> None:
     """The objective's own knobs, each refused in one line where it does not apply."""
     obj = s.objective
@@ -235,10 +241,7 @@ def _check_objective(s: TrainingSetup) -> None:
         if not isinstance(s.prompt_len, int) or isinstance(s.prompt_len, bool) or not 1 <= s.prompt_len < s.seq_len:
             raise ScaletrainError(f"--prompt-len must be a whole number from 1 to seq_len − 1 = {s.seq_len - 1} "
                                   f"(got {s.prompt_len!r})")
-    n = s.num_generations
-    if not isinstance(n, int) or isinstance(n, bool) or n < 2:
-        raise ScaletrainError(f"--num-generations must be a whole number ≥ 2: GRPO's advantages compare completions "
-                              f"of one prompt (got {n!r})")
+    check_num_generations(s.num_generations)
     if not 0 < s.generation_memory < 1:
         raise ScaletrainError(f"--generation-memory must be a fraction of the card in (0, 1) (got "
                               f"{s.generation_memory})")

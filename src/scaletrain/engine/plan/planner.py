@@ -16,6 +16,7 @@ from scaletrain.engine.plan.lr import suggest_lr
 from scaletrain.engine.plan.plan import Plan, PlannerReport, evaluate
 from scaletrain.engine.plan.request import PlanRequest, base_setup
 from scaletrain.engine.plan.search import (MAX_MICRO_BATCH_WITHOUT_TARGET, SEARCH_FIELDS, STRATEGY_ORDER,
+                                           check_generation_batch,
                                            TIE_TOLERANCE, Candidate, SearchResult, SearchValue, search)
 from scaletrain.engine.units import fmt_bytes, fmt_seconds
 
@@ -32,6 +33,7 @@ def make_plan(req: PlanRequest, hardware: Hardware | None = None) -> Plan:
     if not _fully_fixed(req):
         return solve(req, setup)
     # every choice fixed: base_setup already holds them, nothing to search
+    check_generation_batch(setup, setup.effective_batch)
     return finalize(evaluate(setup, headroom_fraction=req.headroom, name=req.name), req)
 
 

@@ -154,6 +154,20 @@ def check_target(target: int, world: int, micro: int | None = None, accum: int |
             f"nearest reachable: {near}")
 
 
+def check_generation_batch(base: TrainingSetup, effective: int) -> None:
+    """GRPO: TRL splits each generation batch (micro × GPUs × steps_per_generation, = the effective batch in
+    completions by default) into groups of num_generations completions of one prompt (GRPOConfig.__post_init__
+    refuses the rest), so the effective batch must be a multiple of G."""
+    g = base.num_generations
+    if base.objective != "grpo" or effective % g == 0:
+        return
+    near = " or ".join(str(x) for x in _nearest(effective, g * base.world_size) or [g * base.world_size])
+    raise ScaletrainError(
+        f"GRPO trains on groups of --num-generations {g} completions per prompt, so the effective batch "
+        f"(completions per step) must be a multiple of {g}; {effective} is not. Nearest on {base.world_size} "
+        f"GPU(s): {near}, or change --num-generations")
+
+
 def _configs(base: TrainingSetup, fixed: Mapping[str, SearchValue]) -> Iterable[TrainingSetup]:
     """Every valid strategy × offload × checkpointing setup allowed by what the user fixed."""
     strategies = (fixed["strategy"],) if "strategy" in fixed else STRATEGY_ORDER
@@ -187,6 +201,7 @@ def search(base: TrainingSetup, *, target: int | None, fixed: Mapping[str, Searc
     mb_fixed, ga_fixed = fixed.get("micro_batch"), fixed.get("grad_accum")
     if target is not None:
         check_target(target, world, mb_fixed, ga_fixed)
+        check_generation_batch(base, target)
     fitting: list[Candidate] = []
     leanest: Candidate | None = None
     leanest_by: dict[Strategy, Candidate] = {}
@@ -217,6 +232,12 @@ def search(base: TrainingSetup, *, target: int | None, fixed: Mapping[str, Searc
         splits = [(mb_fixed, ga_fixed or 1)]
     else:
         splits = [(m, ga_fixed or 1) for m in range(1, MAX_MICRO_BATCH_WITHOUT_TARGET + 1)]
+    if base.objective == "grpo":      # whole groups of G completions only (check_generation_batch)
+        splits = [sp for sp in splits if sp[0] * sp[1] * world % base.num_generations == 0]
+        if not splits:
+            check_generation_batch(base, (mb_fixed or 1) * (ga_fixed or 1) * world)
+            raise ScaletrainError(f"no micro batch up to {MAX_MICRO_BATCH_WITHOUT_TARGET} makes whole groups of "
+                                  f"--num-generations {base.num_generations}; give --effective-batch")
     special = splits[-1] if len(splits) > 1 and splits[-1][1] == 1 and splits[0][1] > 1 else None
     monotone = splits[:-1] if special else splits
 

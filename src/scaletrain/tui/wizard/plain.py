@@ -15,7 +15,9 @@ from typing import Any, Callable, Sequence
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import GPU_CATALOG, parse_gpus
 from scaletrain.engine.catalog.architectures import catalog_ids, load_model
-from scaletrain.engine.vocabulary import Method
+from scaletrain.engine.model.setup import check_num_generations
+from scaletrain.engine.plan.request import objective_lengths
+from scaletrain.engine.vocabulary import Method, Objective, RefModel
 from scaletrain.tui.wizard import run_files
 from scaletrain.tui.wizard.state import (DEFAULT_CATALOG_GPUS, WizardState, dataset_text, format_residents,
                                          launchable_here, parse_dataset, parse_float, parse_int, parse_residents,
@@ -158,9 +160,51 @@ def ask_model(ask: Any, state: WizardState) -> WizardState:
             load_model(mid)
         return parsed
 
+    changes.update(ask_objective(ask, req))
     changes["residents"] = ask.text("Extra resident models (MODEL[:BITS], comma list, or none)",
                                     format_residents(req.residents) or "none", residents)
     return state.with_model(**changes).rebased(state)
+
+
+def ask_objective(ask: Any, req: Any) -> dict[str, Any]:
+    """The objective and its own knobs (DPO: prompt length, reference; GRPO: generations, completion length,
+    reference); an empty answer keeps TRL's default, which the engine fills in."""
+    objective = ask.choice("Objective", Objective.values(), req.objective)
+    out: dict[str, Any] = dict(objective=objective, prompt_len=None, completion_len=None, num_generations=None,
+                               ref_model=None)
+    if objective not in ("dpo", "grpo"):
+        return out
+
+    def optional_int(name: str, check: Callable[[int], Any] = lambda n: None) -> Parse:
+        def parse(t: str) -> int | None:
+            if t.strip().lower() in ("", "default"):
+                return None
+            n = parse_int(t, name)
+            check(n)
+            return n
+        return parse
+
+    if objective == "grpo":
+        out["num_generations"] = ask.text("Completions per prompt (--num-generations; default = TRL's)",
+                                          str(req.num_generations or "default"),
+                                          optional_int("num-generations", check_num_generations))
+        out["completion_len"] = ask.text(
+            "Completion length in tokens (default = TRL's)", str(req.completion_len or "default"),
+            optional_int("completion length",
+                         lambda n: objective_lengths(req.with_(objective="grpo", completion_len=n, prompt_len=None))))
+        refs = [r for r in RefModel.values() if r != "precomputed"]
+    else:
+        out["prompt_len"] = ask.text(
+            "Prompt length in tokens (default: half the sequence)", str(req.prompt_len or "default"),
+            optional_int("prompt length", lambda n: n < req.seq_len or _too_long("prompt length", n, req.seq_len)))
+        refs = [r for r in RefModel.values() if r != "none"]
+    default_ref = req.ref_model if req.ref_model in refs else refs[0] if objective == "dpo" else "none"
+    out["ref_model"] = ask.choice("Reference model", refs, default_ref)
+    return out
+
+
+def _too_long(name: str, n: int, seq_len: int) -> None:
+    raise ScaletrainError(f"{name} {n} leaves nothing of sequence length {seq_len} to train on; give less")
 
 
 def ask_batch(ask: Any, state: WizardState, detection: Any) -> WizardState:
