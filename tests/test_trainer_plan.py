@@ -175,6 +175,17 @@ def test_qlora_from_random_init_trains_on_two_cpu_ranks(tmp_path):
 
 
 @pytest.mark.slow
+def test_bf16_master_weights_under_fsdp_shard_bf16_weights_on_two_cpu_ranks(tmp_path):
+    """FSDP (accelerate's FSDP2) keeps the plan's bf16-only weights: no fp32 copy, no autocast."""
+    run = write_plan(tmp_path, method="full", setup_changes={"master_weights": "bf16", "strategy": "fsdp"},
+                     train=TrainOptions(max_steps=6, lr=5e-3, save_checkpoints=False))
+    series, log = _run(run)
+    assert "(full, fsdp, bf16) on 2 process(es)" in log
+    assert "trainable bfloat16" in log and "mixed precision no" in log
+    assert series[-1].loss < series[0].loss
+
+
+@pytest.mark.slow
 def test_bf16_master_weights_train_without_autocast_on_two_cpu_ranks(tmp_path):
     run = write_plan(tmp_path, method="full", setup_changes={"master_weights": "bf16", "optimizer_impl": "foreach"},
                      train=TrainOptions(max_steps=6, lr=5e-3, keep_checkpoints=1, checkpoint_every=2))
