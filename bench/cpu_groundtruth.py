@@ -10,13 +10,10 @@ Model-state bytes are compared exactly. Writes bench/results/cpu_groundtruth.jso
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-from machine import machine_line
+from groundtruth_cli import run_groundtruth
 from scaletrain.engine.catalog.hardware import parse_gpus
 from scaletrain.engine.model.memory import estimate_memory, model_states
 from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, catalog_entry
@@ -180,24 +177,8 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "cpu_groundtruth.json"))
-    ap.add_argument("--no-write", action="store_true")
-    ap.add_argument("--only", help="run the cases whose label contains this text")
-    args = ap.parse_args(argv)
-    ap_cases = QUICK if args.quick else CASES
-    if args.only:
-        ap_cases = [c for c in ap_cases if args.only in c.label]
-    rows = [run_case(c) for c in ap_cases]
-    print(markdown(rows))
-    if not args.no_write:
-        import torch, transformers
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({
-            "machine": machine_line(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "command": "python bench/cpu_groundtruth.py", "cases": rows}, indent=1) + "\n")
-    return 0
+    return run_groundtruth(argv, cases=CASES, quick=QUICK, run_case=run_case, markdown=markdown,
+                           out_name="cpu_groundtruth.json", command="python bench/cpu_groundtruth.py")
 
 
 if __name__ == "__main__":

@@ -10,14 +10,11 @@ Writes bench/results/objective_groundtruth.json and prints a Markdown table (the
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-from machine import machine_line
+from groundtruth_cli import run_groundtruth
 from scaletrain.engine.catalog.architectures import arch_from_config, catalog_entry
 from scaletrain.engine.catalog.hardware import parse_gpus
 from scaletrain.engine.model.memory import estimate_memory, model_states
@@ -130,28 +127,8 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "objective_groundtruth.json"))
-    ap.add_argument("--no-write", action="store_true")
-    ap.add_argument("--only", help="run the cases whose label contains this text")
-    args = ap.parse_args(argv)
-    cases = QUICK if args.quick else CASES
-    if args.only:
-        cases = [c for c in cases if args.only in c.label]
-    rows = [run_case(c) for c in cases]
-    print(markdown(rows))
-    if not args.no_write:
-        import torch
-        import transformers
-        import trl
-
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({
-            "machine": machine_line(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "trl": trl.__version__, "command": "python bench/objective_groundtruth.py", "cases": rows},
-            indent=1) + "\n")
-    return 0
+    return run_groundtruth(argv, cases=CASES, quick=QUICK, run_case=run_case, markdown=markdown,
+                           out_name="objective_groundtruth.json", command="python bench/objective_groundtruth.py", libraries=("torch", "transformers", "trl"))
 
 
 if __name__ == "__main__":
