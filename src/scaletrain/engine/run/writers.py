@@ -58,16 +58,17 @@ def render_run_files(plan: Plan, request: PlanRequest, train: TrainOptions, run:
     """File name → (text, mode) for everything the run directory holds before launch."""
     if main_process_ip is not None:
         main_process_ip = check_host(main_process_ip)
+    ds = deepspeed_config(plan, train)
     files: dict[str, tuple[str, int | None]] = {
         run.plan.name: (PlanDocument.build(plan, request, train).dumps(), None),
         run.accelerate_config.name: (render_accelerate_yaml(
             accelerate_config(plan, run, train, main_process_ip=main_process_ip), plan), None),
-        run.launch_sh.name: (launch_script(plan, run, train, main_process_ip=main_process_ip), 0o755),
+        run.launch_sh.name: (launch_script(plan, run, train, main_process_ip=main_process_ip,
+                                           deepspeed=ds is not None), 0o755),
     }
-    ds = deepspeed_config(plan, train)
     if ds is not None:
         files[run.ds_config.name] = (json.dumps(ds, indent=2) + "\n", None)
-    sb = sbatch_script(plan, run, train)
+    sb = sbatch_script(plan, run, train, deepspeed=ds is not None)
     if sb is not None:
         files[run.sbatch_sh.name] = (sb, 0o755)
     return files
@@ -100,7 +101,7 @@ def write_run_dir(plan: Plan, request: PlanRequest, train: TrainOptions, run_dir
     """
     train = checked_train(train)
     run = RunDir(check_run_dir_path(run_dir) if run_dir is not None else default_run_dir(plan.name))
-    check_run_dir_path(run.path)        # the absolute path goes into launch.sh and sbatch.sh
+    check_run_dir_path(run.path)        # a sane path (the scripts find it at run time)
     files = render_run_files(plan, request, train, run, main_process_ip=main_process_ip)
     with writing(f"the run directory {run.path}"):
         return _write(run, plan, request, train, files, overwrite)
