@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -125,3 +126,12 @@ def print_models(rows: list[dict[str, Any]]) -> None:
         t.add_row(r["id"], r["model_type"], fmt_count(r["params"]), str(r["layers"]), str(r["hidden_size"]),
                   str(r["vocab_size"]), "yes" if r["tied"] else "no")
     c.print(t)
+
+
+def print_weights(source: str, warnings: list[str], data: str | None = None, rows: int | None = None) -> None:
+    """The weights and data a run starts from; the engine's warnings (random-init: testing only) in red."""
+    c = _console()
+    c.print(f"weights: {source}" + (f"   data: {data} ({rows:,} rows)" if data and rows else ""), markup=False,
+            highlight=False)
+    for w in warnings:
+        c.print(f"[bold red]warning:[/] {escape(w)}")
