@@ -167,6 +167,8 @@ def train_from_args(args: argparse.Namespace) -> TrainOptions:
     train = train_options(preset, getattr(args, "set", None) or [])
     if getattr(args, "weights", None):
         train = replace(train, model_source=str(args.weights))
+    elif preset is not None and getattr(args, "model", None) and args.model != preset.model:
+        train = replace(train, model_source=None)     # a preset's weights belong to its model: the new one's own
     if getattr(args, "data", None):
         train = replace(train, dataset=str(args.data))
     return train
