@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from scaletrain.engine.catalog.architectures import catalog_entry
+from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.launcher import launch
 from scaletrain.engine.run.metrics import read_metrics
 from scaletrain.engine.run.weights import RANDOM_INIT_WARNING, weights_problem, weights_warning
@@ -178,14 +179,17 @@ CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <
 
 
 def _pretrained_folder(folder: Path, texts: list[str]) -> object:
-    """A real tokenizer trained here (WordLevel, chat template, end token) and a tiny Qwen2 saved beside it."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    """A real tokenizer trained here (byte-level BPE as Qwen2's, a chat template, an end token) and a tiny Qwen2
+    saved beside it; returns the tokenizer as built (not as reloaded), for an independent count."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
     specials = ["<unk>", "<pad>", "<eos>", "<|user|>", "<|assistant|>", "<|system|>", "<|end|>"]
-    tk = Tokenizer(models.WordLevel(unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    tk.train_from_iterator(texts, trainers.WordLevelTrainer(special_tokens=specials))
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=320, special_tokens=specials,
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>")
     tok.chat_template = CHAT_TEMPLATE
     cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -202,16 +206,16 @@ def test_pilot_local_weights_and_chat_data_train_on_exactly_the_datas_tokens(tmp
     data = tmp_path / "chat.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     weights = tmp_path / "my-model"
-    _pretrained_folder(weights, [m["content"] for r in rows for m in r["messages"]])
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(weights, local_files_only=True)    # the tokenizer as the trainer loads it
+    tok = _pretrained_folder(weights, [m["content"] for r in rows for m in r["messages"]])
 
     def n_tokens(msgs: list[dict]) -> int:          # the template's tokens + the end token the trainer closes with
         out = tok.apply_chat_template(msgs, tokenize=True)
         return len(out["input_ids"] if hasattr(out, "keys") else out) + 1
     expected = sum(n_tokens(r["messages"]) for r in rows)
     assert all(n_tokens(r["messages"]) < 64 for r in rows)        # no truncation: every token is a trained row's
+    text = tok.decode(tok.apply_chat_template(rows[0]["messages"], tokenize=True)["input_ids"])
+    assert text.split() == ["<|user|>", *rows[0]["messages"][0]["content"].split(), "<|end|>", "<|assistant|>",
+                            *rows[0]["messages"][1]["content"].split(), "<|end|>"]     # real words, real template
 
     run = tmp_path / "run"
     capsys.readouterr()
@@ -247,3 +251,36 @@ def test_models_listing_keeps_every_id_whole_at_80_columns():
     assert max(len(ln) for ln in lines) <= 80 and "…" not in r.stdout
     for mid in catalog_ids():
         assert any(ln.split()[:1] == [mid] for ln in lines), mid
+
+
+def test_the_trainer_reads_every_format_through_datasets(tmp_path, offline_cache):
+    """The records the trainer tokenizes, from Parquet, CSV, a folder and a cached HF dataset id (offline);
+    prompt+completion (TRL's naming) trains on the completion only."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from scaletrain.trainer import data as D
+
+    pq.write_table(pa.table({"prompt": ["p1", "p2"], "completion": ["c1", "c2"]}), tmp_path / "pc.parquet")
+    with (tmp_path / "t.csv").open("w", newline="") as f:
+        csv.writer(f).writerows([["text"], ["a, b"], ["c"]])
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "train.json").write_text(json.dumps([{"text": "x"}, {"text": "y"}, {"text": "z"}]))
+    _hf_cache(offline_cache, "acme/pc", {}, kind="datasets",
+              files={"train.parquet": ""})
+    pq.write_table(pa.table({"prompt": ["q"], "response": ["r"]}),
+                   next(offline_cache.glob("datasets--acme--pc/snapshots/*")) / "train.parquet")
+    assert D.read_records(tmp_path / "pc.parquet") == [{"prompt": "p1", "completion": "c1"},
+                                                       {"prompt": "p2", "completion": "c2"}]
+    assert [r["text"] for r in D.read_records(tmp_path / "t.csv")] == ["a, b", "c"]
+    assert [r["text"] for r in D.read_records(folder)] == ["x", "y", "z"]
+    assert D.read_records("acme/pc") == [{"prompt": "q", "response": "r"}]
+    tok = D.ByteTokenizer(300)
+    s = D.tokenize_record({"prompt": "ab", "completion": "cd"}, tok)
+    assert s.input_ids == (*tok.encode("ab\n"), *tok.encode("cd"), tok.eos_id)
+    assert s.labels == (D.IGNORE_INDEX,) * 3 + (*tok.encode("cd"), tok.eos_id)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("question\nwhat\n")
+    with pytest.raises(ScaletrainError, match="no usable fields"):
+        D.read_records(bad)
