@@ -73,6 +73,10 @@ def test_an_hf_model_outside_the_catalog_plans_from_the_cache_offline(offline_ca
     assert out["model"]["name"] == "meta-llama/Llama-3.3-70B-Instruct"
     assert out["model"]["params"] == ref["model"]["params"] > 70e9            # the same architecture
     assert out["weights"]["source"] == "meta-llama/Llama-3.3-70B-Instruct" and out["weights"]["warning"] is None
+    assert "not in the HF cache" in out["weights"]["note"]                   # only its config.json is here
+    snap = next(offline_cache.glob("models--meta-llama--Llama-3.3-70B-Instruct/snapshots/*"))
+    (snap / "model.safetensors").write_bytes(b"")
+    assert _json(capsys, "--model", "meta-llama/Llama-3.3-70B-Instruct", "--gpus", "2x8xH100")["weights"]["note"] is None
 
 
 def test_an_hf_model_neither_cached_nor_reachable_is_one_line_with_a_did_you_mean(offline_cache, capsys):

@@ -11,6 +11,7 @@ carries a warning. The front ends (CLI, headless, wizard) call these functions; 
     weights_warning(model_source)                 the red "testing only" line for random-init, else None
     weights_problem(method, base_bits, source)    one line why these weights cannot be used, else None
     weights_mismatch(source, arch)                one line when local/cached weights are another architecture
+    weights_note(model_source)                    a note when HF weights are not in the local cache yet
 """
 
 from __future__ import annotations
@@ -138,3 +139,18 @@ def weights_mismatch(model_source: str | None, arch: Any) -> str | None:
         return (f"--weights {model_source} is another architecture than the planned {arch.name} ({', '.join(diffs)});"
                 " plan that model (--model) or give its weights")
     return None
+
+
+def weights_note(model_source: str | None) -> str | None:
+    """A note (not an error: the plan is still right, and the run may go to another machine) when an HF id's
+    weights are not in this machine's HF cache: the bundled trainer loads them offline, so they must be there
+    first."""
+    if model_source is None or model_source == RANDOM_INIT or _local(model_source) is not None:
+        return None
+    from scaletrain.engine.catalog.hub import cache_roots, cached_file
+
+    config = cached_file(model_source, "config.json")
+    if config is not None and has_weight_files(config.parent):
+        return None
+    return (f"the weights of {model_source} are not in the HF cache at {cache_roots()[0]}; the trainer loads them "
+            f"offline: download them first on the machine that trains (huggingface-cli download {model_source})")

@@ -24,7 +24,7 @@ from scaletrain.engine.run.writers import write_run_dir, written_files
 from scaletrain.tui.cli.plan_args import request_from_args, train_from_args
 from scaletrain.tui.views.progress import stream_run
 from scaletrain.engine.run.plan_document import read_plan_document
-from scaletrain.engine.run.weights import weights_warning
+from scaletrain.engine.run.weights import weights_note, weights_warning
 from scaletrain.tui.views.render import print_plan, print_weights
 
 
@@ -83,7 +83,8 @@ def run_headless(args: argparse.Namespace) -> int:
     print_plan(plan)
     doc_train = read_plan_document(run.plan).train
     print_weights(str(doc_train.model_source), [w for w in (weights_warning(doc_train.model_source),) if w],
-                  doc_train.dataset, plan.setup.dataset_size if doc_train.dataset else None)
+                  doc_train.dataset, plan.setup.dataset_size if doc_train.dataset else None,
+                  note=weights_note(doc_train.model_source))
     print_written(console, run)
     if not plan.fits:
         console.print("[yellow]warning:[/] the plan does not fit in memory; the run will likely run out of memory")

@@ -27,7 +27,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from scaletrain.tui.views.render import print_plan, print_weights
     print_plan(plan, alternatives=getattr(args, "alternatives", False), table=getattr(args, "table", None))
     print_weights(weights["source"], [w for w in (weights["warning"], weights["problem"]) if w],
-                  data, request.dataset_size)
+                  data, request.dataset_size, note=weights["note"])
     return 0
 
 

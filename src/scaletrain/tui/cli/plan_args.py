@@ -139,13 +139,13 @@ def data_from_args(args: argparse.Namespace) -> str | None:
 def weights_from_args(args: argparse.Namespace, request: PlanRequest) -> dict[str, Any]:
     """The weights a run of this request starts from, as the engine resolves them, with its warning and problem
     (for `plan` output: text and --json)."""
-    from scaletrain.engine.run.weights import resolve_weights, weights_problem, weights_warning
+    from scaletrain.engine.run.weights import resolve_weights, weights_note, weights_problem, weights_warning
 
     given = args.weights if getattr(args, "weights", None) else (
         train_from_args(args).model_source if getattr(args, "preset", None) else None)
     source = resolve_weights(given, request.model)
     return {"source": source, "default": given is None, "warning": weights_warning(source),
-            "problem": weights_problem(request.method, request.base_bits, source)}
+            "problem": weights_problem(request.method, request.base_bits, source), "note": weights_note(source)}
 
 
 def request_from_args(args: argparse.Namespace) -> PlanRequest:

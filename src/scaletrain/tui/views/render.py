@@ -133,10 +133,14 @@ def print_models(rows: list[dict[str, Any]]) -> None:
     c.print(t)
 
 
-def print_weights(source: str, warnings: list[str], data: str | None = None, rows: int | None = None) -> None:
-    """The weights and data a run starts from; the engine's warnings (random-init: testing only) in red."""
+def print_weights(source: str, warnings: list[str], data: str | None = None, rows: int | None = None, *,
+                  note: str | None = None) -> None:
+    """The weights and data a run starts from; the engine's warnings (random-init: testing only) in red, its note
+    (weights not cached here yet) in yellow."""
     c = _console()
     c.print(f"weights: {source}" + (f"   data: {data} ({rows:,} rows)" if data and rows else ""), markup=False,
             highlight=False)
     for w in warnings:
         c.print(f"[bold red]warning:[/] {escape(w)}")
+    if note:
+        c.print(f"[yellow]note:[/] {escape(note)}")
