@@ -45,7 +45,10 @@ def test_plan_preset_json_reports_the_same_numbers(dry_runs, capsys):
     for name in SEED_RUNS:
         doc = json.loads((dry_runs / name / "plan.json").read_text())
         printed = _plan_json(capsys, "--preset", name)
+        weights = printed.pop("weights")
+        assert printed.pop("data") is None
         assert printed == {k: v for k, v in doc.items() if k not in ("request", "train")}
+        assert weights["source"] == doc["train"]["model_source"] and weights["warning"] is None
 
 
 def test_seed_numbers_in_files_accelerate_and_deepspeed_accept(dry_runs):

@@ -462,7 +462,8 @@ def test_names_that_look_like_shell_run_nothing_from_launch_sh_or_sbatch_sh(tmp_
         (bin_dir / name).chmod(0o755)
     out = tmp_path / "argv"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", ARGV_OUT=str(out), SLURM_JOB_NODELIST="n[1-2]")
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", ARGV_OUT=str(out), SLURM_JOB_NODELIST="n[1-2]",
+               SCALETRAIN_VENV=sys.prefix)
     r = subprocess.run(["bash", "-c", 'exec() { printf "%s\\n" "$@" > "$ARGV_OUT"; }; source "$1" 1 127.0.0.1',
                         "_", str(launch_sh)], cwd=work, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -471,7 +472,7 @@ def test_names_that_look_like_shell_run_nothing_from_launch_sh_or_sbatch_sh(tmp_
     assert words[words.index("--machine_rank") + 1] == "1"
     r = subprocess.run(["bash", str(sbatch_sh)], cwd=work, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert f"logs in {run_dir / 'logs'}/node-<N>.log" in r.stdout
+    assert f"logs in {run_dir / 'logs'}/node-<N>.log" in r.stdout            # the folder, found at run time
     words = Path(f"{out}.srun").read_text().splitlines()
     assert str(run_dir / "accelerate_config.yaml") in words and words[words.index("--machine_rank") + 1] == "0"
     assert words[words.index("--main_process_ip") + 1] == "127.0.0.1"

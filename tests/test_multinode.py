@@ -141,10 +141,11 @@ def test_seed16_sbatch_one_task_per_node_with_the_plans_time(seed16):
     assert "##SBATCH --partition=" in sb and "##SBATCH --account=" in sb and "SBATCH_PARTITION=" in sb
     # the srun task runs the launcher's own argv, with the rank and head node left to each node's shell
     srun = next(ln for ln in sb.splitlines() if ln.startswith("srun "))
-    assert "--output=" + str(seed16.logs) + "/node-%n.log" in srun
+    assert '--output="$RUN_DIR"/logs/node-%n.log' in srun and str(seed16.path) not in sb    # found at run time
     inner = shlex.split(shlex.split(srun)[-1])
     assert inner[0] == "exec"
-    expected = launch_argv(seed16, TrainOptions.from_json(doc["train"]), machine_rank=0, main_process_ip="$HEAD_NODE")
+    expected = [a.replace(str(seed16.path), "$RUN_DIR") for a in launch_argv(
+        seed16, TrainOptions.from_json(doc["train"]), machine_rank=0, main_process_ip="$HEAD_NODE", python="$PYTHON")]
     expected[expected.index("--machine_rank") + 1] = "$SLURM_NODEID"
     at = expected.index("$HEAD_NODE") + 1
     expected[at:at] = ["--main_process_port", str(yaml.safe_load(seed16.accelerate_config.read_text())
@@ -322,7 +323,8 @@ def test_sbatch_script_runs_both_nodes_with_c10d_rendezvous(tmp_path):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", SLURM_JOB_NODELIST="fake[1-2]", SLURM_JOB_ID="1")
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", SLURM_JOB_NODELIST="fake[1-2]", SLURM_JOB_ID="1",
+               SCALETRAIN_VENV=sys.prefix)
     out = (tmp_path / "sbatch.out").open("w")
     procs: list[subprocess.Popen] = []
     seen: list[psutil.Process] = []

@@ -33,7 +33,8 @@ def write_plan(tmp_path: Path, name: str = "run", *, gpus: str = "2xCPU", train:
     fields.update(request)
     req = PlanRequest(**fields)
     plan = evaluate(base_setup(req).with_(**(setup_changes or {})), headroom_fraction=req.headroom)
-    return write_run_dir(plan, req, train or TrainOptions(max_steps=6, lr=5e-3), tmp_path / name)
+    return write_run_dir(plan, req, train or TrainOptions(max_steps=6, lr=5e-3), tmp_path / name,
+                         random_quantized_ok=True)    # the trainer quantizes random weights on purpose here
 
 
 # ---- what the plan says, as the trainer reads it -------------------------------------------------------------------

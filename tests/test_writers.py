@@ -287,8 +287,14 @@ def test_launch_sh_is_the_launchers_argv(written):
     text = run.launch_sh.read_text()
     assert os.access(run.launch_sh, os.X_OK)
     subprocess.run(["bash", "-n", str(run.launch_sh)], check=True)
-    exec_line = next(ln for ln in text.splitlines() if ln.startswith("exec "))
-    assert shlex.split(exec_line)[1:] == launch_argv(run, TrainOptions.from_json(json.loads(run.plan.read_text())["train"]))
+    assert str(run.path) not in text and sys.executable not in text       # found at run time (a folder travels)
+    env = dict(os.environ, SCALETRAIN_VENV=sys.prefix)
+    r = subprocess.run(["bash", "-c", 'exec() { printf "%s\\n" "$@"; }; source "$1"', "_", str(run.launch_sh)],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    train = TrainOptions.from_json(json.loads(run.plan.read_text())["train"])
+    assert r.stdout.splitlines() == launch_argv(run, train, python=os.path.join(sys.prefix, "bin", "python"))
+    assert "--deepspeed_config_file" in r.stdout                        # 4090x8 is ZeRO-3: the folder's own file
 
 
 def test_multi_node_plan_gets_sbatch_and_a_per_node_launch(written):

@@ -12,7 +12,8 @@ monitor/doctor):
                  rank_remedies, Remedy, suggest_lr, LrSuggestion, Preset, load_preset, list_presets, save_preset
     run          RunDir, TrainOptions, PlanDocument, read_plan_document, write_run_dir, render_run_files,
                  launch, prepare_launch, LaunchResult, RunStatus, read_status, apply_remedy, relaunch,
-                 StepMetrics, read_metrics, MetricsTail, summarize
+                 StepMetrics, read_metrics, MetricsTail, summarize, default_weights, resolve_weights,
+                 weights_problem, weights_warning, weights_note, DataSource, resolve_data
     sampling     make_sampler, Sampler, Tick
     doctor       diagnose, diagnose_paths, Diagnosis
     errors       ScaletrainError (bad input: one line, exit code 2)
@@ -49,6 +50,9 @@ _API = {
     "scaletrain.engine.plan.presets": ("Preset", "list_presets", "load_preset", "save_preset"),
     "scaletrain.engine.run.layout": ("RunDir",),
     "scaletrain.engine.run.options": ("TrainOptions",),
+    "scaletrain.engine.run.weights": ("default_weights", "resolve_weights", "weights_note", "weights_problem",
+                                      "weights_warning"),
+    "scaletrain.engine.run.data_source": ("DataSource", "resolve_data"),
     "scaletrain.engine.run.plan_document": ("PlanDocument", "read_plan_document"),
     "scaletrain.engine.run.writers": ("render_run_files", "write_run_dir"),
     "scaletrain.engine.run.launcher": ("LaunchResult", "launch", "prepare_launch"),
@@ -100,10 +104,13 @@ if TYPE_CHECKING:   # the same names, for type checkers and readers following im
     from scaletrain.engine.run.launcher import LaunchResult, launch, prepare_launch
     from scaletrain.engine.run.layout import RunDir
     from scaletrain.engine.run.metrics import MetricsTail, StepMetrics, read_metrics, summarize
+    from scaletrain.engine.run.data_source import DataSource, resolve_data
     from scaletrain.engine.run.options import TrainOptions
     from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
     from scaletrain.engine.run.relaunch import apply_remedy, relaunch
     from scaletrain.engine.run.status import RunStatus, read_status
+    from scaletrain.engine.run.weights import (default_weights, resolve_weights, weights_note, weights_problem,
+                                               weights_warning)
     from scaletrain.engine.run.writers import render_run_files, write_run_dir
     from scaletrain.engine.sampling.sampler import Sampler, Tick, make_sampler
     from scaletrain.engine.vocabulary import Attention, Device, Method, Offload, Optimizer, Precision, Strategy

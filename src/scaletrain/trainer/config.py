@@ -69,6 +69,11 @@ def read_run_config(run_dir: str | os.PathLike[str]) -> RunConfig:
     doc = read_plan_document(run.plan)
     req, tr, batch, train = doc.request, doc.training, doc.batch, doc.train
     train.check()
+    if train.model_source is None:                 # a plan.json written before weights were resolved
+        from dataclasses import replace
+
+        from scaletrain.engine.run.weights import resolve_weights
+        train = replace(train, model_source=resolve_weights(None, req.model))
     return RunConfig(
         run=run, train=train, model_id=req.model, method=tr.method, lora_rank=tr.lora_rank or 16,
         lora_targets=tr.lora_targets, base_bits=tr.base_bits, strategy=tr.strategy, precision=tr.precision,

@@ -1,9 +1,12 @@
 """Training data for the bundled trainer: JSONL records → token blocks of exactly seq_len.
 
-Accepted record shapes (one JSON object per line; blank lines are skipped):
+Accepted record shapes (JSONL, or any --data the `datasets` library reads: JSON, Parquet, CSV, a folder, a cached
+HF dataset; engine/run/data_source.py resolves it):
   {"text": "..."}                                  every token is trained on
-  {"prompt": "...", "response": "..."}             only the response (and its end token) is trained on
-  {"messages": [{"role": "...", "content": "..."}]} only assistant turns are trained on
+  {"prompt": "...", "completion": "..."}           only the completion (and its end token) is trained on (TRL's
+                                                   naming; "response" is accepted for "completion")
+  {"messages": [{"role": "...", "content": "..."}]} only assistant turns are trained on (the tokenizer's chat
+                                                   template renders them when it has one)
 
 Packing concatenates the samples (each closed by an end token) and cuts the stream into seq_len blocks, dropping
 the short tail; padding truncates or pads each sample to seq_len. Labels of untrained and padded positions are
@@ -25,7 +28,7 @@ from typing import Any, Iterable, Protocol, Sequence
 from scaletrain.engine.errors import ScaletrainError
 
 IGNORE_INDEX = -100          # transformers' CrossEntropyLoss ignore_index for causal-LM labels
-RECORD_SHAPES = '"text", "prompt"+"response", or "messages" (a list of {"role", "content"})'
+RECORD_SHAPES = '"text", "prompt"+"completion" (or "response"), or "messages" (a list of {"role", "content"})'
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -99,6 +102,7 @@ class Blocks:
     seq_len: int
     source_samples: int
     repeats: int = 1                      # passes over the records (> 1: repeated to the size a plan needs)
+    source_tokens: int = 0                # tokens of the tokenized records (end tokens included), one pass
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -138,7 +142,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 def _check_record(rec: dict[str, Any], where: str) -> None:
     if isinstance(rec.get("text"), str):
         return
-    if isinstance(rec.get("prompt"), str) and isinstance(rec.get("response"), str):
+    if isinstance(rec.get("prompt"), str) and isinstance(_completion(rec), str):
         return
     msgs = rec.get("messages")
     if isinstance(msgs, list) and msgs:
@@ -149,6 +153,31 @@ def _check_record(rec: dict[str, Any], where: str) -> None:
         return
     raise ScaletrainError(f"{where}: no usable fields (found {', '.join(sorted(rec)) or 'none'}); "
                           f"accepted: {RECORD_SHAPES}")
+
+
+def _completion(rec: dict[str, Any]) -> Any:
+    return rec["completion"] if rec.get("completion") is not None else rec.get("response")
+
+
+def read_records(spec: str | Path) -> list[dict[str, Any]]:
+    """Every record --data names: a JSONL file read here (errors name the line), anything else through the
+    `datasets` library from the files engine/run/data_source.py resolved (offline: they are local)."""
+    from scaletrain.engine.run.data_source import resolve_data
+
+    src = resolve_data(str(spec))
+    if len(src.files) == 1 and src.files[0].suffix == ".jsonl":
+        return read_jsonl(src.files[0])
+    import datasets
+
+    datasets.disable_progress_bars()
+    try:
+        table = datasets.load_dataset(src.builder, data_files=[str(f) for f in src.files], split="train")
+    except Exception as e:           # the library's own errors (a malformed file): one line
+        raise ScaletrainError(f"dataset {spec} cannot be read by datasets ({str(e).splitlines()[0][:160]})") from None
+    records = [dict(r) for r in table]
+    for i, rec in enumerate(records):
+        _check_record(rec, f"{spec} row {i}")
+    return records
 
 
 # ---- tokenizing ------------------------------------------------------------------------------------------------
@@ -170,7 +199,7 @@ def tokenize_record(rec: dict[str, Any], tok: Tokenizer) -> Sample:
     if isinstance(rec.get("text"), str):
         add(rec["text"], True)
         trained_end = True
-    elif "messages" in rec:
+    elif isinstance(rec.get("messages"), list):
         msgs = rec["messages"]
         if isinstance(tok, HFTokenizer) and tok.has_chat_template:
             _chat_template_sample(msgs, tok, ids, labels)
@@ -180,7 +209,7 @@ def tokenize_record(rec: dict[str, Any], tok: Tokenizer) -> Sample:
         trained_end = msgs[-1]["role"] == "assistant"
     else:
         add(rec["prompt"] + "\n", False)
-        add(rec["response"], True)
+        add(_completion(rec), True)
         trained_end = True
     ids.append(tok.eos_id)
     labels.append(tok.eos_id if trained_end else IGNORE_INDEX)
@@ -235,7 +264,7 @@ def load_blocks(path: str | Path, tok: Tokenizer, seq_len: int, *, packing: bool
 
     min_blocks > 0 repeats the records, whole and in order, until they give at least that many blocks (cut to
     exactly that many): synthetic data sized to a plan, for the bundled demo set only (the trainer decides)."""
-    records = read_jsonl(path)
+    records = read_records(path)
     samples = [tokenize_record(r, tok) for r in records]
     blocks = build_blocks(samples, seq_len, packing=packing, pad_id=tok.pad_id)
     if len(blocks) < min_blocks and any(lab != IGNORE_INDEX for s in samples for lab in s.labels):
@@ -243,7 +272,9 @@ def load_blocks(path: str | Path, tok: Tokenizer, seq_len: int, *, packing: bool
     if len(blocks) == 0:
         how = "use padding (packing off) or a shorter --seq-len" if packing else "check the records"
         raise ScaletrainError(f"dataset {path} yields no training block of {seq_len} tokens; {how}")
-    return blocks
+    from dataclasses import replace
+
+    return replace(blocks, source_tokens=sum(len(s.input_ids) for s in samples))
 
 
 def _repeated(samples: Sequence[Sample], seq_len: int, packing: bool, pad_id: int, min_blocks: int) -> Blocks:

@@ -100,8 +100,6 @@ def train(cfg: RunConfig, resume: bool) -> int:
         return train_objective(cfg, resume)
     demo = not cfg.train.dataset
     dataset = bundled_demo_dataset() if demo else Path(cfg.train.dataset).expanduser()
-    if not dataset.is_file():
-        raise ScaletrainError(f"dataset {dataset} does not exist (give a JSONL file: train option dataset)")
     check_capabilities(cfg)
     acc = make_accelerator(cfg)
     rank, world = rank_and_world(acc)
@@ -112,7 +110,7 @@ def train(cfg: RunConfig, resume: bool) -> int:
 
     tok = make_tokenizer(cfg)
     per_step = cfg.micro_batch * cfg.grad_accum * world
-    blocks = data_mod.load_blocks(dataset, tok, cfg.seq_len, packing=cfg.train.packing,
+    blocks = data_mod.load_blocks(cfg.train.dataset or dataset, tok, cfg.seq_len, packing=cfg.train.packing,
                                   min_blocks=per_step if demo else 0)
     if main and blocks.repeats > 1:
         print(f"scaletrain: note: the bundled demo data is repeated {blocks.repeats}× to {len(blocks)} blocks of "
@@ -162,7 +160,8 @@ def train(cfg: RunConfig, resume: bool) -> int:
         n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())  # ZeRO-3: full size
         sharding = f", DeepSpeed data-parallel over {model.dp_world_size}" if ds else ""
         print(f"scaletrain: {cfg.model_id} ({cfg.method}, {cfg.strategy}, {cfg.precision}) on {world} "
-              f"process(es){sharding}; {len(blocks)} blocks × {cfg.seq_len} tokens from {dataset.name}; "
+              f"process(es){sharding}; {len(blocks)} blocks × {cfg.seq_len} tokens from {dataset.name} "
+              f"({blocks.source_samples:,} records, {blocks.source_tokens:,} tokens); "
               f"{sched.steps_per_epoch} steps/epoch, {sched.total_steps} steps; {n_params:,} parameters; "
               f"{_weights(model)}, mixed precision {acc.mixed_precision}, {cfg.optimizer} "
               f"({cfg.optimizer_impl if cfg.optimizer != 'adamw-8bit' else 'bitsandbytes'})", flush=True)

@@ -160,9 +160,10 @@ def run_steps(request: PlanRequest, train: TrainOptions, steps: int, run_dir: Pa
         raise ScaletrainError(f"the time budget must be positive seconds (got {budget_seconds})")
     plan = plan or make_plan(request)
     _require_devices(plan)
+    # memory and time do not depend on the weights' values: random init unless weights are named (no download)
     train = replace(train, max_steps=steps, save_checkpoints=False, keep_checkpoints=None, script=None,
-                    script_args=())
-    run = write_run_dir(plan, request, train, run_dir, overwrite=True)
+                    script_args=(), model_source=train.model_source or "random-init")
+    run = write_run_dir(plan, request, train, run_dir, overwrite=True, random_quantized_ok=True)
     stop = threading.Event()
     timer = threading.Timer(budget_seconds, stop.set) if budget_seconds else None
     if timer is not None:

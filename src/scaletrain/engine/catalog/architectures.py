@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -308,24 +307,27 @@ def catalog_entry(model_id: str) -> dict[str, Any] | None:
 
 
 def _hf_cache_config(model_id: str) -> Path | None:
-    """Find <cache>/models--org--name/snapshots/*/config.json without touching the network."""
-    roots = []
-    if os.environ.get("HF_HUB_CACHE"):
-        roots.append(Path(os.environ["HF_HUB_CACHE"]))
-    if os.environ.get("HF_HOME"):
-        roots.append(Path(os.environ["HF_HOME"]) / "hub")
-    roots.append(Path.home() / ".cache" / "huggingface" / "hub")
-    folder = "models--" + model_id.replace("/", "--")
-    for root in roots:
-        snaps = root / folder / "snapshots"
-        try:
-            if snaps.is_dir():
-                cands = sorted(snaps.glob("*/config.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-                if cands:
-                    return cands[0]
-        except (OSError, ValueError):      # an id too long for a file name, a dangling snapshot link
-            continue
-    return None
+    """<cache>/models--org--name/snapshots/<rev>/config.json without touching the network (catalog/hub.py)."""
+    from scaletrain.engine.catalog.hub import cached_file
+
+    return cached_file(model_id)
+
+
+def did_you_mean(spec: str) -> str | None:
+    """The nearest catalog id to a mistyped or newer-version id (difflib on the id, then on the name alone)."""
+    import difflib
+
+    ids = catalog_ids()
+    name = spec.split("/")[-1].lower()
+    prefixed = [i for i in ids if name.startswith(i.split("/")[-1].lower())]    # Qwen3-4B-Instruct → Qwen3-4B
+    if prefixed:
+        return max(prefixed, key=len)
+    hit = difflib.get_close_matches(spec, ids, n=1, cutoff=0.6)
+    if not hit:
+        names = {i.split("/")[-1].lower(): i for i in ids}
+        near = difflib.get_close_matches(spec.split("/")[-1].lower(), list(names), n=1, cutoff=0.6)
+        hit = [names[near[0]]] if near else []
+    return hit[0] if hit else None
 
 
 def _read_config(path: Path, spec: str) -> dict[str, Any]:
@@ -345,8 +347,9 @@ def _read_config(path: Path, spec: str) -> dict[str, Any]:
     return cfg
 
 
-def load_model(spec: str) -> ModelArch:
-    """Resolve --model: catalog id, config.json path, folder with config.json, or a local HF cache id."""
+def load_model(spec: str, *, offline_only: bool = False) -> ModelArch:
+    """Resolve --model: catalog id, config.json path, folder with config.json, an HF cache id, or (unless
+    offline_only) an HF id whose config.json alone is fetched from the hub (catalog/hub.py)."""
     if not isinstance(spec, str) or not spec.strip():
         raise ScaletrainError("--model is empty; give a catalog id (see `scaletrain models`) or a config.json path")
     if len(spec) > MAX_SPEC_CHARS:
@@ -372,6 +375,15 @@ def load_model(spec: str) -> ModelArch:
     cached = _hf_cache_config(spec)
     if cached is not None:
         return arch_from_config(_read_config(cached, spec), spec)
+    from scaletrain.engine.catalog.hub import HF_ID, cache_roots, fetch_config
+
+    why = "not an HF id (org/name)" if not HF_ID.match(spec) else "the hub was not asked"
+    if HF_ID.match(spec) and not offline_only:
+        fetched, why = fetch_config(spec)
+        if fetched is not None:
+            return arch_from_config(_read_config(fetched, spec), spec)
+    near = did_you_mean(spec)
     raise ScaletrainError(
         f"unknown model {_short(spec, 100)}: not in the catalog ({len(_catalog_index())} models, `scaletrain "
-        "models`), not a path, and not in the local HF cache")
+        f"models`), not a path, not in the HF cache at {cache_roots()[0]}, and {why}; pass a config.json path"
+        + (f" (did you mean {near}?)" if near else ""))

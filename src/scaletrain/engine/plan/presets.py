@@ -2,8 +2,13 @@
 
     name: h200x4-fast                 # optional; must match the file name when found by name
     description: one line
+    weights: Qwen/Qwen2.5-7B-Instruct | /path/to/folder | random-init   # optional (TrainOptions.model_source)
+    data: /path/to/train.jsonl | ORG/DATASET                           # optional (TrainOptions.dataset)
     request: {model: ..., gpus: 4xH200, micro_batch: 16, ...}    # PlanRequest fields
     train: {lr: 3.0e-4, ...}                                        # TrainOptions fields
+
+`weights:` and `data:` are the same TrainOptions fields as `train: model_source:` and `train: dataset:` (kept as
+aliases); a preset giving both spellings with different values is refused.
 
 The schemas are generated from the PlanRequest and TrainOptions dataclasses, so a field added there is accepted
 here without a second list to keep in sync. Lookup order for a name: ./presets-local/NAME.yaml (saved with
@@ -73,6 +78,8 @@ class PresetSchema(BaseModel):
 
     name: str | None = None
     description: str
+    weights: str | None = None          # → train.model_source
+    data: str | None = None             # → train.dataset
     request: RequestSchema      # type: ignore[valid-type]
     train: TrainSchema = TrainSchema()   # type: ignore[valid-type]
 
@@ -265,9 +272,17 @@ def load_preset_file(path: Path, *, by_name: bool = False) -> Preset:
     name = m.name or path.stem
     if by_name and name != path.stem:
         raise ScaletrainError(f"preset file {path} says name {name!r}; rename the file or the name to match")
+    train_fields = m.train.model_dump(exclude_unset=True)
+    for key, field in (("weights", "model_source"), ("data", "dataset")):
+        value = getattr(m, key)
+        if value is None:
+            continue
+        if train_fields.get(field) not in (None, value):
+            raise ScaletrainError(f"preset file {path}: {key} {value!r} and train.{field} {train_fields[field]!r} "
+                                  f"disagree; give {key} only")
+        train_fields[field] = value
     return Preset(name=name, description=m.description, path=path,
-                  request=m.request.model_dump(exclude_unset=True),
-                  train_fields=m.train.model_dump(exclude_unset=True))
+                  request=m.request.model_dump(exclude_unset=True), train_fields=train_fields)
 
 
 def load_preset(name_or_path: str) -> Preset:
@@ -416,7 +431,10 @@ def write_preset(name: str, request: PlanRequest, train: TrainOptions, path: str
             raise ScaletrainError(f"--save-preset path {path} must end in .yaml or be a folder")
     req = _pinned_request(request.with_(name=name), plan)
     desc = description or f"{req['model']} on {req.get('gpus', 'auto')}, saved from {request.name!r}"
-    doc = {"name": name, "description": desc, "request": req, "train": train.to_json()}
+    train_doc = train.to_json()
+    doc = {"name": name, "description": desc, "weights": train_doc.pop("model_source"),
+           "data": train_doc.pop("dataset"), "request": req, "train": train_doc}
+    doc = {k: v for k, v in doc.items() if v is not None}
     try:
         PresetSchema.model_validate(doc)
     except ValidationError as e:

@@ -181,7 +181,8 @@ def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None 
     if main_process_ip is not None:
         main_process_ip = check_host(main_process_ip)
     cfg = preflight(run, doc, train, machine_rank)
-    argv = launch_argv(run, train, machine_rank=machine_rank, main_process_ip=main_process_ip)
+    argv = launch_argv(run, train, machine_rank=machine_rank, main_process_ip=main_process_ip,
+                       deepspeed=isinstance(cfg.get("deepspeed_config"), dict))
     if resume:
         if train.script:
             raise ScaletrainError("--resume is for the bundled trainer; pass your script its own resume flag")

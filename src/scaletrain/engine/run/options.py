@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.run.weights import (RANDOM_INIT, default_weights, resolve_weights, weights_problem,  # noqa: F401
+                                           weights_warning)
 
 # The trainer's learning-rate schedules, by the name a preset or --set uses → transformers' scheduler name.
 LR_SCHEDULES = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}
@@ -17,8 +19,10 @@ LR_SCHEDULES = {"cosine": "cosine", "linear": "linear", "constant": "constant_wi
 class TrainOptions:
     """What the bundled trainer needs beyond the plan's numbers."""
 
-    dataset: str | None = None            # JSONL path; None → the bundled demo data (presets/data/demo.jsonl)
-    model_source: str = "random-init"     # "random-init" (from the plan's config) | local path | HF cache id
+    dataset: str | None = None            # --data: a file/folder (JSONL, JSON, Parquet, CSV) or an HF dataset id;
+                                          # None → the bundled demo data (presets/data/demo.jsonl)
+    model_source: str | None = None       # --weights: HF id | local folder | "random-init"; None → the model's own
+                                          # (weights.default_weights), resolved when the run directory is written
     lr: float = 2e-5
     lr_schedule: str = "cosine"           # cosine | linear | constant
     warmup_ratio: float = 0.03
@@ -84,8 +88,9 @@ class TrainOptions:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v.strip() or len(v) > MAX_PATH_CHARS):
                 raise ScaletrainError(f"{name} must be a path (got {_short(v)})")
-        if not isinstance(self.model_source, str) or not self.model_source.strip() \
-                or len(self.model_source) > MAX_PATH_CHARS:
+        if self.model_source is not None and (not isinstance(self.model_source, str)
+                                              or not self.model_source.strip()
+                                              or len(self.model_source) > MAX_PATH_CHARS):
             raise ScaletrainError(f"model_source must be random-init, a local path or an HF cache id "
                                   f"(got {_short(self.model_source)})")
         if not isinstance(self.save_checkpoints, bool):

@@ -1,8 +1,11 @@
 """Plan → the commands that run it: the `accelerate launch` argv, launch.sh (by hand, per node) and sbatch.sh.
 
-launch.sh holds exactly the argument list `scaletrain launch` runs (launch_argv); a multi-node plan's launch.sh
-takes the node's rank and the head node's address, and sbatch.sh starts one srun task per node with c10d
-rendezvous and a --time from the plan's predicted run time.
+launch.sh holds the argument list `scaletrain launch` runs (launch_argv); a multi-node plan's launch.sh takes the
+node's rank and the head node's address, and sbatch.sh starts one srun task per node with c10d rendezvous and a
+--time from the plan's predicted run time. Both scripts are portable: they find their run directory at run time
+(their own folder; sbatch.sh also the submission folder, since SLURM runs a copy of the script) and the Python of
+the `scaletrain` on PATH, or of the venv named by $SCALETRAIN_VENV, so a run folder copied or moved to another
+machine or path runs as it is. Nothing of the writing machine (its Python, the folder's old path) is baked in.
 """
 
 from __future__ import annotations
@@ -24,9 +27,16 @@ TRAINER_MODULE = "scaletrain.trainer.train"
 
 
 def launch_argv(run: RunDir, train: TrainOptions, *, machine_rank: int | None = None,
-                main_process_ip: str | None = None, python: str | None = None) -> list[str]:
-    """The exact `accelerate launch` argument list (no shell) for this run; launch.sh holds the same words."""
+                main_process_ip: str | None = None, python: str | None = None,
+                deepspeed: bool | None = None) -> list[str]:
+    """The exact `accelerate launch` argument list (no shell) for this run; launch.sh holds the same words.
+
+    Every run-directory path is derived from `run` here, at launch time, never read back from the written files:
+    DeepSpeed's config file is passed on the command line (it overrides the accelerate YAML's absolute path), so a
+    moved run folder launches from where it is. `deepspeed` None: whether the folder holds ds_config.json."""
     argv = [python or sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(run.accelerate_config)]
+    if deepspeed if deepspeed is not None else run.ds_config.is_file():
+        argv += ["--deepspeed_config_file", str(run.ds_config)]
     # per-rank output: torchrun tees each rank's stdout+stderr to files under logs/elastic/ and prefixes its console
     # lines with the rank, which engine.run.launcher splits into logs/rank-<i>.log
     argv += ["--tee", "3", "--log_dir", str(run.logs / "elastic")]
@@ -43,6 +53,10 @@ def launch_argv(run: RunDir, train: TrainOptions, *, machine_rank: int | None = 
 
 _RANK_TOKEN = "__SCALETRAIN_MACHINE_RANK__"
 _IP_TOKEN = "__SCALETRAIN_MAIN_PROCESS_IP__"
+_RUN_TOKEN = "/__SCALETRAIN_RUN_DIR__"
+_PY_TOKEN = "__SCALETRAIN_PYTHON__"
+# The one variable that names the environment to run with (a venv or conda prefix holding bin/python).
+VENV_ENV = "SCALETRAIN_VENV"
 # SLURM --time: the plan's predicted run time × this margin, plus start-up. The time model is a planning estimate
 # (uncalibrated until `scaletrain validate --save` has measured these cards), and SLURM kills a job at its limit,
 # losing everything since the last checkpoint: overestimating costs queue priority, underestimating costs the run.
@@ -63,28 +77,74 @@ def _comment(text: object) -> str:
 
 
 def _shell_words(argv: list[str], subst: dict[str, str]) -> str:
-    return " ".join(subst.get(a, shlex.quote(a)) for a in argv)
+    return " ".join(_shell_word(a, subst) for a in argv)
 
 
-def _node_argv(run: RunDir, train: TrainOptions, python: str | None) -> list[str]:
-    """launch_argv with placeholders for the machine rank and the head-node address (filled in per node)."""
-    argv = launch_argv(run, train, machine_rank=0, main_process_ip=_IP_TOKEN, python=python)
+def _shell_word(arg: str, subst: dict[str, str]) -> str:
+    """One word: a placeholder's shell text, "$RUN_DIR"/rest for a path inside the run directory, else quoted."""
+    if arg in subst:
+        return subst[arg]
+    if arg == _RUN_TOKEN:
+        return '"$RUN_DIR"'
+    if arg.startswith(_RUN_TOKEN + "/"):
+        return '"$RUN_DIR"/' + shlex.quote(arg[len(_RUN_TOKEN) + 1:])
+    if arg == _PY_TOKEN:
+        return '"$PYTHON"'
+    return shlex.quote(arg)
+
+
+def _portable_argv(train: TrainOptions, deepspeed: bool, **kw: str | int | None) -> list[str]:
+    """launch_argv with the run directory and the Python left to the script (placeholders)."""
+    return launch_argv(RunDir(Path(_RUN_TOKEN)), train, python=_PY_TOKEN, deepspeed=deepspeed, **kw)  # type: ignore
+
+
+def _node_argv(train: TrainOptions, deepspeed: bool) -> list[str]:
+    """The portable argv with placeholders for the machine rank and the head-node address (filled in per node)."""
+    argv = _portable_argv(train, deepspeed, machine_rank=0, main_process_ip=_IP_TOKEN)
     argv[argv.index("--machine_rank") + 1] = _RANK_TOKEN
     return argv
 
 
+def _find_python(script: str) -> list[str]:
+    """Shell lines setting $PYTHON: $SCALETRAIN_VENV/bin/python, else the Python beside the `scaletrain` on PATH
+    (symlinks followed: pipx), else python3; refused in one line unless it imports scaletrain and has accelerate."""
+    return [
+        f'if [ -n "${{{VENV_ENV}:-}}" ]; then',
+        f'  PYTHON="${VENV_ENV}/bin/python"',
+        "elif SCALETRAIN_BIN=\"$(command -v scaletrain)\"; then",
+        '  PYTHON="$(dirname -- "$(readlink -f -- "$SCALETRAIN_BIN" || echo "$SCALETRAIN_BIN")")/python"',
+        '  [ -x "$PYTHON" ] || PYTHON=python3',
+        "else",
+        "  PYTHON=python3",
+        "fi",
+        "if ! \"$PYTHON\" -c 'import importlib.util as u, scaletrain; assert u.find_spec(\"accelerate\")' "
+        ">/dev/null 2>&1; then",
+        f'  echo "{script}: no Python with scaletrain and accelerate (tried $PYTHON): put scaletrain on PATH, or set '
+        f'{VENV_ENV}=/path/to/venv" >&2',
+        "  exit 2",
+        "fi",
+    ]
+
+
+# launch.sh's folder, found at run time (also when sourced): the run directory, wherever it was moved.
+_HERE = 'RUN_DIR="$(CDPATH= cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"'
+
+
 def launch_script(plan: Plan, run: RunDir, train: TrainOptions, *, main_process_ip: str | None = None,
-                  python: str | None = None) -> str:
-    """launch.sh: the argument list the launcher runs, runnable by hand (multi-node: one call per node)."""
+                  deepspeed: bool | None = None) -> str:
+    """launch.sh: the argument list the launcher runs, runnable by hand from wherever the folder now is
+    (multi-node: one call per node). `deepspeed`: whether the run has a ds_config.json (default: it is there)."""
     s = plan.setup
     hw = s.hardware
+    ds = run.ds_config.is_file() if deepspeed is None else deepspeed
     lines = ["#!/usr/bin/env bash",
              _comment(f"# scaletrain run {plan.name!r}: {s.model.name} on {hw.describe()} ({s.strategy}, "
                       f"{s.precision})."),
-             "# The same argument list `scaletrain launch RUN_DIR` runs."]
+             "# The same argument list `scaletrain launch RUN_DIR` runs, from this file's folder (the run directory,",
+             f"# wherever it is now) with the Python of the `scaletrain` on PATH or of ${VENV_ENV}."]
     if hw.nodes <= 1:
-        argv = launch_argv(run, train, python=python)
-        lines += ["set -euo pipefail", "exec " + _shell_words(argv, {})]
+        lines += ["set -euo pipefail", _HERE, *_find_python("launch.sh"),
+                  "exec " + _shell_words(_portable_argv(train, ds), {})]
         return "\n".join(lines) + "\n"
     last = hw.nodes - 1
     ip = main_process_ip or ""
@@ -110,8 +170,10 @@ def launch_script(plan: Plan, run: RunDir, train: TrainOptions, *, main_process_
         'if [ -z "$MAIN_PROCESS_IP" ]; then',
         f'  echo "launch.sh: give the head node\'s address: {usage} (or set MAIN_PROCESS_IP)" >&2; exit 2',
         "fi",
+        _HERE,
+        *_find_python("launch.sh"),
         f"export {LINE_PREFIX_ENV}={shlex.quote(LINE_PREFIX)}",
-        "exec " + _shell_words(_node_argv(run, train, python),
+        "exec " + _shell_words(_node_argv(train, ds),
                                {_RANK_TOKEN: '"$MACHINE_RANK"', _IP_TOKEN: '"$MAIN_PROCESS_IP"'}),
     ]
     return "\n".join(lines) + "\n"
@@ -155,19 +217,22 @@ def _sbatch_arg(text: str) -> str:
     return text if re.fullmatch(r"[A-Za-z0-9._/%:=+-]+", text) else '"' + text.replace('"', "") + '"'
 
 
-def sbatch_script(plan: Plan, run: RunDir, train: TrainOptions, *, python: str | None = None) -> str | None:
+def sbatch_script(plan: Plan, run: RunDir, train: TrainOptions, *, deepspeed: bool | None = None) -> str | None:
     """sbatch.sh for multi-node plans: one srun task per node starting that node's `accelerate launch`.
 
     Head node from the job's node list, c10d rendezvous on the plan's port, the machine rank from each task's
     $SLURM_NODEID (single-quoted `bash -c`, so it expands on the node: shared/reference/tui-launch-monitor.md §4),
-    one log per node, --time from the plan's predicted time. None for single-node plans.
+    one log per node, --time from the plan's predicted time. The run directory is found at run time: SLURM runs a
+    copy of the script from its spool, so it is the script's folder when that holds plan.json (bash by hand), else
+    the folder sbatch was called from ($SLURM_SUBMIT_DIR), else $SCALETRAIN_RUN_DIR. None for single-node plans.
     """
     s = plan.setup
     hw = s.hardware
     if hw.nodes <= 1:
         return None
     port = main_process_port(run)
-    argv = _node_argv(run, train, python)
+    ds = run.ds_config.is_file() if deepspeed is None else deepspeed
+    argv = _node_argv(train, ds)
     at = argv.index(_IP_TOKEN) + 1
     argv[at:at] = ["--main_process_port", str(port), "--rdzv_backend", "c10d"]
     inner = "exec " + _shell_words(argv, {_RANK_TOKEN: '"$SLURM_NODEID"', _IP_TOKEN: '"$HEAD_NODE"'})
@@ -177,9 +242,9 @@ def sbatch_script(plan: Plan, run: RunDir, train: TrainOptions, *, python: str |
         "#!/bin/bash",
         _comment(f"# scaletrain plan {plan.name!r}: {s.model.name} on {hw.describe()} ({s.strategy}, "
                  f"{s.precision}), {s.world_size} processes."),
-        _comment(f"# Submit from a login node: sbatch {shlex.quote(str(run.sbatch_sh))}"),
+        "# Submit from a login node, inside the run directory (wherever it is now): cd RUN_DIR && sbatch sbatch.sh",
         "# Partition and account: sbatch reads them from the environment, so this file needs no edit:",
-        _comment(f"#   SBATCH_PARTITION=gpu SBATCH_ACCOUNT=myproject sbatch {shlex.quote(str(run.sbatch_sh))}"),
+        "#   SBATCH_PARTITION=gpu SBATCH_ACCOUNT=myproject sbatch sbatch.sh",
         "# (or sbatch -p gpu -A myproject ...), or delete one '#' from the ##SBATCH lines below. Options given to",
         "# sbatch override the #SBATCH lines here (e.g. sbatch --time=2-00:00:00 or --cpus-per-task=N).",
         f"#SBATCH --job-name={re.sub(r'[^A-Za-z0-9._-]', '-', plan.name) or 'scaletrain'}",
@@ -191,7 +256,7 @@ def sbatch_script(plan: Plan, run: RunDir, train: TrainOptions, *, python: str |
     head.append(f"#SBATCH --cpus-per-task={cpus}")
     if predicted is not None:
         head.append(f"#SBATCH --time={slurm_time(predicted * SBATCH_TIME_MARGIN + SBATCH_STARTUP_SECONDS)}")
-    head += [f"#SBATCH --output={_sbatch_arg(_sbatch_path(run.logs, 'slurm-%j.out'))}",
+    head += [f"#SBATCH --output={_sbatch_arg(_sbatch_path(Path(run.logs.name), 'slurm-%j.out'))}",
              "##SBATCH --partition=YOUR_PARTITION",
              "##SBATCH --account=YOUR_ACCOUNT",
              "#"]
@@ -204,23 +269,31 @@ def sbatch_script(plan: Plan, run: RunDir, train: TrainOptions, *, python: str |
         head.append("# --time: the plan has no run-time estimate (give --dataset-size, or train.max_steps): set "
                     "it with sbatch --time=..., else the partition's default limit applies.")
     head += [f"# --cpus-per-task: {SBATCH_CPUS_PER_PROCESS} cores × {hw.gpus_per_node} processes per node.",
-             _comment(f"# Every node runs {shlex.quote(argv[0])}: the same environment must exist there (a shared "
-                      "filesystem).")]
+             f"# Every node runs the Python of the `scaletrain` on PATH (or ${VENV_ENV}/bin/python): the same",
+             "# environment and run directory must exist there (a shared filesystem)."]
     body = [
         "set -euo pipefail",
         ': "${SLURM_JOB_NODELIST:?submit this script with sbatch}"',
+        'RUN_DIR="$(CDPATH= cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"',
+        'if [ ! -f "$RUN_DIR/plan.json" ]; then RUN_DIR="${SLURM_SUBMIT_DIR:-}"; fi',
+        'if [ ! -f "$RUN_DIR/plan.json" ]; then RUN_DIR="${SCALETRAIN_RUN_DIR:-}"; fi',
+        'if [ ! -f "$RUN_DIR/plan.json" ]; then',
+        '  echo "sbatch.sh: cannot find the run directory; submit from inside it (cd RUN_DIR && sbatch sbatch.sh)'
+        ' or set SCALETRAIN_RUN_DIR" >&2',
+        "  exit 2",
+        "fi",
+        *_find_python("sbatch.sh"),
+        "export RUN_DIR PYTHON",
         'HEAD_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
         "export HEAD_NODE",
         f"export {LINE_PREFIX_ENV}={shlex.quote(LINE_PREFIX)}      # every line carries its global rank",
         "export PYTHONUNBUFFERED=1",
-        # printf with the path as its own single-quoted argument: inside "…" a $(…) or `…` in the path would run
+        # printf with the path as its own argument: inside "…" a $(…) or `…` in the path would not run either
         f"printf 'scaletrain: %s nodes, head node %s, c10d rendezvous on port %s; logs in %s/node-<N>.log\\n' "
-        f'{hw.nodes} "$HEAD_NODE" {port} {shlex.quote(str(run.logs))}',
+        f'{hw.nodes} "$HEAD_NODE" {port} "$RUN_DIR/logs"',
         "# One task per node, so $SLURM_NODEID (here equal to $SLURM_PROCID) is the machine rank. The single quotes",
-        "# leave $SLURM_NODEID and $HEAD_NODE to each node's own shell.",
+        "# leave $SLURM_NODEID, $HEAD_NODE, $RUN_DIR and $PYTHON to each node's own shell.",
         f"srun --nodes={hw.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 "
-        f"--output={shlex.quote(_sbatch_path(run.logs, 'node-%n.log'))} bash -c {shlex.quote(inner)}",
+        f'--output="$RUN_DIR"/logs/node-%n.log bash -c {shlex.quote(inner)}',
     ]
     return "\n".join(head + body) + "\n"
-
-

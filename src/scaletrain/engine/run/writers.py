@@ -33,17 +33,32 @@ LAYOUT_NAMES = ("plan.json", "accelerate_config.yaml", "ds_config.json", "launch
 
 
 # ---- the run directory -----------------------------------------------------------------------------------------
-def checked_train(train: TrainOptions) -> TrainOptions:
-    """The trainer's options, checked as launch would (so --dry-run refuses what launch would); a given dataset
-    must exist and is recorded as an absolute path (the trainer runs from anywhere)."""
+def checked_train(train: TrainOptions, request: PlanRequest | None = None, plan: Plan | None = None, *,
+                  random_quantized_ok: bool = False) -> TrainOptions:
+    """The trainer's options, checked as launch would (so --dry-run refuses what launch would). With the request:
+    the weights resolved (None → the model's own, a local folder made absolute) and checked against the method
+    and the planned architecture; a 4/8-bit base from random init only where asked for (validation measures it).
+    A given dataset must be readable and is recorded as an absolute path or an HF id (the trainer runs from
+    anywhere)."""
+    from scaletrain.engine.run.weights import resolve_weights, weights_mismatch, weights_problem
+
     train.check()
+    if request is not None:
+        source = resolve_weights(train.model_source, request.model)
+        setup = plan.setup if plan is not None else None
+        method = setup.method if setup is not None else request.method
+        bits = setup.base_bits if setup is not None else request.base_bits
+        problem = weights_problem(method, bits, source)
+        if problem and not (random_quantized_ok and source == "random-init"):
+            raise ScaletrainError(problem)
+        if setup is not None and (problem := weights_mismatch(source, setup.model)):
+            raise ScaletrainError(problem)
+        train = replace(train, model_source=source)
     if train.dataset is None:
         return train
-    p = Path(train.dataset).expanduser()
-    if not _is_file(p):
-        raise ScaletrainError(f"dataset {train.dataset} does not exist; give a JSONL file (text, prompt/response or "
-                              "messages per line), or leave it unset for the bundled demo data")
-    return replace(train, dataset=str(p.resolve()))
+    from scaletrain.engine.run.data_source import resolve_data
+
+    return replace(train, dataset=resolve_data(train.dataset).spec)
 
 
 def _is_file(p: Path) -> bool:
@@ -58,16 +73,20 @@ def render_run_files(plan: Plan, request: PlanRequest, train: TrainOptions, run:
     """File name → (text, mode) for everything the run directory holds before launch."""
     if main_process_ip is not None:
         main_process_ip = check_host(main_process_ip)
+    if train.model_source is None:
+        from scaletrain.engine.run.weights import resolve_weights
+        train = replace(train, model_source=resolve_weights(None, request.model))
+    ds = deepspeed_config(plan, train)
     files: dict[str, tuple[str, int | None]] = {
         run.plan.name: (PlanDocument.build(plan, request, train).dumps(), None),
         run.accelerate_config.name: (render_accelerate_yaml(
             accelerate_config(plan, run, train, main_process_ip=main_process_ip), plan), None),
-        run.launch_sh.name: (launch_script(plan, run, train, main_process_ip=main_process_ip), 0o755),
+        run.launch_sh.name: (launch_script(plan, run, train, main_process_ip=main_process_ip,
+                                           deepspeed=ds is not None), 0o755),
     }
-    ds = deepspeed_config(plan, train)
     if ds is not None:
         files[run.ds_config.name] = (json.dumps(ds, indent=2) + "\n", None)
-    sb = sbatch_script(plan, run, train)
+    sb = sbatch_script(plan, run, train, deepspeed=ds is not None)
     if sb is not None:
         files[run.sbatch_sh.name] = (sb, 0o755)
     return files
@@ -91,16 +110,18 @@ def _supersede(run: RunDir) -> Path | None:
 
 
 def write_run_dir(plan: Plan, request: PlanRequest, train: TrainOptions, run_dir: str | os.PathLike[str] | None = None,
-                  *, overwrite: bool = False, main_process_ip: str | None = None) -> RunDir:
+                  *, overwrite: bool = False, main_process_ip: str | None = None,
+                  random_quantized_ok: bool = False) -> RunDir:
     """Write plan.json, the configs and the scripts; refuse a directory holding a different plan.
 
     A new directory appears whole (written beside it, then renamed); an existing one that holds the same plan is
     rewritten file by file (atomic, with .bak of anything that differs); with overwrite, a different previous run
-    is moved to superseded-<stamp>/ first.
+    is moved to superseded-<stamp>/ first. random_quantized_ok: a 4/8-bit base from random init is written too
+    (validation and tests measure it; a real run is refused at checked_train).
     """
-    train = checked_train(train)
+    train = checked_train(train, request, plan, random_quantized_ok=random_quantized_ok)
     run = RunDir(check_run_dir_path(run_dir) if run_dir is not None else default_run_dir(plan.name))
-    check_run_dir_path(run.path)        # the absolute path goes into launch.sh and sbatch.sh
+    check_run_dir_path(run.path)        # a sane path (the scripts find it at run time)
     files = render_run_files(plan, request, train, run, main_process_ip=main_process_ip)
     with writing(f"the run directory {run.path}"):
         return _write(run, plan, request, train, files, overwrite)

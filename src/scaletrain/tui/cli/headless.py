@@ -23,7 +23,9 @@ from scaletrain.engine.run.scripts import node_launch_commands
 from scaletrain.engine.run.writers import write_run_dir, written_files
 from scaletrain.tui.cli.plan_args import request_from_args, train_from_args
 from scaletrain.tui.views.progress import stream_run
-from scaletrain.tui.views.render import print_plan
+from scaletrain.engine.run.plan_document import read_plan_document
+from scaletrain.engine.run.weights import weights_note, weights_warning
+from scaletrain.tui.views.render import print_plan, print_weights
 
 
 def print_written(console: Console, run: RunDir) -> None:
@@ -44,13 +46,15 @@ def print_node_commands(console: Console, plan: Plan, run: RunDir, main_process_
     """How to start the run: one command, or one per node (any order) plus sbatch for a multi-node plan."""
     cmds = node_launch_commands(plan, run, main_process_ip=main_process_ip)
     if not cmds:
-        console.print(f"{lead} Launch with `scaletrain launch {run.path}` or `bash {run.launch_sh}`")
+        console.print(f"{lead} Launch with `scaletrain launch {run.path}` (or `bash launch.sh` in the folder, "
+                      "wherever it is moved)")
         return
     console.print(f"{lead} {len(cmds)} nodes, the same run directory on each; start every node (in any order):")
     for rank, cmd in enumerate(cmds):
         console.print(f"  node {rank}: {cmd}", markup=False, highlight=False, soft_wrap=True)
     if run.sbatch_sh.exists():
-        console.print(f"  or on SLURM: sbatch {run.sbatch_sh}  (partition/account: see its header)", markup=False,
+        console.print(f"  or on SLURM: cd {run.path} && sbatch sbatch.sh  (partition/account: see its header)",
+                      markup=False,
                       soft_wrap=True)
 
 
@@ -77,6 +81,10 @@ def run_headless(args: argparse.Namespace) -> int:
     run = write_run_dir(plan, request, train, getattr(args, "run_dir", None),
                         overwrite=bool(getattr(args, "overwrite", False)), main_process_ip=ip)
     print_plan(plan)
+    doc_train = read_plan_document(run.plan).train
+    print_weights(str(doc_train.model_source), [w for w in (weights_warning(doc_train.model_source),) if w],
+                  doc_train.dataset, plan.setup.dataset_size if doc_train.dataset else None,
+                  note=weights_note(doc_train.model_source))
     print_written(console, run)
     if not plan.fits:
         console.print("[yellow]warning:[/] the plan does not fit in memory; the run will likely run out of memory")

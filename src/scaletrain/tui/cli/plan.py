@@ -5,21 +5,29 @@ from __future__ import annotations
 import argparse
 import json
 
-from scaletrain.tui.cli.plan_args import add_plan_options, request_from_args
+from scaletrain.tui.cli.plan_args import add_plan_options, data_from_args, request_from_args, weights_from_args
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from scaletrain.engine.plan.planner import make_plan
 
-    plan = make_plan(request_from_args(args))
+    request = request_from_args(args)
+    plan = make_plan(request)
+    weights = weights_from_args(args, request)
+    data = data_from_args(args)
     if getattr(args, "alternatives", False) or getattr(args, "table", None):
         from scaletrain.engine.plan.tables import with_tables
         plan = with_tables(plan, alternatives=getattr(args, "alternatives", False), table=getattr(args, "table", None))
     if args.json:
-        print(json.dumps(plan.to_json(), indent=2))
+        out = plan.to_json()
+        out["weights"] = weights
+        out["data"] = {"spec": data, "rows": request.dataset_size} if data else None
+        print(json.dumps(out, indent=2))
         return 0
-    from scaletrain.tui.views.render import print_plan
+    from scaletrain.tui.views.render import print_plan, print_weights
     print_plan(plan, alternatives=getattr(args, "alternatives", False), table=getattr(args, "table", None))
+    print_weights(weights["source"], [w for w in (weights["warning"], weights["problem"]) if w],
+                  data, request.dataset_size, note=weights["note"])
     return 0
 
 

@@ -44,6 +44,12 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lora-targets", type=parse_csv, help="comma list, default all block linears")
     g.add_argument("--base-bits", type=int, choices=[4, 8, 16, 32],
                    help="frozen base for lora/qlora: 4/8 quantized, 16 (bf16, default), 32 (fp32 under autocast)")
+    g.add_argument("--weights", metavar="HF_ID|PATH|random-init",
+                   help="the weights the run starts from (default: the model's own pretrained weights; random-init "
+                        "for config-only models, testing only)")
+    g.add_argument("--data", metavar="PATH|HF_DATASET_ID",
+                   help="training data: JSONL/JSON/Parquet/CSV file or folder, or an HF dataset id in the local "
+                        "cache; its row count is the dataset size unless --dataset-size is given")
     g.add_argument("--resident", action="append", type=parse_resident, default=None, metavar="MODEL[:BITS]",
                    help="an extra inference-only model kept on every GPU (reference policy, evaluator)")
     g = p.add_argument_group("objective (TRL: reward, dpo, grpo)")
@@ -113,7 +119,33 @@ def request_fields_from_args(args: argparse.Namespace) -> dict[str, Any]:
             fields[name] = v
     if getattr(args, "resident", None):
         fields["residents"] = tuple(args.resident)
+    data = data_from_args(args)
+    if data is not None and fields.get("dataset_size") is None:
+        from scaletrain.engine.run.data_source import resolve_data
+
+        fields["dataset_size"] = resolve_data(data).rows      # the plan's steps and epochs follow the real data
     return fields
+
+
+def data_from_args(args: argparse.Namespace) -> str | None:
+    """--data, else the preset's `data:` (or train.dataset, with --set overrides); None for the bundled data."""
+    if getattr(args, "data", None):
+        return str(args.data)
+    if getattr(args, "preset", None):
+        return train_from_args(args).dataset
+    return None
+
+
+def weights_from_args(args: argparse.Namespace, request: PlanRequest) -> dict[str, Any]:
+    """The weights a run of this request starts from, as the engine resolves them, with its warning and problem
+    (for `plan` output: text and --json)."""
+    from scaletrain.engine.run.weights import resolve_weights, weights_note, weights_problem, weights_warning
+
+    given = args.weights if getattr(args, "weights", None) else (
+        train_from_args(args).model_source if getattr(args, "preset", None) else None)
+    source = resolve_weights(given, request.model)
+    return {"source": source, "default": given is None, "warning": weights_warning(source),
+            "problem": weights_problem(request.method, request.base_bits, source), "note": weights_note(source)}
 
 
 def request_from_args(args: argparse.Namespace) -> PlanRequest:
@@ -129,5 +161,14 @@ def train_from_args(args: argparse.Namespace) -> TrainOptions:
     """The preset's train section with `--set train.KEY=VALUE` overrides (defaults without a preset)."""
     from scaletrain.engine.plan.presets import load_preset, train_options
 
+    from dataclasses import replace
+
     preset = load_preset(args.preset) if getattr(args, "preset", None) else None
-    return train_options(preset, getattr(args, "set", None) or [])
+    train = train_options(preset, getattr(args, "set", None) or [])
+    if getattr(args, "weights", None):
+        train = replace(train, model_source=str(args.weights))
+    elif preset is not None and getattr(args, "model", None) and args.model != preset.model:
+        train = replace(train, model_source=None)     # a preset's weights belong to its model: the new one's own
+    if getattr(args, "data", None):
+        train = replace(train, dataset=str(args.data))
+    return train

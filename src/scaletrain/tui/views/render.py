@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -118,10 +120,27 @@ def print_detection(res: DetectionResult) -> None:
 
 def print_models(rows: list[dict[str, Any]]) -> None:
     c = _console()
-    t = Table(title="model catalog")
+    # ids and exact counts are never cut (a truncated id cannot be copied into --model): light borders, and the
+    # other columns wrap first on a narrow terminal (80 columns fit)
+    t = Table(title="model catalog", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1),
+              collapse_padding=True)
     for col in ("id", "type", "params", "layers", "hidden", "vocab", "tied"):
-        t.add_column(col, justify="right" if col in ("params", "layers", "hidden", "vocab") else "left")
+        t.add_column(col, justify="right" if col in ("params", "layers", "hidden", "vocab") else "left",
+                     no_wrap=col in ("id", "params"), overflow="fold")
     for r in rows:
         t.add_row(r["id"], r["model_type"], fmt_count(r["params"]), str(r["layers"]), str(r["hidden_size"]),
                   str(r["vocab_size"]), "yes" if r["tied"] else "no")
     c.print(t)
+
+
+def print_weights(source: str, warnings: list[str], data: str | None = None, rows: int | None = None, *,
+                  note: str | None = None) -> None:
+    """The weights and data a run starts from; the engine's warnings (random-init: testing only) in red, its note
+    (weights not cached here yet) in yellow."""
+    c = _console()
+    c.print(f"weights: {source}" + (f"   data: {data} ({rows:,} rows)" if data and rows else ""), markup=False,
+            highlight=False)
+    for w in warnings:
+        c.print(f"[bold red]warning:[/] {escape(w)}")
+    if note:
+        c.print(f"[yellow]note:[/] {escape(note)}")

@@ -1,0 +1,125 @@
+"""--data: where a run's training records come from, and how many there are (the plan's dataset size).
+
+A local file (JSONL, JSON, Parquet, CSV), a folder of them, or an HF dataset id already in the hub cache
+(<cache>/datasets--ORG--NAME/snapshots/<rev>/..., read offline). Counting rows here is torch-free and cheap (JSONL
+lines, Parquet metadata, CSV rows, a JSON array's length) so `scaletrain plan --data` stays fast; the trainer reads
+the same files through the `datasets` library (trainer/data.py), so one resolution serves both.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from scaletrain.engine.errors import ScaletrainError
+
+DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+ACCEPTED = "a JSONL/JSON/Parquet/CSV file, a folder of them, or an HF dataset id in the local HF cache"
+TRAIN_SPLIT_HINTS = ("train",)
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """What --data names: the spec as recorded in plan.json (absolute path or HF id), the files the trainer reads
+    (one format), and their row count."""
+
+    spec: str
+    files: tuple[Path, ...]
+    builder: str                 # the datasets builder that reads them: json | parquet | csv
+    rows: int
+
+
+def _data_files(folder: Path) -> list[Path]:
+    files = sorted(p for p in folder.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file()
+                   and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    train = [p for p in files if any(h in p.name.lower() or h in str(p.parent.name).lower()
+                                     for h in TRAIN_SPLIT_HINTS)]
+    return train or files
+
+
+def count_rows(path: Path) -> int:
+    """Records in one file, without reading it into memory as records (Parquet: its metadata)."""
+    kind = DATA_SUFFIXES.get(path.suffix)
+    try:
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            return int(pq.ParquetFile(path).metadata.num_rows)
+        if kind == "csv":
+            with path.open(newline="", encoding="utf-8") as f:
+                return max(0, sum(1 for _ in csv.reader(f)) - 1)
+        if path.suffix == ".json":
+            with path.open(encoding="utf-8") as f:
+                first = next((c for c in iter(lambda: f.read(1), "") if not c.isspace()), "")
+            if first == "[":                             # one JSON array of records (else JSON lines)
+                data = json.loads(path.read_text(encoding="utf-8"))
+                return len(data) if isinstance(data, list) else 0
+        with path.open(encoding="utf-8") as f:          # JSON lines
+            return sum(1 for line in f if line.strip())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ScaletrainError(f"dataset {path} cannot be read ({getattr(e, 'strerror', None) or e.__class__.__name__})"
+                              ) from None
+    except Exception as e:                               # pyarrow's own errors: not a Parquet file
+        raise ScaletrainError(f"dataset {path} cannot be read ({str(e).splitlines()[0][:120]})") from None
+
+
+def _from_files(spec: str, files: list[Path], where: str) -> DataSource:
+    if not files:
+        raise ScaletrainError(f"dataset {where} holds no data files ({', '.join(DATA_SUFFIXES)})")
+    kinds = {DATA_SUFFIXES[p.suffix] for p in files}
+    if len(kinds) > 1:
+        raise ScaletrainError(f"dataset {where} mixes formats ({', '.join(sorted(kinds))}); keep one format per "
+                              "dataset")
+    rows = sum(count_rows(p) for p in files)
+    if rows == 0:
+        raise ScaletrainError(f"dataset {where} holds no records")
+    return DataSource(spec, tuple(files), kinds.pop(), rows)
+
+
+def resolve_data(spec: str) -> DataSource:
+    """The files and row count --data names; one line saying why not (missing, unknown format, not cached)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ScaletrainError(f"--data is empty; give {ACCEPTED}")
+    p = Path(spec).expanduser()
+    try:
+        exists = p.exists()
+    except (OSError, ValueError):
+        exists = False
+    if exists:
+        p = p.resolve()
+        if p.is_dir():
+            return _from_files(str(p), _data_files(p), str(p))
+        if p.suffix not in DATA_SUFFIXES:
+            raise ScaletrainError(f"dataset {spec}: unknown format {p.suffix or '(no suffix)'}; give {ACCEPTED}")
+        return _from_files(str(p), [p], str(p))
+    from scaletrain.engine.catalog.hub import HF_ID, cache_roots
+
+    if not HF_ID.match(spec) or spec.startswith((".", "/", "~")):
+        raise ScaletrainError(f"dataset {spec} does not exist; give {ACCEPTED} (or leave it unset for the bundled "
+                              "demo data)")
+    snap = cached_dataset(spec)
+    if snap is None:
+        raise ScaletrainError(f"dataset {spec}: not a file or folder, and not in the HF cache at {cache_roots()[0]} "
+                              f"(read offline); download it once (huggingface-cli download --repo-type dataset "
+                              f"{spec}) or give a local file")
+    return _from_files(spec, _data_files(snap), f"{spec} ({snap})")
+
+
+def cached_dataset(repo_id: str) -> Path | None:
+    """The snapshot folder of a dataset repository in the hub cache (refs/main, else the newest), or None."""
+    from scaletrain.engine.catalog.hub import cache_roots
+
+    for root in cache_roots():
+        repo = root / ("datasets--" + repo_id.replace("/", "--"))
+        try:
+            ref = repo / "refs" / "main"
+            if ref.is_file() and (repo / "snapshots" / ref.read_text().strip()).is_dir():
+                return repo / "snapshots" / ref.read_text().strip()
+            snaps = sorted((repo / "snapshots").glob("*"), key=lambda q: q.stat().st_mtime, reverse=True)
+            if snaps:
+                return snaps[0]
+        except (OSError, ValueError):
+            continue
+    return None
