@@ -175,7 +175,8 @@ def ask_batch(ask: Any, state: WizardState, detection: Any) -> WizardState:
     eb = ask.text("Effective batch (samples per optimizer step, all GPUs)", str(req.effective_batch or ""), effective)
     state = state.with_request(effective_batch=eb)
     sl = ask.text("Sequence length", str(req.seq_len), lambda t: parse_int(t, "sequence length"))
-    ds = ask.text("Dataset (JSONL path, a sample count, or none for the demo data)", dataset_text(state) or "none",
+    ds = ask.text("Dataset (JSONL path, a sample count, or none for the demo data)",
+                  state.train.dataset or dataset_text(state) or "none",
                   lambda t: parse_dataset("" if t.strip().lower() == "none" else t))
     ep = ask.text("Epochs", f"{req.epochs:g}", lambda t: parse_float(t, "epochs"))
     lr = ask.text("Learning rate", f"{state.train.lr:g}", lambda t: parse_float(t, "learning rate"))
