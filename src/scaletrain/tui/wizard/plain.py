@@ -15,7 +15,9 @@ from typing import Any, Callable, Sequence
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import GPU_CATALOG, parse_gpus
 from scaletrain.engine.catalog.architectures import catalog_ids, load_model
+from scaletrain.engine.run.weights import weights_problem, weights_warning
 from scaletrain.engine.vocabulary import Method
+from scaletrain.tui.wizard.sources import model_weights, parse_weights
 from scaletrain.tui.wizard import run_files
 from scaletrain.tui.wizard.state import (DEFAULT_CATALOG_GPUS, WizardState, dataset_text, format_residents,
                                          launchable_here, parse_dataset, parse_float, parse_int, parse_residents,
@@ -138,6 +140,8 @@ def ask_model(ask: Any, state: WizardState) -> WizardState:
         return t.strip()
 
     model = ask.text("Model (catalog id, config.json path, or HF cache id)", req.model, model_spec, **kwargs)
+    weights = ask.text("Weights (HF id, local model folder, or random-init for testing)",
+                       state.train.model_source if state.weights_chosen else model_weights(model), parse_weights)
     method = ask.choice("Method", Method.values(), req.method)
     changes: dict[str, Any] = dict(model=model, method=method)
     if method != "full":
@@ -160,7 +164,8 @@ def ask_model(ask: Any, state: WizardState) -> WizardState:
 
     changes["residents"] = ask.text("Extra resident models (MODEL[:BITS], comma list, or none)",
                                     format_residents(req.residents) or "none", residents)
-    return state.with_model(**changes).rebased(state)
+    return state.with_model(**changes).rebased(state).with_train(model_source=weights).with_(
+        method_chosen=True, weights_chosen=True)
 
 
 def ask_batch(ask: Any, state: WizardState, detection: Any) -> WizardState:
@@ -209,6 +214,12 @@ def run_plain(args: argparse.Namespace) -> int:
     from scaletrain.tui.views.render import print_plan
 
     print_plan(plan)
+    problem = weights_problem(state.request.method, state.train.model_source)
+    if problem is not None:
+        raise ScaletrainError(problem)          # refused before anything is written (engine.run.weights)
+    warning = weights_warning(state.train.model_source)
+    if warning:
+        _say(f"warning: {warning}")
     if not ask.confirm("Write the run directory?", True):
         _say("nothing written")
         return 0

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -19,7 +17,7 @@ from scaletrain.engine.vocabulary import Method
 from scaletrain.engine.units import fmt_count
 from scaletrain.tui.wizard.screen_base import WizardStep
 from scaletrain.tui.widgets.field import Field
-from scaletrain.tui.wizard.sources import parse_weights
+from scaletrain.tui.wizard.sources import model_weights, parse_weights
 from scaletrain.tui.wizard.state import (FieldError, WizardState, field_value, format_residents, hardware_for,
                                          parse_int, parse_named, parse_residents, parse_targets, weights_text)
 
@@ -207,8 +205,7 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
         config.json's weights are its folder."""
         field = self.query_one("#field-weights", Field)
         if field.value.strip() == model:
-            p = Path(model).expanduser()
-            return str(p.parent.resolve()) if p.is_file() else model
+            return model_weights(model)
         return field_value(field, parse_weights)
 
     def action_next(self) -> None:

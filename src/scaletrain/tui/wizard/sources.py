@@ -50,3 +50,9 @@ def parse_data(text: str) -> str | None:
     if _looks_like_path(t) or not HF_ID_RE.match(t):
         raise ScaletrainError(f"data {t!r} does not exist; give a JSONL file or an HF dataset id (org/name)")
     return t
+
+
+def model_weights(model: str) -> str:
+    """A model's own weights: its folder for a config.json path, else the model as given (folder or HF id)."""
+    p = Path(os.path.expanduser(model.strip()))
+    return str(p.parent.resolve()) if p.is_file() else model.strip()
