@@ -11,6 +11,9 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
+from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.layout import RunDir, tensorboard_command
 from scaletrain.engine.run.plan_document import read_plan_document
 from scaletrain.engine.sampling.gpu import ReplaySource
@@ -140,3 +143,16 @@ def test_full_screen_waits_then_shows_the_run(tmp_path):
             assert "step 2/4" in text_of(app.screen.query_one("#job-numbers"))
 
     run(go())
+
+
+def test_an_empty_dir_is_waited_for_a_foreign_one_refused(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert RunWatcher(empty, wait=True).poll().waiting_for == f"waiting for {empty.resolve()}"
+    foreign = tmp_path / "photos"
+    foreign.mkdir()
+    (foreign / "cat.jpg").write_bytes(b"\xff\xd8")
+    with pytest.raises(ScaletrainError, match="not a run directory"):
+        RunWatcher(foreign, wait=True)
+    with pytest.raises(ScaletrainError, match="not a directory"):
+        RunWatcher(foreign / "cat.jpg", wait=True)

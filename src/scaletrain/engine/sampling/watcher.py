@@ -21,6 +21,9 @@ from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
 from scaletrain.engine.run.status import RunStatus, read_status
 from scaletrain.engine.units import fmt_bytes
 
+# what a run directory being written holds (layout.py): a folder with other files only is not waited for
+RUN_DIR_NAMES = frozenset({"plan.json", "accelerate_config.yaml", "ds_config.json", "launch.sh", "logs",
+                           "metrics.jsonl", "status.json"})
 LOG_TAIL_LINES = 400              # per rank, what the log panel can scroll back to
 LOSS_HISTORY_STEPS = 2000         # loss plot points kept
 TAIL_READ_LIMIT_BYTES = 1 << 20   # first read of a big log: only its last MiB
@@ -139,10 +142,15 @@ class RunWatcher:
         try:
             self._open()
         except ScaletrainError:
-            if self.run.path.is_dir():
+            if self.run.path.is_dir() and not self._foreign():
                 return True                        # created, not written yet: keep waiting
             raise
         return False
+
+    def _foreign(self) -> bool:
+        """A directory holding files, none of them a run directory's: not a run to wait for (a wrong path)."""
+        names = {p.name for p in self.run.path.iterdir()}
+        return bool(names) and not names & RUN_DIR_NAMES
 
     @property
     def predicted_peak_bytes(self) -> int | None:

@@ -162,8 +162,10 @@ stage, precision, sequence length) is refused, and `A` applies it from step 0 in
 
     def on_resize(self) -> None:
         t = self.last_tick
-        if t is not None and t.gpu is not None and t.gpu.available \
-                and compact_layout(len(t.gpu.gpus), self.size.width) != self.compact:
+        if t is None:
+            return
+        n_gpus = len(t.gpu.gpus) if t.gpu is not None and t.gpu.available else 0
+        if compact_layout(n_gpus, self.size.width) != self.compact:
             self._show_devices(t)
 
     def _show_devices(self, t: Tick) -> None:

@@ -50,7 +50,7 @@ class GpuRow(Static):
                                  style=_level_style(s.utilization_pct, UTIL_THRESHOLDS)))
             line.append(f" {s.utilization_pct:3d}%")
         else:
-            line.append(f"{'util N/A':<{UTIL_CELLS}}     ", style="dim")
+            line.append(f"{'util N/A':<{UTIL_CELLS + 5}}", style="dim")      # as wide as bar + " 64%"
         line.append(" mem ")
         if s.memory_used_bytes is not None and s.memory_total_bytes:
             frac = s.memory_used_bytes / s.memory_total_bytes
