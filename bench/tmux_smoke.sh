@@ -70,6 +70,7 @@ keys "qwen2.5 7b"
 wait_for "Qwen/Qwen2.5-7B-Instruct" 10; check "catalog search finds Qwen2.5-7B-Instruct" $?
 keys Enter
 wait_for "7,615,616,512 params" 10; check "picked model shows its exact parameter count" $?
+keys Right Enter          # the method is asked, not preselected: full → lora
 show "step 2 (model & method)"
 
 keys C-n
