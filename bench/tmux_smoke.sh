@@ -129,7 +129,7 @@ keys C-q
 code=$(exit_code); [ "$code" = 0 ]; check "ctrl+q on the first step exits 0 (got $code)" $?
 
 # ---- 3. ctrl+q in the middle (step 3, with a refusal on screen) ----------------------------------------------------
-start "$BIN" --gpus 2xA100-80GB --model scaletrain/tiny-llama
+start "$BIN" --gpus 2xA100-80GB --model scaletrain/tiny-llama --method full
 wait_for "1 Hardware" 20
 keys C-n; wait_for "catalog id, config.json path" 10
 keys C-n; wait_for "solver" 10
