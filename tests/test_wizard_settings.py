@@ -37,12 +37,16 @@ def test_the_wizard_plans_a_preset_as_headless_does(preset, tmp_path):
     async def walk():
         async with app.run_test(size=(100, 32)) as pilot:
             await settle(pilot, app)
-            for _ in range(3):
+            for _ in range(2):
                 await press(pilot, app, "ctrl+n")
+            epochs_hint = field_message(app, "epochs")
+            await press(pilot, app, "ctrl+n")
             assert screen_name(app) == "PlanScreen"
-            return app.plan, text_of(app, "#plan-fit")
+            return app.plan, text_of(app, "#plan-fit"), epochs_hint
 
-    plan, fit = run(walk())
+    plan, fit, epochs_hint = run(walk())
+    if train.max_steps is not None:
+        assert f"train.max_steps runs {train.max_steps:,} steps" in epochs_hint
     assert plan.setup == headless.setup
     assert plan.memory == headless.memory
     assert f"runs: {run_length(headless, train).text()}" in fit

@@ -69,6 +69,9 @@ and the time. With a **base LR** tuned at a **base batch**, it shows what the sq
             else:       # pinned in the state too, so the preset's split stays (state.pin_effective_batch)
                 self.wizard.state = pin_effective_batch(self.wizard.state, plan)
                 eb.value = str(plan.setup.effective_batch)
+        max_steps = self.wizard.state.train.max_steps
+        if max_steps is not None:   # say so where epochs are typed: the trainer runs max_steps, not the epochs
+            self.query_one("#field-epochs", Field).set_hint(f"not used: train.max_steps runs {max_steps:,} steps")
         eb.input.focus()
         self.resolve()
 
