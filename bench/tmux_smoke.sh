@@ -70,6 +70,7 @@ keys "qwen2.5 7b"
 wait_for "Qwen/Qwen2.5-7B-Instruct" 10; check "catalog search finds Qwen2.5-7B-Instruct" $?
 keys Enter
 wait_for "7,615,616,512 params" 10; check "picked model shows its exact parameter count" $?
+keys Right Enter          # the method is asked, not preselected: full → lora
 show "step 2 (model & method)"
 
 keys C-n
@@ -128,7 +129,7 @@ keys C-q
 code=$(exit_code); [ "$code" = 0 ]; check "ctrl+q on the first step exits 0 (got $code)" $?
 
 # ---- 3. ctrl+q in the middle (step 3, with a refusal on screen) ----------------------------------------------------
-start "$BIN" --gpus 2xA100-80GB --model scaletrain/tiny-llama
+start "$BIN" --gpus 2xA100-80GB --model scaletrain/tiny-llama --method full
 wait_for "1 Hardware" 20
 keys C-n; wait_for "catalog id, config.json path" 10
 keys C-n; wait_for "solver" 10

@@ -30,6 +30,7 @@ from scaletrain.engine.sampling.sampler import Sampler
 from scaletrain.engine.run.writers import write_run_dir
 from scaletrain.tui.monitor.app import create_monitor_app
 from scaletrain.tui.widgets.gpu_panel import GpuPanel, HostPanel
+from scaletrain.tui.widgets.gpu_row import GpuRow
 from scaletrain.tui.widgets.job_panel import JobPanel
 from scaletrain.tui.widgets.remedies import RemediesPanel
 
@@ -84,27 +85,28 @@ async def wait_for(pilot, cond, timeout: float, what: str) -> None:
 
 
 # ---- recorded NVML samples --------------------------------------------------------------------------------------
-def test_gpu_panels_from_recorded_samples_with_prediction_and_warning(tmp_path):
+def test_gpu_lines_from_recorded_samples_with_prediction_and_warning(tmp_path):
+    """8 GPUs: one line each (the compact layout, above 4 GPUs), even on a wide terminal."""
     rd = gpu_run_dir(tmp_path / "run")
 
     async def go():
         s = Sampler(ReplaySource(NVML / "rtx4090x8_training.jsonl"), None, RunWatcher(rd.path), 0.1)
         app = create_monitor_app(rd.path, sampler=s)
         async with app.run_test(size=(170, 60)) as pilot:
-            await wait_for(pilot, lambda: len(app.screen.query(GpuPanel)) == 8
-                           and app.screen.query_one(JobPanel).last is not None, 10, "8 GPU panels")
+            await wait_for(pilot, lambda: len(app.screen.query(GpuRow)) == 8
+                           and app.screen.query_one(JobPanel).last is not None, 10, "8 GPU lines")
             await pilot.pause(0.5)
-            panels = list(app.screen.query(GpuPanel))
-            assert [p.index for p in panels] == list(range(8))
-            t3 = text_of(panels[3])
-            assert "NVIDIA GeForce RTX 4090" in t3 and "°C" in t3 and "/450 W" in t3
-            assert "predicted peak" in t3 and "rank 3 (pid 41003)" in t3     # this run's process on its GPU
-            assert "other pid" not in text_of(panels[0]) and "rank 0 (pid 41000)" in text_of(panels[0])
-            assert len(panels[0].util_hist) >= 2                              # sparkline history grows
+            assert not app.screen.query(GpuPanel)
+            rows = list(app.screen.query(GpuRow))
+            assert [p.index for p in rows] == list(range(8))
+            t3 = text_of(rows[3])
+            assert "GPU3" in t3 and "°C" in t3 and "/450 W" in t3 and "GiB/23.99 GiB" in t3
+            assert "▼" in t3 and "rank 3" in t3                              # predicted peak; this run's rank
+            assert "rank 0" in text_of(rows[0]) and "pid 41001" in text_of(rows[1])
             job = text_of(app.screen.query_one("#job-numbers"))
-            assert "step 2/4" in job and "ETA" in job and "tokens/s 90,000" in job
+            assert "step 2/4" in job and "ETA" in job and "90,000 tok/s" in job
             assert "rank 3: measured peak" in job                              # the early warning, rank 3 only
-            assert job.count("over!") == 1
+            assert "over!" not in job                                          # no per-rank table when compact
 
     run(go())
 

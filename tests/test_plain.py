@@ -26,6 +26,7 @@ def test_custom_answers_with_bad_entries_refused_and_asked_again(tmp_path):
     answers = [
         "",                            # GPUs: the --gpus default (4xH200)
         "Qwen/Qwen2.5-7B-Instruct",    # model
+        "./nope", "",                  # weights: neither a folder nor an HF id (refused), then the model's own
         "lora", "8", "",               # method, rank, targets (all)
         "",                            # objective: sft
         "",                            # no resident models
@@ -49,6 +50,8 @@ def test_custom_answers_with_bad_entries_refused_and_asked_again(tmp_path):
     written = json.loads((run_dir / "plan.json").read_text())
     assert written["batch"]["effective_batch"] == 128 and written["batch"]["world_size"] == 4
     assert written["training"]["method"] == "lora" and written["training"]["lora_rank"] == 8
+    assert "✗ --weights ./nope: no such file or folder, and not an HF id" in out
+    assert written["train"]["model_source"] == "Qwen/Qwen2.5-7B-Instruct" and "warning: random-init" not in out
     assert written["request"]["dataset_size"] == 1000 and written["request"]["epochs"] == 2
     assert written["request"]["base_lr"] == 2e-4 and written["request"]["base_batch"] == 8
     expected = make_plan(PlanRequest(**{k: tuple(v) if isinstance(v, list) else v
@@ -58,7 +61,7 @@ def test_custom_answers_with_bad_entries_refused_and_asked_again(tmp_path):
 
 def test_preset_defaults_reproduce_the_preset(tmp_path):
     run_dir = tmp_path / "run"
-    answers = [""] * 13 + ["y", str(run_dir)]     # take every default, then write
+    answers = [""] * 14 + ["y", str(run_dir)]     # take every default, then write
     res = plain(["--preset", "h200x4-fast"], answers)
     assert res.returncode == 0, res.stderr
     written = json.loads((run_dir / "plan.json").read_text())
@@ -77,7 +80,7 @@ def test_input_that_ends_early_is_one_line_exit_2():
 def test_no_gpu_is_said_plainly():
     if detect().gpus:
         pytest.skip("this machine has GPUs; the no-GPU wording is covered by the pilot tests with replayed NVML")
-    res = plain([], ["", "scaletrain/tiny-qwen2", "full", "", "", "", "", "", "", "", "", "n"])
+    res = plain([], ["", "scaletrain/tiny-qwen2", "", "full", "", "", "", "", "", "", "", "", "n"])
     assert res.returncode == 0, res.stderr
     assert "No GPU detected on this machine" in res.stdout and "catalog" in res.stdout
     assert "nothing written" in res.stdout
@@ -86,7 +89,7 @@ def test_no_gpu_is_said_plainly():
 def test_objective_and_its_knobs_are_asked(tmp_path):
     run_dir = tmp_path / "run"
     answers = [
-        "", "Qwen/Qwen3-4B", "full",   # GPUs (4xH200), model, method
+        "", "Qwen/Qwen3-4B", "", "full",   # GPUs (4xH200), model, its own weights, method
         "ppo", "grpo",                 # objective: not one of the choices (refused), then grpo
         "1", "16",                     # completions per prompt: 1 refused (the engine's rule), then 16
         "4096", "256", "same",         # completion length: longer than seq 2048 (refused), 256; reference model
@@ -105,3 +108,16 @@ def test_objective_and_its_knobs_are_asked(tmp_path):
     assert written["training"]["objective"] == "grpo" and written["training"]["num_generations"] == 16
     assert written["training"]["ref_model"] == "same"
     assert written["request"]["completion_len"] == 256
+
+
+def test_random_init_is_warned_and_qlora_from_it_refused(tmp_path):
+    """engine.run.weights in plain mode: a random-init run says so before writing; QLoRA from random-init is one
+    line, exit 2, nothing written."""
+    base = ["", "Qwen/Qwen2.5-7B-Instruct", "random-init"]
+    batch = ["", "128", "", "1000", "", "", "none"]          # residents, batch, seq, samples, epochs, lr, LR ref
+    res = plain(["--gpus", "4xH200"], [*base, "lora", "", "", "", *batch, "n"])     # objective sft
+    assert res.returncode == 0, res.stderr
+    assert "warning: random-init weights: testing only" in res.stdout and "nothing written" in res.stdout
+    res = plain(["--gpus", "4xH200"], [*base, "qlora", "", "", "", *batch, "y", str(tmp_path / "run")])
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "4-bit base (qlora)" in res.stderr
+    assert not (tmp_path / "run").exists()

@@ -140,9 +140,16 @@ def test_custom_flow_qwen7b_lora_on_4xh200(tmp_path):
             await press(pilot, app, "enter")                      # picks the highlighted catalog match
             assert app.screen.query_one("#in-model").value == "Qwen/Qwen2.5-7B-Instruct"
             assert "7,615,616,512 params" in text_of(app, "#model-info")
+            assert app.screen.query_one("#in-weights").value == "Qwen/Qwen2.5-7B-Instruct"   # follows the model
+            assert app.screen.query_one("#method").pressed_button is None      # asked, not defaulted
+            await press(pilot, app, "ctrl+n")
+            assert screen_name(app) == "ModelScreen" and "choose a method" in text_of(app, "#status")
+            await pilot.click("#method-lora")
+            await settle(pilot, app)
             await retype(pilot, app, "lora_rank", "8")
             await press(pilot, app, "ctrl+n")
             assert screen_name(app) == "BatchScreen"
+            assert app.state.train.model_source == "Qwen/Qwen2.5-7B-Instruct"
             assert app.state.request.method == "lora" and app.state.request.lora_rank == 8
 
             # bad entries are refused in place, with the reason, and the step does not advance
@@ -155,9 +162,9 @@ def test_custom_flow_qwen7b_lora_on_4xh200(tmp_path):
             assert "132" in field_message(app, "effective_batch")  # the engine's nearest reachable batches
             await retype(pilot, app, "effective_batch", "128")
             assert not app.screen.query_one("#field-effective_batch").invalid
-            await retype(pilot, app, "dataset", str(tmp_path / "missing.jsonl"))
-            assert "does not exist" in field_message(app, "dataset")
-            await retype(pilot, app, "dataset", str(data))
+            await retype(pilot, app, "data", str(tmp_path / "missing.jsonl"))
+            assert "does not exist" in field_message(app, "data")
+            await retype(pilot, app, "data", str(data))             # the samples are counted from it
             assert "= 128 effective" in text_of(app, "#solver")
             await retype(pilot, app, "base_lr", "2e-4")        # half an LR reference is refused, in place
             assert "needs both" in field_message(app, "base_batch")
@@ -280,6 +287,7 @@ def test_missing_model_path_is_refused_in_place(tmp_path):
             await settle(pilot, app)
             await press(pilot, app, "ctrl+n")
             await retype(pilot, app, "model", missing)
+            await pilot.click("#method-full")
             await press(pilot, app, "ctrl+n")
             assert screen_name(app) == "ModelScreen"
             msg = field_message(app, "model")
@@ -303,6 +311,7 @@ def test_local_config_and_resident_model(tmp_path):
             await retype(pilot, app, "model", str(folder))
             await press(pilot, app, "enter")                  # no catalog match: kept as typed
             assert "my-model" in text_of(app, "#model-info")
+            await pilot.click("#method-lora")
             await retype(pilot, app, "residents", "scaletrain/tiny-qwen2:8, nope/unknown")
             await press(pilot, app, "ctrl+n")
             assert "nope/unknown" in field_message(app, "residents")

@@ -84,5 +84,11 @@ def test_step5_write(snap_compare):
     assert snap_compare(app_for(), terminal_size=SIZE, run_before=walk_to(5))
 
 
+def test_step5_write_random_init_preset(snap_compare):
+    """cpu-tiny trains random-init weights: the red testing-only line, and 200 steps (max_steps) as it will run."""
+    args = ["--preset", "cpu-tiny", "--run-dir", RUN_DIR]
+    assert snap_compare(app_for(args), terminal_size=SIZE, run_before=walk_to(5))
+
+
 def test_help(snap_compare):
     assert snap_compare(app_for(), terminal_size=SIZE, run_before=walk_to(4, "f1"))

@@ -12,8 +12,9 @@ monitor/doctor):
                  rank_remedies, Remedy, suggest_lr, LrSuggestion, Preset, load_preset, list_presets, save_preset
     run          RunDir, TrainOptions, PlanDocument, read_plan_document, write_run_dir, render_run_files,
                  launch, prepare_launch, LaunchResult, RunStatus, read_status, apply_remedy, relaunch,
-                 StepMetrics, read_metrics, MetricsTail, summarize, default_weights, resolve_weights,
-                 weights_problem, weights_warning, weights_note, DataSource, resolve_data
+                 StepMetrics, read_metrics, MetricsTail, summarize, RunSeries, run_series, tensorboard_command,
+                 RunLength, run_length, default_weights, resolve_weights, weights_problem, weights_warning,
+                 weights_note, DataSource, resolve_data
     sampling     make_sampler, Sampler, Tick
     doctor       diagnose, diagnose_paths, Diagnosis
     errors       ScaletrainError (bad input: one line, exit code 2)
@@ -48,7 +49,8 @@ _API = {
     "scaletrain.engine.plan.remedies": ("Remedy", "rank_remedies"),
     "scaletrain.engine.plan.lr": ("LrSuggestion", "suggest_lr"),
     "scaletrain.engine.plan.presets": ("Preset", "list_presets", "load_preset", "save_preset"),
-    "scaletrain.engine.run.layout": ("RunDir",),
+    "scaletrain.engine.run.layout": ("RunDir", "tensorboard_command"),
+    "scaletrain.engine.run.run_length": ("RunLength", "run_length"),
     "scaletrain.engine.run.options": ("TrainOptions",),
     "scaletrain.engine.run.weights": ("default_weights", "resolve_weights", "weights_note", "weights_problem",
                                       "weights_warning"),
@@ -58,7 +60,8 @@ _API = {
     "scaletrain.engine.run.launcher": ("LaunchResult", "launch", "prepare_launch"),
     "scaletrain.engine.run.status": ("RunStatus", "read_status"),
     "scaletrain.engine.run.relaunch": ("apply_remedy", "relaunch"),
-    "scaletrain.engine.run.metrics": ("MetricsTail", "StepMetrics", "read_metrics", "summarize"),
+    "scaletrain.engine.run.metrics": ("MetricsTail", "RunSeries", "StepMetrics", "read_metrics", "run_series",
+                                      "summarize"),
     "scaletrain.engine.sampling.sampler": ("Sampler", "Tick", "make_sampler"),
     "scaletrain.engine.doctor.diagnosis": ("diagnose", "diagnose_paths"),
     "scaletrain.engine.doctor.summary": ("Diagnosis",),
@@ -102,9 +105,10 @@ if TYPE_CHECKING:   # the same names, for type checkers and readers following im
     from scaletrain.engine.plan.search import search
     from scaletrain.engine.plan.tables import with_tables
     from scaletrain.engine.run.launcher import LaunchResult, launch, prepare_launch
-    from scaletrain.engine.run.layout import RunDir
-    from scaletrain.engine.run.metrics import MetricsTail, StepMetrics, read_metrics, summarize
     from scaletrain.engine.run.data_source import DataSource, resolve_data
+    from scaletrain.engine.run.layout import RunDir, tensorboard_command
+    from scaletrain.engine.run.metrics import MetricsTail, RunSeries, StepMetrics, read_metrics, run_series, summarize
+    from scaletrain.engine.run.run_length import RunLength, run_length
     from scaletrain.engine.run.options import TrainOptions
     from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
     from scaletrain.engine.run.relaunch import apply_remedy, relaunch

@@ -10,6 +10,7 @@
       logs/launcher.log       the launcher's own output (node R > 0 of a multi-node run: launcher-node-<R>.log)
       metrics.jsonl           one JSON line per optimizer step (trainer, global rank 0 only)
       checkpoints/step-<n>/   trainer checkpoints (complete once trainer_state.json is written, last)
+      tensorboard/            TensorBoard event files (trainer, global rank 0: loss, lr, tokens/s, step time)
       status.json             launcher: exit code, first failing rank, pids (node R > 0: status-node-<R>.json;
                               status.py)
       .launch.lock            flock held by the launcher (and its watchdog) while the run lives (runlock.py)
@@ -54,6 +55,7 @@ class RunDir:
     metrics = property(lambda self: self.path / "metrics.jsonl")
     checkpoints = property(lambda self: self.path / "checkpoints")
     status = property(lambda self: self.path / "status.json")
+    tensorboard = property(lambda self: self.path / "tensorboard")    # the trainer's TensorBoard event files
 
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank-{rank}.log"
@@ -157,3 +159,11 @@ def default_run_dir(name: str, root: str | os.PathLike[str] = "runs") -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in name) or "run"
     return Path(root) / f"{stamp}-{safe}"
+
+
+def tensorboard_command(run: "RunDir | str | os.PathLike[str]") -> str:
+    """The command that shows a run's TensorBoard events: `tensorboard --logdir RUN/tensorboard` (shell-quoted)."""
+    import shlex
+
+    rd = run if isinstance(run, RunDir) else RunDir(run)
+    return f"tensorboard --logdir {shlex.quote(str(rd.tensorboard))}"

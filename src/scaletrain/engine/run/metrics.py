@@ -302,3 +302,29 @@ def summarize(series: Iterable[StepMetrics], window: int = ETA_WINDOW_STEPS, *,
         elapsed_seconds=sum(r.step_seconds for r in recs), world_size=last.world_size,
         peak_host_rss_bytes=max(rss) if rss else None, peak_allocated_bytes=max(alloc) if alloc else None,
         versus=versus_plan(step_s, tps, planned_step_seconds, planned_tokens_per_second))
+
+
+@dataclass(frozen=True)
+class RunSeries:
+    """The whole run so far, step by step, for charts: every record of metrics.jsonl (not a recent window), and
+    the plan's step time and tokens/s to draw beside the measured ones (None where plan.json has none)."""
+
+    steps: tuple[int, ...]
+    loss: tuple[float, ...]
+    tokens_per_second: tuple[float, ...]
+    step_seconds: tuple[float, ...]
+    planned_step_seconds: float | None = None
+    planned_tokens_per_second: float | None = None
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+
+def run_series(series: Iterable[StepMetrics], planned_step_seconds: float | None = None,
+               planned_tokens_per_second: float | None = None) -> RunSeries:
+    """All steps of one monotone series (read_metrics / MetricsTail.series) as chart columns, with the plan's."""
+    recs = list(series)
+    plan_s = planned_step_seconds if planned_step_seconds and planned_step_seconds > 0 else None
+    plan_t = planned_tokens_per_second if planned_tokens_per_second and planned_tokens_per_second > 0 else None
+    return RunSeries(tuple(r.step for r in recs), tuple(r.loss for r in recs),
+                     tuple(r.tokens_per_second for r in recs), tuple(r.step_seconds for r in recs), plan_s, plan_t)

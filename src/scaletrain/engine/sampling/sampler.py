@@ -72,9 +72,10 @@ def run_is_over(t: Tick) -> bool:
 
 
 def make_sampler(run_dir: str | os.PathLike[str] | None, interval_s: float = DEFAULT_INTERVAL_S,
-                 replay: str | os.PathLike[str] | None = None, nvml: bool = True) -> Sampler:
-    """The monitor's sources: NVML (or a replay file), host stats for the run's ranks, the run directory."""
-    job = RunWatcher(run_dir) if run_dir is not None else None
+                 replay: str | os.PathLike[str] | None = None, nvml: bool = True, wait: bool = True) -> Sampler:
+    """The monitor's sources: NVML (or a replay file), host stats for the run's ranks, the run directory (waited
+    for while it does not exist yet, unless `wait` is False)."""
+    job = RunWatcher(run_dir, wait=wait) if run_dir is not None else None
     gpu: GpuSource | None
     if replay is not None:
         gpu = ReplaySource(replay)

@@ -1,5 +1,8 @@
 """The run directory as the monitor watches it: metrics.jsonl (run.metrics), per-rank log tails, status.json
-(run.status), the plan's predicted peak (run.plan_document), and the early memory warning."""
+(run.status), the plan's predicted peak (run.plan_document), and the early memory warning.
+
+A directory that does not exist yet is waited for (`wait=True`, the monitor's default): every poll says "waiting
+for DIR" until it appears, then the watcher reads it as any other run directory."""
 
 from __future__ import annotations
 
@@ -11,12 +14,16 @@ from typing import Iterable
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import AppendedLines
-from scaletrain.engine.run.layout import RunDir, log_rank
-from scaletrain.engine.run.metrics import MetricsSummary, MetricsTail, RankMemory, StepMetrics, summarize
+from scaletrain.engine.run.layout import RunDir, log_rank, tensorboard_command
+from scaletrain.engine.run.metrics import (MetricsSummary, MetricsTail, RankMemory, RunSeries, StepMetrics,
+                                           run_series, summarize)
 from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
 from scaletrain.engine.run.status import RunStatus, read_status
 from scaletrain.engine.units import fmt_bytes
 
+# what a run directory being written holds (layout.py): a folder with other files only is not waited for
+RUN_DIR_NAMES = frozenset({"plan.json", "accelerate_config.yaml", "ds_config.json", "launch.sh", "logs",
+                           "metrics.jsonl", "status.json"})
 LOG_TAIL_LINES = 400              # per rank, what the log panel can scroll back to
 LOSS_HISTORY_STEPS = 2000         # loss plot points kept
 TAIL_READ_LIMIT_BYTES = 1 << 20   # first read of a big log: only its last MiB
@@ -57,6 +64,9 @@ class JobSnapshot:
     new_log_lines: tuple[tuple[int | None, str], ...] = ()   # (rank, line) appended since the last poll
     warnings: tuple[str, ...] = ()
     new_steps: tuple[StepMetrics, ...] = ()       # appended since the last poll
+    series: RunSeries | None = None               # every step so far (charts), with the plan's speed
+    waiting_for: str | None = None                # "waiting for DIR" while the run directory does not exist
+    tensorboard: str | None = None                # the command that shows the run's TensorBoard events
 
 
 def memory_views(plan: PlanDocument | None, peak_memory: Iterable[RankMemory]) -> tuple[RankMemoryView, ...]:
@@ -94,19 +104,53 @@ def memory_views(plan: PlanDocument | None, peak_memory: Iterable[RankMemory]) -
 class RunWatcher:
     """Everything the job panel shows, polled from the run directory (cheap: stat + appended bytes)."""
 
-    def __init__(self, run_dir: str | os.PathLike[str]):
+    def __init__(self, run_dir: str | os.PathLike[str], *, wait: bool = False):
         self.run = RunDir(run_dir)
+        self.plan: PlanDocument | None = None
+        self.ready = False
+        self.metrics = MetricsTail(self.run.metrics)
+        self.tails: dict[Path, LogTail] = {}
+        self._seen_steps = 0                       # len(series) the cached numbers below were made from
+        self._losses: tuple[float, ...] = ()
+        self._series: RunSeries | None = None
+        self._summary: MetricsSummary | None = None
+        self._memory: tuple[RankMemoryView, ...] = ()
+        if wait:
+            self._wait()               # a file is refused now; a missing or still empty directory is waited for
+        else:
+            self._open()
+
+    def _open(self) -> None:
+        """Read the run directory's plan (a file or a folder that is no run directory: one line)."""
         if not self.run.path.is_dir():
             raise ScaletrainError(f"{self.run.path} is not a directory; give a run directory (it holds plan.json)")
         self.plan = read_plan_document(self.run.plan) if self.run.plan.exists() else None
         if self.plan is None and not self.run.metrics.exists() and not self.run.logs.is_dir():
             raise ScaletrainError(f"{self.run.path} is not a run directory (no plan.json, metrics.jsonl or logs/)")
-        self.metrics = MetricsTail(self.run.metrics)
-        self.tails: dict[Path, LogTail] = {}
-        self._seen_steps = 0                       # len(series) the cached numbers below were made from
-        self._losses: tuple[float, ...] = ()
-        self._summary: MetricsSummary | None = None
-        self._memory: tuple[RankMemoryView, ...] = ()
+        self.ready = True
+
+    @property
+    def waiting_text(self) -> str:
+        return f"waiting for {self.run.path}"
+
+    def _wait(self) -> bool:
+        """True while the directory is still to come (or holds nothing of a run yet: the writer is mid-way)."""
+        if self.ready:
+            return False
+        if not self.run.path.exists():
+            return True
+        try:
+            self._open()
+        except ScaletrainError:
+            if self.run.path.is_dir() and not self._foreign():
+                return True                        # created, not written yet: keep waiting
+            raise
+        return False
+
+    def _foreign(self) -> bool:
+        """A directory holding files, none of them a run directory's: not a run to wait for (a wrong path)."""
+        names = {p.name for p in self.run.path.iterdir()}
+        return bool(names) and not names & RUN_DIR_NAMES
 
     @property
     def predicted_peak_bytes(self) -> int | None:
@@ -128,12 +172,15 @@ class RunWatcher:
         return list(self.tails.values())
 
     def poll(self) -> JobSnapshot:
+        if self._wait():
+            return JobSnapshot(time.time(), RunStatus("starting"), waiting_for=self.waiting_text)
         new = self.metrics.poll()
         series = self.metrics.series
         if new or len(series) != self._seen_steps:     # the series only changes in poll (new steps, or a reset)
             self._seen_steps = len(series)
             self._losses = tuple(r.loss for r in series[-LOSS_HISTORY_STEPS:])
             doc = self.plan or PlanDocument({})
+            self._series = run_series(series, doc.planned_step_seconds, doc.planned_tokens_per_second)
             self._summary = summarize(series, planned_step_seconds=doc.planned_step_seconds,
                                       planned_tokens_per_second=doc.planned_tokens_per_second) if series else None
             self._memory = memory_views(self.plan, series[-1].peak_memory) if series else ()
@@ -143,6 +190,8 @@ class RunWatcher:
             lines.extend((t.rank, ln) for ln in t.poll())
         status = read_status(self.run.status)
         warnings = tuple(m.warning for m in mem if m.warning)
-        return JobSnapshot(time.time(), status, summary, self._losses, mem, tuple(lines), warnings, tuple(new))
+        return JobSnapshot(time.time(), status, summary, self._losses, mem, tuple(lines), warnings, tuple(new),
+                           self._series, tensorboard=tensorboard_command(self.run) if self.run.tensorboard.is_dir()
+                           else None)
 
 

@@ -1,6 +1,7 @@
 """`scaletrain monitor RUN_DIR [--interval S] [--headless] [--replay FILE] [--once]`: the full-screen monitor, or
 plain lines (a step line per step, device lines every HEADLESS_DEVICE_EVERY_S, warnings once, the doctor's verdict
-when the run fails). The sampler lives in the engine and is imported when the command runs (parsing any command
+when the run fails; `--once`: one snapshot, the latest step). A RUN_DIR that does not exist yet is waited for
+("waiting for RUN_DIR"), then watched as usual. The sampler lives in the engine and is imported when the command runs (parsing any command
 stays fast); the full-screen monitor is imported only when asked for.
 """
 
@@ -25,7 +26,8 @@ PROGRESS_BAR_CELLS = 24
 
 
 def configure_monitor(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (running or finished)")
+    p.add_argument("run_dir", metavar="RUN_DIR",
+                   help="a run directory (running or finished; one that does not exist yet is waited for)")
     p.add_argument("--interval", type=float, default=None, metavar="S", help="sampling interval, seconds (default 1)")
     p.add_argument("--headless", action="store_true", help="plain lines instead of the full-screen monitor")
     p.add_argument("--replay", metavar="SAMPLES_JSONL", help="show recorded NVML samples instead of live NVML")
@@ -52,8 +54,9 @@ class HeadlessPrinter:
     the run's processes change (a rank appears or exits), warnings once."""
 
     def __init__(self, out: TextIO, predicted_peak_bytes: int | None = None,
-                 planned: tuple[float | None, float | None] = (None, None)):
+                 planned: tuple[float | None, float | None] = (None, None), *, once: bool = False):
         self.out = out
+        self.once = once                       # one snapshot: the latest step only, not the whole history
         self.predicted = predicted_peak_bytes
         self.planned = planned                 # the plan's step seconds and tokens/s
         self.last_step: int | None = None
@@ -61,11 +64,22 @@ class HeadlessPrinter:
         self.warned: set[str] = set()
         self.state: str | None = None
         self.procs: tuple = ()
+        self.waiting: str | None = None
+        self.tensorboard: str | None = None
 
     def __call__(self, t: Tick) -> None:
         job = t.job
+        if job is not None and job.waiting_for is not None:
+            if job.waiting_for != self.waiting:     # said once, not every tick
+                self.waiting = job.waiting_for
+                self.out.write(job.waiting_for + "\n")
+                self.out.flush()
+            return
+        if job is not None and job.tensorboard is not None and job.tensorboard != self.tensorboard:
+            self.tensorboard = job.tensorboard
+            self.out.write(f"tensorboard: {job.tensorboard}\n")
         if job is not None and job.summary is not None:
-            for rec in job.new_steps:           # every step once, in order (a resumed run repeats none)
+            for rec in job.new_steps[-1:] if self.once else job.new_steps:   # every step once, in order
                 if self.last_step is None or rec.step > self.last_step:
                     self.last_step = rec.step
                     self.out.write(step_line(rec, job.summary, self.planned) + "\n")
@@ -158,15 +172,16 @@ def stream_run(sampler: Sampler, out: TextIO, *, once: bool = False, diagnose_fa
     from scaletrain.engine.sampling.sampler import run_is_over
 
     job = sampler.job
-    doc = job.plan if job is not None else None
-    printer = HeadlessPrinter(out, job.predicted_peak_bytes if job is not None else None,
-                              (doc.planned_step_seconds, doc.planned_tokens_per_second) if doc is not None
-                              else (None, None))
+    printer = HeadlessPrinter(out, once=once)
     stop = threading.Event()
     last: list[Tick] = []
 
     def on_tick(t: Tick) -> None:
         last[:] = [t]
+        doc = job.plan if job is not None else None       # read once the run directory exists (it may come later)
+        if doc is not None and printer.predicted is None:
+            printer.predicted = job.predicted_peak_bytes
+            printer.planned = (doc.planned_step_seconds, doc.planned_tokens_per_second)
         printer(t)
 
     try:

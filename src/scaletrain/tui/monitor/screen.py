@@ -4,6 +4,9 @@ Structure (reference §6): the engine's Sampler runs in a thread worker and post
 (post_message is thread-safe); handlers only update widgets. Launching, diagnosing and applying a remedy run in
 their own thread workers, so the screen never blocks on a subprocess or a log scan.
 
+Layout: full GPU panels beside the job panel, or — above COMPACT_ABOVE_GPUS GPUs or below COMPACT_BELOW_COLUMNS
+columns — one line per GPU (widgets/gpu_row.py) above the job panel, so 8 GPUs fit on 80×24.
+
 `MonitorScreen(run, start=True)` launches the run first (the wizard's write step pushes it that way);
 `scaletrain monitor RUN_DIR` attaches to a running or finished run with start=False.
 """
@@ -26,6 +29,7 @@ from textual.widgets import Footer, Static
 
 from scaletrain.engine.run.layout import RunDir
 from scaletrain.tui.widgets.gpu_panel import GpuPanel, HostPanel
+from scaletrain.tui.widgets.gpu_row import GpuRow
 from scaletrain.tui.widgets.job_panel import JobPanel
 from scaletrain.tui.widgets.remedies import RemediesPanel
 
@@ -35,6 +39,14 @@ if TYPE_CHECKING:
     from scaletrain.engine.run.launcher import LaunchResult
     from scaletrain.engine.run.relaunch import Applied
     from scaletrain.engine.sampling.sampler import Sampler, Tick
+
+
+COMPACT_ABOVE_GPUS = 4            # more GPUs than this: one line each
+COMPACT_BELOW_COLUMNS = 100       # a terminal narrower than this: one line each, the job panel below them
+
+
+def compact_layout(gpus: int, columns: int) -> bool:
+    return gpus > COMPACT_ABOVE_GPUS or columns < COMPACT_BELOW_COLUMNS
 
 
 @dataclass
@@ -53,6 +65,7 @@ class MonitorScreen(Screen):
     CSS_PATH = "monitor.tcss"          # the screen brings its styles, so the wizard can push it as it is
     BINDINGS = [
         Binding("r", "cycle_rank", "Log rank"),
+        Binding("g", "cycle_chart", "Chart"),
         Binding("d", "diagnose", "Diagnose"),
         Binding("a", "apply", "Apply remedy"),
         Binding("A", "apply_restart", "Apply, restart", show=False),
@@ -62,7 +75,10 @@ class MonitorScreen(Screen):
     HELP = """
 ## Monitor
 One panel per GPU (utilization, memory with the plan's predicted peak ▼, temperature, power, this run's
-processes), or host CPU/memory per rank on a CPU run. The job panel shows step, loss, tokens/s, ETA and each
+processes), or one line per GPU above 4 GPUs or below 100 columns, or host CPU/memory per rank on a CPU run. The
+chart shows the whole run: `g` cycles loss → tokens/s → step time, the last two against the plan's prediction; the
+TensorBoard command is shown once the trainer writes its events. A run directory that does not exist yet is waited
+for. The job panel shows step, loss, tokens/s, ETA and each
 rank's measured peak against the prediction; a red warning appears when a rank runs past the prediction by more
 than the headroom. `r` cycles the log tail's rank. When the run fails, the doctor names the first failing rank and
 lists remedies with predicted memory and step time: `↑/↓` choose, `a` applies one (rewrites the run's files, keeps
@@ -79,7 +95,8 @@ stage, precision, sequence length) is refused, and `A` applies it from step 0 in
         self._interval_s = interval_s
         self._replay = replay
         self._stop = threading.Event()
-        self.gpu_panels: dict[int, GpuPanel] = {}
+        self.gpu_panels: dict[int, GpuPanel | GpuRow] = {}
+        self.compact: bool | None = None           # the layout the GPU widgets are in (None: none shown yet)
         self.host_panel: HostPanel | None = None
         self.diagnosed_state: str | None = None
         self.diagnosis: Diagnosis | None = None
@@ -132,9 +149,30 @@ stage, precision, sequence length) is refused, and `A` applies it from step 0 in
             self.query_one(JobPanel).update_job(t.job)
             self._maybe_diagnose(t.job.status.state)
 
+    def _set_layout(self, compact: bool) -> None:
+        """Switch between full panels and one line per GPU (the widgets are rebuilt; their history starts over)."""
+        if compact == self.compact:
+            return
+        self.compact = compact
+        for w in self.gpu_panels.values():
+            w.remove()
+        self.gpu_panels.clear()
+        self.query_one("#mon-body").set_class(compact, "-compact")
+        self.query_one(JobPanel).compact = compact
+
+    def on_resize(self) -> None:
+        t = self.last_tick
+        if t is None:
+            return
+        n_gpus = len(t.gpu.gpus) if t.gpu is not None and t.gpu.available else 0
+        if compact_layout(n_gpus, self.size.width) != self.compact:
+            self._show_devices(t)
+
     def _show_devices(self, t: Tick) -> None:
         area = self.query_one("#gpu-area", VerticalScroll)
         g = t.gpu
+        n_gpus = len(g.gpus) if g is not None and g.available else 0
+        self._set_layout(compact_layout(n_gpus, self.size.width))
         job = self._sampler.job
         predicted = job.predicted_peak_bytes if job is not None else None
         if g is not None and g.available:
@@ -146,7 +184,8 @@ stage, precision, sequence length) is refused, and `A` applies it from step 0 in
             for i, s in enumerate(g.gpus):
                 panel = self.gpu_panels.get(s.index)
                 if panel is None:
-                    panel = self.gpu_panels[s.index] = GpuPanel(s.index, id=f"gpu-{s.index}")
+                    kind = GpuRow if self.compact else GpuPanel
+                    panel = self.gpu_panels[s.index] = kind(s.index)
                     area.mount(panel)
                 name = g.names[i] if i < len(g.names) else None
                 panel.update_sample(s, name, predicted, rank_of, tuple(m for m in g.migs if m.parent_index == s.index))
@@ -214,6 +253,9 @@ stage, precision, sequence length) is refused, and `A` applies it from step 0 in
 
     def action_diagnose(self) -> None:
         self.diagnose()
+
+    def action_cycle_chart(self) -> None:
+        self.query_one("#job-chart").cycle()
 
     def action_cycle_rank(self) -> None:
         self.query_one(JobPanel).cycle_rank()

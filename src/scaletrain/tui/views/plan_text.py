@@ -6,6 +6,8 @@ from rich.text import Text
 
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.rows import AlternativeRow
+from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.run.run_length import run_length
 from scaletrain.engine.units import fmt_bytes, fmt_count, fmt_seconds
 
 
@@ -79,6 +81,11 @@ def time_line(plan: Plan, *, emphasis: bool = True) -> Text | None:
         out.append(", ")
         out.append(f"{fmt_seconds(t.total_seconds)} total", style=bold)
     return out
+
+
+def run_length_line(plan: Plan, train: TrainOptions) -> Text:
+    """'runs: 200 steps (max_steps) = 6.45 epochs' — as the trainer will run it (engine.run.run_length)."""
+    return Text.assemble("runs: ", (run_length(plan, train).text(), "bold"))
 
 
 def lr_line(plan: Plan) -> Text | None:

@@ -164,6 +164,8 @@ class GpuPanel(Static):
             else:
                 line.append(NA, style="dim")
             rows.append(line)
+        for row in rows:            # a narrow panel cuts a line's sparkline short instead of wrapping it
+            row.no_wrap, row.overflow = True, "ellipsis"
         return Group(*rows)
 
 

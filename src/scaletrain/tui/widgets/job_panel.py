@@ -1,5 +1,6 @@
-"""The job panel: step / total, loss plot, tokens/s and step time beside the plan's, ETA, measured vs predicted peak
-per rank, log tail.
+"""The job panel: step / total, tokens/s and step time beside the plan's, ETA, the TensorBoard command, measured vs
+predicted peak per rank (left out in the compact layout, where each GPU's line shows its memory), the run chart
+(loss, tokens/s, step time: widgets/run_chart.py), log tail.
 
 Formatting only: numbers come from sampling.watcher.JobSnapshot (which reads engine.run.metrics), the predicted peaks from the
 plan. The log tail keeps LOG_TAIL_LINES per rank so the rank filter (`r`) can re-show past lines.
@@ -14,20 +15,20 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import Vertical
+from textual.containers import VerticalScroll
 from textual.widgets import Log, Static
 
 from scaletrain.engine.sampling.watcher import LOG_TAIL_LINES
 from scaletrain.engine.units import fmt_bytes, fmt_seconds
-from scaletrain.tui.widgets.gpu_panel import bar, spark
+from scaletrain.tui.widgets.gpu_panel import bar
+from scaletrain.tui.widgets.run_chart import RunChart
 
-LOSS_SPARK_CELLS = 48
 STATE_STYLE = {"starting": "yellow", "running": "bold green", "finished": "bold cyan", "failed": "bold red",
                "unknown": "dim"}
 
 
-class JobPanel(Vertical):
-    """Numbers on top, the per-rank log tail below."""
+class JobPanel(VerticalScroll):
+    """Numbers on top, the run chart, the per-rank log tail below (scrolls when the terminal is short)."""
 
     DEFAULT_CLASSES = "job-panel"
 
@@ -38,9 +39,11 @@ class JobPanel(Vertical):
         self.lines: deque[tuple[int | None, str]] = deque(maxlen=LOG_TAIL_LINES * max(1, world_size or 1))
         self.ranks_seen: set[int] = set()
         self.last: Any = None
+        self.compact = False                          # the monitor's compact layout: no per-rank table
 
     def compose(self) -> ComposeResult:
         yield Static(Text("waiting for the first step…", style="dim"), id="job-numbers")
+        yield RunChart(id="job-chart")
         yield Static("", id="job-log-title")
         yield Log(id="job-log", highlight=False, max_lines=LOG_TAIL_LINES * 4)
 
@@ -51,6 +54,9 @@ class JobPanel(Vertical):
     def update_job(self, job: Any) -> None:
         self.last = job
         self.query_one("#job-numbers", Static).update(self.render_job(job))
+        chart = self.query_one(RunChart)
+        if job.series is not chart.series:
+            chart.show(job.series)
         new = [(r, ln) for r, ln in job.new_log_lines]
         if new:
             self.lines.extend(new)
@@ -59,6 +65,8 @@ class JobPanel(Vertical):
             log.write_lines([self._fmt(r, ln) for r, ln in new if self._keep(r)])
 
     def render_job(self, job: Any) -> Group:
+        if job.waiting_for is not None:
+            return Group(Text(job.waiting_for + "…", style="yellow"))
         st = job.status
         head = Text.assemble(("job ", "bold"), (st.state, STATE_STYLE.get(st.state, "")))
         if st.exit_code is not None:
@@ -75,14 +83,15 @@ class JobPanel(Vertical):
             line.append(f" {s.fraction_done:4.0%}   epoch {s.epoch:.2f}")
             rows.append(line)
             rows.append(Text(f"loss {s.loss:.4f} (first {s.loss_first:.4f})   lr {s.lr:.3g}"))
-            rows.append(Text.assemble(("loss ", "dim"), (spark(job.losses, width=LOSS_SPARK_CELLS), "green")))
             if s.versus is not None:       # measured beside the plan's, measured ÷ planned (engine summary)
                 rows.append(Text(f"tokens/s {s.versus.tokens_text()}   step {s.versus.step_text()}"))
                 rows.append(Text(f"ETA {fmt_seconds(s.eta_seconds)}   elapsed {fmt_seconds(s.elapsed_seconds)}"))
             else:
                 rows.append(Text(f"tokens/s {s.tokens_per_second:,.0f}   step {fmt_seconds(s.step_seconds)}   "
                                  f"ETA {fmt_seconds(s.eta_seconds)}   elapsed {fmt_seconds(s.elapsed_seconds)}"))
-        if job.memory:
+        if job.tensorboard:
+            rows.append(Text.assemble(("TensorBoard: ", "dim"), job.tensorboard))
+        if job.memory and not self.compact:
             t = Table(box=None, pad_edge=False, show_edge=False, header_style="dim")
             t.add_column("rank")
             t.add_column("measured peak", justify="right")

@@ -18,10 +18,11 @@ from scaletrain.engine.catalog.architectures import catalog_ids, load_model
 from scaletrain.engine.model.setup import check_num_generations
 from scaletrain.engine.plan.request import objective_lengths
 from scaletrain.engine.vocabulary import Method, Objective, RefModel
+from scaletrain.tui.wizard.sources import model_weights, parse_weights
 from scaletrain.tui.wizard import run_files
 from scaletrain.tui.wizard.state import (DEFAULT_CATALOG_GPUS, WizardState, dataset_text, format_residents,
                                          launchable_here, parse_dataset, parse_float, parse_int, parse_residents,
-                                         parse_targets, plan_for, state_from_args)
+                                         parse_targets, plan_for, state_from_args, weights_verdict)
 
 Parse = Callable[[str], Any]
 
@@ -140,6 +141,8 @@ def ask_model(ask: Any, state: WizardState) -> WizardState:
         return t.strip()
 
     model = ask.text("Model (catalog id, config.json path, or HF cache id)", req.model, model_spec, **kwargs)
+    weights = ask.text("Weights (HF id, local model folder, or random-init for testing)",
+                       state.train.model_source if state.weights_chosen else model_weights(model), parse_weights)
     method = ask.choice("Method", Method.values(), req.method)
     changes: dict[str, Any] = dict(model=model, method=method)
     if method != "full":
@@ -163,7 +166,8 @@ def ask_model(ask: Any, state: WizardState) -> WizardState:
     changes.update(ask_objective(ask, req))
     changes["residents"] = ask.text("Extra resident models (MODEL[:BITS], comma list, or none)",
                                     format_residents(req.residents) or "none", residents)
-    return state.with_model(**changes).rebased(state)
+    return state.with_model(**changes).rebased(state).with_train(model_source=weights).with_(
+        method_chosen=True, weights_chosen=True)
 
 
 def ask_objective(ask: Any, req: Any) -> dict[str, Any]:
@@ -219,7 +223,8 @@ def ask_batch(ask: Any, state: WizardState, detection: Any) -> WizardState:
     eb = ask.text("Effective batch (samples per optimizer step, all GPUs)", str(req.effective_batch or ""), effective)
     state = state.with_request(effective_batch=eb)
     sl = ask.text("Sequence length", str(req.seq_len), lambda t: parse_int(t, "sequence length"))
-    ds = ask.text("Dataset (JSONL path, a sample count, or none for the demo data)", dataset_text(state) or "none",
+    ds = ask.text("Dataset (JSONL path, a sample count, or none for the demo data)",
+                  state.train.dataset or dataset_text(state) or "none",
                   lambda t: parse_dataset("" if t.strip().lower() == "none" else t))
     ep = ask.text("Epochs", f"{req.epochs:g}", lambda t: parse_float(t, "epochs"))
     lr = ask.text("Learning rate", f"{state.train.lr:g}", lambda t: parse_float(t, "learning rate"))
@@ -252,6 +257,11 @@ def run_plain(args: argparse.Namespace) -> int:
     from scaletrain.tui.views.render import print_plan
 
     print_plan(plan)
+    problem, warning = weights_verdict(state)
+    if problem is not None:
+        raise ScaletrainError(problem)          # refused before anything is written (engine.run.weights)
+    if warning:
+        _say(f"warning: {warning}")
     if not ask.confirm("Write the run directory?", True):
         _say("nothing written")
         return 0

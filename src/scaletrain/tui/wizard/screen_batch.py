@@ -14,12 +14,13 @@ from scaletrain.tui.wizard.screen_base import WizardStep
 from scaletrain.tui.widgets.field import Field
 from scaletrain.tui.widgets.solver import SolverPanel
 from scaletrain.tui.wizard.state import (BATCH_FIELDS, FieldError, WizardState, apply_batch_fields, dataset_text,
-                                         plan_for, plannable)
+                                         pin_effective_batch, plan_for, plannable)
 
 _LABELS = {
     "effective_batch": ("effective batch", "samples per optimizer step, all GPUs together"),
     "seq_len": ("sequence length", "tokens per sample (packed)"),
-    "dataset": ("dataset", "JSONL path, or a sample count; empty: bundled demo data"),
+    "data": ("data", "JSONL file or HF dataset id; empty: the bundled demo data"),
+    "dataset": ("samples", "sample count for the estimate; empty: counted from a local data file"),
     "epochs": ("epochs", "passes over the data (fractions allowed)"),
     "lr": ("learning rate", "peak LR the run uses"),
     "base_lr": ("base LR", "optional: an LR tuned at another batch…"),
@@ -31,6 +32,7 @@ def _initial(state: WizardState, name: str) -> str:
     req = state.request
     values = {
         "effective_batch": req.effective_batch, "seq_len": req.seq_len, "dataset": dataset_text(state),
+        "data": state.train.dataset,
         "epochs": req.epochs, "lr": state.train.lr, "base_lr": req.base_lr, "base_batch": req.base_batch,
     }
     v = values[name]
@@ -41,8 +43,9 @@ class BatchScreen(WizardStep):
     STEP = 3
     HELP = """
 ## Step 3 · Batch & data
-Give the **effective batch** (samples per optimizer step over all GPUs), the sequence length, the data (a JSONL
-path — its samples are counted — or just a sample count) and epochs. The panel on the right is the engine's solver,
+Give the **effective batch** (samples per optimizer step over all GPUs), the sequence length, the **data** the run
+trains on (a JSONL file or an HF dataset id; empty: the bundled demo data), the **samples** the estimate counts
+(empty: counted from a local data file) and epochs. The panel on the right is the engine's solver,
 recomputed as you type: micro batch × gradient accumulation × GPUs = effective batch, the strategy, whether it fits,
 and the time. With a **base LR** tuned at a **base batch**, it shows what the square-root and linear rules suggest.
 """
@@ -60,9 +63,15 @@ and the time. With a **base LR** tuned at a **base batch**, it shows what the sq
         eb = self.query_one("#field-effective_batch", Field)
         if not eb.value:  # a preset fixed micro batch × accumulation: its effective batch is the plan's
             try:
-                eb.value = str(plan_for(self.wizard.state, self.wizard.detection).setup.effective_batch)
+                plan = plan_for(self.wizard.state, self.wizard.detection)
             except ScaletrainError:
                 pass
+            else:       # pinned in the state too, so the preset's split stays (state.pin_effective_batch)
+                self.wizard.state = pin_effective_batch(self.wizard.state, plan)
+                eb.value = str(plan.setup.effective_batch)
+        max_steps = self.wizard.state.train.max_steps
+        if max_steps is not None:   # say so where epochs are typed: the trainer runs max_steps, not the epochs
+            self.query_one("#field-epochs", Field).set_hint(f"not used: train.max_steps runs {max_steps:,} steps")
         eb.input.focus()
         self.resolve()
 

@@ -10,12 +10,13 @@ from textual.widgets import Input, OptionList, RadioButton, RadioSet, Static
 from textual.widgets.option_list import Option
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.catalog.hardware import CPU_DEVICE, GpuSpec
+from scaletrain.engine.catalog.hardware import CPU_DEVICE, INTER_NODE_LINKS, GpuSpec, inter_node_gbit_s
 from scaletrain.engine.devices.nvml import DetectionResult
 from scaletrain.engine.units import fmt_bytes
 from scaletrain.tui.wizard.screen_base import WizardStep
 from scaletrain.tui.widgets.field import Field
-from scaletrain.tui.wizard.state import WizardState, catalog_gpus, field_value, hardware_for, parse_int
+from scaletrain.tui.wizard.state import (WizardState, catalog_gpus, field_value, hardware_for, parse_float,
+                                         parse_int)
 
 
 def describe_detection(res: DetectionResult | None) -> Text:
@@ -35,6 +36,20 @@ def describe_detection(res: DetectionResult | None) -> Text:
     return t
 
 
+def _link_names() -> str:
+    """'edr, hdr, ndr, xdr, 10gbe … 400gbe': the CLI's link names (catalog.hardware.INTER_NODE_LINKS), short."""
+    ib = [k for k in INTER_NODE_LINKS if not k.endswith("gbe")]
+    eth = [k for k in INTER_NODE_LINKS if k.endswith("gbe")]
+    return ", ".join(ib) + (f", {eth[0]} … {eth[-1]}" if eth else "")
+
+
+def _headroom(text: str) -> float:
+    v = parse_float(text, "headroom", positive=False)
+    if not 0.0 <= v < 1.0:
+        raise ScaletrainError(f"headroom is the share of each card kept free: a fraction in [0, 1) (got {v:g})")
+    return v
+
+
 def _gpu_option(g: GpuSpec) -> Option:
     mem = "host RAM" if g.key == CPU_DEVICE.key else fmt_bytes(g.memory_bytes)
     return Option(Text.assemble((f"{g.key:<10}", "bold"), f" {g.name:<32} {mem:>11}  {g.interconnect}"), id=g.key)
@@ -46,7 +61,9 @@ class HardwareScreen(WizardStep):
 ## Step 1 · Hardware
 Choose what the plan runs on. **Detected** uses the GPUs NVML sees on this machine (name, memory, count, link,
 driver); **catalog** plans for named hardware (e.g. 4×H200) — use it to plan a run for another machine, or when
-there is no GPU here. Set GPUs per node and the number of nodes. `ctrl+n` checks the choice and moves on.
+there is no GPU here. Set GPUs per node and the number of nodes, the **headroom** (the share of each card the plan
+keeps free, 0.10 by default) and the **inter-node link** of a multi-node plan (Gb/s, or a name: edr, hdr, ndr, xdr,
+10gbe … 400gbe; empty: one HDR InfiniBand port). `ctrl+n` checks the choice and moves on.
 """
 
     def body(self) -> ComposeResult:
@@ -64,6 +81,11 @@ there is no GPU here. Set GPUs per node and the number of nodes. `ctrl+n` checks
             with Horizontal(id="counts"):
                 yield Field("per_node", "GPUs per node", str(per_node), hint="1–64 (CPU: processes)")
                 yield Field("nodes", "nodes", str(nodes), hint="machines alike")
+            with Horizontal(id="settings"):
+                req = st.request
+                yield Field("headroom", "headroom", f"{req.headroom:g}", hint="share of each card kept free")
+                yield Field("link", "inter-node link", "" if req.inter_node_gbps is None else f"{req.inter_node_gbps:g}",
+                            placeholder="hdr (200)", hint=f"Gb/s or {_link_names()}")
 
     def on_mount(self) -> None:
         key, _, _ = self.wizard.state.catalog_choice()
@@ -119,14 +141,17 @@ there is no GPU here. Set GPUs per node and the number of nodes. `ctrl+n` checks
 
     @on(Input.Submitted)
     def _submitted(self, event: Input.Submitted) -> None:
-        if event.input.id == "in-nodes":
+        if event.input.id == "in-link":
             self.action_next()
         else:
             self.focus_next()
 
     def candidate(self) -> WizardState:
         """The state these widgets describe; FieldError names a bad field."""
-        st = self.wizard.state
+        headroom = field_value(self.query_one("#field-headroom", Field), _headroom)
+        link = field_value(self.query_one("#field-link", Field),
+                           lambda t: inter_node_gbit_s(t.strip()) if t.strip() else None)
+        st = self.wizard.state.with_request(headroom=headroom, inter_node_gbps=link)
         nodes = field_value(self.query_one("#field-nodes", Field), lambda t: parse_int(t, "nodes"))
         if self._source() == "detected":
             return st.with_detected_hardware(nodes)

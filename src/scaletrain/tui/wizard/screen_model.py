@@ -17,8 +17,9 @@ from scaletrain.engine.vocabulary import Method
 from scaletrain.engine.units import fmt_count
 from scaletrain.tui.wizard.screen_base import WizardStep
 from scaletrain.tui.widgets.field import Field
+from scaletrain.tui.wizard.sources import model_weights, parse_weights
 from scaletrain.tui.wizard.state import (FieldError, WizardState, field_value, format_residents, hardware_for,
-                                         parse_int, parse_named, parse_residents, parse_targets)
+                                         parse_int, parse_named, parse_residents, parse_targets, weights_text)
 
 BASE_BITS_CHOICES = (16, 8, 4)
 
@@ -41,7 +42,9 @@ class ModelScreen(WizardStep):
 ## Step 2 · Model & method
 Type to **search the catalog**; `down`/`tab` moves into the list and `enter` picks a model. Or type a **path** to a
 config.json (or a folder holding one) or a **Hugging Face cache id** (read offline from the local cache).
-**Method**: full fine-tuning, LoRA (rank, target modules; empty targets = every block linear; frozen base in 16 or
+**Weights**: where training starts — an HF id (org/name), a local model folder, or `random-init` (testing only:
+the write step says so in red, and QLoRA cannot quantize random weights); they follow the model until you change
+them. **Method** (asked, never assumed): full fine-tuning, LoRA (rank, target modules; empty targets = every block linear; frozen base in 16 or
 8 bits) or QLoRA (4-bit NF4 base). **Extra resident models** are inference-only models kept on every GPU next to the
 trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with bits 16, 8 or 4.
 """
@@ -53,11 +56,15 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
                         hint="catalog id, config.json path or folder, or a local HF cache id")
             yield OptionList(id="models")
             yield Static("", id="model-info")
+            yield Field("weights", "weights", weights_text(self.wizard.state),
+                        placeholder="HF id, local folder, or random-init",
+                        hint="starting weights: HF id (org/name), a local model folder, or random-init (testing only)")
             with Horizontal(classes="field-row", id="method-row"):
                 yield Label("method", classes="field-label")
                 with RadioSet(id="method"):
                     for m in Method.values():
-                        yield RadioButton(m, id=f"method-{m}", value=req.method == m)
+                        yield RadioButton(m, id=f"method-{m}",
+                                          value=self.wizard.state.method_chosen and req.method == m)
             with Vertical(id="lora-box"):
                 yield Field("lora_rank", "LoRA rank", str(req.lora_rank), hint="adapter rank r (e.g. 8, 16, 64)")
                 yield Field("lora_targets", "LoRA targets", ",".join(req.lora_targets or ()),
@@ -69,6 +76,7 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
                         placeholder="none", hint="MODEL[:BITS], … inference-only (reference policy, evaluator)")
 
     def on_mount(self) -> None:
+        self._model_seen = self.wizard.state.request.model if not self.wizard.state.weights_chosen else ""
         self.fill_catalog()
         self._sync_method()
         self.query_one("#in-model", Input).focus()
@@ -94,6 +102,7 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
 
     @on(Input.Changed, "#in-model")
     def _model_typed(self, event: Input.Changed) -> None:
+        self._follow_model(event.value)
         self.fill_catalog()
         self.query_one("#field-model", Field).show_error(None)
         self.load_info(event.value)
@@ -102,8 +111,16 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
     def _model_picked(self, event: OptionList.OptionSelected) -> None:
         self.pick(event.option_id or "")
 
+    def _follow_model(self, model: str) -> None:
+        """The weights field follows the model field (its own weights) until the user types other weights."""
+        weights = self.query_one("#field-weights", Field)
+        if weights.value.strip() in ("", self._model_seen.strip()):
+            weights.value = model.strip()
+        self._model_seen = model
+
     def pick(self, model_id: str) -> None:
         inp = self.query_one("#in-model", Input)
+        self._follow_model(model_id)
         with inp.prevent(Input.Changed):
             inp.value = model_id
         self.query_one("#field-model", Field).show_error(None)
@@ -126,13 +143,14 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
             self.app.call_from_thread(self.query_one("#model-info", Static).update, info)
 
     # ---- method ----------------------------------------------------------------------------------------------
-    def _method(self) -> str:
+    def _method(self) -> str | None:
+        """The pressed method; None until one is chosen (a fresh wizard preselects nothing)."""
         pressed = self.query_one("#method", RadioSet).pressed_button
-        return pressed.id.removeprefix("method-") if pressed and pressed.id else "full"
+        return pressed.id.removeprefix("method-") if pressed and pressed.id else None
 
     def _sync_method(self) -> None:
         box = self.query_one("#lora-box")
-        full = self._method() == "full"
+        full = self._method() in ("full", None)
         box.set_class(full, "-disabled")
         for inp in box.query(Input):
             inp.disabled = full
@@ -162,6 +180,10 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
         model = self.query_one("#field-model", Field).value.strip()
         if not model:
             raise FieldError("model", "no model chosen; pick one from the catalog or give a config.json path")
+        if method is None:
+            raise ScaletrainError(f"choose a method: {', '.join(Method.values())} (full fine-tuning, LoRA adapters, "
+                                  "or LoRA on a 4-bit base)")
+        weights = self._weights(model)
         changes: dict = dict(model=model, method=method)
         if method != "full":
             changes["lora_rank"] = field_value(self.query_one("#field-lora_rank", Field),
@@ -175,7 +197,16 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
         else:
             changes["base_bits"] = None
         changes["residents"] = field_value(self.query_one("#field-residents", Field), parse_residents)
-        return self.wizard.state.with_model(**changes)
+        return self.wizard.state.with_model(**changes).with_train(model_source=weights).with_(
+            method_chosen=True, weights_chosen=True)
+
+    def _weights(self, model: str) -> str:
+        """The weights field; while it follows the model, the model's check (below) speaks for both, and a
+        config.json's weights are its folder."""
+        field = self.query_one("#field-weights", Field)
+        if field.value.strip() == model:
+            return model_weights(model)
+        return field_value(field, parse_weights)
 
     def action_next(self) -> None:
         self.clear_field_errors()

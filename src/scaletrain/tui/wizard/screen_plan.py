@@ -44,17 +44,24 @@ The engine's plan for your choices. The bar is **per-GPU memory at the predicted
 (weights, gradients, optimizer states, activations, logits, overhead) against the card's capacity; `|` marks the
 limit that keeps the headroom free. Below: fit verdict, time per step / epoch / total, and the planner's reason.
 **What-if keys** recompute instantly: `+`/`-` micro batch (keeps the effective batch), `c` gradient checkpointing,
-`z` ZeRO stage (DDP → ZeRO-1 → 2 → 3), `o` offload (none → optimizer → all). A what-if that does not fit is drawn over
-the line with the engine's message. The **alternatives** table ranks what fits; `enter` on a row picks it.
+`z` strategy (DDP → ZeRO-1 → 2 → 3 → FSDP), `o` offload (none → optimizer → all), `m` bf16 weights only (full
+fine-tuning), `p` precision (bf16 → fp16 → fp32), `x` optimizer (adamw → adamw-8bit → sgd), `i` its implementation
+(fused → foreach → for-loop), `a` attention (eager → sdpa → flash), `t` objective. Headroom and the inter-node link
+are on step 1. A what-if that does not fit is drawn over the line with the engine's message. "runs:" says how long
+the run trains as the trainer will run it (a `train.max_steps` overrides the epochs). The **alternatives** table ranks what fits; `enter` on a row picks it.
 """
     BINDINGS = [
         Binding("plus,equals_sign", "what_if('micro+')", "micro", key_display="+/-"),
         Binding("minus", "what_if('micro-')", "micro −", show=False),
         Binding("c", "what_if('ckpt')", "ckpt"),
-        Binding("z", "what_if('zero')", "ZeRO"),
+        Binding("z", "what_if('zero')", "strategy"),
         Binding("o", "what_if('offload')", "offload"),
         Binding("m", "what_if('master')", "bf16 weights"),
         Binding("t", "what_if('objective')", "objective", show=False),   # sft → reward → dpo → grpo
+        Binding("p", "what_if('precision')", "precision", show=False),
+        Binding("x", "what_if('optimizer')", "optimizer", show=False),
+        Binding("i", "what_if('impl')", "optimizer impl", show=False),
+        Binding("a", "what_if('attn')", "attention", show=False),
     ]
 
     def __init__(self) -> None:
@@ -97,6 +104,7 @@ the line with the engine's message. The **alternatives** table ranks what fits; 
         fit = [plan_text.objective_line(plan)] if plan.setup.objective != "sft" else []
         fit.append(plan_text.fit_line(plan))
         fit += [x for x in (plan_text.time_line(plan), plan_text.lr_line(plan)) if x is not None]
+        fit.append(plan_text.run_length_line(plan, self.wizard.state.train))
         self._update("#plan-fit", Group(*fit))
         self._update("#plan-why", Group(*plan_text.why_lines(plan, self._why(plan))))
         self.show_message(message, error=bool(message))

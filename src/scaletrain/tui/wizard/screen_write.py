@@ -14,11 +14,12 @@ from textual.worker import get_current_worker
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.layout import RunDir
+from scaletrain.engine.run.run_length import run_length
 from scaletrain.tui.monitor.screen import MonitorScreen
 from scaletrain.tui.wizard import run_files
 from scaletrain.tui.wizard.screen_base import WizardStep
 from scaletrain.tui.widgets.field import Field
-from scaletrain.tui.wizard.state import launchable_here
+from scaletrain.tui.wizard.state import launchable_here, weights_verdict
 
 _LEXERS = {".json": "json", ".yaml": "yaml", ".yml": "yaml", ".sh": "bash"}
 
@@ -41,8 +42,10 @@ class WriteScreen(WizardStep):
 ## Step 5 · Write & launch
 The files this plan becomes: `plan.json` (the full plan), `accelerate_config.yaml`, `ds_config.json` (DeepSpeed
 strategies), `launch.sh` (the exact command). Pick a file on the left to read it. `w` writes them into the run
-directory (an existing different run is never overwritten); `l` launches the written run here and opens the monitor.
-A plan for hardware that is not this machine is written but not launched: copy the folder and run `launch.sh` there.
+directory (an existing different run is never overwritten); `l` writes them (when not yet written) and launches the
+run here, then opens the monitor. A plan for hardware that is not this machine is written but not launched: copy the
+folder and run `launch.sh` there. Random-init weights are flagged in red (testing only); QLoRA from random-init is
+refused here, before anything is written.
 """
     BINDINGS = [
         Binding("w", "write", "Write"),
@@ -59,6 +62,7 @@ A plan for hardware that is not this machine is written but not launched: copy t
         with Vertical(id="body"):
             yield Field("run_dir", "run directory", run_files.default_dir(self.wizard.state),
                         hint="where plan.json, configs, logs and checkpoints go")
+            yield Static("", id="weights-warning", markup=False)
             with Horizontal(id="write-body"):
                 yield OptionList(id="files")
                 with VerticalScroll(id="preview"):
@@ -68,6 +72,12 @@ A plan for hardware that is not this machine is written but not launched: copy t
         self.query_one("#files").border_title = "files"
         self.query_one("#preview").border_title = "preview"
         self.query_one("#files", OptionList).focus()
+        st = self.wizard.state
+        problem, warning = weights_verdict(st)
+        warning = problem or warning
+        box = self.query_one("#weights-warning", Static)
+        box.update(warning or "")
+        box.display = warning is not None
         self.render_preview(self.run_dir)
 
     @property
@@ -99,7 +109,9 @@ A plan for hardware that is not this machine is written but not launched: copy t
         if error:
             self.set_status(error, error=True)
         elif self.run is None:
-            self.set_status(f"{len(files)} files will be written to {self.run_dir}; w writes them")
+            length = run_length(self.wizard.plan, self.wizard.state.train).text()
+            self.set_status(f"{len(files)} files will be written to {self.run_dir}; the run trains {length}. "
+                            "w writes them, l writes and launches")
 
     def _show(self, name: str) -> None:
         self.query_one("#preview-text", Static).update(highlight(name, self.files.get(name, "")))
@@ -122,6 +134,11 @@ A plan for hardware that is not this machine is written but not launched: copy t
 
     # ---- write and launch ------------------------------------------------------------------------------------
     def action_write(self) -> None:
+        st = self.wizard.state
+        problem, _ = weights_verdict(st)
+        if problem is not None:                   # refused before anything is written, not at launch
+            self.set_status(f"not written: {problem}", error=True)
+            return
         try:
             run = run_files.write(self.wizard.plan, self.wizard.state, self.run_dir,
                                   overwrite=self.wizard.options.overwrite)
@@ -138,8 +155,9 @@ A plan for hardware that is not this machine is written but not launched: copy t
 
     def action_launch(self) -> None:
         if self.run is None:
-            self.set_status("write the files first (w)", error=True)
-            return
+            self.action_write()                   # l writes (when not yet written) and launches
+            if self.run is None:
+                return
         reason = launchable_here(self.wizard.plan)
         if reason is not None:
             self.set_status(f"not launched: {reason}", error=True)

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.catalog.hardware import GPU_CATALOG, CPU_DEVICE, GpuSpec, Hardware, parse_gpus
+from scaletrain.engine.catalog.hardware import (GPU_CATALOG, CPU_DEVICE, GpuSpec, Hardware, inter_node_gbit_s,
+                                               parse_gpus)
 from scaletrain.engine.devices.detect import hardware_from_detection
 from scaletrain.engine.devices.nvml import DetectionResult
 from scaletrain.engine.plan.plan import Plan
@@ -23,15 +24,20 @@ from scaletrain.engine.plan.request import PlanRequest
 from scaletrain.engine.plan.rows import AlternativeRow
 from scaletrain.engine.plan.search import next_micro_batch, search_key
 from scaletrain.engine.run.options import TrainOptions
-from scaletrain.engine.vocabulary import Objective, Offload, Strategy
+from scaletrain.engine.run.data_source import DataSource
+from scaletrain.engine.run.weights import resolve_weights, weights_problem, weights_warning
+from scaletrain.tui.wizard.sources import parse_data
+from scaletrain.engine.vocabulary import Attention, Objective, Offload, Optimizer, OptimizerImpl, Precision, Strategy
 from scaletrain.tui.cli.plan_args import parse_resident, request_fields_from_args, request_from_args, train_from_args
 
-# The what-if key cycles the ZeRO stage: plain DDP is "stage 0"; FSDP is reachable from the alternatives table.
-ZERO_CYCLE = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3)
+# The what-if key cycles the strategy: plain DDP is "stage 0", then the ZeRO stages, then FSDP.
+ZERO_CYCLE = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP)
+# What-if keys that cycle a plan setting through the CLI's vocabulary (engine/vocabulary.py): change → request field
+SETTING_CYCLES = {"precision": ("precision", Precision), "optimizer": ("optimizer", Optimizer),
+                  "impl": ("optimizer_impl", OptimizerImpl), "attn": ("attn", Attention)}
 # Hardware offered when nothing is detected and nothing was named: the most common fine-tuning node.
 DEFAULT_CATALOG_GPUS = "8xH100-SXM"
-# Wizard starting points when neither flags nor a preset say otherwise (a LoRA run is the most common request).
-DEFAULT_METHOD = "lora"
+# Wizard starting points when neither flags nor a preset say otherwise (the method is asked, never assumed).
 DEFAULT_EFFECTIVE_BATCH = 128
 DEFAULT_PLAN_NAME = PlanRequest.name
 
@@ -59,6 +65,8 @@ class WizardState:
     hw_source: str = "catalog"          # "detected" (NVML, request.gpus == "auto") | "catalog" (named hardware)
     run_dir: str | None = None
     preset: str | None = None
+    method_chosen: bool = True          # False until the user picks full / LoRA / QLoRA (a fresh wizard asks)
+    weights_chosen: bool = False        # the model step set train.model_source (a preset's counts as chosen)
 
     def with_request(self, **changes: Any) -> "WizardState":
         return replace(self, request=self.request.with_(**changes))
@@ -102,7 +110,20 @@ class WizardState:
     def planning_inputs(self) -> PlanRequest:
         """The request minus the plan step's choices, in one spelling (nodes 1 = None, tuples not lists)."""
         r = self.clear_what_ifs().request
-        return r.with_(nodes=r.nodes or 1,
+        gpus, nodes = r.gpus, r.nodes or 1
+        if self.hw_source == "catalog":      # "2x8xRTX4090" and "8xRTX4090" on 2 nodes are the same machines
+            try:
+                hw = parse_gpus(r.gpus, nodes=r.nodes)
+                gpus, nodes = f"{hw.gpus_per_node}x{hw.gpu.key}", hw.nodes
+            except ScaletrainError:
+                pass
+        link = r.inter_node_gbps
+        if link is not None:
+            try:
+                link = inter_node_gbit_s(link)
+            except ScaletrainError:
+                pass
+        return r.with_(gpus=gpus, nodes=nodes, inter_node_gbps=link,
                        lora_targets=tuple(r.lora_targets) if r.lora_targets is not None else None,
                        residents=tuple((str(m), int(b)) for m, b in r.residents))
 
@@ -133,7 +154,6 @@ def state_from_args(args: argparse.Namespace) -> WizardState:
     else:
         fields = request_fields_from_args(args)
         fields.setdefault("gpus", "auto")
-        fields.setdefault("method", DEFAULT_METHOD)
         request = PlanRequest(model="", **{k: v for k, v in fields.items() if k != "model"})
     if request.effective_batch is None and request.micro_batch is None and request.grad_accum is None:
         request = request.with_(effective_batch=DEFAULT_EFFECTIVE_BATCH)
@@ -142,7 +162,8 @@ def state_from_args(args: argparse.Namespace) -> WizardState:
     if source == "catalog":
         parse_gpus(gpus, nodes=request.nodes, inter_node_gbps=request.inter_node_gbps)  # bad --gpus: one line, now
     return WizardState(request=request.with_(gpus=gpus), train=train, hw_source=source,
-                       run_dir=getattr(args, "run_dir", None), preset=preset)
+                       run_dir=getattr(args, "run_dir", None), preset=preset,
+                       method_chosen=bool(preset or getattr(args, "method", None)), weights_chosen=bool(preset))
 
 
 # ---- hardware and plan (engine calls) ----------------------------------------------------------------------------
@@ -182,7 +203,7 @@ def launchable_here(plan: Plan) -> str | None:
     if hw.source == "detected" or hw.gpu.key == CPU_DEVICE.key:
         return None
     return (f"this plan is for {hw.describe()}, which is not this machine's hardware; copy the run directory to "
-            "that machine and run its launch.sh there")
+            "that machine and run `scaletrain launch DIR` there (or `bash launch.sh` in it)")
 
 
 # ---- what-if keys on the plan step: state → state, the engine recomputes ------------------------------------------
@@ -208,6 +229,11 @@ def what_if(state: WizardState, plan: Plan, change: str) -> WizardState:
         cur = fixed["strategy"]
         nxt = ZERO_CYCLE[(ZERO_CYCLE.index(cur) + 1) % len(ZERO_CYCLE)] if cur in ZERO_CYCLE else ZERO_CYCLE[0]
         fixed.update(strategy=nxt, offload=nxt.offload_within(fixed["offload"]))
+    elif change in SETTING_CYCLES:
+        name, vocab = SETTING_CYCLES[change]
+        order = vocab.values()
+        cur = str(getattr(plan.setup, name))
+        fixed[name] = order[(order.index(cur) + 1) % len(order)] if cur in order else order[0]
     elif change == "offload":
         offloads = tuple(Offload)
         fixed.update(offload=offloads[(offloads.index(fixed["offload"]) + 1) % len(offloads)])
@@ -241,6 +267,18 @@ def _next_micro(plan: Plan, *, up: bool) -> int:
             f"{s.effective_batch // s.world_size} samples each GPU takes per step; change the effective batch on "
             "step 3 for more")
     return nxt
+
+
+def pin_effective_batch(state: WizardState, plan: Plan) -> WizardState:
+    """A request that fixes micro batch × accumulation and no effective batch (a preset's) means the batch they make.
+
+    Pinned here, the batch step hands back the same number and `rebased` sees no changed input, so the preset's
+    split stays. Unpinned, the batch step's filled-in effective batch (None → 16) read as a new input: the split was
+    dropped and the planner searched again, so the wizard showed micro 8 × accum 1 where the headless run of the
+    same preset (make_plan on the preset's request) ran micro 4 × accum 2."""
+    if state.request.effective_batch is None:
+        return state.with_request(effective_batch=plan.setup.effective_batch)
+    return state
 
 
 def pick_alternative(state: WizardState, row: AlternativeRow) -> WizardState:
@@ -370,12 +408,26 @@ def parse_dataset(text: str) -> DatasetChoice:
 
 
 def dataset_text(state: WizardState) -> str:
-    if state.train.dataset:
-        return state.train.dataset
+    """The samples field: the count the estimate uses (empty: counted from a local data file, or none)."""
     return str(state.request.dataset_size) if state.request.dataset_size else ""
 
 
-BATCH_FIELDS = ("effective_batch", "seq_len", "dataset", "epochs", "lr", "base_lr", "base_batch")
+# ---- weights and data (parse_weights / parse_data: sources.py) ---------------------------------------------------------
+def weights_text(state: WizardState) -> str:
+    """What the weights field starts with: the chosen weights, else the model's own id or folder."""
+    if state.weights_chosen:
+        return state.train.model_source
+    return state.request.model or ""
+
+
+def weights_verdict(state: WizardState) -> tuple[str | None, str | None]:
+    """(why these weights cannot be written for this method, the random-init warning): the engine's rules on the
+    weights the run will really start from (not given: the model's own, engine.run.weights.default_weights)."""
+    source = resolve_weights(state.train.model_source, state.request.model)
+    return (weights_problem(state.request.method, state.request.base_bits, source), weights_warning(source))
+
+
+BATCH_FIELDS = ("effective_batch", "seq_len", "data", "dataset", "epochs", "lr", "base_lr", "base_batch")
 
 
 def apply_batch_fields(state: WizardState, values: dict[str, str]) -> WizardState:
@@ -383,6 +435,7 @@ def apply_batch_fields(state: WizardState, values: dict[str, str]) -> WizardStat
     parsers: dict[str, Callable[[str], Any]] = {
         "effective_batch": lambda t: parse_int(t, "effective batch"),
         "seq_len": lambda t: parse_int(t, "sequence length"),
+        "data": parse_data,
         "dataset": parse_dataset,
         "epochs": lambda t: parse_float(t, "epochs"),
         "lr": lambda t: parse_float(t, "learning rate"),
@@ -394,10 +447,15 @@ def apply_batch_fields(state: WizardState, values: dict[str, str]) -> WizardStat
         missing = "base_batch" if got["base_batch"] is None else "base_lr"
         raise FieldError(missing, "the LR suggestion needs both a base LR and the base batch it was tuned at")
     ds: DatasetChoice = got["dataset"]
+    source: DataSource | None = got["data"]
+    if source is None and ds.path is not None:      # a JSONL path typed as the samples is the data, counted
+        source = parse_named("dataset", ds.path, parse_data)
+    data = source.spec if source is not None else None
+    samples = ds.samples if ds.samples is not None else (source.rows if source is not None else None)
     return state.with_request(
-        effective_batch=got["effective_batch"], seq_len=got["seq_len"], dataset_size=ds.samples,
+        effective_batch=got["effective_batch"], seq_len=got["seq_len"], dataset_size=samples,
         epochs=got["epochs"], base_lr=got["base_lr"], base_batch=got["base_batch"],
-    ).with_train(dataset=ds.path, lr=got["lr"])
+    ).with_train(dataset=data, lr=got["lr"])
 
 
 class FieldError(ScaletrainError):

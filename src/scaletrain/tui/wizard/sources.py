@@ -1,0 +1,35 @@
+"""What the wizard's weights and data fields accept, as the CLI's --weights and --data do: the engine's rules
+(engine/run/weights.py, engine/run/data_source.py), here only turned into field values. No Textual, so the plain
+wizard uses it too."""
+
+from __future__ import annotations
+
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.run.data_source import DataSource, resolve_data
+from scaletrain.engine.run.weights import RANDOM_INIT, default_weights, resolve_weights, weights_problem
+
+
+def parse_weights(text: str) -> str:
+    """The weights field: random-init, a local model folder (with config.json), or an HF model id (org/name)."""
+    t = (text or "").strip()
+    if not t:
+        raise ScaletrainError("weights are empty; give an HF id (org/name), a local model folder, or random-init "
+                              "(testing only)")
+    if t.lower() == RANDOM_INIT:
+        return RANDOM_INIT
+    problem = weights_problem("full", None, t)      # the method's own rule is checked at the write step
+    if problem:
+        raise ScaletrainError(problem)
+    return resolve_weights(t, t)
+
+
+def model_weights(model: str) -> str:
+    """A model's own weights, as --weights means when not given (random-init for config-only models)."""
+    return default_weights(model)
+
+
+def parse_data(text: str) -> DataSource | None:
+    """The data field: a local JSONL/JSON/Parquet/CSV file or folder, an HF dataset id in the HF cache, or empty
+    (the bundled demo data)."""
+    t = (text or "").strip()
+    return resolve_data(t) if t else None
