@@ -202,6 +202,26 @@ def test_deepspeed_zero3_two_ranks_loss_falls(tmp_path):
         assert len(shards) == 2, shards                        # one optimizer partition per rank
 
 
+@pytest.mark.slow
+def test_deepspeed_cpu_run_survives_a_stale_extension_lock(tmp_path):
+    """A rank killed while torch's FileBaton held DeepSpeed's CPU-op build lock leaves the lock file behind; the
+    next run must not wait on it for ever (trainer/distributed.py load_deepspeed_cpu_comm_op)."""
+    from deepspeed.accelerator import get_accelerator
+    from torch.utils.cpp_extension import _get_build_directory
+
+    from scaletrain.engine.run.launcher import launch
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    baton = Path(_get_build_directory(builder.name, verbose=False)) / "lock"
+    baton.write_text("")                                      # what a killed holder leaves (O_EXCL, empty)
+    run = make_run(tmp_path, "zero2", lr=5e-3, max_steps=2, save_checkpoints=False)
+    res = launch(run.path, on_tick=deadline_tick(180))
+    log = run.rank_log(0).read_text() + run.rank_log(1).read_text()
+    assert res.exit_code == 0, log
+    assert "removed" in log and str(baton) in log and not baton.exists()
+    assert [r.step for r in read_metrics(run.metrics)] == [1, 2]
+
+
 # ---- a local pretrained model with its own tokenizer and chat template -------------------------------------------
 CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
 

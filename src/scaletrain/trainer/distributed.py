@@ -45,6 +45,37 @@ def shutdown() -> None:
     barrier()
 
 
+def load_deepspeed_cpu_comm_op() -> None:
+    """DeepSpeed on a CPU builds (or loads) its shared-memory collective op in every rank (deepspeed/comm/torch.py
+    build_shm_op, through torch.utils.cpp_extension.load), serialised by torch's FileBaton: a `lock` file made with
+    O_EXCL and removed when the holder is done. A rank killed while holding it (Ctrl-C or SIGKILL in a run's first
+    seconds) leaves the file, and every later DeepSpeed run on the machine waits on it for ever (seen: a test run
+    hung at FileBaton.wait). Here each rank takes an flock first, which the kernel releases when its holder dies;
+    under it, a baton file can only be a dead process's, so it is removed, and the op is built or loaded. DeepSpeed
+    then gets that module instead of taking the baton again."""
+    import fcntl
+    import importlib
+    from pathlib import Path
+
+    from deepspeed.accelerator import get_accelerator
+    from torch.utils.cpp_extension import _get_build_directory
+
+    ds_torch = importlib.import_module("deepspeed.comm.torch")   # (the package's `torch` attribute is torch itself)
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is None:
+        return
+    build_dir = Path(_get_build_directory(builder.name, verbose=False))
+    with open(build_dir / "scaletrain.flock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        baton = build_dir / "lock"
+        if baton.exists():
+            print(f"scaletrain: removed {baton}, left by a process killed while building DeepSpeed's CPU op",
+                  file=sys.stderr, flush=True)
+            baton.unlink(missing_ok=True)
+        module = ds_torch.build_shm_op()
+    ds_torch.build_shm_op = lambda: module
+
+
 def make_accelerator(cfg: RunConfig) -> Any:
     import torch
     from accelerate import Accelerator

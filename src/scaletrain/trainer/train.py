@@ -40,8 +40,8 @@ from scaletrain.engine.run.options import LR_SCHEDULES, bundled_demo_dataset
 from scaletrain.trainer import data as data_mod
 from scaletrain.trainer.checkpoints import prune_checkpoints, resume_from, save_checkpoint
 from scaletrain.trainer.config import RunConfig, read_run_config
-from scaletrain.trainer.distributed import (all_sum, barrier, make_accelerator, peak_memory, rank_and_world,
-                                            shutdown)
+from scaletrain.trainer.distributed import (all_sum, barrier, load_deepspeed_cpu_comm_op, make_accelerator,
+                                            peak_memory, rank_and_world, shutdown)
 from scaletrain.trainer.model import build_model, check_capabilities, make_optimizer, make_tokenizer
 
 EXIT_INTERRUPTED = 130               # shell convention for SIGINT
@@ -93,6 +93,9 @@ def _tensorboard(run: RunDir) -> Any:
 def train(cfg: RunConfig, resume: bool) -> int:
     import torch
     from transformers import get_scheduler
+
+    if cfg.uses_deepspeed and not torch.cuda.is_available():
+        load_deepspeed_cpu_comm_op()
 
     if cfg.objective != "sft":          # reward / dpo / grpo: TRL's trainers (issue 16)
         from scaletrain.trainer.objectives.run import train_objective
