@@ -47,6 +47,8 @@ _PARSE_SCRIPT = textwrap.dedent(r'''
 
     store = tempfile.mktemp()
     tdist.init_process_group("gloo", init_method="file://" + store, rank=0, world_size=1)
+    from scaletrain.trainer.distributed import load_deepspeed_cpu_comm_op
+    load_deepspeed_cpu_comm_op()        # as the trainer does: a killed build's stale lock cannot hang this
     dscomm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
 
     class MPU:  # DeepSpeed takes the data-parallel world size from an mpu; this is the plan's world size
