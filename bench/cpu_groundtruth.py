@@ -13,9 +13,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from groundtruth_cli import run_groundtruth
+from groundtruth_cli import predicted_vs_measured, run_groundtruth
 from scaletrain.engine.catalog.hardware import parse_gpus
-from scaletrain.engine.model.memory import estimate_memory, model_states
+from scaletrain.engine.model.memory import estimate_memory
 from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, catalog_entry
 from scaletrain.engine.model.setup import TrainingSetup
 
@@ -145,29 +145,18 @@ def run_case(case: Case) -> dict:
 
     s = setup_for(case)
     mem = estimate_memory(s)
-    states = model_states(s)
     measured = measure_step(
         config_for(case), method=case.method, lora_rank=case.lora_rank,
         lora_alpha=2 * case.lora_rank, lora_targets=BLOCK_LINEARS, micro_batch=case.micro_batch,
         seq_len=case.seq_len, grad_ckpt=case.grad_ckpt, attn=case.attn, precision=case.measure_precision,
         optimizer="adamw", grad_accum=case.grad_accum, device="cpu", optimizer_impl=case.optimizer_impl)
-    predicted = mem.allocated_peak_bytes
     return {
         "case": case.label, "model": case.model, "method": case.method, "attn": case.attn,
         "precision": case.precision, "measure_precision": case.measure_precision,
         "optimizer_impl": case.optimizer_impl,
         "grad_ckpt": case.grad_ckpt, "micro_batch": case.micro_batch, "seq_len": case.seq_len,
         "grad_accum": case.grad_accum,
-        # the measured model carries the adapters too: base + trainable for LoRA
-        "params_predicted": s.model.params + (s.trainable_params if case.method != "full" else 0),
-        "params_measured": measured.params,
-        "trainable_predicted": s.trainable_params, "trainable_measured": measured.trainable_params,
-        "weights_bytes_predicted": states.weights, "weights_bytes_measured": measured.param_bytes,
-        "optimizer_bytes_predicted": states.optimizer, "optimizer_bytes_measured": measured.optimizer_state_bytes,
-        "predicted_peak_bytes": predicted, "measured_peak_bytes": measured.peak_allocated_bytes,
-        "peak_phase": mem.peak_phase,
-        "error": (predicted - measured.peak_allocated_bytes) / measured.peak_allocated_bytes,
-        "measured_by_category": measured.peak_by_category,
+        **predicted_vs_measured(s, mem, measured),
     }
 
 

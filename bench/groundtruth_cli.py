@@ -1,5 +1,5 @@
-"""The command line both CPU ground-truth scripts share: pick cases, run them, print the table, record the rows
-with the machine and the library versions they ran on."""
+"""What both CPU ground-truth scripts share: the compared row fields, and the command line (pick cases, run them,
+print the table, record the rows with the machine and the library versions they ran on)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,33 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from machine import machine_line
+
+
+def predicted_vs_measured(s, mem, measured, **extra_pairs: tuple[int, int]) -> dict:
+    """The row fields both scripts compare: parameter counts and state bytes (exact), and the peak (with its error).
+    `s` a TrainingSetup, `mem` its MemoryEstimate, `measured` the profiler's step; extra_pairs: name → (predicted,
+    measured) compared the same way (e.g. the reference model's bytes)."""
+    from scaletrain.engine.model.memory import model_states
+
+    states = model_states(s)
+    predicted = mem.allocated_peak_bytes
+    row = {
+        # the measured model carries the adapters too: base + trainable for LoRA
+        "params_predicted": s.model.params + (s.trainable_params if s.method != "full" else 0),
+        "params_measured": measured.params,
+        "trainable_predicted": s.trainable_params, "trainable_measured": measured.trainable_params,
+        "weights_bytes_predicted": states.weights, "weights_bytes_measured": measured.param_bytes,
+    }
+    for name, (pred, meas) in extra_pairs.items():
+        row.update({f"{name}_predicted": pred, f"{name}_measured": meas})
+    row.update({
+        "optimizer_bytes_predicted": states.optimizer, "optimizer_bytes_measured": measured.optimizer_state_bytes,
+        "predicted_peak_bytes": predicted, "measured_peak_bytes": measured.peak_allocated_bytes,
+        "peak_phase": mem.peak_phase,
+        "error": (predicted - measured.peak_allocated_bytes) / measured.peak_allocated_bytes,
+        "measured_by_category": measured.peak_by_category,
+    })
+    return row
 
 
 def run_groundtruth(argv: list[str] | None, *, cases: Sequence, quick: Sequence, run_case: Callable[[object], dict],

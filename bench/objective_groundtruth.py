@@ -14,10 +14,10 @@ import statistics
 import sys
 from dataclasses import dataclass
 
-from groundtruth_cli import run_groundtruth
+from groundtruth_cli import predicted_vs_measured, run_groundtruth
 from scaletrain.engine.catalog.architectures import arch_from_config, catalog_entry
 from scaletrain.engine.catalog.hardware import parse_gpus
-from scaletrain.engine.model.memory import estimate_memory, model_states
+from scaletrain.engine.model.memory import estimate_memory
 from scaletrain.engine.model.objectives import reference_weight_bytes
 from scaletrain.engine.model.setup import TrainingSetup
 
@@ -87,27 +87,17 @@ def run_case(case: Case) -> dict:
 
     s = setup_for(case)
     mem = estimate_memory(s)
-    states = model_states(s)
     run = ObjectiveRun(objective=case.objective, model_config=config_for(case), output_dir="", method=case.method,
                        lora_rank=case.lora_rank, lora_targets=s.lora_targets if case.method != "full" else None,
                        precision="fp32", attn=case.attn, grad_ckpt=case.grad_ckpt, micro_batch=case.micro_batch,
                        grad_accum=case.grad_accum, seq_len=case.seq_len, prompt_len=case.prompt_len,
                        num_generations=case.num_generations, ref_model=case.ref_model)
     measured = measure_objective_step(run)
-    predicted = mem.allocated_peak_bytes
     return {
         "case": case.label, "objective": case.objective, "model": case.model, "method": case.method,
         "ref_model": case.ref_model, "grad_ckpt": case.grad_ckpt,
-        "params_predicted": s.model.params + (s.trainable_params if case.method != "full" else 0),
-        "params_measured": measured.params,
-        "trainable_predicted": s.trainable_params, "trainable_measured": measured.trainable_params,
-        "weights_bytes_predicted": states.weights, "weights_bytes_measured": measured.param_bytes,
-        "reference_bytes_predicted": reference_weight_bytes(s), "reference_bytes_measured": measured.reference_bytes,
-        "optimizer_bytes_predicted": states.optimizer, "optimizer_bytes_measured": measured.optimizer_state_bytes,
-        "predicted_peak_bytes": predicted, "measured_peak_bytes": measured.peak_allocated_bytes,
-        "peak_phase": mem.peak_phase,
-        "error": (predicted - measured.peak_allocated_bytes) / measured.peak_allocated_bytes,
-        "measured_by_category": measured.peak_by_category,
+        **predicted_vs_measured(s, mem, measured,
+                                reference_bytes=(reference_weight_bytes(s), measured.reference_bytes)),
     }
 
 
