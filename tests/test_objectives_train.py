@@ -39,6 +39,25 @@ def test_objective_rows_are_checked_in_one_line(tmp_path):
     assert read_rows(bad, "grpo")[0]["prompt"] == "a"
 
 
+def test_objective_rows_from_csv_parquet_and_a_folder(tmp_path):
+    """--data for reward/DPO/GRPO reads what SFT's --data reads (through `datasets`), checked the same way."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from scaletrain.trainer.objectives.run import read_rows
+
+    csv = tmp_path / "pairs.csv"
+    csv.write_text("prompt,chosen,rejected\nhi,hello,go away\nq,a,b\n")
+    rows = read_rows(csv, "reward")
+    assert [(r["chosen"], r["rejected"]) for r in rows] == [("hello", "go away"), ("a", "b")]
+    folder = tmp_path / "prompts"
+    folder.mkdir()
+    pq.write_table(pa.table({"prompt": ["x", "y", "z"]}), folder / "train.parquet")
+    assert [r["prompt"] for r in read_rows(folder, "grpo")] == ["x", "y", "z"]
+    with pytest.raises(ScaletrainError, match="lacks chosen, rejected"):
+        read_rows(folder, "dpo")
+
+
 def test_wizard_objective_key_cycles_and_replans():
     from scaletrain.engine.plan.planner import make_plan
     from scaletrain.engine.plan.request import PlanRequest

@@ -167,17 +167,24 @@ def read_records(spec: str | Path) -> list[dict[str, Any]]:
     src = resolve_data(str(spec))
     if len(src.files) == 1 and src.files[0].suffix == ".jsonl":
         return read_jsonl(src.files[0])
+    records = load_rows(src)
+    for i, rec in enumerate(records):
+        _check_record(rec, f"{spec} row {i}")
+    return records
+
+
+def load_rows(src: Any) -> list[dict[str, Any]]:
+    """The rows of a resolved --data (engine/run/data_source.DataSource) through the `datasets` library, unchecked:
+    each objective checks the columns it needs."""
     import datasets
 
     datasets.disable_progress_bars()
     try:
         table = datasets.load_dataset(src.builder, data_files=[str(f) for f in src.files], split="train")
     except Exception as e:           # the library's own errors (a malformed file): one line
-        raise ScaletrainError(f"dataset {spec} cannot be read by datasets ({str(e).splitlines()[0][:160]})") from None
-    records = [dict(r) for r in table]
-    for i, rec in enumerate(records):
-        _check_record(rec, f"{spec} row {i}")
-    return records
+        raise ScaletrainError(f"dataset {src.spec} cannot be read by datasets "
+                              f"({str(e).splitlines()[0][:160]})") from None
+    return [dict(r) for r in table]
 
 
 # ---- tokenizing ------------------------------------------------------------------------------------------------

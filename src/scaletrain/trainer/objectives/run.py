@@ -33,20 +33,34 @@ def bundled_dataset(objective: str) -> Path:
     return Path(presets_pkg.__file__).parent / "data" / name
 
 
-def read_rows(path: Path, objective: str) -> list[dict[str, Any]]:
-    """JSONL rows with the columns the objective needs, each problem in one line."""
+def read_rows(path: Path | str, objective: str) -> list[dict[str, Any]]:
+    """Rows with the columns the objective needs, each problem in one line: a JSONL file read here (errors name the
+    line), any other --data (JSON, Parquet, CSV, a folder, a cached HF dataset) through `datasets`."""
+    from scaletrain.engine.run.data_source import resolve_data
+    from scaletrain.trainer.data import load_rows
+
     need = ("prompt",) if objective == "grpo" else ("chosen", "rejected")
+    src = resolve_data(str(path))
+    if len(src.files) == 1 and src.files[0].suffix == ".jsonl":
+        path = src.files[0]
+        numbered = enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+    else:
+        numbered = ((f"row {i}", r) for i, r in enumerate(load_rows(src)))
     rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
+    for n, line in numbered:
+        if isinstance(line, dict):
+            row = line
+        elif not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ScaletrainError(f"{path}:{n} is not JSON ({e.msg})") from None
+        else:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ScaletrainError(f"{path}:{n} is not JSON ({e.msg})") from None
         missing = [k for k in need if k not in row]
         if missing:
-            raise ScaletrainError(f"{path}:{n} lacks {', '.join(missing)} ({objective} rows need "
+            where = f"{path}:{n}" if isinstance(n, int) else f"{path} {n}"
+            raise ScaletrainError(f"{where} lacks {', '.join(missing)} ({objective} rows need "
                                   f"{' and '.join(need)})")
         rows.append(row)
     if not rows:
@@ -152,9 +166,7 @@ def train_objective(cfg: RunConfig, resume: bool) -> int:
         print("scaletrain: note: reward/dpo/grpo runs start from step 0 (TRL checkpoints are not resumed here)",
               flush=True)
     path = Path(cfg.train.dataset).expanduser() if cfg.train.dataset else bundled_dataset(cfg.objective)
-    if not path.is_file():
-        raise ScaletrainError(f"dataset {path} does not exist (give a JSONL file: train option dataset)")
-    rows = read_rows(path, cfg.objective)
+    rows = read_rows(cfg.train.dataset or path, cfg.objective)
     per_step = cfg.micro_batch * cfg.grad_accum * world       # pairs (reward, dpo) or completions (grpo)
     samples = len(rows) * (cfg.num_generations if cfg.objective == "grpo" else 1)
     steps_per_epoch = samples // per_step
