@@ -288,3 +288,15 @@ def test_the_trainer_reads_every_format_through_datasets(tmp_path, offline_cache
     bad.write_text("question\nwhat\n")
     with pytest.raises(ScaletrainError, match="no usable fields"):
         D.read_records(bad)
+
+
+def test_row_counts_follow_edits_to_the_file(tmp_path):
+    """count_rows is cached for the wizard's per-keystroke re-parse; an edited file is counted again."""
+    from scaletrain.engine.run.data_source import resolve_data
+
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"text": "a"}\n{"text": "b"}\n')
+    assert resolve_data(str(f)).rows == 2
+    with f.open("a") as out:
+        out.write('{"text": "c"}\n')
+    assert resolve_data(str(f)).rows == 3

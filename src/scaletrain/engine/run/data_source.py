@@ -39,8 +39,23 @@ def _data_files(folder: Path) -> list[Path]:
     return train or files
 
 
+_ROW_COUNTS: dict[tuple[str, int, int], int] = {}
+
+
 def count_rows(path: Path) -> int:
-    """Records in one file, without reading it into memory as records (Parquet: its metadata)."""
+    """Records in one file, without reading it into memory as records (Parquet: its metadata); cached by path, size
+    and mtime, since the wizard asks again as fields are edited."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise ScaletrainError(f"dataset {path} cannot be read ({e.strerror or e.__class__.__name__})") from None
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _ROW_COUNTS:
+        _ROW_COUNTS[key] = _count_rows(path)
+    return _ROW_COUNTS[key]
+
+
+def _count_rows(path: Path) -> int:
     kind = DATA_SUFFIXES.get(path.suffix)
     try:
         if kind == "parquet":

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Callable
 
 from scaletrain.engine.errors import ScaletrainError
@@ -24,7 +23,7 @@ from scaletrain.engine.plan.request import PlanRequest
 from scaletrain.engine.plan.rows import AlternativeRow
 from scaletrain.engine.plan.search import next_micro_batch, search_key
 from scaletrain.engine.run.options import TrainOptions
-from scaletrain.engine.run.data_source import DataSource
+from scaletrain.engine.run.data_source import DataSource, resolve_data
 from scaletrain.engine.run.weights import resolve_weights, weights_problem, weights_warning
 from scaletrain.tui.wizard.sources import parse_data
 from scaletrain.engine.vocabulary import Attention, Objective, Offload, Optimizer, OptimizerImpl, Precision, Strategy
@@ -365,25 +364,16 @@ def format_residents(residents: tuple[tuple[str, int], ...]) -> str:
 
 @dataclass(frozen=True)
 class DatasetChoice:
-    path: str | None          # a JSONL file the trainer reads (None: the bundled demo data)
-    samples: int | None       # samples, for steps per epoch
+    source: DataSource | None   # data the trainer reads (None: the bundled demo data)
+    samples: int | None         # samples, for steps per epoch
 
-
-_COUNT_CACHE: dict[tuple[str, int, int], int] = {}
-
-
-def count_samples(path: Path) -> int:
-    """Samples in a JSONL file (non-empty lines), cached by path, size and mtime so live edits don't re-read it."""
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _COUNT_CACHE:
-        with path.open("rb") as f:
-            _COUNT_CACHE[key] = sum(1 for line in f if line.strip())
-    return _COUNT_CACHE[key]
+    @property
+    def path(self) -> str | None:
+        return self.source.spec if self.source is not None else None
 
 
 def parse_dataset(text: str) -> DatasetChoice:
-    """A JSONL path (must exist) or a sample count; empty = the bundled demo data, no dataset size."""
+    """A data path (must exist) or a sample count; empty = the bundled demo data, no dataset size."""
     t = (text or "").strip()
     if not t:
         return DatasetChoice(None, None)
@@ -393,18 +383,8 @@ def parse_dataset(text: str) -> DatasetChoice:
         if n < 1:
             raise ScaletrainError("dataset size must be at least 1 sample")
         return DatasetChoice(None, n)
-    p = Path(os.path.expanduser(t))
-    if not p.exists():
-        raise ScaletrainError(f"dataset {t!r} does not exist; give a JSONL file path or a number of samples")
-    if not p.is_file():
-        raise ScaletrainError(f"dataset {t!r} is not a file; give a JSONL file path or a number of samples")
-    try:
-        n = count_samples(p)
-    except OSError as e:
-        raise ScaletrainError(f"cannot read dataset {t!r} ({e.strerror or e})") from None
-    if n < 1:
-        raise ScaletrainError(f"dataset {t!r} is empty; give a JSONL file with one sample per line")
-    return DatasetChoice(str(p), n)
+    source = resolve_data(t)        # a data file or folder (or a cached HF dataset), counted by the engine
+    return DatasetChoice(source, source.rows)
 
 
 def dataset_text(state: WizardState) -> str:
@@ -447,9 +427,7 @@ def apply_batch_fields(state: WizardState, values: dict[str, str]) -> WizardStat
         missing = "base_batch" if got["base_batch"] is None else "base_lr"
         raise FieldError(missing, "the LR suggestion needs both a base LR and the base batch it was tuned at")
     ds: DatasetChoice = got["dataset"]
-    source: DataSource | None = got["data"]
-    if source is None and ds.path is not None:      # a JSONL path typed as the samples is the data, counted
-        source = parse_named("dataset", ds.path, parse_data)
+    source: DataSource | None = got["data"] or ds.source   # a data path typed as the samples is the data, counted
     data = source.spec if source is not None else None
     samples = ds.samples if ds.samples is not None else (source.rows if source is not None else None)
     return state.with_request(
