@@ -114,10 +114,20 @@ class Blocks:
 # ---- reading ---------------------------------------------------------------------------------------------------
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Every record of a JSONL file; a bad line is one error naming the file and line."""
+    records = []
+    for where, rec in jsonl_objects(path):
+        _check_record(rec, where)
+        records.append(rec)
+    return records
+
+
+def jsonl_objects(path: str | Path, shapes: str = RECORD_SHAPES) -> list[tuple[str, dict[str, Any]]]:
+    """(file:line, object) for every non-blank line of a JSONL file; a line that is not a JSON object, a missing
+    file or no object at all is one error saying what each line must hold (`shapes`)."""
     p = Path(path).expanduser()
     if not p.is_file():
-        raise ScaletrainError(f"dataset {path} does not exist (give a JSONL file with {RECORD_SHAPES} per line)")
-    records: list[dict[str, Any]] = []
+        raise ScaletrainError(f"dataset {path} does not exist (give a JSONL file with {shapes} per line)")
+    out: list[tuple[str, dict[str, Any]]] = []
     try:
         with p.open(encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
@@ -127,16 +137,26 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
                     rec = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise ScaletrainError(f"{p}:{lineno}: not valid JSON ({e.msg}); each line must be one object "
-                                          f"with {RECORD_SHAPES}") from None
+                                          f"with {shapes}") from None
                 if not isinstance(rec, dict):
-                    raise ScaletrainError(f"{p}:{lineno}: a JSON object is needed, with {RECORD_SHAPES}")
-                _check_record(rec, f"{p}:{lineno}")
-                records.append(rec)
+                    raise ScaletrainError(f"{p}:{lineno}: a JSON object is needed, with {shapes}")
+                out.append((f"{p}:{lineno}", rec))
     except UnicodeDecodeError:
         raise ScaletrainError(f"dataset {p} is not UTF-8 text") from None
-    if not records:
-        raise ScaletrainError(f"dataset {p} holds no records (one JSON object per line with {RECORD_SHAPES})")
-    return records
+    if not out:
+        raise ScaletrainError(f"dataset {p} holds no records (one JSON object per line with {shapes})")
+    return out
+
+
+def located_records(spec: str | Path, shapes: str = RECORD_SHAPES) -> list[tuple[str, dict[str, Any]]]:
+    """(where, record) for everything --data names: a JSONL file read line by line here (errors name the line),
+    anything else through the `datasets` library (where = "row N")."""
+    from scaletrain.engine.run.data_source import resolve_data
+
+    src = resolve_data(str(spec))
+    if len(src.files) == 1 and src.files[0].suffix == ".jsonl":
+        return jsonl_objects(src.files[0], shapes)
+    return [(f"{spec} row {i}", rec) for i, rec in enumerate(load_rows(src))]
 
 
 def _check_record(rec: dict[str, Any], where: str) -> None:
@@ -160,16 +180,11 @@ def _completion(rec: dict[str, Any]) -> Any:
 
 
 def read_records(spec: str | Path) -> list[dict[str, Any]]:
-    """Every record --data names: a JSONL file read here (errors name the line), anything else through the
-    `datasets` library from the files engine/run/data_source.py resolved (offline: they are local)."""
-    from scaletrain.engine.run.data_source import resolve_data
-
-    src = resolve_data(str(spec))
-    if len(src.files) == 1 and src.files[0].suffix == ".jsonl":
-        return read_jsonl(src.files[0])
-    records = load_rows(src)
-    for i, rec in enumerate(records):
-        _check_record(rec, f"{spec} row {i}")
+    """Every record --data names, each checked for one of the accepted shapes (errors name the line or row)."""
+    records = []
+    for where, rec in located_records(spec):
+        _check_record(rec, where)
+        records.append(rec)
     return records
 
 

@@ -12,7 +12,6 @@ bundled prompts is the share of the reference answer's characters a completion c
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -34,37 +33,19 @@ def bundled_dataset(objective: str) -> Path:
 
 
 def read_rows(path: Path | str, objective: str) -> list[dict[str, Any]]:
-    """Rows with the columns the objective needs, each problem in one line: a JSONL file read here (errors name the
-    line), any other --data (JSON, Parquet, CSV, a folder, a cached HF dataset) through `datasets`."""
-    from scaletrain.engine.run.data_source import resolve_data
-    from scaletrain.trainer.data import load_rows
+    """Rows with the columns the objective needs, each problem in one line naming the line or row (any --data:
+    trainer/data.py located_records)."""
+    from scaletrain.trainer.data import located_records
 
     need = ("prompt",) if objective == "grpo" else ("chosen", "rejected")
-    src = resolve_data(str(path))
-    if len(src.files) == 1 and src.files[0].suffix == ".jsonl":
-        path = src.files[0]
-        numbered = enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-    else:
-        numbered = ((f"row {i}", r) for i, r in enumerate(load_rows(src)))
+    shapes = " and ".join(f'"{k}"' for k in need)
     rows = []
-    for n, line in numbered:
-        if isinstance(line, dict):
-            row = line
-        elif not line.strip():
-            continue
-        else:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ScaletrainError(f"{path}:{n} is not JSON ({e.msg})") from None
+    for where, row in located_records(path, shapes):
         missing = [k for k in need if k not in row]
         if missing:
-            where = f"{path}:{n}" if isinstance(n, int) else f"{path} {n}"
             raise ScaletrainError(f"{where} lacks {', '.join(missing)} ({objective} rows need "
                                   f"{' and '.join(need)})")
         rows.append(row)
-    if not rows:
-        raise ScaletrainError(f"{path} holds no rows")
     return rows
 
 
