@@ -10,7 +10,6 @@ Writes bench/results/objective_groundtruth.json and prints a Markdown table (the
 
 from __future__ import annotations
 
-import statistics
 import sys
 from dataclasses import dataclass
 
@@ -109,10 +108,9 @@ def markdown(rows: list[dict]) -> str:
                     for k in ("params", "trainable", "weights_bytes", "reference_bytes", "optimizer_bytes"))
         lines.append(f"| {r['case']} | {'yes' if exact else 'no'} | {r['predicted_peak_bytes'] / MiB:.2f} MiB | "
                      f"{r['measured_peak_bytes'] / MiB:.2f} MiB | {100 * r['error']:+.1f}% | {r['peak_phase']} |")
-    errs = [abs(r["error"]) for r in rows]
-    lines.append("")
-    lines.append(f"Median |error| **{100 * statistics.median(errs):.1f}%**, max **{100 * max(errs):.1f}%** over "
-                 f"{len(rows)} cases.")
+    from readme_tables import error_summary
+
+    lines += ["", error_summary(rows)]
     return "\n".join(lines)
 
 

@@ -31,11 +31,15 @@ def groundtruth_table(rows: list[dict]) -> str:
         mark = ("yes" if exact else "NO") + (" (adapters, states; NF4 packing)" if r["method"] == "qlora" else "")
         out.append(f"| {r['case']} | {mark} | {r['predicted_peak_bytes'] / 2**20:.2f} MiB | "
                    f"{r['measured_peak_bytes'] / 2**20:.2f} MiB | {100 * r['error']:+.1f}% |")
-    errs = [abs(r["error"]) for r in rows]
-    out.append("")
-    out.append(f"Median |error| **{100 * statistics.median(errs):.1f}%**, max **{100 * max(errs):.1f}%** "
-               f"over {len(rows)} cases.")
+    out += ["", error_summary(rows)]
     return "\n".join(out)
+
+
+def error_summary(rows: list[dict]) -> str:
+    """The line under each ground-truth table: median and max |error| of the peaks."""
+    errs = [abs(r["error"]) for r in rows]
+    return (f"Median |error| **{100 * statistics.median(errs):.1f}%**, max **{100 * max(errs):.1f}%** "
+            f"over {len(rows)} cases.")
 
 
 def bench_plan() -> str:
