@@ -121,3 +121,16 @@ def test_random_init_is_warned_and_qlora_from_it_refused(tmp_path):
     res = plain(["--gpus", "4xH200"], [*base, "qlora", "", "", "", *batch, "y", str(tmp_path / "run")])
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "4-bit base (qlora)" in res.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_dpo_prompt_length_is_checked_by_the_engines_rule(tmp_path):
+    run_dir = tmp_path / "run"
+    answers = ["", "Qwen/Qwen3-4B", "", "lora", "", "",   # GPUs, model, weights, method, rank, targets
+               "dpo", "4096", "512", "",                  # objective; prompt length too long (refused), 512; ref
+               "", "64", "", "", "", "", "", "y", str(run_dir)]
+    res = plain(["--gpus", "4xH200"], answers)
+    assert res.returncode == 0, res.stderr
+    assert "✗ --prompt-len must be a whole number from 1 to seq_len − 1 = 2047 (got 4096)" in res.stdout
+    written = json.loads((run_dir / "plan.json").read_text())
+    assert written["training"]["objective"] == "dpo" and written["training"]["prompt_len"] == 512
+    assert written["training"]["ref_model"] == "same"

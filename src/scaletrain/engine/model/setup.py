@@ -217,6 +217,12 @@ class TrainingSetup:
         }
 
 
+def check_prompt_len(prompt_len: Any, seq_len: int) -> None:
+    if not isinstance(prompt_len, int) or isinstance(prompt_len, bool) or not 1 <= prompt_len < seq_len:
+        raise ScaletrainError(f"--prompt-len must be a whole number from 1 to seq_len − 1 = {seq_len - 1} "
+                              f"(got {prompt_len!r})")
+
+
 def check_num_generations(n: Any) -> None:
     if not isinstance(n, int) or isinstance(n, bool) or n < 2:
         raise ScaletrainError(f"--num-generations must be a whole number ≥ 2: GRPO's advantages compare completions "
@@ -238,9 +244,7 @@ def _check_objective(s: TrainingSetup) -> None:
     if s.prompt_len is not None:
         if obj not in ("dpo", "grpo"):
             raise ScaletrainError(f"--prompt-len applies to dpo and grpo (got --objective {obj})")
-        if not isinstance(s.prompt_len, int) or isinstance(s.prompt_len, bool) or not 1 <= s.prompt_len < s.seq_len:
-            raise ScaletrainError(f"--prompt-len must be a whole number from 1 to seq_len − 1 = {s.seq_len - 1} "
-                                  f"(got {s.prompt_len!r})")
+        check_prompt_len(s.prompt_len, s.seq_len)
     check_num_generations(s.num_generations)
     if not 0 < s.generation_memory < 1:
         raise ScaletrainError(f"--generation-memory must be a fraction of the card in (0, 1) (got "

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import GPU_CATALOG, parse_gpus
 from scaletrain.engine.catalog.architectures import catalog_ids, load_model
-from scaletrain.engine.model.setup import check_num_generations
+from scaletrain.engine.model.setup import check_num_generations, check_prompt_len
 from scaletrain.engine.plan.request import objective_lengths
 from scaletrain.engine.vocabulary import Method, Objective, RefModel
 from scaletrain.tui.wizard.sources import model_weights, parse_weights
@@ -200,15 +200,11 @@ def ask_objective(ask: Any, req: Any) -> dict[str, Any]:
     else:
         out["prompt_len"] = ask.text(
             "Prompt length in tokens (default: half the sequence)", str(req.prompt_len or "default"),
-            optional_int("prompt length", lambda n: n < req.seq_len or _too_long("prompt length", n, req.seq_len)))
+            optional_int("prompt length", lambda n: check_prompt_len(n, req.seq_len)))
         refs = [r for r in RefModel.values() if r != "none"]
     default_ref = req.ref_model if req.ref_model in refs else refs[0] if objective == "dpo" else "none"
     out["ref_model"] = ask.choice("Reference model", refs, default_ref)
     return out
-
-
-def _too_long(name: str, n: int, seq_len: int) -> None:
-    raise ScaletrainError(f"{name} {n} leaves nothing of sequence length {seq_len} to train on; give less")
 
 
 def ask_batch(ask: Any, state: WizardState, detection: Any) -> WizardState:
