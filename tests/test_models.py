@@ -14,6 +14,10 @@ PUBLISHED = {
     "Qwen/Qwen2.5-7B-Instruct": 7_615_616_512,
     "meta-llama/Llama-3.1-8B": 8_030_261_248,
     "Qwen/Qwen2.5-0.5B-Instruct": 494_032_768,
+    # MoE: total parameters as published (model cards: 30.5B / 20.9B / 46.7B)
+    "Qwen/Qwen3-30B-A3B": 30_532_122_624,
+    "openai/gpt-oss-20b": 20_914_757_184,
+    "mistralai/Mixtral-8x7B-v0.1": 46_702_792_704,
 }
 
 REQUIRED = [

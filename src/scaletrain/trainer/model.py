@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from scaletrain.engine.catalog.architectures import load_model
+from scaletrain.engine.catalog.architectures import load_config
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.trainer import data as data_mod
 from scaletrain.trainer.config import RunConfig
@@ -131,6 +131,30 @@ def enable_checkpointing(model: Any) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=NON_REENTRANT)
 
 
+def moe_block_classes(model: Any) -> list[type]:
+    """The classes of the model's mixture-of-experts blocks: a decoder block's child that holds the experts
+    (Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock, GptOssMLP …), found by its `experts` child rather than by name
+    so every transformers MoE family qualifies. Empty for a dense model."""
+    found: list[type] = []
+    for module in model.modules():
+        if hasattr(module, "experts") and hasattr(module.experts, "parameters") and type(module) not in found:
+            found.append(type(module))
+    return found
+
+
+def mark_moe_leaves(model: Any) -> list[str]:
+    """ZeRO-3: make every MoE block a leaf module, as TRL and the HF DeepSpeed docs do for Mixtral/Qwen-MoE
+    (deepspeed.utils.set_z3_leaf_modules). Without it ZeRO-3 hooks each expert's parameters separately and
+    their data-dependent use differs between ranks, which hangs or refetches per expert; as a leaf the block's
+    parameters are gathered whole before it runs (the memory model counts that gather). Returns the class names."""
+    classes = moe_block_classes(model)
+    if classes:
+        from deepspeed.utils import set_z3_leaf_modules
+
+        set_z3_leaf_modules(model, classes)
+    return [c.__name__ for c in classes]
+
+
 def add_lora(model: Any, *, rank: int, alpha: int, dropout: float, targets: Sequence[str] | str | None,
              quantized: bool, grad_ckpt: bool) -> Any:
     """The PEFT model with LoRA adapters on `targets` (a list, "all-linear", or None: PEFT's default)."""
@@ -173,7 +197,16 @@ def check_capabilities(cfg: RunConfig) -> None:
 
 
 def model_config_dict(model_id: str) -> dict[str, Any]:
-    return dict(load_model(model_id).config)
+    return load_config(model_id)
+
+
+def _checkpoint_quant_method(src: str) -> str | None:
+    """The quantization a checkpoint was saved with (config.json quantization_config.quant_method), if any."""
+    try:
+        quant = load_config(src).get("quantization_config")
+    except ScaletrainError:
+        return None
+    return quant.get("quant_method") if isinstance(quant, dict) else None
 
 
 def build_model(cfg: RunConfig, device: Any) -> Any:
@@ -200,12 +233,21 @@ def build_model(cfg: RunConfig, device: Any) -> Any:
         if cfg.quantized_base:
             kwargs["quantization_config"] = quantization(cfg.base_bits, getattr(torch, dtype))
             kwargs["device_map"] = {"": device}
+        elif _checkpoint_quant_method(src) == "mxfp4":
+            # gpt-oss ships MXFP4 experts; training needs them as bf16 parameters (the plan counts bf16)
+            from transformers import Mxfp4Config
+
+            kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
         try:
             model = AutoModelForCausalLM.from_pretrained(src, **kwargs)
         except OSError as e:
             raise ScaletrainError(f"cannot load model {src!r} offline ({str(e).splitlines()[0]}); give a local "
                                   "folder or an id already in the HF cache, or model_source random-init") from None
     model.config.use_cache = False
+    if cfg.strategy == "zero3":
+        leaves = mark_moe_leaves(model)
+        if leaves:
+            print(f"scaletrain: ZeRO-3 leaf modules (gathered whole): {', '.join(leaves)}", flush=True)
     if cfg.grad_ckpt:
         enable_checkpointing(model)
     if cfg.method.is_adapter:

@@ -350,6 +350,20 @@ def _read_config(path: Path, spec: str) -> dict[str, Any]:
 def load_model(spec: str, *, offline_only: bool = False) -> ModelArch:
     """Resolve --model: catalog id, config.json path, folder with config.json, an HF cache id, or (unless
     offline_only) an HF id whose config.json alone is fetched from the hub (catalog/hub.py)."""
+    cfg, name = _resolve_config(spec, offline_only)
+    return arch_from_config(cfg, name)
+
+
+def load_config(spec: str) -> dict[str, Any]:
+    """The causal LM's config dict (a multimodal config's text part) for --model, resolved offline as load_model
+    resolves it but without counting anything: what the trainer builds the model from (no meta-device build, which
+    under an active ZeRO-3 config would go through DeepSpeed's zero.Init)."""
+    cfg, _ = _resolve_config(spec, True)
+    return _text_config(cfg)
+
+
+def _resolve_config(spec: str, offline_only: bool) -> tuple[dict[str, Any], str]:
+    """The config.json dict behind --model and the name to show for it, or one line saying why there is none."""
     if not isinstance(spec, str) or not spec.strip():
         raise ScaletrainError("--model is empty; give a catalog id (see `scaletrain models`) or a config.json path")
     if len(spec) > MAX_SPEC_CHARS:
@@ -357,7 +371,7 @@ def load_model(spec: str, *, offline_only: bool = False) -> ModelArch:
                               f"an HF cache id (at most {MAX_SPEC_CHARS} characters)")
     entry = catalog_entry(spec)
     if entry is not None:
-        return arch_from_config(entry["config"], entry["id"])
+        return dict(entry["config"]), entry["id"]
     p = Path(spec).expanduser()
     try:
         exists = p.exists()
@@ -370,18 +384,17 @@ def load_model(spec: str, *, offline_only: bool = False) -> ModelArch:
             if not p.exists():
                 raise ScaletrainError(f"{spec} is a folder without a config.json")
         cfg = _read_config(p, spec)
-        name = p.parent.name if p.name == "config.json" else p.stem
-        return arch_from_config(cfg, name)
+        return cfg, (p.parent.name if p.name == "config.json" else p.stem)
     cached = _hf_cache_config(spec)
     if cached is not None:
-        return arch_from_config(_read_config(cached, spec), spec)
+        return _read_config(cached, spec), spec
     from scaletrain.engine.catalog.hub import HF_ID, cache_roots, fetch_config
 
     why = "not an HF id (org/name)" if not HF_ID.match(spec) else "the hub was not asked"
     if HF_ID.match(spec) and not offline_only:
         fetched, why = fetch_config(spec)
         if fetched is not None:
-            return arch_from_config(_read_config(fetched, spec), spec)
+            return _read_config(fetched, spec), spec
     near = did_you_mean(spec)
     raise ScaletrainError(
         f"unknown model {_short(spec, 100)}: not in the catalog ({len(_catalog_index())} models, `scaletrain "
