@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scaletrain.engine.model.moe_activations import moe_half
 from scaletrain.engine.model.numerics import Numerics, numerics
 from scaletrain.engine.model.setup import TrainingSetup
 
@@ -72,7 +73,10 @@ def _reader_saved(width: int, src_bytes: int, readers: int, adapted: int, nm: Nu
     return adapted * nm.adapter * width
 
 
-def block_activations(s: TrainingSetup, micro_batch: int | None = None) -> LayerActivations:
+ATTENTION_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: str | None = None) -> LayerActivations:
     """Tensors one HF decoder block (Llama/Qwen/Mistral/Gemma/OLMo 2 layout) saves for backward, per micro-batch.
 
     Per token: each RMSNorm's fp32 input and 1/rms (+ the normalized value when its weight trains), what the
@@ -80,6 +84,8 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None) -> Layer
     the kv-head width and an fp32 log-sum-exp; eager repeats k and v to all heads and keeps the fp32 softmax and its
     16-bit cast), the attention output, and the MLP's gate, up, act(gate) and act·up. LoRA adds each adapter's
     rank-r intermediate. Checked byte for byte against torch's saved-tensor hooks (tests/test_memory_saved.py).
+    MoE models: the MLP half is moe_activations.py's; `kind` "moe" / "dense" gives one block kind, None the
+    average over the model's blocks (dense layers of mlp_only_layers included), rounded up.
     """
     m = s.model
     nm = numerics(s)
@@ -127,9 +133,8 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None) -> Layer
         attn += _norm_saved(h, 1, c, full, style)
 
     # -- MLP half (per token) -------------------------------------------------------------------------------------
-    mlp = 0
-    if "pre_mlp" in fam["norms"]:
-        mlp += _norm_saved(h, 1, r, full, style)
+    pre_mlp = _norm_saved(h, 1, r, full, style) if "pre_mlp" in fam["norms"] else 0
+    mlp = pre_mlp
     mlp += _reader_saved(h, r, 2, n_adapted("gate_proj", "up_proj"), nm, full)
     mb = nm.mlp_bytes
     mlp += 3 * mb * i                                    # gate (act input), up, act(gate)
@@ -142,7 +147,7 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None) -> Layer
     const = 0
     if style == "gemma":   # each norm keeps its fp32 (1 + weight)
         const += 4 * h * len(fam["norms"]) + (8 * m.head_dim if qk == "head" else 0)
-    copies, cached = weight_copies_bytes(s)
+    copies, cached = weight_copies_bytes(s, kind)
 
     s2 = b * nh * S * S   # attention score elements
     # forward: eager holds the raw scores and the masked scores (fp32) while softmax runs
@@ -150,6 +155,19 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None) -> Layer
     # backward: gradients of the B·S·I intermediates; eager's softmax input/output gradients (2 × B·heads·S²);
     # sdpa's gradients of q, k, v (CPU kernels) or FlashAttention-2's (CUDA, see _flash_backward_bytes)
     mlp_bwd_t = 2 * t * i * mb
+    if m.moe is not None:
+        half = moe_half(s, nm, full, lambda w, sb, rd, ad: _reader_saved(w, sb, rd, ad, nm, full))
+        shared = [x for x in m.lora_target_shapes(tuple(targets) or None) if x not in ATTENTION_LINEARS]
+        moe_mlp = pre_mlp + half.per_token + (adapter_out(*shared) if targets else 0)
+        n_moe = sum(n for d, n in m.block_kinds() if not d)
+        n_dense = m.num_layers - n_moe
+        if kind == "moe" or (kind is None and n_dense == 0):
+            mlp, const = moe_mlp, const + half.const
+        elif kind is None:
+            mlp = -(-(n_moe * moe_mlp + n_dense * mlp) // m.num_layers)
+            const += -(-n_moe * half.const // m.num_layers)
+        fwd_t = max(fwd_t, t * half.fwd_transient)
+        mlp_bwd_t = max(mlp_bwd_t, t * half.bwd_transient)
     if s.attn == "eager":
         attn_bwd_t = 2 * s2 * 4
     elif s.device == "cuda":
@@ -188,19 +206,37 @@ def _flash_backward_bytes(s: TrainingSetup, c: int) -> int:
     return grads + 4 * qd + 4 * nh
 
 
-def weight_copies_bytes(s: TrainingSetup) -> tuple[int, int]:
+def weight_copies_bytes(s: TrainingSetup, kind: str | None = None) -> tuple[int, int]:
     """16-bit copies of one block's fp32 weights that autocast makes per forward and backward keeps: (all, cached).
 
     Trainable fp32 weights (full fine-tuning under accelerate's mixed precision) are cast once per forward and
     cached until forward returns; frozen fp32 base linears (LoRA on an fp32 base) are cast at every call and
     not cached (torch caches only leaves that require grad); PEFT's fp32 adapters under autocast are cached.
+    MoE models: the router's weight and eager's per-expert weights too (moe_activations.py), per block `kind`
+    ("moe" / "dense"; None: the average over the blocks, rounded up).
     """
+    m = s.model
+    kinds = m.block_kinds()
+    if kind is None and len(kinds) > 1:
+        parts = [(n, weight_copies_bytes(s, "dense" if d else "moe")) for d, n in kinds]
+        return tuple(-(-sum(n * c[j] for n, c in parts) // m.num_layers) for j in (0, 1))
+    dense = kind == "dense" or m.moe is None
     nm = numerics(s)
-    block_w = sum(a * o for a, o, _ in s.model.linear_shapes().values())
+    block_w = sum(a * o for a, o, _ in m.linear_shapes(dense).values())
     cached = 2 * block_w if nm.trainable_copies else 0
+    moe_all = moe_cached = 0
+    if not dense:   # the router's weight (F.linear) and eager's per-expert F.linear weights
+        half = moe_half(s, nm, s.method == "full", lambda *a: 0)
+        moe_all, moe_cached = half.weight_copies, half.cached_copies
     if s.method != "full" and nm.autocast and nm.adapter == 4:
-        cached += 2 * s.trainable_params // max(s.model.num_layers, 1)
-    return cached + (2 * block_w if nm.frozen_copies else 0), cached
+        if m.moe is None:
+            cached += 2 * s.trainable_params // max(m.num_layers, 1)
+        else:   # this block's adapters; peft's expert adapters are cast only to a 16-bit base's dtype
+            r = s.lora_rank
+            adapters = sum(r * (a + o) for a, o, _ in m.lora_target_shapes(s.lora_targets, dense).values())
+            adapters += m.expert_lora(r, s.lora_targets)[0] if not dense and nm.frozen == 2 else 0
+            cached += 2 * adapters
+    return cached + moe_all + (2 * block_w if nm.frozen_copies else 0), cached + moe_cached
 
 
 def outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> dict[str, int]:
