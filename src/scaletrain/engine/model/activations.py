@@ -116,7 +116,14 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: st
         qk_style = "gemma" if style == "gemma" else ("olmo" if style == "olmo" else "llama")
         rows_q, rows_k = (nh, nkv) if qk == "head" else (1, 1)
         attn += _norm_saved(qd, rows_q, c, full, qk_style) + _norm_saved(kvd, rows_k, c, full, qk_style)
-    if s.attn == "eager":
+    eager = eager_attention(s)
+    if eager and fam.get("sinks"):
+        # gpt_oss: q, k and v repeated to every head, the max's indices (int64 per head), the softmax over the
+        # scores and the sink column in the mask's (residual) dtype, and its cast to the compute dtype for
+        # attention·V when they differ (modeling_gpt_oss.py eager_attention_forward)
+        attn += 3 * c * qd + 8 * nh + nh * (S + 1) * r + (nh * S * c if r != c else 0)
+        attn += _reader_saved(qd, c, 1, n_adapted("o_proj"), nm, full)
+    elif eager:
         # q, k and v repeated to every head, fp32 softmax (+ its 16-bit cast), the transposed output for o_proj
         attn += 3 * c * qd + nh * S * (4 + (c if c < 4 else 0))
         attn += _reader_saved(qd, c, 1, n_adapted("o_proj"), nm, full)
@@ -124,7 +131,7 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: st
         attn += c * (qd + 2 * kvd) + 4 * nh + c * qd       # q, k, v, fp32 log-sum-exp, output (o_proj's input)
         attn += _reader_saved(qd, c, 1, n_adapted("o_proj"), nm, full, shared_with_attention=True)
     windowed = sliding_layers(s)
-    if windowed and s.attn != "eager":
+    if windowed and not eager:
         # a sliding-window layer passes sdpa a mask, so transformers repeats k and v to every head
         # (integrations/sdpa_attention.py use_gqa_in_sdpa): the extra width, averaged over the blocks
         attn += windowed * 2 * c * (qd - kvd) // m.num_layers
@@ -151,7 +158,7 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: st
 
     s2 = b * nh * S * S   # attention score elements
     # forward: eager holds the raw scores and the masked scores (fp32) while softmax runs
-    fwd_t = 2 * s2 * 4 if s.attn == "eager" else t * i * mb
+    fwd_t = 2 * s2 * 4 if eager else t * i * mb
     # backward: gradients of the B·S·I intermediates; eager's softmax input/output gradients (2 × B·heads·S²);
     # sdpa's gradients of q, k, v (CPU kernels) or FlashAttention-2's (CUDA, see _flash_backward_bytes)
     mlp_bwd_t = 2 * t * i * mb
@@ -168,7 +175,7 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: st
             const += -(-n_moe * half.const // m.num_layers)
         fwd_t = max(fwd_t, t * half.fwd_transient)
         mlp_bwd_t = max(mlp_bwd_t, t * half.bwd_transient)
-    if s.attn == "eager":
+    if eager:
         attn_bwd_t = 2 * s2 * 4
     elif s.device == "cuda":
         attn_bwd_t = t * _flash_backward_bytes(s, c)
@@ -177,6 +184,12 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: st
     if nm.trainable_copies:   # the 16-bit weight gradient of the largest linear before its fp32 conversion
         mlp_bwd_t += c * max(a * o for a, o, _ in m.linear_shapes().values())
     return LayerActivations(t * attn + const, t * mlp, fwd_t, mlp_bwd_t, attn_bwd_t, copies, cached)
+
+
+def eager_attention(s: TrainingSetup) -> bool:
+    """Attention runs transformers' eager path: asked for, or gpt_oss asked for sdpa, which transformers 5.24 refuses
+    for it (GptOssPreTrainedModel._supports_sdpa = False): eager is what such a run can use."""
+    return s.attn == "eager" or (s.attn == "sdpa" and bool(s.model.family.get("sinks")))
 
 
 def sliding_layers(s: TrainingSetup) -> int:
@@ -255,7 +268,7 @@ def outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> dict[str
     style = m.family.get("norm_style", "llama")
     rope_sets = 2 if m.model_type == "gemma3_text" else 1
     shared = rope_sets * 2 * t * m.head_dim * nm.residual + 8 * t
-    window_mask = b * s.seq_len * s.seq_len * nm.compute if (s.attn != "eager" and sliding_layers(s)) else 0
+    window_mask = b * s.seq_len * s.seq_len * nm.compute if (not eager_attention(s) and sliding_layers(s)) else 0
     final = t * _norm_saved(h, 1, nm.residual, full, style)
     if full and not s.objective.log_probs:       # TRL's fused head saves its own copy (objectives.py)
         final += t * _reader_saved(h, nm.residual, 1, 0, nm, True)

@@ -71,9 +71,11 @@ def moe_half(s: TrainingSetup, nm: Numerics, full: bool, readers_saved) -> MoeHa
     _, gu, dn = m.expert_lora(s.lora_rank, s.lora_targets) if not full else (0, True, True)
     gating = (4 if moe.gate == "clamped_swiglu" else 1) * i      # what act(gate)·up keeps besides gate_up
     if impl == "eager":
-        pair = lc * (2 * i + gating + (i if dn else 0))          # gate_up, gating, act·up (down's input)
+        # gpt_oss adds its biases after each matmul: an fp32 bias promotes the autocast output back to fp32
+        li = max(lc, ew) if moe.expert_bias else lc
+        pair = li * (2 * i + gating) + (lc * i if dn else 0)     # gate_up, gating, act·up (down's input)
         pair += ((2 if (nm.autocast and x == 4) else x) * h) if gu else 0     # the linear's input
-        pair += lc * h                                 # down output, kept by the routing-weight multiply
+        pair += li * h                                 # down output, kept by the routing-weight multiply
         pair += x * h                                  # the source index_add_ keeps (block dtype)
         pair += 8 + 8 + sb                             # token index, top-k position, routing weight
     else:
@@ -82,8 +84,8 @@ def moe_half(s: TrainingSetup, nm: Numerics, full: bool, readers_saved) -> MoeHa
             pair += ew * (3 * i * h + (3 * i if moe.expert_bias else 0))    # the gathered expert weights
         else:
             pair += 8 + 8 + 8                          # perm // k, perm, inv_perm
-        if moe.expert_bias and impl != "batched_mm":
-            pair += 8                                  # the expert ids indexing the biases
+        if moe.expert_bias and impl != "batched_mm" and full:
+            pair += 8                                  # the expert ids indexing the (trained) biases
     out += k * pair
     # -- qwen2_moe's shared expert: a dense MLP of shared_intermediate and sigmoid(shared_expert_gate(x))
     if moe.shared_intermediate:
@@ -100,8 +102,8 @@ def moe_half(s: TrainingSetup, nm: Numerics, full: bool, readers_saved) -> MoeHa
     bwd = 2 * k * ew * 2 * i
     copies = cached = 0
     if nm.autocast and ew == 4 or (nm.autocast and not full and x == 4):
-        router = 2 * moe.router_params(h)
-        experts = 2 * m.expert_params() if impl == "eager" else 0
+        router = 2 * E * h                             # weights only: a bias is added, not cast and saved
+        experts = 2 * E * 3 * i * h if impl == "eager" else 0
         copies = router + experts
         cached = copies if nm.trainable_copies else 0
     return MoeHalf(out, const, fwd, bwd, copies, cached)
