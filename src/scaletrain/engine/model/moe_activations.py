@@ -11,7 +11,8 @@ softmax over those), then the experts by `experts_implementation` (transformers/
   being autocast-enabled), the same intermediates in the linear's dtype, its token index and top-k position, its
   routing weight, and the source index_add_ keeps, in the block's dtype;
 - batched_mm: the pairs' inputs repeated and each pair's expert weights gathered for a bmm (k·(2I·h + I·h) per
-  token); no sorting.
+  token); no sorting. Exact for fp32 (qwen3_moe); under autocast bmm keeps 16-bit casts where this counts the
+  gathered weights in the experts' dtype, so it errs high there.
 
 Under LoRA, a frozen expert weight saves nothing of its input; where peft adapts the fused experts (qwen3_moe,
 olmoe and mixtral, catalog/moe.py PEFT_EXPERT_TARGETS) its ParamWrapper computes W + ΔW, which the experts save
@@ -94,7 +95,7 @@ def moe_half(s: TrainingSetup, nm: Numerics, full: bool, readers_saved) -> MoeHa
         out += 3 * mb * si + (mb * si if full else readers_saved(si, mb, 1, int("down_proj" in targets)))
         out += lc * h + lc                             # shared output and the gate's sigmoid, kept by the multiply
     const = 4 * E if impl == "grouped_mm" else 0       # int32 offsets per expert
-    if not full and not (impl == "eager" and nm.autocast and ew == 4):
+    if not full and impl != "batched_mm" and not (impl == "eager" and nm.autocast and ew == 4):
         # peft's ParamWrapper adds the adapters' delta to a frozen expert weight: W + ΔW is saved (eager under
         # autocast saves the 16-bit cast of each expert's slice instead, one of weight_copies)
         const += ew * E * h * ((2 * i if gu else 0) + (i if dn else 0))
