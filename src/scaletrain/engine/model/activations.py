@@ -192,6 +192,13 @@ def eager_attention(s: TrainingSetup) -> bool:
     return s.attn == "eager" or (s.attn == "sdpa" and bool(s.model.family.get("sinks")))
 
 
+def eager_masks(s: TrainingSetup) -> int:
+    """Additive masks eager attention keeps: one per attention type the layers use. The MoE families build a mask
+    per entry of config.layer_types (gpt_oss: sliding and full, modeling_gpt_oss.py GptOssModel.forward)."""
+    types = s.model.config.get("layer_types")
+    return len(set(types)) if (s.model.moe is not None and types) else 1
+
+
 def sliding_layers(s: TrainingSetup) -> int:
     """Blocks whose attention is windowed at this sequence length (Gemma 3's local layers, Mistral v0.1): they
     need an explicit mask once the sequence is longer than the window."""
