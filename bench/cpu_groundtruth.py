@@ -143,6 +143,11 @@ MOE_CASES = [
     Case("scaletrain/tiny-gpt-oss", attn="eager", overrides=_MOE4),
     Case("scaletrain/tiny-gpt-oss", attn="eager", method="lora", grad_ckpt=True, experts_impl="eager",
          overrides=_MOE4),
+    Case("scaletrain/tiny-gpt-oss", attn="eager", precision="bf16", grad_ckpt=True, overrides=_MOE4),
+    Case("scaletrain/tiny-qwen2-moe", precision="bf16", grad_ckpt=True, experts_impl="eager", seq_len=512,
+         micro_batch=1, overrides=_MOE4),
+    Case("scaletrain/tiny-mixtral", method="lora", precision="bf16", base_bits=32, overrides=_MOE4),
+    Case("scaletrain/tiny-qwen3-moe", method="qlora", precision="bf16", overrides=_MOE4),
 ]
 CASES += MOE_CASES
 QUICK = [CASES[i] for i in (0, 2, 3, 4, 6, 9, 10, 13, 15, 17, 19, 23, 25, 26, 29, 31)] + [

@@ -175,7 +175,12 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: st
             const += -(-n_moe * half.const // m.num_layers)
         fwd_t = max(fwd_t, t * half.fwd_transient)
         mlp_bwd_t = max(mlp_bwd_t, t * half.bwd_transient)
-    if eager:
+    if eager and fam.get("sinks"):
+        # gpt_oss: the softmax's gradients over the scores and the sink column in the mask's dtype (its incoming
+        # gradient, padded by the slice, and its output), and the 16-bit gradient of the probabilities under
+        # autocast (an upper bound of the chain in eager_attention_forward, checked against the profiler)
+        attn_bwd_t = 2 * b * nh * S * (S + 1) * r + (s2 * c if c < r else 0)
+    elif eager:
         attn_bwd_t = 2 * s2 * 4
     elif s.device == "cuda":
         attn_bwd_t = t * _flash_backward_bytes(s, c)
