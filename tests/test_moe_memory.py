@@ -171,3 +171,21 @@ def test_batched_mm_counts_the_gathered_weights():
                           micro_batch=2, seq_len=32, device="cpu", experts_impl="batched_mm")
     _, per_layer = measure_saved_activation_bytes(cfg, micro_batch=2, seq_len=32, per_layer=True)
     assert per_layer["layer2"] == block_activations(setup, kind="moe").saved
+
+
+@pytest.mark.parametrize("family,precision", [("qwen3-moe", "fp32"), ("mixtral", "bf16")])
+def test_router_aux_loss_saves_what_the_engine_counts(family, precision):
+    """output_router_logits adds the load-balancing loss over every layer's router logits (outside the blocks)."""
+    from scaletrain.engine.model.activations import outside_blocks
+    from scaletrain.trainer.saved_activations import measure_saved_activation_bytes
+
+    measured, predicted = [], []
+    for aux in (False, True):
+        cfg = dict(_config(family), output_router_logits=aux)
+        _, per_layer = measure_saved_activation_bytes(cfg, micro_batch=2, seq_len=32, precision=precision,
+                                                      per_layer=True)
+        measured.append(per_layer["post-layers"])
+        setup = TrainingSetup(model=arch_from_config(cfg, family), hardware=parse_gpus("1xCPU"), precision=precision,
+                              micro_batch=2, seq_len=32, device="cpu")
+        predicted.append(outside_blocks(setup)["final"])
+    assert measured[1] - measured[0] == predicted[1] - predicted[0] > 0

@@ -287,6 +287,12 @@ def outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> dict[str
     head_out = m.vocab_size if m.vocab_head else 1
     if (nm.trainable_copies or nm.fp32_head) and not s.objective.log_probs:
         final += 2 * head_out * h
+    moe = m.moe
+    if moe is not None and moe.aux_loss:
+        # output_router_logits: load_balancing_loss_func keeps each MoE layer's softmax over the router logits (in
+        # the logits' dtype) and its top-k indices, and the fp32 per-expert token counts of the final product
+        n_moe = sum(n for d, n in m.block_kinds() if not d)
+        final += n_moe * t * (moe.experts * nm.compute + 8 * moe.top_k) + 4 * moe.experts
     # the window mask sdpa keeps for backward (cast to the q dtype): through backward without checkpointing, with
     # it only while a block is recomputed
     return {"shared": shared + (0 if s.grad_ckpt else window_mask), "final": final, "labels": 8 * t,
