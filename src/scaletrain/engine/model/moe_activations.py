@@ -38,13 +38,12 @@ class MoeHalf:
     cached_copies: int    # the part autocast's cache holds until forward returns (trainable fp32 weights)
 
 
-def _dtypes(s: TrainingSetup, nm: Numerics, full: bool) -> tuple[int, int, int, int]:
-    """(x, ew, lc, logits): bytes of the block's input to the experts (the norm's output, the residual dtype),
-    of the expert weights, of an autocast-enabled linear's output, and of the router logits."""
-    x = nm.residual
+def _dtypes(nm: Numerics, full: bool) -> tuple[int, int, int]:
+    """(x, ew, lc): bytes of the block's input to the experts (the norm's output, in the residual dtype), of the
+    expert weights (trained, or the frozen base), and of an autocast-enabled linear's output (the router logits,
+    eager's per-expert F.linear)."""
     ew = nm.weight if full else (nm.frozen or nm.compute)
-    lc = 2 if nm.autocast else ew
-    return x, ew, lc, lc
+    return nm.residual, ew, 2 if nm.autocast else ew
 
 
 def moe_half(s: TrainingSetup, nm: Numerics, full: bool, readers_saved) -> MoeHalf:
@@ -53,7 +52,8 @@ def moe_half(s: TrainingSetup, nm: Numerics, full: bool, readers_saved) -> MoeHa
     m = s.model
     moe = m.moe
     h, E, k, i = m.hidden_size, moe.experts, moe.top_k, moe.expert_intermediate
-    x, ew, lc, lg = _dtypes(s, nm, full)
+    x, ew, lc = _dtypes(nm, full)
+    lg = lc                                           # the router logits: F.linear
     impl = str(s.experts_impl)
     targets = set() if full else set(s.lora_targets)
     sb = 4 if moe.scores_fp32 else lg                 # routing weights: mixtral keeps them fp32
@@ -102,7 +102,7 @@ def moe_half(s: TrainingSetup, nm: Numerics, full: bool, readers_saved) -> MoeHa
     fwd = k * ew * 2 * i
     bwd = 2 * k * ew * 2 * i
     copies = cached = 0
-    if nm.autocast and ew == 4 or (nm.autocast and not full and x == 4):
+    if nm.autocast and ew == 4:                        # fp32 weights under autocast: F.linear casts them
         router = 2 * E * h                             # weights only: a bias is added, not cast and saved
         experts = 2 * E * 3 * i * h if impl == "eager" else 0
         copies = router + experts
