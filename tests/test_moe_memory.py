@@ -64,6 +64,9 @@ def test_params_and_active_params_match_transformers(family):
     # one token runs top_k of the E experts
     assert arch.active_params == total - experts + experts * arch.moe.top_k // arch.moe.experts
     assert arch.tensor_count == len(list(unique))
+    linears = sum(mod.weight.numel() for name, mod in model.named_modules()
+                  if type(mod).__name__ == "Linear" and name != "lm_head")
+    assert arch.linear_weight_params() == linears        # what bitsandbytes would quantize
     assert arch.largest_gather_params == max(
         max(sum(p.numel() for p in layer.parameters()) for layer in model.model.layers), arch.embedding_params)
 

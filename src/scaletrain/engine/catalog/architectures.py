@@ -256,6 +256,11 @@ class ModelArch:
         _, gu, dn = self.expert_lora(1, targets)
         return self._per_kind(targets, lambda a, o: 1) + self._moe_blocks() * (int(gu) + int(dn))
 
+    def linear_weight_params(self) -> int:
+        """Weights (no bias) of every nn.Linear in the blocks: what bitsandbytes quantizes whatever LoRA targets
+        (the fused experts and the router are no nn.Linear: they stay 16-bit)."""
+        return sum(n * sum(a * o for a, o, _ in self.linear_shapes(d).values()) for d, n in self.block_kinds())
+
     def targeted_linear_params(self, targets: tuple[str, ...] | None = None) -> int:
         """Weights (no bias) of the targeted linears: what QLoRA quantizes and LoRA freezes. MoE experts are 3-D
         parameters, never an nn.Linear: bitsandbytes leaves them in 16-bit."""

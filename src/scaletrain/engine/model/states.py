@@ -74,6 +74,8 @@ def model_states(s: TrainingSetup) -> ModelStates:
         # Frozen base: targeted linears quantized (QLoRA NF4 / 8-bit) or in the base dtype; the rest (embeddings,
         # norms, lm_head) in the base dtype, fp32 under QLoRA (prepare_model_for_kbit_training).
         lin = m.targeted_linear_params(s.lora_targets)
+        if m.moe is not None and s.base_bits in (4, 8):
+            lin = m.linear_weight_params()   # bitsandbytes quantizes every nn.Linear; the fused experts stay 16-bit
         lin_bytes = quantized_linear_bytes(lin, s.base_bits) if s.base_bits in (4, 8) else nm.frozen * lin
         frozen_bytes = lin_bytes + nm.frozen * (P - lin)
         trainable_weight_bytes = nm.adapter * T
