@@ -192,3 +192,18 @@ def test_router_aux_loss_saves_what_the_engine_counts(family, precision):
                               micro_batch=2, seq_len=32, device="cpu")
         predicted.append(outside_blocks(setup)["final"])
     assert measured[1] - measured[0] == predicted[1] - predicted[0] > 0
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_qwen3_moe_dense_layer_under_peft_conversion(method):
+    """qwen3_moe's mlp_only_layers are dense MLPs; peft moves gate/up/down_proj to the experts, so under LoRA those
+    dense linears stay unadapted (and their inputs unsaved)."""
+    from scaletrain.trainer.saved_activations import measure_saved_activation_bytes
+
+    cfg = dict(_config("qwen3-moe"), mlp_only_layers=[1])
+    setup = TrainingSetup(model=arch_from_config(cfg, "q"), hardware=parse_gpus("1xCPU"), method=method, lora_rank=8,
+                          precision="fp32", micro_batch=2, seq_len=32, device="cpu")
+    _, per_layer = measure_saved_activation_bytes(cfg, method=method, lora_rank=8, lora_targets=BLOCK_LINEARS,
+                                                  micro_batch=2, seq_len=32, per_layer=True)
+    assert per_layer["layer1"] == block_activations(setup, kind="dense").saved
+    assert per_layer["layer2"] == block_activations(setup, kind="moe").saved

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scaletrain.engine.catalog.moe import peft_converted_names
 from scaletrain.engine.model.moe_activations import moe_half
 from scaletrain.engine.model.numerics import Numerics, numerics
 from scaletrain.engine.model.setup import TrainingSetup
@@ -98,7 +99,8 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: st
     fam = m.family
     style = fam.get("norm_style", "llama")
     full = s.method == "full"
-    targets = set() if full else set(s.lora_targets)
+    # LoRA targets peft adapts as nn.Linear (on qwen3_moe/olmoe/mixtral it moves the expert names to the experts)
+    targets = set() if full else set(s.lora_targets) - set(peft_converted_names(m.model_type))
 
     def n_adapted(*names: str) -> int:
         return sum(1 for x in names if x in targets)
