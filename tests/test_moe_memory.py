@@ -166,14 +166,22 @@ def test_moe_block_saves_exactly_what_the_engine_counts(family, regime, impl):
         assert per_layer["layer1"] == dense.saved + dense.weight_copies, (family, regime, impl, "dense")
 
 
-def test_batched_mm_counts_the_gathered_weights():
+@pytest.mark.parametrize("family,regime", [("qwen3-moe", "fp32"), ("qwen3-moe", "autocast"), ("gpt-oss", "lora-fp32"),
+                                           ("gpt-oss", "autocast")])
+def test_batched_mm_counts_the_gathered_weights(family, regime):
     from scaletrain.trainer.saved_activations import measure_saved_activation_bytes
 
-    cfg = dict(_config("qwen3-moe"), experts_implementation="batched_mm")
-    setup = TrainingSetup(model=arch_from_config(cfg, "q"), hardware=parse_gpus("1xCPU"), precision="fp32",
+    precision, master, base_bits, method, measured_as = REGIMES[regime]
+    attn = "eager" if family == "gpt-oss" else "sdpa"
+    cfg = dict(_config(family), experts_implementation="batched_mm")
+    setup = TrainingSetup(model=arch_from_config(cfg, family), hardware=parse_gpus("1xCPU"), method=method,
+                          lora_rank=8, precision=precision, master_weights=master, base_bits=base_bits, attn=attn,
                           micro_batch=2, seq_len=32, device="cpu", experts_impl="batched_mm")
-    _, per_layer = measure_saved_activation_bytes(cfg, micro_batch=2, seq_len=32, per_layer=True)
-    assert per_layer["layer2"] == block_activations(setup, kind="moe").saved
+    _, per_layer = measure_saved_activation_bytes(cfg, method=method, lora_rank=8, lora_targets=BLOCK_LINEARS,
+                                                  micro_batch=2, seq_len=32, attn=attn, precision=measured_as,
+                                                  per_layer=True)
+    layer = block_activations(setup, kind="moe")
+    assert per_layer["layer2"] == layer.saved + layer.weight_copies
 
 
 @pytest.mark.parametrize("family,precision", [("qwen3-moe", "fp32"), ("mixtral", "bf16")])

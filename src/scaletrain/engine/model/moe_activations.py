@@ -11,8 +11,7 @@ softmax over those), then the experts by `experts_implementation` (transformers/
   being autocast-enabled), the same intermediates in the linear's dtype, its token index and top-k position, its
   routing weight, and the source index_add_ keeps, in the block's dtype;
 - batched_mm: the pairs' inputs repeated and each pair's expert weights gathered for a bmm (k·(2I·h + I·h) per
-  token); no sorting. Exact for fp32 (qwen3_moe); under autocast bmm keeps 16-bit casts where this counts the
-  gathered weights in the experts' dtype, so it errs high there.
+  token, 16-bit under autocast: bmm is autocast-enabled); no sorting.
 
 Under LoRA, a frozen expert weight saves nothing of its input; where peft adapts the fused experts (qwen3_moe,
 olmoe and mixtral, catalog/moe.py PEFT_EXPERT_TARGETS) its ParamWrapper computes W + ΔW, which the experts save
@@ -80,9 +79,13 @@ def moe_half(s: TrainingSetup, nm: Numerics, full: bool, readers_saved) -> MoeHa
         pair += x * h                                  # the source index_add_ keeps (block dtype)
         pair += 8 + 8 + sb                             # token index, top-k position, routing weight
     else:
-        pair = ew * (2 * i + gating + (i if dn else 0) + (h if gu else 0) + h) + sb   # ... sorted input, down out
+        # grouped_mm is not autocast-enabled (the experts' dtype); batched_mm's bmm is (16-bit under autocast)
+        mm = lc if impl == "batched_mm" else ew
+        pair = mm * (2 * i + gating + (i if dn else 0) + (h if gu else 0) + h) + sb   # ... sorted input, down out
         if impl == "batched_mm":
-            pair += ew * (3 * i * h + (3 * i if moe.expert_bias else 0))    # the gathered expert weights
+            pair += mm * 3 * i * h                     # the gathered expert weights
+            if moe.router == "topk_softmax":
+                pair -= sb                             # its routing weights are the router's saved softmax output
         else:
             pair += 8 + 8 + 8                          # perm // k, perm, inv_perm
         if moe.expert_bias and impl != "batched_mm" and full:
