@@ -35,6 +35,7 @@ class Case:
     base_bits: int = 16          # LoRA under bf16: a bf16 base (the trainer's, autocast on) or 32 (an fp32 base)
     optimizer_impl: str = "for-loop"   # torch's CPU default; "fused" is what the trainer and HF Trainer run
     overrides: tuple[tuple[str, int], ...] = ()   # config fields changed from the catalog entry
+    experts_impl: str = "grouped_mm"   # MoE models: transformers' experts_implementation
 
     @property
     def measure_precision(self) -> str:
@@ -65,7 +66,14 @@ class Case:
             bits.append(f"ga{self.grad_accum}")
         if self.overrides:
             bits.append("(" + ",".join(f"{k.split('_')[0]}={v}" for k, v in self.overrides) + ")")
+        if _is_moe(self.model):
+            bits.append(f"experts={self.experts_impl}")
         return " ".join(bits)
+
+
+def _is_moe(model: str) -> bool:
+    from scaletrain.engine.catalog.moe import MOE_TYPES
+    return catalog_entry(model)["config"]["model_type"] in MOE_TYPES
 
 
 CASES = [
@@ -117,12 +125,40 @@ CASES = [
     Case("scaletrain/tiny-qwen2", method="qlora", precision="bf16", seq_len=128),
     Case("scaletrain/tiny-qwen3", method="qlora", precision="bf16", grad_ckpt=True, optimizer_impl="fused"),
 ]
-QUICK = [CASES[i] for i in (0, 2, 3, 4, 6, 9, 10, 13, 15, 17, 19, 23, 25, 26, 29, 31)]
+# MoE (transformers 5.24's fused experts): activation-dominated shapes, every family, full and LoRA, checkpointing
+# on and off, grouped_mm (the default) and eager experts; gpt_oss has no sdpa path, so it runs eager attention
+_MOE4 = (("num_hidden_layers", 4),)
+MOE_CASES = [
+    Case("scaletrain/tiny-qwen3-moe", seq_len=512, micro_batch=1, overrides=_MOE4),
+    Case("scaletrain/tiny-qwen3-moe", method="lora", grad_ckpt=True, experts_impl="eager", overrides=_MOE4),
+    Case("scaletrain/tiny-qwen3-moe", precision="bf16", seq_len=512, micro_batch=1, overrides=_MOE4),
+    Case("scaletrain/tiny-qwen2-moe", attn="eager", experts_impl="eager", overrides=_MOE4),
+    Case("scaletrain/tiny-qwen2-moe", method="lora", seq_len=512, micro_batch=1, overrides=_MOE4),
+    Case("scaletrain/tiny-mixtral", grad_ckpt=True, seq_len=512, micro_batch=1, overrides=_MOE4),
+    Case("scaletrain/tiny-mixtral", method="lora", experts_impl="eager", overrides=_MOE4),
+    Case("scaletrain/tiny-mixtral", precision="bf16", master_weights="bf16", optimizer_impl="fused", overrides=_MOE4),
+    Case("scaletrain/tiny-olmoe", experts_impl="eager", seq_len=512, micro_batch=1, overrides=_MOE4),
+    Case("scaletrain/tiny-olmoe", method="lora", grad_ckpt=True, overrides=_MOE4),
+    Case("scaletrain/tiny-olmoe", method="lora", precision="bf16", optimizer_impl="fused", overrides=_MOE4),
+    Case("scaletrain/tiny-gpt-oss", attn="eager", overrides=_MOE4),
+    Case("scaletrain/tiny-gpt-oss", attn="eager", method="lora", grad_ckpt=True, experts_impl="eager",
+         overrides=_MOE4),
+    Case("scaletrain/tiny-gpt-oss", attn="eager", precision="bf16", grad_ckpt=True, overrides=_MOE4),
+    Case("scaletrain/tiny-qwen2-moe", precision="bf16", grad_ckpt=True, experts_impl="eager", seq_len=512,
+         micro_batch=1, overrides=_MOE4),
+    Case("scaletrain/tiny-mixtral", method="lora", precision="bf16", base_bits=32, overrides=_MOE4),
+    Case("scaletrain/tiny-qwen3-moe", method="qlora", precision="bf16", overrides=_MOE4),
+]
+CASES += MOE_CASES
+QUICK = [CASES[i] for i in (0, 2, 3, 4, 6, 9, 10, 13, 15, 17, 19, 23, 25, 26, 29, 31)] + [
+    MOE_CASES[i] for i in (0, 1, 6, 11)]
 
 
 def config_for(case: Case) -> dict:
     cfg = dict(catalog_entry(case.model)["config"])
     cfg.update(dict(case.overrides))
+    if _is_moe(case.model):
+        cfg["experts_implementation"] = case.experts_impl
     if "layer_types" in cfg and len(cfg["layer_types"]) != cfg["num_hidden_layers"]:  # Gemma 3 pattern
         pattern = list(cfg["layer_types"])
         cfg["layer_types"] = [pattern[i % len(pattern)] for i in range(cfg["num_hidden_layers"])]
@@ -136,7 +172,7 @@ def setup_for(case: Case) -> TrainingSetup:
         lora_rank=case.lora_rank, lora_targets=BLOCK_LINEARS, strategy="ddp", precision=case.precision,
         master_weights=case.master_weights, base_bits=case.base_bits, optimizer_impl=case.optimizer_impl,
         attn=case.attn, grad_ckpt=case.grad_ckpt, micro_batch=case.micro_batch, grad_accum=case.grad_accum,
-        seq_len=case.seq_len, device="cpu",
+        seq_len=case.seq_len, device="cpu", experts_impl=case.experts_impl,
     )
 
 

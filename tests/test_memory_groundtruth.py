@@ -46,3 +46,13 @@ def test_peak_within_bounds(rows):
     table = "\n".join(f"{r['case']}: {100 * r['error']:+.1f}%" for r in rows)
     assert statistics.median(errors) <= 0.10, table
     assert max(errors) <= 0.20, table
+
+
+def test_moe_peaks_err_on_the_safe_side(rows):
+    """MoE rows (issue 19): within 3 % median and 8 % max of the profiler, never under it by more than 3 %."""
+    moe = [r for r in rows if "experts=" in r["case"]]
+    assert len(moe) >= 4
+    table = "\n".join(f"{r['case']}: {100 * r['error']:+.1f}%" for r in moe)
+    assert statistics.median(abs(r["error"]) for r in moe) <= 0.03, table
+    assert max(abs(r["error"]) for r in moe) <= 0.08, table
+    assert min(r["error"] for r in moe) >= -0.03, table

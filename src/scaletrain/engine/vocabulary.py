@@ -158,6 +158,16 @@ class Attention(Vocabulary):
         return "flash_attention_2" if self is Attention.FLASH else self.value
 
 
+class ExpertsImpl(Vocabulary):
+    """How transformers runs an MoE block's experts (`experts_implementation=`, transformers/integrations/moe.py):
+    grouped_mm (the default on CPU and CUDA: tokens sorted by expert, one grouped GEMM), eager (a Python loop over
+    the hit experts with index_add_), batched_mm (each token-expert pair gathers its expert's weights: bmm)."""
+
+    GROUPED_MM = "grouped_mm"
+    EAGER = "eager"
+    BATCHED_MM = "batched_mm"
+
+
 class Objective(Vocabulary):
     """What a step optimises. sft: next-token cross-entropy (the bundled loop); reward: a preference (reward) model,
     a sequence classifier with one output trained on chosen/rejected pairs (TRL RewardTrainer); dpo: direct

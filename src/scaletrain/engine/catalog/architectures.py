@@ -16,17 +16,21 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from scaletrain.engine.catalog.moe import MoeSpec, moe_from_config, peft_converted_names, peft_expert_lora
 from scaletrain.engine.errors import ScaletrainError
 
 CATALOG_DIR = Path(__file__).parent / "models"
 
 # Decoder-block layouts of the families counted analytically. A family not listed falls back to
 # transformers on the meta device (exact, slower, needs the `train` extra).
-#   qkv_bias:  "flag" → q,k,v,o follow config.attention_bias; "qkv" → q,k,v always biased, o not (Qwen2)
+#   qkv_bias:  "flag" → q,k,v,o follow config.attention_bias; "qkv" → q,k,v always biased, o not (Qwen2);
+#              "qkv_flag" → q,k,v follow config.qkv_bias (default True), o not (Qwen2-MoE)
 #   qk_norm:   None | "head" (RMSNorm over head_dim, Qwen3/Gemma3) | "full" (over all heads, OLMo2)
 #   norms:     which RMSNorms a block has: pre-attention, post-attention, pre-MLP, post-MLP
 #   norm_style how the RMSNorm multiplies its weight, which decides what it saves for backward:
 #              "llama" weight * y.to(input dtype); "olmo" (weight * y).to(input dtype); "gemma" y * (1 + weight) in fp32
+#   sinks:     a learned per-head attention sink (gpt_oss `self_attn.sinks`, num_heads values per block)
+# The MoE families' MLP is described by catalog/moe.py (ModelArch.moe).
 _FAMILIES: dict[str, dict[str, Any]] = {
     "llama": dict(qkv_bias="flag", qk_norm=None, norms=("pre_attn", "pre_mlp"), norm_style="llama"),
     "mistral": dict(qkv_bias="flag", qk_norm=None, norms=("pre_attn", "pre_mlp"), norm_style="llama"),
@@ -37,9 +41,21 @@ _FAMILIES: dict[str, dict[str, Any]] = {
     "gemma2": dict(qkv_bias="flag", qk_norm=None, norms=("pre_attn", "post_attn", "pre_mlp", "post_mlp"),
                    norm_style="gemma"),
     "olmo2": dict(qkv_bias="flag", qk_norm="full", norms=("post_attn", "post_mlp"), norm_style="olmo"),
+    # transformers 5.24 models/<family>/modeling_<family>.py
+    "qwen3_moe": dict(qkv_bias="flag", qk_norm="head", norms=("pre_attn", "pre_mlp"), norm_style="llama"),
+    "qwen2_moe": dict(qkv_bias="qkv_flag", qk_norm=None, norms=("pre_attn", "pre_mlp"), norm_style="llama"),
+    "mixtral": dict(qkv_bias="flag", qk_norm=None, norms=("pre_attn", "pre_mlp"), norm_style="llama"),
+    "olmoe": dict(qkv_bias="flag", qk_norm="full", norms=("pre_attn", "pre_mlp"), norm_style="llama"),
+    "gpt_oss": dict(qkv_bias="flag", qk_norm=None, norms=("pre_attn", "pre_mlp"), norm_style="olmo", sinks=True),
 }
+# config.attention_bias when config.json leaves it out (GptOssConfig defaults it to True)
+_ATTENTION_BIAS_DEFAULT = {"gpt_oss": True}
 
 BLOCK_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Every LoRA target name some family's block has as an nn.Linear (peft matches target_modules by name suffix)
+KNOWN_LINEARS = BLOCK_LINEARS + ("shared_expert_gate",)
+# ... and the names peft 0.21 maps onto fused MoE experts (Mixtral's v4 expert names; catalog/moe.py)
+KNOWN_TARGETS = KNOWN_LINEARS + ("w1", "w2", "w3")
 
 
 @dataclass(frozen=True)
@@ -62,6 +78,7 @@ class ModelArch:
                                       repr=False)
     exact_params: int | None = field(default=None, compare=False)   # set when counted by transformers (fallback)
     score_head: bool = False       # a sequence classifier with one output (reward model): h×1 score, no lm_head
+    moe: MoeSpec | None = None     # the MoE MLP (catalog/moe.py); None for dense models
 
     # ---- structure -------------------------------------------------------------------------------------------
     @property
@@ -76,24 +93,41 @@ class ModelArch:
     def kv_dim(self) -> int:
         return self.num_kv_heads * self.head_dim
 
-    def linear_shapes(self) -> dict[str, tuple[int, int, bool]]:
-        """(in_features, out_features, has_bias) of each linear layer in one decoder block."""
-        h, i = self.hidden_size, self.intermediate_size
-        fam = self.family
-        qkv_b = True if fam["qkv_bias"] == "qkv" else self.attention_bias
-        o_b = False if fam["qkv_bias"] == "qkv" else self.attention_bias
-        return {
-            "q_proj": (h, self.q_dim, qkv_b),
-            "k_proj": (h, self.kv_dim, qkv_b),
-            "v_proj": (h, self.kv_dim, qkv_b),
-            "o_proj": (self.q_dim, h, o_b),
-            "gate_proj": (h, i, self.mlp_bias),
-            "up_proj": (h, i, self.mlp_bias),
-            "down_proj": (i, h, self.mlp_bias),
-        }
+    def linear_shapes(self, dense: bool = False) -> dict[str, tuple[int, int, bool]]:
+        """(in_features, out_features, has_bias) of each nn.Linear in one decoder block, named as peft matches them.
 
-    def block_linear_params(self) -> int:
-        return sum(a * b + (b if bias else 0) for a, b, bias in self.linear_shapes().values())
+        An MoE model's block (the default): attention, and qwen2_moe's shared expert and its gate; the routed
+        experts are 3-D parameters (`expert_params`), the router a bare weight. `dense=True`: a dense layer of an
+        MoE model (mlp_only_layers / decoder_sparse_step), with the ordinary MLP of intermediate_size.
+        """
+        h, i = self.hidden_size, self.intermediate_size
+        style = self.family["qkv_bias"]
+        qkv_b = True if style == "qkv" else self.attention_bias
+        o_b = False if style in ("qkv", "qkv_flag") else self.attention_bias
+        out = {"q_proj": (h, self.q_dim, qkv_b), "k_proj": (h, self.kv_dim, qkv_b),
+               "v_proj": (h, self.kv_dim, qkv_b), "o_proj": (self.q_dim, h, o_b)}
+        if self.moe is None or dense:
+            out.update(gate_proj=(h, i, self.mlp_bias), up_proj=(h, i, self.mlp_bias), down_proj=(i, h, self.mlp_bias))
+        elif self.moe.shared_intermediate:
+            si = self.moe.shared_intermediate
+            out.update(gate_proj=(h, si, False), up_proj=(h, si, False), down_proj=(si, h, False),
+                       shared_expert_gate=(h, 1, False))
+        return out
+
+    def block_kinds(self) -> tuple[tuple[bool, int], ...]:
+        """(dense, how many blocks) for each block layout of the model: one kind for dense models and MoE models
+        without dense layers, two when some layers of an MoE model are dense."""
+        if self.moe is None:
+            return ((False, self.num_layers),)
+        nd = len(self.moe.dense_layers)
+        return tuple(k for k in ((False, self.num_layers - nd), (True, nd)) if k[1])
+
+    def expert_params(self) -> int:
+        """The routed experts' fused parameters of one MoE block (gate_up_proj, down_proj and their biases)."""
+        return self.moe.expert_weight_params(self.hidden_size) if self.moe else 0
+
+    def block_linear_params(self, dense: bool = False) -> int:
+        return sum(a * b + (b if bias else 0) for a, b, bias in self.linear_shapes(dense).values())
 
     def block_norm_params(self) -> int:
         fam = self.family
@@ -102,21 +136,32 @@ class ModelArch:
             n += 2 * self.head_dim
         elif fam["qk_norm"] == "full":
             n += self.q_dim + self.kv_dim
+        return n + (self.num_heads if fam.get("sinks") else 0)
+
+    def block_params(self, dense: bool | None = None, active: bool = False) -> int:
+        """Parameters of one block (`dense=None`: the largest block kind). `active`: those one token runs
+        through (the router and top_k of the experts instead of all of them)."""
+        if dense is None:
+            return max(self.block_params(d, active) for d, _ in self.block_kinds())
+        n = self.block_linear_params(dense) + self.block_norm_params()
+        if self.moe is not None and not dense:
+            h = self.hidden_size
+            n += self.moe.router_params(h)
+            n += self.moe.active_expert_params(h) if active else self.moe.expert_weight_params(h)
         return n
 
-    def block_params(self) -> int:
-        return self.block_linear_params() + self.block_norm_params()
-
-    def block_tensor_count(self) -> int:
+    def block_tensor_count(self, dense: bool | None = None) -> int:
         """Parameter tensors in one block (weights, biases, norm weights): optimizers keep per-tensor state."""
-        n = sum(2 if bias else 1 for _, _, bias in self.linear_shapes().values())
-        n += len(self.family["norms"]) + (2 if self.family["qk_norm"] else 0)
-        return n
+        if dense is None:
+            return max(self.block_tensor_count(d) for d, _ in self.block_kinds())
+        n = sum(2 if bias else 1 for _, _, bias in self.linear_shapes(dense).values())
+        n += len(self.family["norms"]) + (2 if self.family["qk_norm"] else 0) + (1 if self.family.get("sinks") else 0)
+        return n + (self.moe.tensor_count() if self.moe is not None and not dense else 0)
 
     @property
     def tensor_count(self) -> int:
         head = 1 if self.score_head else (0 if self.tie_embeddings else 1)
-        return 1 + self.num_layers * self.block_tensor_count() + 1 + head
+        return 1 + sum(n * self.block_tensor_count(d) for d, n in self.block_kinds()) + 1 + head
 
     @property
     def embedding_params(self) -> int:
@@ -149,30 +194,77 @@ class ModelArch:
         """Exact parameter count, tied embeddings counted once."""
         if self.exact_params is not None:
             return self.exact_params
-        return (self.embedding_params + self.num_layers * self.block_params() + self.hidden_size
-                + self.lm_head_params)
+        return self._count(active=False)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token runs through: `params` with each MoE block's experts cut to top_k (the router and
+        a shared expert run for every token); equal to `params` for dense models."""
+        if self.moe is None:
+            return self.params
+        return self._count(active=True)
+
+    def _count(self, active: bool) -> int:
+        blocks = sum(n * self.block_params(d, active) for d, n in self.block_kinds())
+        return self.embedding_params + blocks + self.hidden_size + self.lm_head_params
 
     @property
     def largest_gather_params(self) -> int:
-        """The largest unit ZeRO-3/FSDP gathers at once: a decoder block or the (un)tied embedding matrix."""
+        """The largest unit ZeRO-3/FSDP gathers at once: a decoder block (an MoE block whole, as a ZeRO-3 leaf
+        module) or the (un)tied embedding matrix."""
         return max(self.block_params(), self.embedding_params)
 
+    def lora_target_shapes(self, targets: tuple[str, ...] | None = None,
+                           dense: bool = False) -> dict[str, tuple[int, int, bool]]:
+        """The requested LoRA targets that exist as an nn.Linear in this block kind (peft adapts exactly those;
+        on qwen3_moe, olmoe and mixtral it moves the expert names to the fused experts instead, catalog/moe.py)."""
+        shapes = self.linear_shapes(dense)
+        moved = peft_converted_names(self.model_type)
+        return {t: shapes[t] for t in (tuple(targets) if targets else BLOCK_LINEARS) if t in shapes and t not in moved}
+
+    def expert_lora(self, rank: int, targets: tuple[str, ...] | None = None) -> tuple[int, bool, bool]:
+        """peft's adapters on one MoE block's fused experts: (parameters, gate_up_proj adapted, down_proj adapted)."""
+        return peft_expert_lora(self.model_type, self.moe, self.hidden_size, rank,
+                                tuple(targets) if targets else BLOCK_LINEARS)
+
+    def _moe_blocks(self) -> int:
+        return sum(n for d, n in self.block_kinds() if not d) if self.moe is not None else 0
+
+    def _per_kind(self, targets: tuple[str, ...] | None, per_linear) -> int:
+        return sum(n * sum(per_linear(a, o) for a, o, _ in self.lora_target_shapes(targets, d).values())
+                   for d, n in self.block_kinds())
+
     def lora_params(self, rank: int, targets: tuple[str, ...] | None = None) -> int:
-        """Exact LoRA trainable count: r·(in+out) per adapted linear, over all blocks."""
-        shapes = self.linear_shapes()
+        """Exact LoRA trainable count: r·(in+out) per adapted linear, over all blocks. peft adapts every module whose
+        name ends in a target, so a target this family's blocks lack (gate_proj on qwen3_moe's MoE blocks) adapts
+        nothing there; a name no family has, or targets of which none exists here, is refused."""
         targets = tuple(targets) if targets else BLOCK_LINEARS
-        unknown = [t for t in targets if t not in shapes]
+        unknown = [t for t in targets if t not in KNOWN_TARGETS]
         if unknown:
             raise ScaletrainError(
-                f"unknown LoRA target(s) {', '.join(unknown)}; accepted: {', '.join(BLOCK_LINEARS)}")
-        per_block = sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
-        return per_block * self.num_layers
+                f"unknown LoRA target(s) {', '.join(unknown)}; accepted: {', '.join(KNOWN_TARGETS)}")
+        n = self._per_kind(targets, lambda a, o: rank * (a + o))
+        n += self._moe_blocks() * self.expert_lora(rank, targets)[0]
+        if n == 0:
+            have = sorted({t for d, _ in self.block_kinds() for t in self.linear_shapes(d)})
+            raise ScaletrainError(f"none of the LoRA targets {', '.join(targets)} is a linear layer of "
+                                  f"{self.model_type}'s blocks; it has: {', '.join(have)}")
+        return n
+
+    def adapted_linears(self, targets: tuple[str, ...] | None = None) -> int:
+        """How many modules LoRA adapts over all blocks (nn.Linear, and peft's wrappers of fused expert weights)."""
+        _, gu, dn = self.expert_lora(1, targets)
+        return self._per_kind(targets, lambda a, o: 1) + self._moe_blocks() * (int(gu) + int(dn))
+
+    def linear_weight_params(self) -> int:
+        """Weights (no bias) of every nn.Linear in the blocks: what bitsandbytes quantizes whatever LoRA targets
+        (the fused experts and the router are no nn.Linear: they stay 16-bit)."""
+        return sum(n * sum(a * o for a, o, _ in self.linear_shapes(d).values()) for d, n in self.block_kinds())
 
     def targeted_linear_params(self, targets: tuple[str, ...] | None = None) -> int:
-        """Weights (no bias) of the targeted linears: what QLoRA quantizes and LoRA freezes."""
-        shapes = self.linear_shapes()
-        targets = tuple(targets) if targets else BLOCK_LINEARS
-        return self.num_layers * sum(shapes[t][0] * shapes[t][1] for t in targets)
+        """Weights (no bias) of the targeted linears: what QLoRA quantizes and LoRA freezes. MoE experts are 3-D
+        parameters, never an nn.Linear: bitsandbytes leaves them in 16-bit."""
+        return self._per_kind(targets, lambda a, o: a * o)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -181,6 +273,8 @@ class ModelArch:
             "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
             "vocab_size": self.vocab_size, "tie_embeddings": self.tie_embeddings, "params": self.params,
             "head": "score" if self.score_head else "lm_head",
+            **({"experts": self.moe.experts, "experts_per_token": self.moe.top_k,
+                "active_params": self.active_params} if self.moe else {}),
         }
 
 
@@ -253,8 +347,10 @@ def arch_from_config(cfg: Mapping[str, Any], name: str) -> ModelArch:
         num_layers=_size(cfg, "num_hidden_layers", name), num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
         vocab_size=_size(cfg, "vocab_size", name),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", model_type in ("gemma3_text", "gemma2"))),
-        attention_bias=bool(cfg.get("attention_bias", False)), mlp_bias=bool(cfg.get("mlp_bias", False)),
-        config=MappingProxyType(dict(cfg)),
+        attention_bias=bool(cfg.get("qkv_bias", True) if model_type == "qwen2_moe" else
+                            cfg.get("attention_bias", _ATTENTION_BIAS_DEFAULT.get(model_type, False))),
+        mlp_bias=bool(cfg.get("mlp_bias", False)), config=MappingProxyType(dict(cfg)),
+        moe=moe_from_config(model_type, cfg, _size(cfg, "num_hidden_layers", name), name),
     )
     if model_type not in _FAMILIES:
         arch = _count_with_transformers(arch)

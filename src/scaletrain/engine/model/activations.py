@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scaletrain.engine.catalog.moe import peft_converted_names
+from scaletrain.engine.model.moe_activations import moe_half
 from scaletrain.engine.model.numerics import Numerics, numerics
 from scaletrain.engine.model.setup import TrainingSetup
 
@@ -72,7 +74,10 @@ def _reader_saved(width: int, src_bytes: int, readers: int, adapted: int, nm: Nu
     return adapted * nm.adapter * width
 
 
-def block_activations(s: TrainingSetup, micro_batch: int | None = None) -> LayerActivations:
+ATTENTION_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: str | None = None) -> LayerActivations:
     """Tensors one HF decoder block (Llama/Qwen/Mistral/Gemma/OLMo 2 layout) saves for backward, per micro-batch.
 
     Per token: each RMSNorm's fp32 input and 1/rms (+ the normalized value when its weight trains), what the
@@ -80,6 +85,8 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None) -> Layer
     the kv-head width and an fp32 log-sum-exp; eager repeats k and v to all heads and keeps the fp32 softmax and its
     16-bit cast), the attention output, and the MLP's gate, up, act(gate) and act·up. LoRA adds each adapter's
     rank-r intermediate. Checked byte for byte against torch's saved-tensor hooks (tests/test_memory_saved.py).
+    MoE models: the MLP half is moe_activations.py's; `kind` "moe" / "dense" gives one block kind, None the
+    average over the model's blocks (dense layers of mlp_only_layers included), rounded up.
     """
     m = s.model
     nm = numerics(s)
@@ -92,7 +99,8 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None) -> Layer
     fam = m.family
     style = fam.get("norm_style", "llama")
     full = s.method == "full"
-    targets = set() if full else set(s.lora_targets)
+    # LoRA targets peft adapts as nn.Linear (on qwen3_moe/olmoe/mixtral it moves the expert names to the experts)
+    targets = set() if full else set(s.lora_targets) - set(peft_converted_names(m.model_type))
 
     def n_adapted(*names: str) -> int:
         return sum(1 for x in names if x in targets)
@@ -110,7 +118,14 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None) -> Layer
         qk_style = "gemma" if style == "gemma" else ("olmo" if style == "olmo" else "llama")
         rows_q, rows_k = (nh, nkv) if qk == "head" else (1, 1)
         attn += _norm_saved(qd, rows_q, c, full, qk_style) + _norm_saved(kvd, rows_k, c, full, qk_style)
-    if s.attn == "eager":
+    eager = eager_attention(s)
+    if eager and fam.get("sinks"):
+        # gpt_oss: q, k and v repeated to every head, the max's indices (int64 per head), the softmax over the
+        # scores and the sink column in the mask's (residual) dtype, and its cast to the compute dtype for
+        # attention·V when they differ (modeling_gpt_oss.py eager_attention_forward)
+        attn += 3 * c * qd + 8 * nh + nh * (S + 1) * r + (nh * S * c if r != c else 0)
+        attn += _reader_saved(qd, c, 1, n_adapted("o_proj"), nm, full)
+    elif eager:
         # q, k and v repeated to every head, fp32 softmax (+ its 16-bit cast), the transposed output for o_proj
         attn += 3 * c * qd + nh * S * (4 + (c if c < 4 else 0))
         attn += _reader_saved(qd, c, 1, n_adapted("o_proj"), nm, full)
@@ -118,7 +133,7 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None) -> Layer
         attn += c * (qd + 2 * kvd) + 4 * nh + c * qd       # q, k, v, fp32 log-sum-exp, output (o_proj's input)
         attn += _reader_saved(qd, c, 1, n_adapted("o_proj"), nm, full, shared_with_attention=True)
     windowed = sliding_layers(s)
-    if windowed and s.attn != "eager":
+    if windowed and not eager:
         # a sliding-window layer passes sdpa a mask, so transformers repeats k and v to every head
         # (integrations/sdpa_attention.py use_gqa_in_sdpa): the extra width, averaged over the blocks
         attn += windowed * 2 * c * (qd - kvd) // m.num_layers
@@ -127,9 +142,8 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None) -> Layer
         attn += _norm_saved(h, 1, c, full, style)
 
     # -- MLP half (per token) -------------------------------------------------------------------------------------
-    mlp = 0
-    if "pre_mlp" in fam["norms"]:
-        mlp += _norm_saved(h, 1, r, full, style)
+    pre_mlp = _norm_saved(h, 1, r, full, style) if "pre_mlp" in fam["norms"] else 0
+    mlp = pre_mlp
     mlp += _reader_saved(h, r, 2, n_adapted("gate_proj", "up_proj"), nm, full)
     mb = nm.mlp_bytes
     mlp += 3 * mb * i                                    # gate (act input), up, act(gate)
@@ -142,15 +156,33 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None) -> Layer
     const = 0
     if style == "gemma":   # each norm keeps its fp32 (1 + weight)
         const += 4 * h * len(fam["norms"]) + (8 * m.head_dim if qk == "head" else 0)
-    copies, cached = weight_copies_bytes(s)
+    copies, cached = weight_copies_bytes(s, kind)
 
     s2 = b * nh * S * S   # attention score elements
     # forward: eager holds the raw scores and the masked scores (fp32) while softmax runs
-    fwd_t = 2 * s2 * 4 if s.attn == "eager" else t * i * mb
+    fwd_t = 2 * s2 * 4 if eager else t * i * mb
     # backward: gradients of the B·S·I intermediates; eager's softmax input/output gradients (2 × B·heads·S²);
     # sdpa's gradients of q, k, v (CPU kernels) or FlashAttention-2's (CUDA, see _flash_backward_bytes)
     mlp_bwd_t = 2 * t * i * mb
-    if s.attn == "eager":
+    if m.moe is not None:
+        half = moe_half(s, nm, full, lambda w, sb, rd, ad: _reader_saved(w, sb, rd, ad, nm, full))
+        shared = [x for x in m.lora_target_shapes(tuple(targets) or None) if x not in ATTENTION_LINEARS]
+        moe_mlp = pre_mlp + half.per_token + (adapter_out(*shared) if targets else 0)
+        n_moe = sum(n for d, n in m.block_kinds() if not d)
+        n_dense = m.num_layers - n_moe
+        if kind == "moe" or (kind is None and n_dense == 0):
+            mlp, const = moe_mlp, const + half.const
+        elif kind is None:
+            mlp = -(-(n_moe * moe_mlp + n_dense * mlp) // m.num_layers)
+            const += -(-n_moe * half.const // m.num_layers)
+        fwd_t = max(fwd_t, t * half.fwd_transient)
+        mlp_bwd_t = max(mlp_bwd_t, t * half.bwd_transient)
+    if eager and fam.get("sinks"):
+        # gpt_oss: the softmax's gradients over the scores and the sink column in the mask's dtype (its incoming
+        # gradient, padded by the slice, and its output), and the 16-bit gradient of the probabilities under
+        # autocast (an upper bound of the chain in eager_attention_forward, checked against the profiler)
+        attn_bwd_t = 2 * b * nh * S * (S + 1) * r + (s2 * c if c < r else 0)
+    elif eager:
         attn_bwd_t = 2 * s2 * 4
     elif s.device == "cuda":
         attn_bwd_t = t * _flash_backward_bytes(s, c)
@@ -159,6 +191,19 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None) -> Layer
     if nm.trainable_copies:   # the 16-bit weight gradient of the largest linear before its fp32 conversion
         mlp_bwd_t += c * max(a * o for a, o, _ in m.linear_shapes().values())
     return LayerActivations(t * attn + const, t * mlp, fwd_t, mlp_bwd_t, attn_bwd_t, copies, cached)
+
+
+def eager_attention(s: TrainingSetup) -> bool:
+    """Attention runs transformers' eager path: asked for, or gpt_oss asked for sdpa, which transformers 5.24 refuses
+    for it (GptOssPreTrainedModel._supports_sdpa = False): eager is what such a run can use."""
+    return s.attn == "eager" or (s.attn == "sdpa" and bool(s.model.family.get("sinks")))
+
+
+def eager_masks(s: TrainingSetup) -> int:
+    """Additive masks eager attention keeps: one per attention type the layers use. The MoE families build a mask
+    per entry of config.layer_types (gpt_oss: sliding and full, modeling_gpt_oss.py GptOssModel.forward)."""
+    types = s.model.config.get("layer_types")
+    return len(set(types)) if (s.model.moe is not None and types) else 1
 
 
 def sliding_layers(s: TrainingSetup) -> int:
@@ -188,19 +233,37 @@ def _flash_backward_bytes(s: TrainingSetup, c: int) -> int:
     return grads + 4 * qd + 4 * nh
 
 
-def weight_copies_bytes(s: TrainingSetup) -> tuple[int, int]:
+def weight_copies_bytes(s: TrainingSetup, kind: str | None = None) -> tuple[int, int]:
     """16-bit copies of one block's fp32 weights that autocast makes per forward and backward keeps: (all, cached).
 
     Trainable fp32 weights (full fine-tuning under accelerate's mixed precision) are cast once per forward and
     cached until forward returns; frozen fp32 base linears (LoRA on an fp32 base) are cast at every call and
     not cached (torch caches only leaves that require grad); PEFT's fp32 adapters under autocast are cached.
+    MoE models: the router's weight and eager's per-expert weights too (moe_activations.py), per block `kind`
+    ("moe" / "dense"; None: the average over the blocks, rounded up).
     """
+    m = s.model
+    kinds = m.block_kinds()
+    if kind is None and len(kinds) > 1:
+        parts = [(n, weight_copies_bytes(s, "dense" if d else "moe")) for d, n in kinds]
+        return tuple(-(-sum(n * c[j] for n, c in parts) // m.num_layers) for j in (0, 1))
+    dense = kind == "dense" or m.moe is None
     nm = numerics(s)
-    block_w = sum(a * o for a, o, _ in s.model.linear_shapes().values())
+    block_w = sum(a * o for a, o, _ in m.linear_shapes(dense).values())
     cached = 2 * block_w if nm.trainable_copies else 0
+    moe_all = moe_cached = 0
+    if not dense:   # the router's weight (F.linear) and eager's per-expert F.linear weights
+        half = moe_half(s, nm, s.method == "full", lambda *a: 0)
+        moe_all, moe_cached = half.weight_copies, half.cached_copies
     if s.method != "full" and nm.autocast and nm.adapter == 4:
-        cached += 2 * s.trainable_params // max(s.model.num_layers, 1)
-    return cached + (2 * block_w if nm.frozen_copies else 0), cached
+        if m.moe is None:
+            cached += 2 * s.trainable_params // max(m.num_layers, 1)
+        else:   # this block's adapters; peft's expert adapters are cast only to a 16-bit base's dtype
+            r = s.lora_rank
+            adapters = sum(r * (a + o) for a, o, _ in m.lora_target_shapes(s.lora_targets, dense).values())
+            adapters += m.expert_lora(r, s.lora_targets)[0] if not dense and nm.frozen == 2 else 0
+            cached += 2 * adapters
+    return cached + moe_all + (2 * block_w if nm.frozen_copies else 0), cached + moe_cached
 
 
 def outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> dict[str, int]:
@@ -219,13 +282,19 @@ def outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> dict[str
     style = m.family.get("norm_style", "llama")
     rope_sets = 2 if m.model_type == "gemma3_text" else 1
     shared = rope_sets * 2 * t * m.head_dim * nm.residual + 8 * t
-    window_mask = b * s.seq_len * s.seq_len * nm.compute if (s.attn != "eager" and sliding_layers(s)) else 0
+    window_mask = b * s.seq_len * s.seq_len * nm.compute if (not eager_attention(s) and sliding_layers(s)) else 0
     final = t * _norm_saved(h, 1, nm.residual, full, style)
     if full and not s.objective.log_probs:       # TRL's fused head saves its own copy (objectives.py)
         final += t * _reader_saved(h, nm.residual, 1, 0, nm, True)
     head_out = m.vocab_size if m.vocab_head else 1
     if (nm.trainable_copies or nm.fp32_head) and not s.objective.log_probs:
         final += 2 * head_out * h
+    moe = m.moe
+    if moe is not None and moe.aux_loss:
+        # output_router_logits: load_balancing_loss_func keeps each MoE layer's softmax over the router logits (in
+        # the logits' dtype) and its top-k indices, and the fp32 per-expert token counts of the final product
+        n_moe = sum(n for d, n in m.block_kinds() if not d)
+        final += n_moe * t * (moe.experts * nm.compute + 8 * moe.top_k) + 4 * moe.experts
     # the window mask sdpa keeps for backward (cast to the q dtype): through backward without checkpointing, with
     # it only while a block is recomputed
     return {"shared": shared + (0 if s.grad_ckpt else window_mask), "final": final, "labels": 8 * t,

@@ -147,8 +147,7 @@ def block_forward_traffic(s: TrainingSetup) -> int:
     out += 2 * h * (c + 2 * r)                             # residual adds
     out += 5 * nm.mlp_bytes * i                            # act(gate), act·up
     if s.method != "full":
-        for name in s.lora_targets:
-            a, o, _ = m.linear_shapes()[name]
+        for name, (a, o, _) in m.lora_target_shapes(s.lora_targets).items():
             bf16_input = name in ("o_proj", "down_proj") or r != 4
             if nm.autocast:
                 cast = (6 * a if bf16_input else 0) + 6 * a   # PEFT's fp32 cast, autocast's 16-bit cast

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from scaletrain.engine.model.activations import (LayerActivations, block_activations, logits_bytes,  # noqa: F401
-                                                 outside_blocks, sliding_layers, weight_copies_bytes)
+from scaletrain.engine.model.activations import (LayerActivations, block_activations, eager_attention,  # noqa: F401
+                                                 eager_masks,
+                                                 logits_bytes, outside_blocks, sliding_layers, weight_copies_bytes)
 from scaletrain.engine.model.breakdown import MemoryBreakdown
 from scaletrain.engine.model.numerics import Numerics, autocast_regime, numerics, uses_deepspeed  # noqa: F401
 from scaletrain.engine.model.objectives import (generation_cost, head_cost, objective_terms, reference_forward_bytes,
@@ -92,7 +93,7 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
         gather_block = gather_head = grad_gather_block = 0
 
     # what checkpointing keeps per block, and what recomputing one block costs in backward
-    mask = seqs * s.seq_len * s.seq_len * nm.residual if s.attn == "eager" else 0
+    mask = seqs * s.seq_len * s.seq_len * nm.residual * eager_masks(s) if eager_attention(s) else 0
     wcopy = layer.weight_copies
     if s.grad_ckpt:
         per_block_saved = t * h * nm.residual

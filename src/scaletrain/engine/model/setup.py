@@ -12,9 +12,9 @@ from typing import Any
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import Hardware
 from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, ModelArch
-from scaletrain.engine.vocabulary import (Attention, Device, Generation, MasterWeights, Method, Objective,
-                                          Offload, Optimizer, OptimizerImpl, Precision, RefModel, Strategy,
-                                          Vocabulary)
+from scaletrain.engine.vocabulary import (Attention, Device, ExpertsImpl, Generation, MasterWeights, Method,
+                                          Objective, Offload, Optimizer, OptimizerImpl, Precision, RefModel,
+                                          Strategy, Vocabulary)
 
 BASE_BITS = (4, 8, 16, 32)
 
@@ -35,7 +35,7 @@ def _quantized_model_bytes(m: ModelArch, bits: int) -> int:
     """Weights of a frozen model: block linears at `bits`, everything else bf16 (as bitsandbytes leaves it)."""
     if bits == 16:
         return 2 * m.params
-    lin = m.targeted_linear_params()
+    lin = m.targeted_linear_params() if m.moe is None else m.linear_weight_params()   # MoE experts stay 16-bit
     rest = m.params - lin
     return quantized_linear_bytes(lin, bits) + 2 * rest
 
@@ -69,6 +69,7 @@ class TrainingSetup:
     optimizer_impl: OptimizerImpl = OptimizerImpl.FUSED
     master_weights: MasterWeights = MasterWeights.FP32   # full fine-tuning: fp32 master weights, or bf16 weights only
     attn: Attention = Attention.SDPA
+    experts_impl: ExpertsImpl = ExpertsImpl.GROUPED_MM   # MoE models: how transformers runs the experts
     grad_ckpt: bool = False
     micro_batch: int = 1
     grad_accum: int = 1
@@ -100,6 +101,7 @@ class TrainingSetup:
         one_of("precision", Precision)
         one_of("optimizer", Optimizer)
         one_of("attn", Attention)
+        one_of("experts_impl", ExpertsImpl)
         one_of("optimizer_impl", OptimizerImpl)
         one_of("master_weights", MasterWeights)
         one_of("objective", Objective)
@@ -214,6 +216,7 @@ class TrainingSetup:
             "objective": self.objective.value, "prompt_len": self.prompt_len,
             "num_generations": self.num_generations if self.objective == "grpo" else None,
             "ref_model": self.ref_model.value, "generation": self.generation.value if self.objective == "grpo" else None,
+            **({"experts_impl": self.experts_impl.value} if self.model.moe is not None else {}),
         }
 
 

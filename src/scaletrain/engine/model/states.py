@@ -74,6 +74,8 @@ def model_states(s: TrainingSetup) -> ModelStates:
         # Frozen base: targeted linears quantized (QLoRA NF4 / 8-bit) or in the base dtype; the rest (embeddings,
         # norms, lm_head) in the base dtype, fp32 under QLoRA (prepare_model_for_kbit_training).
         lin = m.targeted_linear_params(s.lora_targets)
+        if m.moe is not None and s.base_bits in (4, 8):
+            lin = m.linear_weight_params()   # bitsandbytes quantizes every nn.Linear; the fused experts stay 16-bit
         lin_bytes = quantized_linear_bytes(lin, s.base_bits) if s.base_bits in (4, 8) else nm.frozen * lin
         frozen_bytes = lin_bytes + nm.frozen * (P - lin)
         trainable_weight_bytes = nm.adapter * T
@@ -93,7 +95,7 @@ def model_states(s: TrainingSetup) -> ModelStates:
     if s.device == "cpu" and s.optimizer == "adamw" and not ds:
         # torch keeps AdamW's `step` as a 0-dim fp32 tensor per parameter tensor, on the host (so it only
         # counts against memory when the host is the device)
-        adapters = 2 * len(s.lora_targets) * m.num_layers + (1 if m.score_head else 0)   # + PEFT's score copy
+        adapters = 2 * m.adapted_linears(s.lora_targets) + (1 if m.score_head else 0)   # + PEFT's score copy
         optimizer += 4 * (m.tensor_count if s.method == "full" else adapters)
     host_opt = 0
     if s.offload in ("optimizer", "all"):
@@ -171,5 +173,12 @@ def _optimizer_step_temporaries(s: TrainingSetup, nm: Numerics, T_local: int) ->
 
 
 def _largest_lora_tensor(s: TrainingSetup) -> int:
-    shapes = s.model.linear_shapes()
-    return max(s.lora_rank * max(shapes[t][0], shapes[t][1]) for t in s.lora_targets)
+    m = s.model
+    r = s.lora_rank
+    shapes = {**m.lora_target_shapes(s.lora_targets, dense=True), **m.lora_target_shapes(s.lora_targets)}
+    largest = max((r * max(a, o) for a, o, _ in shapes.values()), default=0)
+    _, gu, dn = m.expert_lora(r, s.lora_targets)
+    if m.moe is not None and (gu or dn):   # peft's adapters of the fused experts: lora_A (R·E, in), lora_B (out, R·E)
+        E, h, i = m.moe.experts, m.hidden_size, m.moe.expert_intermediate
+        largest = max(largest, 2 * r * E * max(h, 2 * i) if gu else 0, r * E * max(h, i) if dn else 0)
+    return largest
