@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from scaletrain.engine.model.moe_time import (experts_dtype_bytes, moe_layers, routed_kernels,
+                                              routed_matmul_seconds, routed_traffic_per_token)
 from scaletrain.engine.model.numerics import numerics, uses_deepspeed
 from scaletrain.engine.model.objective_time import head_seconds, runs_reference, tokens_per_micro_step
 from scaletrain.engine.model.objectives import scored_tokens, sequences
@@ -70,10 +72,11 @@ def _gemm_seconds(M: float, N: float, K: float, peak: float, hbm: float, c: Time
     return max(2.0 * M * N * K / (peak * eff), 2.0 * (M * K + K * N + M * N) / hbm)
 
 
-def gemm_for(s: TrainingSetup, c: TimeConstants) -> Callable[[float, float, float], float]:
-    """_gemm_seconds bound to this setup's GPU and constants: (M, N, K) → seconds."""
+def gemm_for(s: TrainingSetup, c: TimeConstants, precision: str | None = None) -> Callable[[float, float, float], float]:
+    """_gemm_seconds bound to this setup's GPU and constants (at `precision`, default the plan's): (M, N, K) →
+    seconds."""
     g = s.hardware.gpu
-    peak = g.peak_tflops(s.precision) * 1e12
+    peak = g.peak_tflops(precision or s.precision) * 1e12
     hbm = g.hbm_gbps * 1e9 * c.hbm_efficiency
     return lambda M, N, K: _gemm_seconds(M, N, K, peak, hbm, c, g.arch)
 
@@ -85,12 +88,15 @@ def _block_matmul_seconds(s: TrainingSetup, t: int, gemm: Callable[[float, float
     m = s.model
     full = s.method == "full"
     passes = 1 if forward_only else (2 if s.grad_ckpt else 1)
-    block = 0.0
-    for i, o, _ in m.linear_shapes().values():
-        block += passes * gemm(t, o, i)
-        if not forward_only:
-            block += gemm(t, i, o) + (gemm(o, i, t) if full else 0.0)
-    return m.num_layers * block
+    total = 0.0
+    for dense, blocks in m.block_kinds():
+        block = 0.0
+        for i, o, _ in m.linear_shapes(dense).values():
+            block += passes * gemm(t, o, i)
+            if not forward_only:
+                block += gemm(t, i, o) + (gemm(o, i, t) if full else 0.0)
+        total += blocks * block
+    return total
 
 
 def _attention_seconds(s: TrainingSetup, peak: float, hbm: float, c: TimeConstants,
@@ -145,7 +151,12 @@ def block_forward_traffic(s: TrainingSetup) -> int:
     rot = 4 if r == 4 else c                               # rotary runs in the residual's dtype (cos/sin)
     out += (qd + kvd) * (5 * c + 5 * rot + (6 if rot == 4 else 0))
     out += 2 * h * (c + 2 * r)                             # residual adds
-    out += 5 * nm.mlp_bytes * i                            # act(gate), act·up
+    if m.moe is None:
+        out += 5 * nm.mlp_bytes * i                        # act(gate), act·up
+    else:   # per block on average: dense layers' MLP, MoE blocks' shared expert and routed experts
+        n_moe = moe_layers(s)
+        per_moe = routed_traffic_per_token(s) + 5 * nm.mlp_bytes * m.moe.shared_intermediate
+        out += (n_moe * per_moe + (m.num_layers - n_moe) * 5 * nm.mlp_bytes * i) // m.num_layers
     if s.method != "full":
         for name, (a, o, _) in m.lora_target_shapes(s.lora_targets).items():
             bf16_input = name in ("o_proj", "down_proj") or r != 4
@@ -184,11 +195,12 @@ def micro_step(s: TrainingSetup, c: TimeConstants = DEFAULT_CONSTANTS) -> MicroS
     hbm = g.hbm_gbps * 1e9 * c.hbm_efficiency
     gemm = gemm_for(s, c)
     head = head_seconds(s, t, gemm, hbm)
-    matmul = _block_matmul_seconds(s, t, gemm) + head.matmul
+    expert_gemm = gemm_for(s, c, "fp32") if experts_dtype_bytes(s) == 4 else gemm
+    matmul = _block_matmul_seconds(s, t, gemm) + routed_matmul_seconds(s, t, expert_gemm) + head.matmul
     attention = _attention_seconds(s, peak, hbm, c)
     forward_traffic = L * t * block_forward_traffic(s)
     traffic = forward_traffic * (passes + c.backward_traffic_ratio)
-    block_w = sum(i * o for i, o, _ in m.linear_shapes().values())
+    block_w = sum(i * o for i, o, _ in m.linear_shapes().values())    # autocast casts nn.Linear weights only
     if nm.trainable_copies or nm.frozen_copies:
         traffic += passes * 6 * L * block_w                # autocast casts fp32 weights each forward (4 → 2 B)
     if nm.trainable_copies:
@@ -196,11 +208,13 @@ def micro_step(s: TrainingSetup, c: TimeConstants = DEFAULT_CONSTANTS) -> MicroS
     memory_bound = traffic / hbm
     loss = head.loss
     kf, kb = block_kernels(s)
-    kernels = L * (passes * kf + kb)
+    mf, mb = routed_kernels(s, t)
+    kernels = L * (passes * kf + kb) + moe_layers(s) * (passes * mf + mb)
     reference = 0.0
     if runs_reference(s):
         # the frozen reference's forward on the same tokens, nothing saved: GEMMs, attention, traffic, its head
         reference = (_block_matmul_seconds(s, t, gemm, forward_only=True)
+                     + routed_matmul_seconds(s, t, expert_gemm, forward_only=True)
                      + gemm(scored_tokens(s), m.vocab_size, m.hidden_size)
                      + _attention_seconds(s, peak, hbm, c, forward_only=True) + forward_traffic / hbm)
         kernels += L * kf
@@ -217,7 +231,7 @@ def micro_step(s: TrainingSetup, c: TimeConstants = DEFAULT_CONSTANTS) -> MicroS
         # reduce-scatters the gradients
         gathers = (passes + 1) * 2 * param_bytes_gathered(s) / max(s.world_size, 1) / hbm
         if s.strategy == "zero3":
-            modules = L * (len(m.linear_shapes()) + len(m.family["norms"]))
+            modules = L * (len(m.linear_shapes()) + len(m.family["norms"])) + moe_layers(s)   # a leaf MoE block
             host += modules * (passes + 1) * c.ds_zero3_module_seconds
             serial = True
     elif uses_deepspeed(s):

@@ -32,6 +32,7 @@ from scaletrain.engine.model.device_time import (MicroStep, block_kernels, cpu_m
                                                  gemm_for, micro_step, optimizer_device_seconds,
                                                  param_bytes_gathered)
 from scaletrain.engine.model.objective_time import GenerationTime, generation_seconds
+from scaletrain.engine.model.moe_time import LOAD_BALANCE_ASSUMPTION, experts_dtype_bytes, routed_sample_flops
 from scaletrain.engine.model.objectives import sequences
 from scaletrain.engine.model.numerics import numerics
 from scaletrain.engine.model.setup import TrainingSetup
@@ -130,25 +131,25 @@ def sample_flops(s: TrainingSetup, tokens: int) -> SampleFlops:
     """Forward 2·W per token over block linears and the LM head, the attention core, LoRA adapters; backward
     = input gradients (= forward) + weight gradients of trained weights; checkpointing re-runs block forwards."""
     m = s.model
-    shapes = m.linear_shapes()
     L = m.num_layers
-    block_w = sum(i * o for i, o, _ in shapes.values())
+    linear_w = sum(n * sum(i * o for i, o, _ in m.linear_shapes(dense).values()) for dense, n in m.block_kinds())
     head_w = m.vocab_size * m.hidden_size
     causal = 1.0 if s.attn == "eager" else CAUSAL_ATTENTION_FRACTION
     # QK^T and attention·V: 2 FLOPs × tokens attended × q width, each
     attn_fwd = 2 * 2 * tokens * causal * m.q_dim * L * tokens
-    lin_fwd = 2.0 * block_w * L * tokens
+    lin_fwd = 2.0 * linear_w * tokens
     head_fwd = 2.0 * head_w * tokens
     full = s.method == "full"
     if full:
         adapter_fwd = 0.0
     else:
-        adapter_fwd = 2.0 * L * tokens * sum(s.lora_rank * (shapes[t][0] + shapes[t][1]) for t in s.lora_targets)
+        adapter_fwd = 2.0 * tokens * m.lora_params(s.lora_rank, s.lora_targets)
     forward = lin_fwd + head_fwd + attn_fwd + adapter_fwd
     wgrad = (lin_fwd + head_fwd) if full else 0.0
     backward = (lin_fwd + head_fwd) + wgrad + 2 * attn_fwd + 2 * adapter_fwd
     recompute = (lin_fwd + attn_fwd + adapter_fwd) if s.grad_ckpt else 0.0
-    return SampleFlops(forward, backward, recompute)
+    moe_fwd, moe_bwd, moe_re = routed_sample_flops(s, tokens)     # the router and the top-k experts: active only
+    return SampleFlops(forward + moe_fwd, backward + moe_bwd, recompute + moe_re)
 
 
 # ---- hardware rates ----------------------------------------------------------------------------------------------
@@ -328,6 +329,10 @@ def _assumptions(s: TrainingSetup, micro: MicroStep, peak: float, tokens: int, b
                    f"{overlap:.0%} of compute can hide them ({s.strategy})")
     if s.grad_ckpt:
         out.append("gradient checkpointing re-runs each block's forward")
+    if s.model.moe is not None:
+        out.append(LOAD_BALANCE_ASSUMPTION + f"; FLOPs of the {s.model.active_params:,} active parameters"
+                   + ("; the experts compute in fp32 (grouped_mm ignores autocast over fp32 weights)"
+                      if experts_dtype_bytes(s) == 4 and s.precision != "fp32" else ""))
     if micro.dequant:
         out.append(f"QLoRA dequantization {micro.dequant * 1000:.0f} ms per micro-step")
     if s.offload != "none":

@@ -17,6 +17,7 @@ from scaletrain.engine.model.memory import estimate_memory
 from scaletrain.engine.model.setup import TrainingSetup
 from scaletrain.engine.model.timing import TimeEstimate, estimate_time
 from scaletrain.engine.plan.lr import LrSuggestion
+from scaletrain.engine.plan.model_notes import model_notes, moe_facts
 from scaletrain.engine.plan.rows import AlternativeRow, PlanTable
 
 SCHEMA_VERSION = 1
@@ -68,6 +69,7 @@ class Plan:
             "model": {
                 "name": s.model.name,
                 "params": s.model.params,
+                "active_params": s.model.active_params,
                 "trainable_params": s.trainable_params,
                 "architecture": s.model.to_json(),
             },
@@ -94,6 +96,9 @@ class Plan:
             "explanation": self.explanation,
             "notes": list(self.notes),
         }
+        moe = moe_facts(s)
+        if moe is not None:
+            out["model"]["moe"] = moe
         if self.time is not None:
             out["time"] = self.time.to_json()
         if self.planner is not None:
@@ -112,6 +117,7 @@ def evaluate(setup: TrainingSetup, *, headroom_fraction: float = 0.10, name: str
     """Run the memory (and, when available, time) model for one fully specified setup."""
     mem = estimate_memory(setup, headroom_fraction)
     time_est = estimate_time(setup) if with_time else None
+    notes = (*notes, *model_notes(setup))
     cal = for_setup(setup)
     if cal is not None:   # both estimators picked the profile up; the plan says so
         notes = (*notes, cal.describe())

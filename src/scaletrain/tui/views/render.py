@@ -12,6 +12,7 @@ from rich.text import Text
 
 from scaletrain.engine.devices.nvml import DetectionResult
 from scaletrain.engine.plan.plan import Plan
+from scaletrain.engine.plan.model_notes import moe_line
 from scaletrain.engine.units import fmt_bytes, fmt_count
 from scaletrain.tui.views.plan_text import objective_line, time_line
 
@@ -55,6 +56,9 @@ def print_plan(plan: Plan, *, alternatives: bool = False, table: str | None = No
     hw = s.hardware
     c.print(f"[bold]{s.model.name}[/]  {fmt_count(s.model.params)} params, {fmt_count(s.trainable_params)} "
             f"trainable ({s.method}{'' if s.method == 'full' else f', r={s.lora_rank}'})")
+    moe = moe_line(s)
+    if moe:
+        c.print(moe)
     c.print(f"[bold]{hw.describe()}[/]  {hw.gpu.name}, {fmt_bytes(hw.gpu.memory_bytes)} each, "
             f"{hw.gpu.interconnect}{' (detected)' if hw.source == 'detected' else ''}")
     c.print(f"{s.strategy}{'' if s.offload == 'none' else f' + offload {s.offload}'}, {s.precision_label}, "

@@ -1,0 +1,74 @@
+"""What a plan says about the model itself: total vs active parameters and the experts implementation of an MoE,
+and the notes a user of that architecture needs (what LoRA reaches, what ZeRO-3 gathers, what is not offered).
+Numbers come from the ModelArch and the setup; the views print these strings and the JSON carries the facts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scaletrain.engine.catalog.moe import peft_expert_lora
+from scaletrain.engine.model.moe_time import moe_layers
+from scaletrain.engine.model.setup import TrainingSetup
+from scaletrain.engine.units import fmt_bytes, fmt_count
+
+
+def moe_facts(s: TrainingSetup) -> dict[str, Any] | None:
+    """The MoE block as the plan counts it (None for a dense model)."""
+    moe = s.model.moe
+    if moe is None:
+        return None
+    return {
+        "experts": moe.experts, "top_k": moe.top_k, "expert_intermediate_size": moe.expert_intermediate,
+        "shared_expert_intermediate_size": moe.shared_intermediate, "dense_layers": list(moe.dense_layers),
+        "experts_implementation": str(s.experts_impl), "router_aux_loss": moe.aux_loss,
+        "expert_parallelism": False,
+    }
+
+
+def moe_line(s: TrainingSetup) -> str | None:
+    """'MoE: 30,532,122,624 total, 3,348,529,152 active per token · 128 experts, top 8 · experts grouped_mm'."""
+    moe = s.model.moe
+    if moe is None:
+        return None
+    shared = f" + a shared expert of {moe.shared_intermediate}" if moe.shared_intermediate else ""
+    return (f"MoE: {fmt_count(s.model.params)} total, {fmt_count(s.model.active_params)} active per token · "
+            f"{moe.experts} experts, top {moe.top_k}{shared} · experts {s.experts_impl}")
+
+
+def model_notes(s: TrainingSetup) -> tuple[str, ...]:
+    """Notes the architecture calls for, in the plan (text and JSON)."""
+    m = s.model
+    out: list[str] = []
+    if m.moe is not None:
+        out.append("MoE: no expert parallelism — accelerate and DeepSpeed do not offer it for transformers models, "
+                   "so every GPU runs every expert of its blocks (data parallelism only)")
+        if s.strategy == "zero3" and s.world_size > 1:
+            gather = (2 if s.precision != "fp32" else 4) * m.largest_gather_params
+            out.append(f"ZeRO-3 gathers each MoE block whole as a leaf module ({fmt_bytes(gather)} per gather): the "
+                       "bundled trainer calls deepspeed.utils.set_z3_leaf_modules; a --script must call it too, or "
+                       "ZeRO-3 hangs or refetches expert by expert")
+        if s.method != "full":
+            out.append(_lora_note(s))
+        if s.method != "full" and s.base_bits in (4, 8):
+            out.append(f"{s.base_bits}-bit base: bitsandbytes quantizes nn.Linear layers only; the fused experts "
+                       "stay 16-bit (counted so)")
+    quant = (m.config.get("quantization_config") or {}).get("quant_method")
+    if quant == "mxfp4":
+        out.append("the checkpoint's MXFP4 experts are dequantized to bf16 for training (transformers "
+                   "Mxfp4Config(dequantize=True)); the plan counts the bf16 model")
+    return tuple(out)
+
+
+def _lora_note(s: TrainingSetup) -> str:
+    """What peft adapts on an MoE block for these targets: its nn.Linear modules, and the fused 3-D experts where
+    peft converts the expert projections' names to target_parameters (catalog/moe.py PEFT_EXPERT_TARGETS)."""
+    m = s.model
+    linears = ", ".join(m.lora_target_shapes(s.lora_targets)) or "no nn.Linear"
+    per_block, gate_up, down = peft_expert_lora(m.model_type, m.moe, m.hidden_size, s.lora_rank, s.lora_targets)
+    if not per_block:
+        return (f"LoRA on {m.model_type} adapts {linears}; the routed experts (fused 3-D parameters) stay frozen "
+                "for these targets")
+    which = " and ".join(n for n, on in (("gate_up_proj (rank 2r)", gate_up), ("down_proj", down)) if on)
+    return (f"LoRA on {m.model_type} adapts {linears} and, as peft converts the expert projections to "
+            f"target_parameters, every expert's {which}: {fmt_count(per_block * moe_layers(s))} of the "
+            f"{fmt_count(s.trainable_params)} trainable parameters are in the experts")
