@@ -106,3 +106,13 @@ def test_moe_presets_dry_run_into_files_accelerate_and_deepspeed_accept(tmp_path
         items.append({"key": name, "dir": str(run), "world": doc["hardware"]["world_size"]})
     parsed = parse_run_dirs(items)
     assert all("ok" in parsed[name] for name in MOE_PRESETS), parsed
+
+
+def test_gpt_oss_without_sdpa_is_one_line(capsys):
+    """transformers has no sdpa path for gpt_oss (attention sinks): planning it with sdpa would launch a run that
+    raises at model build, so the plan refuses it in one line naming what is accepted."""
+    assert main(["plan", "--model", "openai/gpt-oss-20b", "--gpus", "1xH100", "--method", "lora"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has no sdpa attention" in err[0] and "--attn eager or flash" in err[0]
+    assert main(["plan", "--model", "openai/gpt-oss-20b", "--gpus", "1xH100", "--method", "lora", "--attn",
+                 "eager"]) == 0

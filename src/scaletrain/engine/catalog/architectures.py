@@ -51,6 +51,9 @@ _FAMILIES: dict[str, dict[str, Any]] = {
 # config.attention_bias when config.json leaves it out (GptOssConfig defaults it to True)
 _ATTENTION_BIAS_DEFAULT = {"gpt_oss": True}
 
+# Families whose transformers model class sets _supports_sdpa = False (transformers 5.24 modeling files)
+_NO_SDPA = frozenset({"gpt_oss"})
+
 BLOCK_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Every LoRA target name some family's block has as an nn.Linear (peft matches target_modules by name suffix)
 KNOWN_LINEARS = BLOCK_LINEARS + ("shared_expert_gate",)
@@ -84,6 +87,12 @@ class ModelArch:
     @property
     def family(self) -> dict[str, Any]:
         return _FAMILIES.get(self.model_type, _FAMILIES["llama"])
+
+    @property
+    def attention_implementations(self) -> tuple[str, ...]:
+        """The --attn values transformers runs for this family: gpt_oss has no sdpa path (its attention sinks need
+        the scores; GptOssPreTrainedModel._supports_sdpa = False), only eager and flash kernels with sinks."""
+        return ("eager", "flash") if self.model_type in _NO_SDPA else ("eager", "sdpa", "flash")
 
     @property
     def q_dim(self) -> int:

@@ -143,6 +143,9 @@ class TrainingSetup:
                                       "--master-weights fp32 with ZeRO, or --strategy ddp/fsdp for bf16 weights only")
         if self.method.is_adapter:
             self.model.lora_params(self.lora_rank, self.lora_targets)  # validates target names
+        if self.attn not in self.model.attention_implementations:
+            raise ScaletrainError(f"{self.model.name} ({self.model.model_type}) has no {self.attn} attention in "
+                                  f"transformers; use --attn {' or '.join(self.model.attention_implementations)}")
         if not self.strategy.allows_offload(self.offload):      # say which half of the rule is broken
             if not self.strategy.shards_optimizer:
                 raise ScaletrainError(f"--offload {self.offload} needs a ZeRO or FSDP strategy (got {self.strategy})")
