@@ -53,6 +53,7 @@ CASES = [
     ("config_accelerate_deepspeed_file_conflict.log", "config_error", None, None),
     ("config_deepspeed_batch_assertion.log", "config_error", 0, None),
     ("config_deepspeed_zero_validation.log", "config_error", 0, None),
+    ("transformers_gpt_oss_no_sdpa__rank-0.log", "config_error", 0, None),
 ]
 
 
@@ -241,3 +242,19 @@ def test_cli_reads_a_run_directory(tmp_path, capsys):
     assert (d.kind, d.rank) == ("host_oom", 2)
     with pytest.raises(ScaletrainError, match="not a run directory"):
         diagnose_paths([tmp_path])
+
+
+def test_an_attention_the_model_lacks_is_named_with_replanned_remedies():
+    """gpt_oss built with sdpa (a --script run; the plan itself refuses it): a config error naming the class and
+    the attention, and the remedies re-planned with eager / flash attention (numbers from the planner)."""
+    d = diag("transformers_gpt_oss_no_sdpa__rank-0.log", with_remedies=True)
+    assert d.kind == "config_error" and d.details["attn_unsupported"] == "sdpa"
+    assert "GptOssForCausalLM has no sdpa attention" in d.summary
+    assert [r.changes for r in d.remedies] == [{"attn": "eager"}, {"attn": "flash"}]
+    req = PlanRequest(model="openai/gpt-oss-20b", gpus="1xH100", method="lora", attn="flash", grad_ckpt=True,
+                      micro_batch=1, grad_accum=4, seq_len=2048)
+    plan = make_plan(req)
+    d = diagnose([LOGS / "transformers_gpt_oss_no_sdpa__rank-0.log"], PlanDocument.from_json(plan.to_json()))
+    eager = make_plan(req.with_(attn="eager"))
+    assert d.remedies[0].changes == {"attn": "eager"}
+    assert d.remedies[0].predicted_per_gpu_bytes == eager.memory.total_bytes

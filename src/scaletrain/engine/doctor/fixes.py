@@ -100,6 +100,9 @@ def _remedies(diag: Diagnosis, doc: PlanDocument | None, req: PlanRequest | None
         return [_known("resume from the last checkpoint (scaletrain launch RUN_DIR --resume)", {}, plan,
                        applicable=False, why="nothing in the run failed; it was stopped")]
     if k == "config_error":
+        unsupported = diag.details.get("attn_unsupported")
+        if unsupported:
+            return _attention_remedies(req, plan, str(unsupported))
         if diag.details.get("trainer"):
             return []           # the trainer's own line says what to change
         return [_known("rewrite the run's configs from the plan (scaletrain writers)", {}, plan,
@@ -107,6 +110,19 @@ def _remedies(diag: Diagnosis, doc: PlanDocument | None, req: PlanRequest | None
     if k == "disk_full":
         return _disk_full_remedies(doc)
     return []
+
+
+def _attention_remedies(req: PlanRequest | None, plan: Plan | None, unsupported: str) -> list[Remedy]:
+    """The model class has no `unsupported` attention (gpt_oss: no sdpa): eager runs everywhere; each choice
+    re-planned, since eager keeps the S² scores (more memory, slower)."""
+    out = []
+    for attn in ("eager", "flash"):
+        if attn == unsupported or (attn == "flash" and plan is not None and plan.setup.device == "cpu"):
+            continue
+        new = _try_plan(req, plan, attn=attn) if plan is not None else None
+        out.append(_known(f"use {attn} attention (--attn {attn})", {"attn": attn}, new,
+                          why=f"transformers builds this model without {unsupported} attention", base=plan))
+    return out
 
 
 # A full disk is a disk problem: these remedies change where and how often checkpoints are written, never the

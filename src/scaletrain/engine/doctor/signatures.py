@@ -71,6 +71,15 @@ RE_CONFIG = re.compile(
     r"|validation errors? for DeepSpeed\w*Config.*"
     r"|Please correct the following DeepSpeed config values that mismatch.*"
     r"|Specified distributed type .* but only using 1 GPU.*")
+# transformers refusing an attention implementation at model build (modeling_utils._check_and_adjust_attn_impl),
+# e.g. gpt_oss with sdpa (its attention sinks need the scores; seen on this project's CPU runs, transformers 5.24):
+# "GptOssForCausalLM does not support an attention implementation through torch.nn.functional.scaled_dot_product_
+# attention yet." — the remedy is another --attn.
+RE_ATTN_UNSUPPORTED = re.compile(r"(\w+) does not support an attention implementation through "
+                                 r"(torch\.nn\.functional\.scaled_dot_product_attention|Flash Attention|"
+                                 r"torch's flex_attention)")
+_ATTN_NAMES = {"torch.nn.functional.scaled_dot_product_attention": "sdpa", "Flash Attention": "flash",
+               "torch's flex_attention": "flex"}
 # A full disk: errno 28 (ENOSPC) as Python ("OSError: [Errno 28] No space left on device: 'path'"), Rust (safetensors:
 # "I/O error: No space left on device (os error 28)", StorageFull) and C libraries (strerror) word it; a quota
 # (errno 122); torch.save's stream writer.
@@ -263,6 +272,12 @@ def _match_fp16(ln: LogLine) -> Event | None:
 
 def _match_config(lines: list[LogLine], i: int) -> Event | None:
     ln = lines[i]
+    a = RE_ATTN_UNSUPPORTED.search(ln.body)
+    if a:
+        attn = _ATTN_NAMES[a.group(2)]
+        return Event("config_error", CAUSE, ln, ln.rank, None,
+                     {"message": f"{a.group(1)} has no {attn} attention in transformers", "attn_unsupported": attn,
+                      "model_class": a.group(1)}, [ln])
     if not RE_CONFIG.search(ln.body):
         return None
     msg = re.sub(r"^\s*(?:[\w.]+(?:Error|Exception)):\s*", "", ln.body).strip()
