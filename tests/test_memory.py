@@ -129,3 +129,20 @@ def test_ddp_buckets_hold_gradients_from_the_first_forward():
     eight = model_states(setup(hardware=parse_gpus("8xH100"), strategy="ddp"))
     assert one.gradients_persistent == 0                     # no DDP wrapper on one process
     assert eight.gradients_persistent == eight.gradients_full == 4 * QWEN3.params
+
+
+def test_qlora_quantizes_every_block_linear_whatever_the_targets():
+    """bitsandbytes quantizes each nn.Linear of the blocks on load, not only the LoRA targets: QLoRA on q/v only
+    holds the same 4-bit base as on all seven (measured: the parameters' storage of the real quantized model)."""
+    from scaletrain.engine.catalog.architectures import catalog_entry, load_model
+    from scaletrain.engine.catalog.hardware import parse_gpus
+    from scaletrain.engine.model.setup import TrainingSetup
+    from scaletrain.trainer.measure import measure_step
+
+    cfg = dict(catalog_entry("scaletrain/tiny-qwen2")["config"])
+    targets = ("q_proj", "v_proj")
+    s = TrainingSetup(model=load_model("scaletrain/tiny-qwen2"), hardware=parse_gpus("1xCPU"), method="qlora",
+                      lora_rank=8, lora_targets=targets, precision="bf16", micro_batch=1, seq_len=32, device="cpu")
+    measured = measure_step(cfg, method="qlora", lora_rank=8, lora_alpha=16, lora_targets=targets, micro_batch=1,
+                            seq_len=32, precision="bf16", optimizer="adamw", device="cpu")
+    assert model_states(s).weights == pytest.approx(measured.param_bytes, rel=0.02)

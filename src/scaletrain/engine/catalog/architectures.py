@@ -271,8 +271,8 @@ class ModelArch:
         return sum(n * sum(a * o for a, o, _ in self.linear_shapes(d).values()) for d, n in self.block_kinds())
 
     def targeted_linear_params(self, targets: tuple[str, ...] | None = None) -> int:
-        """Weights (no bias) of the targeted linears: what QLoRA quantizes and LoRA freezes. MoE experts are 3-D
-        parameters, never an nn.Linear: bitsandbytes leaves them in 16-bit."""
+        """Weights (no bias) of the targeted nn.Linear modules: those LoRA adapts (bitsandbytes quantizes every
+        block linear whatever the targets: linear_weight_params)."""
         return self._per_kind(targets, lambda a, o: a * o)
 
     def to_json(self) -> dict[str, Any]:

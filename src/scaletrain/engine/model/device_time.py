@@ -59,7 +59,7 @@ def param_bytes_gathered(s: TrainingSetup) -> int:
         return cb * m.params
     base = cb * m.params
     if s.base_bits in (4, 8):
-        lin = m.targeted_linear_params(s.lora_targets)
+        lin = m.linear_weight_params()       # bitsandbytes quantizes every block nn.Linear, whatever LoRA targets
         base = quantized_linear_bytes(lin, s.base_bits) + cb * (m.params - lin)
     return base + cb * s.trainable_params
 
@@ -220,7 +220,7 @@ def micro_step(s: TrainingSetup, c: TimeConstants = DEFAULT_CONSTANTS) -> MicroS
         kernels += L * kf
     dequant = 0.0
     if s.method != "full" and s.base_bits in (4, 8):
-        lin = m.targeted_linear_params(s.lora_targets)
+        lin = m.linear_weight_params()       # every quantized linear is dequantized in each pass
         per_pass = quantized_linear_bytes(lin, s.base_bits) + 2 * 2 * lin
         dequant = (passes + 1) * per_pass / (g.hbm_gbps * 1e9 * c.dequant_hbm_efficiency)
     gathers = 0.0

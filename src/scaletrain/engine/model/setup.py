@@ -35,7 +35,7 @@ def _quantized_model_bytes(m: ModelArch, bits: int) -> int:
     """Weights of a frozen model: block linears at `bits`, everything else bf16 (as bitsandbytes leaves it)."""
     if bits == 16:
         return 2 * m.params
-    lin = m.targeted_linear_params() if m.moe is None else m.linear_weight_params()   # MoE experts stay 16-bit
+    lin = m.linear_weight_params()   # every block nn.Linear; MoE experts and routers stay 16-bit
     rest = m.params - lin
     return quantized_linear_bytes(lin, bits) + 2 * rest
 

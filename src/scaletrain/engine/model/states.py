@@ -71,11 +71,10 @@ def model_states(s: TrainingSetup) -> ModelStates:
         trainable_weight_bytes = nm.weight * P
         frozen_bytes = 0
     else:
-        # Frozen base: targeted linears quantized (QLoRA NF4 / 8-bit) or in the base dtype; the rest (embeddings,
-        # norms, lm_head) in the base dtype, fp32 under QLoRA (prepare_model_for_kbit_training).
-        lin = m.targeted_linear_params(s.lora_targets)
-        if m.moe is not None and s.base_bits in (4, 8):
-            lin = m.linear_weight_params()   # bitsandbytes quantizes every nn.Linear; the fused experts stay 16-bit
+        # Frozen base: bitsandbytes quantizes every block nn.Linear (QLoRA NF4 / 8-bit), whatever LoRA targets;
+        # the rest (embeddings, norms, lm_head, MoE's fused experts and router) in the base dtype, fp32 under QLoRA
+        # (prepare_model_for_kbit_training). Unquantized, every frozen weight is in the base dtype.
+        lin = m.linear_weight_params()
         lin_bytes = quantized_linear_bytes(lin, s.base_bits) if s.base_bits in (4, 8) else nm.frozen * lin
         frozen_bytes = lin_bytes + nm.frozen * (P - lin)
         trainable_weight_bytes = nm.adapter * T
