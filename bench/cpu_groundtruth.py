@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from groundtruth_cli import predicted_vs_measured, run_groundtruth
 from scaletrain.engine.catalog.hardware import parse_gpus
 from scaletrain.engine.model.memory import estimate_memory
-from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, catalog_entry
+from scaletrain.engine.catalog.architectures import catalog_entry
 from scaletrain.engine.model.setup import TrainingSetup
 
 
@@ -131,9 +131,10 @@ def config_for(case: Case) -> dict:
 
 def setup_for(case: Case) -> TrainingSetup:
     from scaletrain.engine.catalog.architectures import arch_from_config
+    model = arch_from_config(config_for(case), case.model)
     return TrainingSetup(
-        model=arch_from_config(config_for(case), case.model), hardware=parse_gpus("1xCPU"), method=case.method,
-        lora_rank=case.lora_rank, lora_targets=BLOCK_LINEARS, strategy="ddp", precision=case.precision,
+        model=model, hardware=parse_gpus("1xCPU"), method=case.method,
+        lora_rank=case.lora_rank, lora_targets=model.default_lora_targets, strategy="ddp", precision=case.precision,
         master_weights=case.master_weights, base_bits=case.base_bits, optimizer_impl=case.optimizer_impl,
         attn=case.attn, grad_ckpt=case.grad_ckpt, micro_batch=case.micro_batch, grad_accum=case.grad_accum,
         seq_len=case.seq_len, device="cpu",
@@ -147,7 +148,7 @@ def run_case(case: Case) -> dict:
     mem = estimate_memory(s)
     measured = measure_step(
         config_for(case), method=case.method, lora_rank=case.lora_rank,
-        lora_alpha=2 * case.lora_rank, lora_targets=BLOCK_LINEARS, micro_batch=case.micro_batch,
+        lora_alpha=2 * case.lora_rank, lora_targets=s.lora_targets, micro_batch=case.micro_batch,
         seq_len=case.seq_len, grad_ckpt=case.grad_ckpt, attn=case.attn, precision=case.measure_precision,
         optimizer="adamw", grad_accum=case.grad_accum, device="cpu", optimizer_impl=case.optimizer_impl)
     return {

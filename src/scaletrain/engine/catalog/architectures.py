@@ -17,11 +17,13 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.model import traced as _traced
 
 CATALOG_DIR = Path(__file__).parent / "models"
 
-# Decoder-block layouts of the families counted analytically. A family not listed falls back to
-# transformers on the meta device (exact, slower, needs the `train` extra).
+# Decoder-block layouts of the families counted analytically. A model_type not listed is traced instead
+# (engine/model/traced.py: its real modules and saved bytes measured once by trainer/trace.py, then cached);
+# nothing reads these layouts for it.
 #   qkv_bias:  "flag" → q,k,v,o follow config.attention_bias; "qkv" → q,k,v always biased, o not (Qwen2)
 #   qk_norm:   None | "head" (RMSNorm over head_dim, Qwen3/Gemma3) | "full" (over all heads, OLMo2)
 #   norms:     which RMSNorms a block has: pre-attention, post-attention, pre-MLP, post-MLP
@@ -60,13 +62,31 @@ class ModelArch:
     mlp_bias: bool = False
     config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), compare=False, hash=False,
                                       repr=False)
-    exact_params: int | None = field(default=None, compare=False)   # set when counted by transformers (fallback)
+    exact_params: int | None = field(default=None, compare=False)   # set when counted by transformers (traced)
+    # a traced model's structure (engine/model/traced.py): its real block modules, parameters and tensors
+    trace: Mapping[str, Any] | None = field(default=None, compare=False, hash=False, repr=False)
     score_head: bool = False       # a sequence classifier with one output (reward model): h×1 score, no lm_head
 
     # ---- structure -------------------------------------------------------------------------------------------
     @property
+    def memory_source(self) -> str:
+        """Where the memory model's per-block numbers come from: "analytic" (the layout table above) or
+        "traced" (trainer/trace.py measured a slice of the real model)."""
+        return "analytic" if self.model_type in _FAMILIES else "traced"
+
+    @property
     def family(self) -> dict[str, Any]:
-        return _FAMILIES.get(self.model_type, _FAMILIES["llama"])
+        """The analytic layout; for a traced model only what its trace measured: its norms (by count), no
+        qk-norm or bias rule (the linears' biases are in `linear_shapes`)."""
+        if self.trace is None:
+            return _FAMILIES[self.model_type]
+        return dict(qkv_bias=None, qk_norm=None, norms=tuple(f"norm{k}" for k in range(self.trace["block_norms"])),
+                    norm_style=None, traced=True)
+
+    @property
+    def default_lora_targets(self) -> tuple[str, ...]:
+        """Every linear of a block: the analytic seven, or a traced model's own (phi3: qkv_proj, gate_up_proj)."""
+        return BLOCK_LINEARS if self.trace is None else tuple(self.trace["linears"])
 
     @property
     def q_dim(self) -> int:
@@ -78,6 +98,8 @@ class ModelArch:
 
     def linear_shapes(self) -> dict[str, tuple[int, int, bool]]:
         """(in_features, out_features, has_bias) of each linear layer in one decoder block."""
+        if self.trace is not None:
+            return {k: (int(a), int(o), bool(b)) for k, (a, o, b) in self.trace["linears"].items()}
         h, i = self.hidden_size, self.intermediate_size
         fam = self.family
         qkv_b = True if fam["qkv_bias"] == "qkv" else self.attention_bias
@@ -96,6 +118,8 @@ class ModelArch:
         return sum(a * b + (b if bias else 0) for a, b, bias in self.linear_shapes().values())
 
     def block_norm_params(self) -> int:
+        if self.trace is not None:      # everything in the block that is not a linear
+            return int(self.trace["block_params"]) - self.block_linear_params()
         fam = self.family
         n = len(fam["norms"]) * self.hidden_size
         if fam["qk_norm"] == "head":
@@ -109,6 +133,8 @@ class ModelArch:
 
     def block_tensor_count(self) -> int:
         """Parameter tensors in one block (weights, biases, norm weights): optimizers keep per-tensor state."""
+        if self.trace is not None:
+            return int(self.trace["block_tensors"])
         n = sum(2 if bias else 1 for _, _, bias in self.linear_shapes().values())
         n += len(self.family["norms"]) + (2 if self.family["qk_norm"] else 0)
         return n
@@ -116,10 +142,15 @@ class ModelArch:
     @property
     def tensor_count(self) -> int:
         head = 1 if self.score_head else (0 if self.tie_embeddings else 1)
+        if self.trace is not None:
+            own_head = 1 if self.trace["lm_head_params"] else 0
+            return int(self.trace["tensor_count"]) - own_head + head
         return 1 + self.num_layers * self.block_tensor_count() + 1 + head
 
     @property
     def embedding_params(self) -> int:
+        if self.trace is not None:
+            return int(self.trace["embedding_params"])
         return self.vocab_size * self.hidden_size
 
     @property
@@ -127,6 +158,8 @@ class ModelArch:
         """The output head's own parameters: an untied lm_head (V×h), none when tied, or a reward model's score."""
         if self.score_head:
             return self.hidden_size
+        if self.trace is not None:
+            return int(self.trace["lm_head_params"])
         return 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
 
     @property
@@ -160,18 +193,18 @@ class ModelArch:
     def lora_params(self, rank: int, targets: tuple[str, ...] | None = None) -> int:
         """Exact LoRA trainable count: r·(in+out) per adapted linear, over all blocks."""
         shapes = self.linear_shapes()
-        targets = tuple(targets) if targets else BLOCK_LINEARS
+        targets = tuple(targets) if targets else self.default_lora_targets
         unknown = [t for t in targets if t not in shapes]
         if unknown:
             raise ScaletrainError(
-                f"unknown LoRA target(s) {', '.join(unknown)}; accepted: {', '.join(BLOCK_LINEARS)}")
+                f"unknown LoRA target(s) {', '.join(unknown)}; accepted: {', '.join(shapes)}")
         per_block = sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
         return per_block * self.num_layers
 
     def targeted_linear_params(self, targets: tuple[str, ...] | None = None) -> int:
         """Weights (no bias) of the targeted linears: what QLoRA quantizes and LoRA freezes."""
         shapes = self.linear_shapes()
-        targets = tuple(targets) if targets else BLOCK_LINEARS
+        targets = tuple(targets) if targets else self.default_lora_targets
         return self.num_layers * sum(shapes[t][0] * shapes[t][1] for t in targets)
 
     def to_json(self) -> dict[str, Any]:
@@ -181,7 +214,15 @@ class ModelArch:
             "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
             "vocab_size": self.vocab_size, "tie_embeddings": self.tie_embeddings, "params": self.params,
             "head": "score" if self.score_head else "lm_head",
+            "memory_source": self.memory_source if self.trace is None else _traced.source(self.config),
         }
+
+    def memory_source_line(self) -> str:
+        """One line for the plan's text: where the memory model's numbers come from."""
+        if self.trace is None:
+            return f"memory: analytic layout of {self.model_type}"
+        cached = " (cached)" if _traced.source(self.config) == "traced (cached)" else ""
+        return f"memory: traced from a {_traced.slice_layers(self.config)}-layer slice of {self.model_type}{cached}"
 
 
 # ---- loading ---------------------------------------------------------------------------------------------------
@@ -257,30 +298,23 @@ def arch_from_config(cfg: Mapping[str, Any], name: str) -> ModelArch:
         config=MappingProxyType(dict(cfg)),
     )
     if model_type not in _FAMILIES:
-        arch = _count_with_transformers(arch)
+        arch = _with_trace(arch)
     return arch
 
 
-def _count_with_transformers(arch: ModelArch) -> ModelArch:
-    """Exact count for families without an analytic layout: build on the meta device (needs torch)."""
-    try:
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
-    except ImportError:
-        raise ScaletrainError(
-            f"model_type {arch.model_type!r} has no built-in layout (known: {', '.join(sorted(_FAMILIES))}); "
-            "install the 'train' extra to count it with transformers") from None
-    cfg = dict(arch.config)
-    try:
-        conf = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(conf)
-        model.tie_weights()
-    except Exception as e:
-        raise ScaletrainError(f"transformers cannot build {arch.name} ({arch.model_type}): {e}") from None
-    n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+def analytic_types() -> str:
+    """The model_types with an analytic layout, for messages."""
+    return ", ".join(sorted(_FAMILIES))
+
+
+def _with_trace(arch: ModelArch) -> ModelArch:
+    """A model_type without an analytic layout: its real modules and exact counts from a trace (cached; the first
+    time a subprocess builds it on the meta device, engine/model/traced.py)."""
     from dataclasses import replace
-    return replace(arch, exact_params=int(n))
+
+    struct = _traced.structure(arch.config, analytic_types())
+    return replace(arch, trace=MappingProxyType(dict(struct)), exact_params=int(struct["params"]),
+                   tie_embeddings=bool(struct["tied"]))
 
 
 @lru_cache(maxsize=None)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from scaletrain.engine.model.numerics import Numerics, numerics
 from scaletrain.engine.model.setup import TrainingSetup
+from scaletrain.engine.model.traced_blocks import traced_block_terms, traced_outside_blocks
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None) -> Layer
     16-bit cast), the attention output, and the MLP's gate, up, act(gate) and act·up. LoRA adds each adapter's
     rank-r intermediate. Checked byte for byte against torch's saved-tensor hooks (tests/test_memory_saved.py).
     """
+    if s.model.memory_source == "traced":
+        return LayerActivations(**traced_block_terms(s, micro_batch, weight_copies_bytes(s), _flash_backward_bytes))
     m = s.model
     nm = numerics(s)
     b = micro_batch or s.micro_batch
@@ -210,6 +213,8 @@ def outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> dict[str
     mask; `final`: the final norm and what lm_head keeps of its input, plus autocast's 16-bit copy of an fp32
     lm_head; `labels`: the shifted labels cross-entropy keeps (int64).
     """
+    if s.model.memory_source == "traced":
+        return traced_outside_blocks(s, micro_batch)
     m = s.model
     nm = numerics(s)
     b = micro_batch or s.micro_batch

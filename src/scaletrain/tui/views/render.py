@@ -55,6 +55,8 @@ def print_plan(plan: Plan, *, alternatives: bool = False, table: str | None = No
     hw = s.hardware
     c.print(f"[bold]{s.model.name}[/]  {fmt_count(s.model.params)} params, {fmt_count(s.trainable_params)} "
             f"trainable ({s.method}{'' if s.method == 'full' else f', r={s.lora_rank}'})")
+    if s.model.memory_source != "analytic":
+        c.print(s.model.memory_source_line(), markup=False)
     c.print(f"[bold]{hw.describe()}[/]  {hw.gpu.name}, {fmt_bytes(hw.gpu.memory_bytes)} each, "
             f"{hw.gpu.interconnect}{' (detected)' if hw.source == 'detected' else ''}")
     c.print(f"{s.strategy}{'' if s.offload == 'none' else f' + offload {s.offload}'}, {s.precision_label}, "
