@@ -3,7 +3,8 @@
     python -m scaletrain.trainer.trace < request.json > trace.json      (or: ... trace '{"config": ...}')
 
 The request is `{"config": <config.json dict>, "regime": null | {"method", "lora_rank", "lora_targets",
-"precision", "attn"}}` (precision in trainer/measure.py's names: fp32, bf16, bf16-pure, bf16-autocast). The answer:
+"precision", "attn"}}` (precision in trainer/measure.py's names: fp32, bf16, bf16-pure, bf16-autocast), or
+`"regimes": [...]` for several in one process (answered as `activations_by_regime`, in order). The answer:
 
 - `structure` (always): the real model built on the meta device (no memory): its exact parameter count, the
   embedding and output-head sizes, and one decoder block's nn.Linear modules (name → in, out, bias), parameter
@@ -326,13 +327,19 @@ def run(request: dict) -> dict[str, Any]:
     except Exception as e:
         raise TraceError(f"transformers cannot build it: {one_line(e)}") from None
     out: dict[str, Any] = {"format": TRACE_FORMAT, "model_type": config["model_type"], "structure": struct}
-    if request.get("regime"):
+    regimes = list(request.get("regimes") or ([request["regime"]] if request.get("regime") else []))
+    answers = []
+    for regime in regimes:
         try:
-            out["activations"] = activations(config, request["regime"], struct)
+            answers.append(activations(config, regime, struct))
         except TraceError:
             raise
         except Exception as e:
             raise TraceError(f"its forward failed: {one_line(e)}") from None
+    if request.get("regime"):
+        out["activations"] = answers[0]
+    elif answers:
+        out["activations_by_regime"] = answers
     return out
 
 

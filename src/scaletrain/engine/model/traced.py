@@ -20,7 +20,6 @@ import os
 import subprocess
 import sys
 import time
-from importlib import metadata
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Mapping
@@ -49,6 +48,8 @@ def cache_dir() -> Path:
 
 
 def _versions() -> dict[str, str | None]:
+    from importlib import metadata
+
     out: dict[str, str | None] = {}
     for dist in ("scaletrain", "transformers", "torch", "peft"):
         try:
@@ -59,7 +60,8 @@ def _versions() -> dict[str, str | None]:
 
 
 def cache_key(config: Mapping[str, Any], regime: Mapping[str, Any] | None) -> str:
-    text = json.dumps({"format": TRACE_FORMAT, "config": config, "regime": regime, "versions": _versions()},
+    text = json.dumps({"format": TRACE_FORMAT, "config": dict(config), "regime": dict(regime) if regime else None,
+                       "versions": _versions()},
                       sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
@@ -87,12 +89,21 @@ def _fail(model_type: str, why: str, accepted: str) -> ScaletrainError:
     return ScaletrainError((head + why + tail)[:MAX_ERROR_CHARS])
 
 
-def _run_trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, accepted: str) -> dict[str, Any]:
+def _describe(regime: Mapping[str, Any]) -> str:
+    return f"{regime.get('method')}, {regime.get('precision')}, {regime.get('attn')}"
+
+
+def _run_trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, accepted: str,
+               regimes: list | None = None) -> dict[str, Any]:
     model_type = str(config.get("model_type", "?"))
     if find_spec("torch") is None or find_spec("transformers") is None:
         raise _fail(model_type, "torch/transformers are not installed: install the 'train' extra", accepted)
-    request = json.dumps({"config": dict(config), "regime": dict(regime) if regime else None})
-    what = "" if regime is None else f" ({regime.get('method')}, {regime.get('precision')}, {regime.get('attn')})"
+    body: dict[str, Any] = {"config": dict(config), "regime": dict(regime) if regime else None}
+    if regimes:
+        body["regimes"] = [dict(r) for r in regimes]
+    request = json.dumps(body)
+    what = "" if regime is None else f" ({_describe(regime)})"
+    what += f" ({'; '.join(_describe(r) for r in regimes)})" if regimes else ""
     t0 = time.perf_counter()
     try:
         proc = subprocess.run([sys.executable, "-m", "scaletrain.trainer.trace"], input=request,
@@ -123,18 +134,35 @@ def trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, accepted:
     if data.get("format") != TRACE_FORMAT or "structure" not in data:
         raise _fail(str(config.get("model_type")), "the trace answered in another format", accepted)
     _RAN.add(cache_key(config, None))
-    try:
-        atomic_write(path, json.dumps(data, sort_keys=True), backup=False)
-    except OSError:
-        pass      # an unwritable cache costs a trace next time, not this plan
+    _store(config, regime, data)
     if regime is not None:           # the structure is in every answer: cache it too
-        try:
-            atomic_write(_cache_path(config, cache_key(config, None)),
-                         json.dumps({"format": data["format"], "model_type": data.get("model_type"),
-                                     "structure": data["structure"]}, sort_keys=True), backup=False)
-        except OSError:
-            pass
+        _store(config, None, {k: data[k] for k in ("format", "model_type", "structure") if k in data})
     return data, False
+
+
+def _store(config: Mapping[str, Any], regime: Mapping[str, Any] | None, data: Mapping[str, Any]) -> None:
+    try:
+        atomic_write(_cache_path(config, cache_key(config, regime)), json.dumps(data, sort_keys=True), backup=False)
+    except (OSError, ScaletrainError):
+        pass      # an unwritable cache costs a trace next time, not this plan
+
+
+def prefetch(config: Mapping[str, Any], regimes: list[Mapping[str, Any]], accepted: str) -> int:
+    """Trace the structure and every regime not cached yet in ONE subprocess (one transformers import), and cache
+    them; returns how many regimes were traced. For a planner or a benchmark that knows its regimes up front."""
+    missing = [r for r in regimes if _read(_cache_path(config, cache_key(config, r))) is None]
+    if not missing:
+        return 0
+    data = _run_trace(config, None, accepted, regimes=missing)
+    answers = data.get("activations_by_regime")
+    if not isinstance(answers, list) or len(answers) != len(missing):
+        raise _fail(str(config.get("model_type")), "the trace answered in another format", accepted)
+    _RAN.add(cache_key(config, None))
+    head = {k: data[k] for k in ("format", "model_type", "structure") if k in data}
+    _store(config, None, head)
+    for regime, act in zip(missing, answers):
+        _store(config, regime, {**head, "activations": act})
+    return len(missing)
 
 
 def structure(config: Mapping[str, Any], accepted: str) -> dict[str, Any]:
