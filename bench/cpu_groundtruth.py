@@ -117,6 +117,10 @@ CASES = [
     Case("scaletrain/tiny-qwen2", method="qlora", precision="bf16", seq_len=128),
     Case("scaletrain/tiny-qwen3", method="qlora", precision="bf16", grad_ckpt=True, optimizer_impl="fused"),
 ]
+# traced families (no analytic layout: engine/model/traced.py measures a 2-layer slice once, then plans from it)
+TRACED = [Case(f"scaletrain/tiny-{fam}", method=method, grad_ckpt=ckpt)
+          for fam in ("phi3", "granite", "glm4") for method in ("full", "lora") for ckpt in (False, True)]
+CASES += TRACED
 QUICK = [CASES[i] for i in (0, 2, 3, 4, 6, 9, 10, 13, 15, 17, 19, 23, 25, 26, 29, 31)]
 
 

@@ -30,7 +30,7 @@ LINEARS = {"phi3": {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"},
            "granite": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
            "glm4": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"}}
 CASES = [(f, method, ckpt) for f in FAMILIES for method in ("full", "lora") for ckpt in (False, True)]
-B, S, RANK = 2, 256, 8
+B, S, RANK = 2, 128, 8
 
 
 def _config(family: str) -> dict:
@@ -45,11 +45,14 @@ def _regime(family: str, method: str) -> dict:
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    """One cache for the module, filled by one trace per family (one transformers import each)."""
+    """One cache for the module, filled by trainer/trace.py in this process (torch is imported here anyway; the
+    subprocess path is what the starcoder2 and refusal tests run)."""
+    from scaletrain.trainer.trace import run
+
     mp = pytest.MonkeyPatch()
     mp.setenv("SCALETRAIN_CACHE", str(tmp_path_factory.mktemp("traces")))
     for family in FAMILIES:
-        assert traced.prefetch(_config(family), [_regime(family, m) for m in ("full", "lora")], "test") == 2
+        assert traced.prefetch(_config(family), [_regime(family, m) for m in ("full", "lora")], "test", run) == 2
     yield
     mp.undo()
 
@@ -72,6 +75,7 @@ def test_a_traced_family_is_not_llama_and_reads_its_trace(cache):
         layer = block_activations(s)
         assert layer.saved_attn == B * S * blk["attn"][1] and layer.saved_mlp == B * S * blk["mlp"][1]
         assert m.to_json()["memory_source"] == "traced"       # this process traced it (the fixture)
+        assert m.memory_source_line() == f"memory: traced from a 2-layer slice of {family}"
     llama = load_model("scaletrain/tiny-llama")
     assert llama.memory_source == "analytic" and llama.to_json()["memory_source"] == "analytic"
 

@@ -36,6 +36,8 @@ TRACE_FORMAT = 1
 # so a slice at a 9B model's width stays well under a second per forward on a laptop CPU; long enough that
 # torch's CPU sdpa runs its flash kernel (the one trainer/saved_activations.py was checked on at S = 32).
 TRACE_SEQ_LENS = (16, 32, 48)
+# A sliding window the planned sequences exceed is traced as this one, shorter than every TRACE_SEQ_LENS.
+WINDOWED_TRACE = 8
 # The slice's vocabulary: prime, so no hidden, head or MLP width equals it and the vocabulary-wide tensors
 # (logits, log-softmax) can be told apart by their last dimension.
 SLICE_VOCAB = 509
@@ -291,6 +293,8 @@ def activations(config: dict, regime: dict, struct: dict) -> dict[str, Any]:
 
     _check_layer_size(struct, regime["precision"], str(config.get("model_type")))
     cfg, types = slice_config(config)
+    if regime.get("windowed"):     # the planned sequence is longer than the window: so are the traced ones
+        cfg["sliding_window"] = WINDOWED_TRACE
     targets = tuple(regime.get("lora_targets") or ()) or None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -22,7 +22,7 @@ import sys
 import time
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import atomic_write
@@ -147,13 +147,18 @@ def _store(config: Mapping[str, Any], regime: Mapping[str, Any] | None, data: Ma
         pass      # an unwritable cache costs a trace next time, not this plan
 
 
-def prefetch(config: Mapping[str, Any], regimes: list[Mapping[str, Any]], accepted: str) -> int:
+def prefetch(config: Mapping[str, Any], regimes: list[Mapping[str, Any]], accepted: str,
+             runner: Callable[[dict], dict] | None = None) -> int:
     """Trace the structure and every regime not cached yet in ONE subprocess (one transformers import), and cache
-    them; returns how many regimes were traced. For a planner or a benchmark that knows its regimes up front."""
+    them; returns how many regimes were traced. For a planner or a benchmark that knows its regimes up front.
+    `runner`: trainer/trace.py's `run`, called in this process instead (a caller that has imported torch anyway)."""
     missing = [r for r in regimes if _read(_cache_path(config, cache_key(config, r))) is None]
     if not missing:
         return 0
-    data = _run_trace(config, None, accepted, regimes=missing)
+    if runner is None:
+        data = _run_trace(config, None, accepted, regimes=missing)
+    else:
+        data = runner({"config": dict(config), "regimes": [dict(r) for r in missing]})
     answers = data.get("activations_by_regime")
     if not isinstance(answers, list) or len(answers) != len(missing):
         raise _fail(str(config.get("model_type")), "the trace answered in another format", accepted)

@@ -36,7 +36,8 @@ def trace_regime(s: TrainingSetup) -> dict[str, Any]:
     Checkpointing is not part of it: the trace keeps what a block saves when it runs (or is recomputed), and
     the memory model keeps only block inputs between blocks under checkpointing, as for every family. fp16 is
     traced as bf16 (same widths); QLoRA as LoRA on an fp32 base under autocast (its frozen weights' 16-bit copies
-    counted: an over-estimate, on the safe side).
+    counted: an over-estimate, on the safe side). A sliding window shorter than the planned sequence is traced
+    as one shorter than the trace's sequences, so its masks and repeated k/v are in the fit.
     """
     nm = numerics(s)
     if s.precision == "fp32":
@@ -46,9 +47,13 @@ def trace_regime(s: TrainingSetup) -> dict[str, Any]:
     else:
         precision = "bf16" if nm.residual == 4 else "bf16-autocast"
     lora = s.method != "full"
-    return {"method": "lora" if lora else "full", "lora_rank": s.lora_rank if lora else 0,
-            "lora_targets": sorted(s.lora_targets) if lora else None, "precision": precision,
-            "attn": "eager" if s.attn == "eager" else "sdpa"}
+    regime: dict[str, Any] = {"method": "lora" if lora else "full", "lora_rank": s.lora_rank if lora else 0,
+                              "lora_targets": sorted(s.lora_targets) if lora else None, "precision": precision,
+                              "attn": "eager" if s.attn == "eager" else "sdpa"}
+    window = s.model.config.get("sliding_window")
+    if isinstance(window, int) and not isinstance(window, bool) and 0 < window < s.seq_len:
+        regime["windowed"] = True     # traced with a window shorter than its sequences: masks, repeated k/v
+    return regime
 
 
 def _trace(s: TrainingSetup) -> dict[str, Any]:
