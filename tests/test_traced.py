@@ -154,3 +154,14 @@ def test_a_family_transformers_does_not_know_is_refused_in_one_line(tmp_path, mo
     assert "no_such_family" in lines[0] and "no analytic layout" in lines[0]
     with pytest.raises(ScaletrainError):
         arch_from_config(cfg, "x")
+
+
+def test_a_layer_too_large_for_the_cpu_is_refused_before_it_is_built():
+    """A 16k-wide glm4 layer is ~13 GiB in fp32: the trace says so in one line instead of allocating it."""
+    from scaletrain.trainer.trace import TraceError, run
+
+    cfg = dict(_config("glm4"), hidden_size=16384, intermediate_size=65536, num_attention_heads=128,
+               num_key_value_heads=8, head_dim=128)
+    with pytest.raises(TraceError, match=r"one decoder layer of glm4 is 1\d\.\d GiB .* over the 2 GiB") as e:
+        run({"config": cfg, "regime": _regime("glm4", "full")})
+    assert "\n" not in str(e.value) and len(str(e.value)) <= 280
