@@ -56,6 +56,23 @@ def trace_regime(s: TrainingSetup) -> dict[str, Any]:
     return regime
 
 
+def prefetch_traces(setups: list[TrainingSetup]) -> None:
+    """Trace, in one subprocess, every regime these setups of a traced model need and the cache lacks (a search
+    visits several: DeepSpeed's 16-bit weights and accelerate's autocast are different regimes)."""
+    from scaletrain.engine.catalog.architectures import analytic_types
+
+    todo = [s for s in setups if s.model.memory_source == "traced"]
+    if todo:
+        regimes = {_json_key(trace_regime(s)): trace_regime(s) for s in todo}
+        traced.prefetch(todo[0].model.config, list(regimes.values()), analytic_types())
+
+
+def _json_key(regime: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(regime, sort_keys=True)
+
+
 def _trace(s: TrainingSetup) -> dict[str, Any]:
     from scaletrain.engine.catalog.architectures import analytic_types
 
@@ -93,8 +110,9 @@ def traced_block_terms(s: TrainingSetup, micro_batch: int | None, copies: tuple[
     saved_attn = _mean([traced.at([0, *per_token(blk["attn"])], b, S) for blk in layers])
     saved_mlp = _mean([traced.at([0, *per_token(blk["mlp"])], b, S) for blk in layers])
     consts = _mean([int(blk["attn"][0]) + int(blk["mlp"][0]) for blk in layers])
-    largest_mlp = max(int(blk["largest_mlp"]) for blk in layers)
-    largest = max(largest_mlp, max(int(blk["largest_attn"]) for blk in layers))
+    largest = max(max(int(blk["largest_mlp"]), int(blk["largest_attn"])) for blk in layers)
+    # a block whose MLP child the trace could not name kept everything in its attention half: use its largest
+    largest_mlp = max(int(blk["largest_mlp"]) for blk in layers) or largest
     s2 = b * m.num_heads * S * S           # attention score elements
     fwd_t = 2 * s2 * 4 if s.attn == "eager" else t * largest
     mlp_bwd_t = 2 * t * largest_mlp
