@@ -4,6 +4,8 @@ A model is its config: the bundled catalog (engine/catalog/models/*.json), a pat
 holding one, or an id found in the local Hugging Face cache (offline). Parameter counts are derived from the
 architecture's module list (`linear_shapes`, `other_params`), so LoRA counts, FLOPs and the largest ZeRO-3 gather
 unit all come from the same table. Tests check the counts against transformers building the same config.
+A model_type without an analytic layout (`memory_source` "traced") takes its module list and counts from a trace of
+the real model instead (engine/model/traced.py), never from another family's layout.
 """
 
 from __future__ import annotations
