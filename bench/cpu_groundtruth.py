@@ -120,6 +120,14 @@ CASES = [
 # traced families (no analytic layout: engine/model/traced.py measures a 2-layer slice once, then plans from it)
 TRACED = [Case(f"scaletrain/tiny-{fam}", method=method, grad_ckpt=ckpt)
           for fam in ("phi3", "granite", "glm4") for method in ("full", "lora") for ckpt in (False, True)]
+TRACED += [   # activation-dominated: eager attention, bf16 autocast, LoRA on a bf16 base
+    Case("scaletrain/tiny-phi3", method="lora", attn="eager", seq_len=512, micro_batch=1,
+         overrides=(("hidden_size", 256), ("intermediate_size", 768), ("num_hidden_layers", 4))),
+    Case("scaletrain/tiny-granite", precision="bf16", seq_len=512, micro_batch=1,
+         overrides=(("hidden_size", 256), ("intermediate_size", 768), ("num_hidden_layers", 4))),
+    Case("scaletrain/tiny-glm4", method="lora", precision="bf16", grad_ckpt=True, seq_len=512, micro_batch=1,
+         overrides=(("hidden_size", 256), ("intermediate_size", 768), ("num_hidden_layers", 4))),
+]
 CASES += TRACED
 QUICK = [CASES[i] for i in (0, 2, 3, 4, 6, 9, 10, 13, 15, 17, 19, 23, 25, 26, 29, 31)]
 

@@ -165,3 +165,22 @@ def test_a_layer_too_large_for_the_cpu_is_refused_before_it_is_built():
     with pytest.raises(TraceError, match=r"one decoder layer of glm4 is 1\d\.\d GiB .* over the 2 GiB") as e:
         run({"config": cfg, "regime": _regime("glm4", "full")})
     assert "\n" not in str(e.value) and len(str(e.value)) <= 280
+
+
+def test_a_layer_pattern_is_traced_once_per_position_and_mapped_back_by_type():
+    """A config with a layer_types pattern: the slice holds a first layer plus one layer per pattern position, and
+    the engine gives each real layer the traced block of its own type."""
+    from types import SimpleNamespace
+
+    from scaletrain.engine.model.traced_blocks import _per_layer
+    from scaletrain.trainer.trace import slice_config
+
+    pattern = ["sliding_attention"] * 2 + ["full_attention"]
+    cfg = dict(_config("glm4"), num_hidden_layers=7, layer_types=[pattern[i % 3] for i in range(7)],
+               pad_token_id=151329)
+    sliced, types = slice_config(cfg)
+    assert sliced["num_hidden_layers"] == 4 == len(types) and sliced["layer_types"] == types
+    assert sliced["vocab_size"] < 1024 and sliced["pad_token_id"] < sliced["vocab_size"]
+    blocks = [{"type": types[i], "attn": [0, i, 0]} for i in range(1, 4)]
+    s = SimpleNamespace(model=SimpleNamespace(config=cfg, num_layers=7))
+    assert [b["type"] for b in _per_layer(s, blocks)] == cfg["layer_types"]
