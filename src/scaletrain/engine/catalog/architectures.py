@@ -81,6 +81,9 @@ class ModelArch:
         """The analytic layout; for a traced model only what its trace measured: its norms (by count), no
         qk-norm or bias rule (the linears' biases are in `linear_shapes`)."""
         if self.trace is None:
+            if self.model_type not in _FAMILIES:
+                raise ScaletrainError(f"model_type {self.model_type[:40]!r} has no analytic layout and was not traced "
+                                      "(load it with arch_from_config or load_model, which trace it)")
             return _FAMILIES[self.model_type]
         return dict(qkv_bias=None, qk_norm=None, norms=tuple(f"norm{k}" for k in range(self.trace["block_norms"])),
                     norm_style=None, traced=True)
