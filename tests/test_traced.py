@@ -118,7 +118,7 @@ def test_the_cache_is_hit_without_a_subprocess_or_torch(cache, monkeypatch):
     assert r.returncode == 0 and r.stdout.strip() == "traced (cached) False" and "tracing" not in r.stderr, r.stderr
 
 
-def test_a_family_transformers_knows_is_traced(tmp_path, monkeypatch):
+def test_a_family_transformers_knows_is_traced(tmp_path, monkeypatch, capsys):
     """starcoder2: LayerNorm with biases, a two-linear MLP (c_fc, c_proj), tied embeddings."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -129,6 +129,7 @@ def test_a_family_transformers_knows_is_traced(tmp_path, monkeypatch):
            "eos_token_id": 2, "pad_token_id": 0}
     regime = {"method": "full", "lora_rank": 0, "lora_targets": None, "precision": "fp32", "attn": "sdpa"}
     assert traced.prefetch(cfg, [regime], "test") == 1
+    assert capsys.readouterr().err.startswith("tracing starcoder2 (full, fp32, sdpa) … ")
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     arch = load_model(str(tmp_path / "config.json"))
     with torch.device("meta"):
