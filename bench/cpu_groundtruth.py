@@ -127,6 +127,9 @@ TRACED += [   # activation-dominated: eager attention, bf16 autocast, LoRA on a 
          overrides=(("hidden_size", 256), ("intermediate_size", 768), ("num_hidden_layers", 4))),
     Case("scaletrain/tiny-glm4", method="lora", precision="bf16", grad_ckpt=True, seq_len=512, micro_batch=1,
          overrides=(("hidden_size", 256), ("intermediate_size", 768), ("num_hidden_layers", 4))),
+    # a sliding window shorter than the sequence (traced as one shorter than the slice's sequences)
+    Case("scaletrain/tiny-phi3", overrides=(("sliding_window", 64),)),
+    Case("scaletrain/tiny-phi3", method="lora", grad_ckpt=True, overrides=(("sliding_window", 64),)),
 ]
 CASES += TRACED
 QUICK = [CASES[i] for i in (0, 2, 3, 4, 6, 9, 10, 13, 15, 17, 19, 23, 25, 26, 29, 31)]

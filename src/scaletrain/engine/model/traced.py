@@ -90,7 +90,8 @@ def _fail(model_type: str, why: str, accepted: str) -> ScaletrainError:
 
 
 def _describe(regime: Mapping[str, Any]) -> str:
-    return f"{regime.get('method')}, {regime.get('precision')}, {regime.get('attn')}"
+    windowed = ", windowed" if regime.get("windowed") else ""
+    return f"{regime.get('method')}, {regime.get('precision')}, {regime.get('attn')}{windowed}"
 
 
 def _run_trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, accepted: str,
