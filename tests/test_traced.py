@@ -187,3 +187,14 @@ def test_a_layer_pattern_is_traced_once_per_position_and_mapped_back_by_type():
     blocks = [{"type": types[i], "attn": [0, i, 0]} for i in range(1, 4)]
     s = SimpleNamespace(model=SimpleNamespace(config=cfg, num_layers=7))
     assert [b["type"] for b in _per_layer(s, blocks)] == cfg["layer_types"]
+
+
+def test_the_structure_a_catalog_entry_records_is_what_a_trace_finds():
+    """The tiny traced entries carry their structure (so listing the catalog runs no trace): it must be what
+    transformers builds today."""
+    from scaletrain.trainer.trace import structure
+
+    for family in FAMILIES:
+        entry = catalog_entry(f"scaletrain/tiny-{family}")
+        assert entry["traced_structure"] == structure(entry["config"]), family
+        assert load_model(f"scaletrain/tiny-{family}").params == entry["traced_structure"]["params"]

@@ -274,8 +274,9 @@ def _short(v: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def arch_from_config(cfg: Mapping[str, Any], name: str) -> ModelArch:
-    """Build a ModelArch from a config.json dict; raise ScaletrainError for anything that is not a causal LM."""
+def arch_from_config(cfg: Mapping[str, Any], name: str, structure: Mapping[str, Any] | None = None) -> ModelArch:
+    """Build a ModelArch from a config.json dict; raise ScaletrainError for anything that is not a causal LM.
+    `structure`: a traced model's structure recorded with its catalog entry (else traced or read from the cache)."""
     cfg = _text_config(cfg)
     missing = [k for k in _REQUIRED if k not in cfg]
     if missing:
@@ -303,7 +304,7 @@ def arch_from_config(cfg: Mapping[str, Any], name: str) -> ModelArch:
         config=MappingProxyType(dict(cfg)),
     )
     if model_type not in _FAMILIES:
-        arch = _with_trace(arch)
+        arch = _with_trace(arch, structure)
     return arch
 
 
@@ -312,12 +313,13 @@ def analytic_types() -> str:
     return ", ".join(sorted(_FAMILIES))
 
 
-def _with_trace(arch: ModelArch) -> ModelArch:
+def _with_trace(arch: ModelArch, structure: Mapping[str, Any] | None = None) -> ModelArch:
     """A model_type without an analytic layout: its real modules and exact counts from a trace (cached; the first
-    time a subprocess builds it on the meta device, engine/model/traced.py)."""
+    time a subprocess builds it on the meta device, engine/model/traced.py), or as its catalog entry recorded one
+    (tests/test_traced.py checks those against a fresh trace)."""
     from dataclasses import replace
 
-    struct = _traced.structure(arch.config, analytic_types())
+    struct = structure if structure is not None else _traced.structure(arch.config, analytic_types())
     return replace(arch, trace=MappingProxyType(dict(struct)), exact_params=int(struct["params"]),
                    tie_embeddings=bool(struct["tied"]))
 
@@ -396,7 +398,7 @@ def load_model(spec: str, *, offline_only: bool = False) -> ModelArch:
                               f"an HF cache id (at most {MAX_SPEC_CHARS} characters)")
     entry = catalog_entry(spec)
     if entry is not None:
-        return arch_from_config(entry["config"], entry["id"])
+        return arch_from_config(entry["config"], entry["id"], entry.get("traced_structure"))
     p = Path(spec).expanduser()
     try:
         exists = p.exists()
