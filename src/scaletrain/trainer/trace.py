@@ -280,8 +280,8 @@ def fit(points: list[tuple[int, int]], what: str = "bytes") -> list[int]:
     c1 = (y1 - y0) / (x1 - x0) - c2 * (x1 + x0)
     c0 = y0 - c1 * x0 - c2 * x0 * x0
     if any(c.denominator != 1 for c in (c0, c1, c2)):
-        raise TraceError(f"{what}: saved bytes {[int(y) for _, y in points]} at S={[int(x) for x, _ in points]} are not "
-                         "a quadratic in the sequence length")
+        raise TraceError(f"{what}: saved bytes {[int(y) for _, y in points]} at S={[int(x) for x, _ in points]} "
+                         "are not a quadratic in the sequence length")
     return [int(c0), int(c1), int(c2)]
 
 
