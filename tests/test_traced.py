@@ -198,3 +198,12 @@ def test_the_structure_a_catalog_entry_records_is_what_a_trace_finds():
         entry = catalog_entry(f"scaletrain/tiny-{family}")
         assert entry["traced_structure"] == structure(entry["config"]), family
         assert load_model(f"scaletrain/tiny-{family}").params == entry["traced_structure"]["params"]
+
+
+def test_the_fit_is_exact_or_refuses():
+    from scaletrain.trainer.trace import TraceError, fit
+
+    f = lambda S: 4096 + 1234 * S + 64 * S * S          # noqa: E731 - weight copies, per token, eager softmax
+    assert fit([(S, f(S)) for S in (16, 32, 48)]) == [4096, 1234, 64]
+    with pytest.raises(TraceError, match="layer1.mlp: saved bytes .* not a quadratic"):
+        fit([(16, 2052), (32, 4096), (48, 6145)], "layer1.mlp")
