@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from groundtruth_cli import predicted_vs_measured, run_groundtruth
 from scaletrain.engine.catalog.hardware import parse_gpus
 from scaletrain.engine.model.memory import estimate_memory
-from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, catalog_entry
+from scaletrain.engine.catalog.architectures import catalog_entry
 from scaletrain.engine.model.setup import TrainingSetup
 
 
@@ -149,7 +149,21 @@ MOE_CASES = [
     Case("scaletrain/tiny-mixtral", method="lora", precision="bf16", base_bits=32, overrides=_MOE4),
     Case("scaletrain/tiny-qwen3-moe", method="qlora", precision="bf16", overrides=_MOE4),
 ]
-CASES += MOE_CASES
+# traced families (no analytic layout: engine/catalog/traced.py measures a 2-layer slice once, then plans from it)
+TRACED = [Case(f"scaletrain/tiny-{fam}", method=method, grad_ckpt=ckpt)
+          for fam in ("phi3", "granite", "glm4") for method in ("full", "lora") for ckpt in (False, True)]
+TRACED += [   # activation-dominated: eager attention, bf16 autocast, LoRA on a bf16 base
+    Case("scaletrain/tiny-phi3", method="lora", attn="eager", seq_len=512, micro_batch=1,
+         overrides=(("hidden_size", 256), ("intermediate_size", 768), ("num_hidden_layers", 4))),
+    Case("scaletrain/tiny-granite", precision="bf16", seq_len=512, micro_batch=1,
+         overrides=(("hidden_size", 256), ("intermediate_size", 768), ("num_hidden_layers", 4))),
+    Case("scaletrain/tiny-glm4", method="lora", precision="bf16", grad_ckpt=True, seq_len=512, micro_batch=1,
+         overrides=(("hidden_size", 256), ("intermediate_size", 768), ("num_hidden_layers", 4))),
+    # a sliding window shorter than the sequence (traced as one shorter than the slice's sequences)
+    Case("scaletrain/tiny-phi3", overrides=(("sliding_window", 64),)),
+    Case("scaletrain/tiny-phi3", method="lora", grad_ckpt=True, overrides=(("sliding_window", 64),)),
+]
+CASES += MOE_CASES + TRACED
 QUICK = [CASES[i] for i in (0, 2, 3, 4, 6, 9, 10, 13, 15, 17, 19, 23, 25, 26, 29, 31)] + [
     MOE_CASES[i] for i in (0, 1, 6, 11)]
 
@@ -167,9 +181,10 @@ def config_for(case: Case) -> dict:
 
 def setup_for(case: Case) -> TrainingSetup:
     from scaletrain.engine.catalog.architectures import arch_from_config
+    model = arch_from_config(config_for(case), case.model)
     return TrainingSetup(
-        model=arch_from_config(config_for(case), case.model), hardware=parse_gpus("1xCPU"), method=case.method,
-        lora_rank=case.lora_rank, lora_targets=BLOCK_LINEARS, strategy="ddp", precision=case.precision,
+        model=model, hardware=parse_gpus("1xCPU"), method=case.method,
+        lora_rank=case.lora_rank, lora_targets=model.default_lora_targets, strategy="ddp", precision=case.precision,
         master_weights=case.master_weights, base_bits=case.base_bits, optimizer_impl=case.optimizer_impl,
         attn=case.attn, grad_ckpt=case.grad_ckpt, micro_batch=case.micro_batch, grad_accum=case.grad_accum,
         seq_len=case.seq_len, device="cpu", experts_impl=case.experts_impl,
@@ -183,7 +198,7 @@ def run_case(case: Case) -> dict:
     mem = estimate_memory(s)
     measured = measure_step(
         config_for(case), method=case.method, lora_rank=case.lora_rank,
-        lora_alpha=2 * case.lora_rank, lora_targets=BLOCK_LINEARS, micro_batch=case.micro_batch,
+        lora_alpha=2 * case.lora_rank, lora_targets=s.lora_targets, micro_batch=case.micro_batch,
         seq_len=case.seq_len, grad_ckpt=case.grad_ckpt, attn=case.attn, precision=case.measure_precision,
         optimizer="adamw", grad_accum=case.grad_accum, device="cpu", optimizer_impl=case.optimizer_impl)
     return {

@@ -8,6 +8,8 @@ import pytest
 
 _CONFIG = tempfile.mkdtemp(prefix="scaletrain-test-config-")
 os.environ["SCALETRAIN_CONFIG_DIR"] = _CONFIG
+# traced model families (engine/catalog/traced.py) cache here, never in the user's ~/.cache
+os.environ["SCALETRAIN_CACHE"] = tempfile.mkdtemp(prefix="scaletrain-test-traces-")
 
 
 @pytest.fixture(autouse=True)

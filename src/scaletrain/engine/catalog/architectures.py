@@ -4,25 +4,30 @@ A model is its config: the bundled catalog (engine/catalog/models/*.json), a pat
 holding one, or an id found in the local Hugging Face cache (offline). Parameter counts are derived from the
 architecture's module list (`linear_shapes`, `other_params`), so LoRA counts, FLOPs and the largest ZeRO-3 gather
 unit all come from the same table. Tests check the counts against transformers building the same config.
+A model_type without an analytic layout (`memory_source` "traced") takes its module list and counts from a trace of
+the real model instead (engine/catalog/traced.py), never from another family's layout.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from scaletrain.engine.catalog.config_json import (MAX_SPEC_CHARS, REQUIRED_KEYS, SIZE_LIMITS, hf_cache_config,
+                                                   read_config, short, size_field, text_config)
 from scaletrain.engine.catalog.moe import MoeSpec, moe_from_config, peft_converted_names, peft_expert_lora
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.catalog import traced as _traced
 
 CATALOG_DIR = Path(__file__).parent / "models"
 
-# Decoder-block layouts of the families counted analytically. A family not listed falls back to
-# transformers on the meta device (exact, slower, needs the `train` extra).
+# Decoder-block layouts of the families counted analytically. A model_type not listed is traced instead
+# (engine/catalog/traced.py: its real modules and saved bytes measured once by trainer/trace.py, then cached);
+# nothing reads these layouts for it.
 #   qkv_bias:  "flag" → q,k,v,o follow config.attention_bias; "qkv" → q,k,v always biased, o not (Qwen2);
 #              "qkv_flag" → q,k,v follow config.qkv_bias (default True), o not (Qwen2-MoE)
 #   qk_norm:   None | "head" (RMSNorm over head_dim, Qwen3/Gemma3) | "full" (over all heads, OLMo2)
@@ -79,14 +84,35 @@ class ModelArch:
     mlp_bias: bool = False
     config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), compare=False, hash=False,
                                       repr=False)
-    exact_params: int | None = field(default=None, compare=False)   # set when counted by transformers (fallback)
+    exact_params: int | None = field(default=None, compare=False)   # set when counted by transformers (traced)
+    # a traced model's structure (engine/catalog/traced.py): its real block modules, parameters and tensors
+    trace: Mapping[str, Any] | None = field(default=None, compare=False, hash=False, repr=False)
     score_head: bool = False       # a sequence classifier with one output (reward model): h×1 score, no lm_head
     moe: MoeSpec | None = None     # the MoE MLP (catalog/moe.py); None for dense models
 
     # ---- structure -------------------------------------------------------------------------------------------
     @property
+    def memory_source(self) -> str:
+        """Where the memory model's per-block numbers come from: "analytic" (the layout table above) or
+        "traced" (trainer/trace.py measured a slice of the real model)."""
+        return "analytic" if self.model_type in _FAMILIES else "traced"
+
+    @property
     def family(self) -> dict[str, Any]:
-        return _FAMILIES.get(self.model_type, _FAMILIES["llama"])
+        """The analytic layout; for a traced model only what its trace measured: its norms (by count), no
+        qk-norm or bias rule (the linears' biases are in `linear_shapes`)."""
+        if self.trace is None:
+            if self.model_type not in _FAMILIES:
+                raise ScaletrainError(f"model_type {self.model_type[:40]!r} has no analytic layout and was not traced "
+                                      "(load it with arch_from_config or load_model, which trace it)")
+            return _FAMILIES[self.model_type]
+        return dict(qkv_bias=None, qk_norm=None, norms=tuple(f"norm{k}" for k in range(self.trace["block_norms"])),
+                    norm_style=None, traced=True)
+
+    @property
+    def default_lora_targets(self) -> tuple[str, ...]:
+        """Every linear of a block: the analytic seven, or a traced model's own (phi3: qkv_proj, gate_up_proj)."""
+        return BLOCK_LINEARS if self.trace is None else tuple(self.trace["linears"])
 
     @property
     def attention_implementations(self) -> tuple[str, ...]:
@@ -107,8 +133,11 @@ class ModelArch:
 
         An MoE model's block (the default): attention, and qwen2_moe's shared expert and its gate; the routed
         experts are 3-D parameters (`expert_params`), the router a bare weight. `dense=True`: a dense layer of an
-        MoE model (mlp_only_layers / decoder_sparse_step), with the ordinary MLP of intermediate_size.
+        MoE model (mlp_only_layers / decoder_sparse_step), with the ordinary MLP of intermediate_size. A traced
+        model: the modules its trace found.
         """
+        if self.trace is not None:
+            return {k: (int(a), int(o), bool(b)) for k, (a, o, b) in self.trace["linears"].items()}
         h, i = self.hidden_size, self.intermediate_size
         style = self.family["qkv_bias"]
         qkv_b = True if style == "qkv" else self.attention_bias
@@ -139,6 +168,8 @@ class ModelArch:
         return sum(a * b + (b if bias else 0) for a, b, bias in self.linear_shapes(dense).values())
 
     def block_norm_params(self) -> int:
+        if self.trace is not None:      # everything in the block that is not a linear
+            return int(self.trace["block_params"]) - self.block_linear_params()
         fam = self.family
         n = len(fam["norms"]) * self.hidden_size
         if fam["qk_norm"] == "head":
@@ -161,6 +192,8 @@ class ModelArch:
 
     def block_tensor_count(self, dense: bool | None = None) -> int:
         """Parameter tensors in one block (weights, biases, norm weights): optimizers keep per-tensor state."""
+        if self.trace is not None:
+            return int(self.trace["block_tensors"])
         if dense is None:
             return max(self.block_tensor_count(d) for d, _ in self.block_kinds())
         n = sum(2 if bias else 1 for _, _, bias in self.linear_shapes(dense).values())
@@ -170,10 +203,15 @@ class ModelArch:
     @property
     def tensor_count(self) -> int:
         head = 1 if self.score_head else (0 if self.tie_embeddings else 1)
+        if self.trace is not None:
+            own_head = 1 if self.trace["lm_head_params"] else 0
+            return int(self.trace["tensor_count"]) - own_head + head
         return 1 + sum(n * self.block_tensor_count(d) for d, n in self.block_kinds()) + 1 + head
 
     @property
     def embedding_params(self) -> int:
+        if self.trace is not None:
+            return int(self.trace["embedding_params"])
         return self.vocab_size * self.hidden_size
 
     @property
@@ -181,6 +219,8 @@ class ModelArch:
         """The output head's own parameters: an untied lm_head (V×h), none when tied, or a reward model's score."""
         if self.score_head:
             return self.hidden_size
+        if self.trace is not None:
+            return int(self.trace["lm_head_params"])
         return 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
 
     @property
@@ -229,7 +269,8 @@ class ModelArch:
         on qwen3_moe, olmoe and mixtral it moves the expert names to the fused experts instead, catalog/moe.py)."""
         shapes = self.linear_shapes(dense)
         moved = peft_converted_names(self.model_type)
-        return {t: shapes[t] for t in (tuple(targets) if targets else BLOCK_LINEARS) if t in shapes and t not in moved}
+        wanted = tuple(targets) if targets else self.default_lora_targets
+        return {t: shapes[t] for t in wanted if t in shapes and t not in moved}
 
     def expert_lora(self, rank: int, targets: tuple[str, ...] | None = None) -> tuple[int, bool, bool]:
         """peft's adapters on one MoE block's fused experts: (parameters, gate_up_proj adapted, down_proj adapted)."""
@@ -247,11 +288,12 @@ class ModelArch:
         """Exact LoRA trainable count: r·(in+out) per adapted linear, over all blocks. peft adapts every module whose
         name ends in a target, so a target this family's blocks lack (gate_proj on qwen3_moe's MoE blocks) adapts
         nothing there; a name no family has, or targets of which none exists here, is refused."""
-        targets = tuple(targets) if targets else BLOCK_LINEARS
-        unknown = [t for t in targets if t not in KNOWN_TARGETS]
+        targets = tuple(targets) if targets else self.default_lora_targets
+        known = tuple(self.linear_shapes()) if self.trace is not None else KNOWN_TARGETS   # a traced model's own
+        unknown = [t for t in targets if t not in known]
         if unknown:
             raise ScaletrainError(
-                f"unknown LoRA target(s) {', '.join(unknown)}; accepted: {', '.join(KNOWN_TARGETS)}")
+                f"unknown LoRA target(s) {', '.join(unknown)}; accepted: {', '.join(known)}")
         n = self._per_kind(targets, lambda a, o: rank * (a + o))
         n += self._moe_blocks() * self.expert_lora(rank, targets)[0]
         if n == 0:
@@ -284,108 +326,68 @@ class ModelArch:
             "head": "score" if self.score_head else "lm_head",
             **({"experts": self.moe.experts, "experts_per_token": self.moe.top_k,
                 "active_params": self.active_params} if self.moe else {}),
+            "memory_source": self.memory_source if self.trace is None else _traced.source(self.config),
         }
+
+    def memory_source_line(self) -> str:
+        """One line for the plan's text: where the memory model's numbers come from."""
+        if self.trace is None:
+            return f"memory: analytic layout of {self.model_type}"
+        cached = " (cached)" if _traced.source(self.config) == "traced (cached)" else ""
+        return f"memory: traced from a {_traced.slice_layers(self.config)}-layer slice of {self.model_type}{cached}"
 
 
 # ---- loading ---------------------------------------------------------------------------------------------------
-def _text_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Multimodal configs (Gemma 3) keep the language model under text_config."""
-    cfg = dict(cfg)
-    if "text_config" in cfg and isinstance(cfg["text_config"], dict) and "hidden_size" not in cfg:
-        text = dict(cfg["text_config"])
-        text.setdefault("model_type", str(cfg.get("model_type", "")) + "_text")
-        text.setdefault("tie_word_embeddings", cfg.get("tie_word_embeddings", True))
-        return text
-    return cfg
-
-
-_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-# Sanity limits on config.json sizes: every released causal LM is far inside them, and a value outside is a typo or
-# a damaged file that would otherwise surface as a ZeroDivisionError, an OverflowError or a minutes-long search.
-SIZE_LIMITS = {"hidden_size": 1 << 18, "intermediate_size": 1 << 20, "num_hidden_layers": 4096,
-               "num_attention_heads": 1 << 12, "num_key_value_heads": 1 << 12, "head_dim": 1 << 14,
-               "vocab_size": 1 << 24}
-MAX_CONFIG_BYTES = 16 << 20           # a config.json is a few KiB; anything this large is not one
-MAX_SPEC_CHARS = 4096                 # PATH_MAX: no catalog id, path or cache id is longer
-
-
-def _size(cfg: Mapping[str, Any], key: str, name: str, default: int | None = None) -> int:
-    """A positive whole-number size field of config.json (an integral float such as 4096.0 is accepted)."""
-    v = cfg.get(key)
-    if v is None:
-        if default is None:
-            raise ScaletrainError(f"{name}: config.json has no {key}")
-        return default
-    ok = isinstance(v, int) and not isinstance(v, bool)
-    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
-        v, ok = int(v), True
-    limit = SIZE_LIMITS[key]
-    if not ok or not 1 <= v <= limit:
-        raise ScaletrainError(f"{name}: config.json {key} must be a whole number from 1 to {limit:,} "
-                              f"(got {_short(cfg.get(key))})")
-    return v
-
-
-def _short(v: Any, limit: int = 40) -> str:
-    text = repr(v)
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-def arch_from_config(cfg: Mapping[str, Any], name: str) -> ModelArch:
-    """Build a ModelArch from a config.json dict; raise ScaletrainError for anything that is not a causal LM."""
-    cfg = _text_config(cfg)
-    missing = [k for k in _REQUIRED if k not in cfg]
+def arch_from_config(cfg: Mapping[str, Any], name: str, structure: Mapping[str, Any] | None = None) -> ModelArch:
+    """Build a ModelArch from a config.json dict; raise ScaletrainError for anything that is not a causal LM.
+    `structure`: a traced model's structure recorded with its catalog entry (else traced or read from the cache)."""
+    cfg = text_config(cfg)
+    missing = [k for k in REQUIRED_KEYS if k not in cfg]
     if missing:
         raise ScaletrainError(
             f"{name} is not a causal-LM config.json (missing {', '.join(missing)}); "
             "give a catalog id (scaletrain models), a config.json, or a folder holding one")
     model_type = str(cfg.get("model_type", "llama"))[:100]
-    h = _size(cfg, "hidden_size", name)
-    heads = _size(cfg, "num_attention_heads", name)
-    kv = _size(cfg, "num_key_value_heads", name, heads)
+    h = size_field(cfg, "hidden_size", name)
+    heads = size_field(cfg, "num_attention_heads", name)
+    kv = size_field(cfg, "num_key_value_heads", name, heads)
     if heads % kv:
         raise ScaletrainError(f"{name}: config.json num_attention_heads {heads} is not a multiple of "
                               f"num_key_value_heads {kv} (each key/value head serves a whole group of query heads)")
     if cfg.get("head_dim") is None and h % heads:
         raise ScaletrainError(f"{name}: config.json hidden_size {h} is not divisible by num_attention_heads {heads} "
                               "(give head_dim when the heads do not split the hidden size)")
-    head_dim = _size(cfg, "head_dim", name, h // heads)
-    inter = _size(cfg, "intermediate_size", name, 4 * h if 4 * h <= SIZE_LIMITS["intermediate_size"] else None)
+    head_dim = size_field(cfg, "head_dim", name, h // heads)
+    inter = size_field(cfg, "intermediate_size", name, 4 * h if 4 * h <= SIZE_LIMITS["intermediate_size"] else None)
     arch = ModelArch(
         name=name, model_type=model_type, hidden_size=h, intermediate_size=inter,
-        num_layers=_size(cfg, "num_hidden_layers", name), num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
-        vocab_size=_size(cfg, "vocab_size", name),
+        num_layers=size_field(cfg, "num_hidden_layers", name), num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
+        vocab_size=size_field(cfg, "vocab_size", name),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", model_type in ("gemma3_text", "gemma2"))),
         attention_bias=bool(cfg.get("qkv_bias", True) if model_type == "qwen2_moe" else
                             cfg.get("attention_bias", _ATTENTION_BIAS_DEFAULT.get(model_type, False))),
         mlp_bias=bool(cfg.get("mlp_bias", False)), config=MappingProxyType(dict(cfg)),
-        moe=moe_from_config(model_type, cfg, _size(cfg, "num_hidden_layers", name), name),
+        moe=moe_from_config(model_type, cfg, size_field(cfg, "num_hidden_layers", name), name),
     )
     if model_type not in _FAMILIES:
-        arch = _count_with_transformers(arch)
+        arch = _with_trace(arch, structure)
     return arch
 
 
-def _count_with_transformers(arch: ModelArch) -> ModelArch:
-    """Exact count for families without an analytic layout: build on the meta device (needs torch)."""
-    try:
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
-    except ImportError:
-        raise ScaletrainError(
-            f"model_type {arch.model_type!r} has no built-in layout (known: {', '.join(sorted(_FAMILIES))}); "
-            "install the 'train' extra to count it with transformers") from None
-    cfg = dict(arch.config)
-    try:
-        conf = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(conf)
-        model.tie_weights()
-    except Exception as e:
-        raise ScaletrainError(f"transformers cannot build {arch.name} ({arch.model_type}): {e}") from None
-    n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+def analytic_types() -> str:
+    """The model_types with an analytic layout, for messages."""
+    return ", ".join(sorted(_FAMILIES))
+
+
+def _with_trace(arch: ModelArch, structure: Mapping[str, Any] | None = None) -> ModelArch:
+    """A model_type without an analytic layout: its real modules and exact counts from a trace (cached; the first
+    time a subprocess builds it on the meta device, engine/catalog/traced.py), or as its catalog entry recorded one
+    (tests/test_traced.py checks those against a fresh trace)."""
     from dataclasses import replace
-    return replace(arch, exact_params=int(n))
+
+    struct = structure if structure is not None else _traced.structure(arch.config, analytic_types())
+    return replace(arch, trace=MappingProxyType(dict(struct)), exact_params=int(struct["params"]),
+                   tie_embeddings=bool(struct["tied"]))
 
 
 @lru_cache(maxsize=None)
@@ -411,13 +413,6 @@ def catalog_entry(model_id: str) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path else None
 
 
-def _hf_cache_config(model_id: str) -> Path | None:
-    """<cache>/models--org--name/snapshots/<rev>/config.json without touching the network (catalog/hub.py)."""
-    from scaletrain.engine.catalog.hub import cached_file
-
-    return cached_file(model_id)
-
-
 def did_you_mean(spec: str) -> str | None:
     """The nearest catalog id to a mistyped or newer-version id (difflib on the id, then on the name alone)."""
     import difflib
@@ -435,40 +430,24 @@ def did_you_mean(spec: str) -> str | None:
     return hit[0] if hit else None
 
 
-def _read_config(path: Path, spec: str) -> dict[str, Any]:
-    """A config.json as a dict, or one line saying why not (unreadable, too large, not JSON, not an object)."""
-    try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise ScaletrainError(f"{spec}: {path.name} is {path.stat().st_size:,} bytes, not a config.json "
-                                  f"(at most {MAX_CONFIG_BYTES >> 20} MiB)")
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        why = e.strerror if isinstance(e, OSError) and e.strerror else e.__class__.__name__
-        where = spec if str(path) == spec else f"{spec} ({path})"
-        raise ScaletrainError(f"{where} is not a JSON config.json ({why})") from None
-    if not isinstance(cfg, dict):
-        raise ScaletrainError(f"{spec} is not a config.json object" if str(path) == spec
-                              else f"{spec} ({path}) is not a config.json object")
-    return cfg
-
-
 def load_model(spec: str, *, offline_only: bool = False) -> ModelArch:
     """Resolve --model: catalog id, config.json path, folder with config.json, an HF cache id, or (unless
     offline_only) an HF id whose config.json alone is fetched from the hub (catalog/hub.py)."""
-    cfg, name = _resolve_config(spec, offline_only)
-    return arch_from_config(cfg, name)
+    cfg, name, structure = _resolve_config(spec, offline_only)
+    return arch_from_config(cfg, name, structure)
 
 
 def load_config(spec: str) -> dict[str, Any]:
     """The causal LM's config dict (a multimodal config's text part) for --model, resolved offline as load_model
     resolves it but without counting anything: what the trainer builds the model from (no meta-device build, which
     under an active ZeRO-3 config would go through DeepSpeed's zero.Init)."""
-    cfg, _ = _resolve_config(spec, True)
-    return _text_config(cfg)
+    cfg, _, _ = _resolve_config(spec, True)
+    return text_config(cfg)
 
 
-def _resolve_config(spec: str, offline_only: bool) -> tuple[dict[str, Any], str]:
-    """The config.json dict behind --model and the name to show for it, or one line saying why there is none."""
+def _resolve_config(spec: str, offline_only: bool) -> tuple[dict[str, Any], str, Mapping[str, Any] | None]:
+    """The config.json dict behind --model, the name to show for it and the traced structure its catalog entry
+    records (if any), or one line saying why there is none."""
     if not isinstance(spec, str) or not spec.strip():
         raise ScaletrainError("--model is empty; give a catalog id (see `scaletrain models`) or a config.json path")
     if len(spec) > MAX_SPEC_CHARS:
@@ -476,32 +455,32 @@ def _resolve_config(spec: str, offline_only: bool) -> tuple[dict[str, Any], str]
                               f"an HF cache id (at most {MAX_SPEC_CHARS} characters)")
     entry = catalog_entry(spec)
     if entry is not None:
-        return dict(entry["config"]), entry["id"]
+        return dict(entry["config"]), entry["id"], entry.get("traced_structure")
     p = Path(spec).expanduser()
     try:
         exists = p.exists()
     except (OSError, ValueError) as e:      # a name too long for the filesystem, a NUL byte
-        raise ScaletrainError(f"--model {_short(spec)} is not a usable path ({getattr(e, 'strerror', None) or e})"
+        raise ScaletrainError(f"--model {short(spec)} is not a usable path ({getattr(e, 'strerror', None) or e})"
                               ) from None
     if exists:
         if p.is_dir():
             p = p / "config.json"
             if not p.exists():
                 raise ScaletrainError(f"{spec} is a folder without a config.json")
-        cfg = _read_config(p, spec)
-        return cfg, (p.parent.name if p.name == "config.json" else p.stem)
-    cached = _hf_cache_config(spec)
+        cfg = read_config(p, spec)
+        return cfg, (p.parent.name if p.name == "config.json" else p.stem), None
+    cached = hf_cache_config(spec)
     if cached is not None:
-        return _read_config(cached, spec), spec
+        return read_config(cached, spec), spec, None
     from scaletrain.engine.catalog.hub import HF_ID, cache_roots, fetch_config
 
     why = "not an HF id (org/name)" if not HF_ID.match(spec) else "the hub was not asked"
     if HF_ID.match(spec) and not offline_only:
         fetched, why = fetch_config(spec)
         if fetched is not None:
-            return _read_config(fetched, spec), spec
+            return read_config(fetched, spec), spec, None
     near = did_you_mean(spec)
     raise ScaletrainError(
-        f"unknown model {_short(spec, 100)}: not in the catalog ({len(_catalog_index())} models, `scaletrain "
+        f"unknown model {short(spec, 100)}: not in the catalog ({len(_catalog_index())} models, `scaletrain "
         f"models`), not a path, not in the HF cache at {cache_roots()[0]}, and {why}; pass a config.json path"
         + (f" (did you mean {near}?)" if near else ""))

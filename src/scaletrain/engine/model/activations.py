@@ -9,6 +9,7 @@ from scaletrain.engine.catalog.moe import peft_converted_names
 from scaletrain.engine.model.moe_activations import moe_half
 from scaletrain.engine.model.numerics import Numerics, numerics
 from scaletrain.engine.model.setup import TrainingSetup
+from scaletrain.engine.model.traced_blocks import traced_block_terms, traced_outside_blocks
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,8 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: st
     MoE models: the MLP half is moe_activations.py's; `kind` "moe" / "dense" gives one block kind, None the
     average over the model's blocks (dense layers of mlp_only_layers included), rounded up.
     """
+    if s.model.memory_source == "traced":
+        return LayerActivations(**traced_block_terms(s, micro_batch, weight_copies_bytes(s), _flash_backward_bytes))
     m = s.model
     nm = numerics(s)
     b = micro_batch or s.micro_batch
@@ -273,6 +276,8 @@ def outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> dict[str
     mask; `final`: the final norm and what lm_head keeps of its input, plus autocast's 16-bit copy of an fp32
     lm_head; `labels`: the shifted labels cross-entropy keeps (int64).
     """
+    if s.model.memory_source == "traced":
+        return traced_outside_blocks(s, micro_batch)
     m = s.model
     nm = numerics(s)
     b = micro_batch or s.micro_batch

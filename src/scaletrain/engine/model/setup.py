@@ -108,6 +108,8 @@ class TrainingSetup:
         one_of("ref_model", RefModel)
         one_of("generation", Generation)
         _check_objective(self)
+        if self.lora_targets is BLOCK_LINEARS and self.model.default_lora_targets != BLOCK_LINEARS:
+            object.__setattr__(self, "lora_targets", self.model.default_lora_targets)   # a traced model's own
         if self.objective == "reward" and not self.model.score_head:
             object.__setattr__(self, "model", self.model.with_score_head())
         if self.base_bits not in BASE_BITS:

@@ -17,6 +17,7 @@ from typing import Callable, Iterable, Mapping
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.model.memory import estimate_memory
 from scaletrain.engine.model.setup import TrainingSetup
+from scaletrain.engine.model.traced_blocks import prefetch_traces
 from scaletrain.engine.plan.plan import Plan, evaluate
 from scaletrain.engine.plan.rows import Choice
 from scaletrain.engine.vocabulary import Offload, Strategy
@@ -241,7 +242,9 @@ def search(base: TrainingSetup, *, target: int | None, fixed: Mapping[str, Searc
     special = splits[-1] if len(splits) > 1 and splits[-1][1] == 1 and splits[0][1] > 1 else None
     monotone = splits[:-1] if special else splits
 
-    for cfg in _configs(base, fixed):
+    configs = list(_configs(base, fixed))
+    prefetch_traces(configs)     # a traced model: every regime the search visits, traced in one subprocess
+    for cfg in configs:
         best = _largest_fitting(cfg, monotone, probe)
         if special is not None and (best is None or best.setup.micro_batch < special[0]):
             c = probe(cfg, special)

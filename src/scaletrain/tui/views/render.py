@@ -59,6 +59,8 @@ def print_plan(plan: Plan, *, alternatives: bool = False, table: str | None = No
     moe = moe_line(s)
     if moe:
         c.print(moe)
+    if s.model.memory_source != "analytic":
+        c.print(s.model.memory_source_line(), markup=False)
     c.print(f"[bold]{hw.describe()}[/]  {hw.gpu.name}, {fmt_bytes(hw.gpu.memory_bytes)} each, "
             f"{hw.gpu.interconnect}{' (detected)' if hw.source == 'detected' else ''}")
     c.print(f"{s.strategy}{'' if s.offload == 'none' else f' + offload {s.offload}'}, {s.precision_label}, "

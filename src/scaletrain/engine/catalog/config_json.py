@@ -1,0 +1,78 @@
+"""Reading a config.json: the causal LM's part of a (multimodal) config, size fields checked against sane limits,
+the file read with one line for every way it can be wrong, and the HF cache looked up without the network."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+from scaletrain.engine.errors import ScaletrainError
+
+
+def text_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Multimodal configs (Gemma 3) keep the language model under text_config."""
+    cfg = dict(cfg)
+    if "text_config" in cfg and isinstance(cfg["text_config"], dict) and "hidden_size" not in cfg:
+        text = dict(cfg["text_config"])
+        text.setdefault("model_type", str(cfg.get("model_type", "")) + "_text")
+        text.setdefault("tie_word_embeddings", cfg.get("tie_word_embeddings", True))
+        return text
+    return cfg
+
+
+REQUIRED_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+# Sanity limits on config.json sizes: every released causal LM is far inside them, and a value outside is a typo or
+# a damaged file that would otherwise surface as a ZeroDivisionError, an OverflowError or a minutes-long search.
+SIZE_LIMITS = {"hidden_size": 1 << 18, "intermediate_size": 1 << 20, "num_hidden_layers": 4096,
+               "num_attention_heads": 1 << 12, "num_key_value_heads": 1 << 12, "head_dim": 1 << 14,
+               "vocab_size": 1 << 24}
+MAX_CONFIG_BYTES = 16 << 20           # a config.json is a few KiB; anything this large is not one
+MAX_SPEC_CHARS = 4096                 # PATH_MAX: no catalog id, path or cache id is longer
+
+
+def size_field(cfg: Mapping[str, Any], key: str, name: str, default: int | None = None) -> int:
+    """A positive whole-number size field of config.json (an integral float such as 4096.0 is accepted)."""
+    v = cfg.get(key)
+    if v is None:
+        if default is None:
+            raise ScaletrainError(f"{name}: config.json has no {key}")
+        return default
+    ok = isinstance(v, int) and not isinstance(v, bool)
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+        v, ok = int(v), True
+    limit = SIZE_LIMITS[key]
+    if not ok or not 1 <= v <= limit:
+        raise ScaletrainError(f"{name}: config.json {key} must be a whole number from 1 to {limit:,} "
+                              f"(got {short(cfg.get(key))})")
+    return v
+
+
+def short(v: Any, limit: int = 40) -> str:
+    text = repr(v)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def hf_cache_config(model_id: str) -> Path | None:
+    """<cache>/models--org--name/snapshots/<rev>/config.json without touching the network (catalog/hub.py)."""
+    from scaletrain.engine.catalog.hub import cached_file
+
+    return cached_file(model_id)
+
+
+def read_config(path: Path, spec: str) -> dict[str, Any]:
+    """A config.json as a dict, or one line saying why not (unreadable, too large, not JSON, not an object)."""
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ScaletrainError(f"{spec}: {path.name} is {path.stat().st_size:,} bytes, not a config.json "
+                                  f"(at most {MAX_CONFIG_BYTES >> 20} MiB)")
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else e.__class__.__name__
+        where = spec if str(path) == spec else f"{spec} ({path})"
+        raise ScaletrainError(f"{where} is not a JSON config.json ({why})") from None
+    if not isinstance(cfg, dict):
+        raise ScaletrainError(f"{spec} is not a config.json object" if str(path) == spec
+                              else f"{spec} ({path}) is not a config.json object")
+    return cfg
