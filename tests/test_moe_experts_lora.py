@@ -1,0 +1,76 @@
+"""The LoRA target `experts`: every MoE block's fused gate_up_proj and down_proj through peft's target_parameters
+(peft's ParamWrapper), against peft 0.21 and transformers 5.24 building the tiny MoE families.
+
+(a) trainable counts, adapted modules and refusals; (b) what an MoE block saves for backward with its experts
+adapted, byte for byte against torch's saved-tensor hooks; (c) the trainer's LoRA config carries the parameters.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, arch_from_config, load_model
+from scaletrain.engine.catalog.hardware import parse_gpus
+from scaletrain.engine.catalog.moe import EXPERT_PARAMETERS
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.model.activations import block_activations
+from scaletrain.engine.model.setup import TrainingSetup
+from test_moe_memory import FAMILIES, REGIMES, _config, _hf_model
+
+ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def _peft(family: str, targets: tuple[str, ...], rank: int = 4):
+    """peft's model as the trainer builds it (trainer/model.py add_lora), and its trainable parameters."""
+    from scaletrain.trainer.model import add_lora
+
+    model = add_lora(_hf_model(_config(family), device="cpu"), rank=rank, alpha=2 * rank, dropout=0.0,
+                     targets=list(targets), quantized=False, grad_ckpt=False)
+    return model, [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+# ---- (a) counts -------------------------------------------------------------------------------------------------
+TARGETS = [ATTN + ("experts",), ("experts",), BLOCK_LINEARS + ("experts",)]
+EXTRA = {"qwen3-moe": [("gate_proj", "up_proj", "experts"), ("down_proj", "experts")],
+         "mixtral": [("w1", "w3", "w2", "experts"), ("q_proj", "w2", "experts")]}
+
+
+@pytest.mark.parametrize("family,targets", [(f, t) for f in FAMILIES for t in TARGETS + EXTRA.get(f, [])])
+def test_experts_target_counts_match_peft(family, targets):
+    """lora_A (R·E, in) and lora_B (out, R·E) per fused parameter, R = r (2r on gate_up_proj where peft also
+    converted a fused pair named whole); gpt_oss's transposed experts the same, their biases frozen."""
+    arch = arch_from_config(_config(family), family)
+    model, trainable = _peft(family, targets)
+    assert arch.lora_params(4, targets) == sum(p.numel() for _, p in trainable)
+    assert 2 * arch.adapted_linears(targets) == len(trainable)
+    experts = [p for n, p in trainable if ".mlp.experts." in n]
+    moe_blocks = arch.num_layers - len(arch.moe.dense_layers)
+    assert len(experts) == 4 * moe_blocks and sum(p.numel() for p in experts) == moe_blocks * arch.expert_lora(
+        4, targets)[0]
+    assert not any("bias" in n for n, _ in trainable)
+
+
+def test_experts_adds_nothing_where_peft_converted_both_already():
+    arch = load_model("scaletrain/tiny-qwen3-moe")
+    assert arch.lora_params(8, BLOCK_LINEARS + ("experts",)) == arch.lora_params(8, BLOCK_LINEARS)
+    assert arch.expert_lora(8, ("experts",))[0] < arch.expert_lora(8, BLOCK_LINEARS)[0]     # rank r, not 2r
+
+
+@pytest.mark.parametrize("model,targets,needle", [
+    ("scaletrain/tiny-llama", ("q_proj", "experts"), "has none"),
+    ("scaletrain/tiny-llama", ("experts",), "has none"),
+    ("scaletrain/tiny-qwen3-moe", ("gate_proj", "experts"), "needs up_proj too"),
+    ("scaletrain/tiny-gpt-oss", ("expert",), "unknown LoRA target"),
+])
+def test_experts_target_refused_in_one_line(model, targets, needle):
+    arch = load_model(model)
+    with pytest.raises(ScaletrainError, match=needle) as e:
+        arch.lora_params(8, targets)
+    assert "\n" not in str(e.value)
+
+
+def test_known_targets_name_the_constant():
+    from scaletrain.engine.catalog.architectures import KNOWN_TARGETS
+    from scaletrain.engine.catalog.moe import EXPERTS_TARGET
+
+    assert EXPERTS_TARGET in KNOWN_TARGETS
