@@ -36,6 +36,7 @@ class Case:
     optimizer_impl: str = "for-loop"   # torch's CPU default; "fused" is what the trainer and HF Trainer run
     overrides: tuple[tuple[str, int], ...] = ()   # config fields changed from the catalog entry
     experts_impl: str = "grouped_mm"   # MoE models: transformers' experts_implementation
+    lora_targets: tuple[str, ...] = BLOCK_LINEARS   # `experts`: the fused experts through peft's target_parameters
 
     @property
     def measure_precision(self) -> str:
@@ -68,6 +69,8 @@ class Case:
             bits.append("(" + ",".join(f"{k.split('_')[0]}={v}" for k, v in self.overrides) + ")")
         if _is_moe(self.model):
             bits.append(f"experts={self.experts_impl}")
+        if self.method != "full" and self.lora_targets != BLOCK_LINEARS:
+            bits.append("targets=" + ",".join(t.removesuffix("_proj") for t in self.lora_targets))
         return " ".join(bits)
 
 
@@ -148,6 +151,11 @@ MOE_CASES = [
          micro_batch=1, overrides=_MOE4),
     Case("scaletrain/tiny-mixtral", method="lora", precision="bf16", base_bits=32, overrides=_MOE4),
     Case("scaletrain/tiny-qwen3-moe", method="qlora", precision="bf16", overrides=_MOE4),
+    # LoRA on the fused experts through peft's target_parameters (the target `experts`)
+    Case("scaletrain/tiny-gpt-oss", attn="eager", method="lora", overrides=_MOE4,
+         lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "experts")),
+    Case("scaletrain/tiny-qwen2-moe", method="lora", grad_ckpt=True, seq_len=512, micro_batch=1, overrides=_MOE4,
+         lora_targets=BLOCK_LINEARS + ("experts",)),
 ]
 CASES += MOE_CASES
 QUICK = [CASES[i] for i in (0, 2, 3, 4, 6, 9, 10, 13, 15, 17, 19, 23, 25, 26, 29, 31)] + [
@@ -169,7 +177,7 @@ def setup_for(case: Case) -> TrainingSetup:
     from scaletrain.engine.catalog.architectures import arch_from_config
     return TrainingSetup(
         model=arch_from_config(config_for(case), case.model), hardware=parse_gpus("1xCPU"), method=case.method,
-        lora_rank=case.lora_rank, lora_targets=BLOCK_LINEARS, strategy="ddp", precision=case.precision,
+        lora_rank=case.lora_rank, lora_targets=case.lora_targets, strategy="ddp", precision=case.precision,
         master_weights=case.master_weights, base_bits=case.base_bits, optimizer_impl=case.optimizer_impl,
         attn=case.attn, grad_ckpt=case.grad_ckpt, micro_batch=case.micro_batch, grad_accum=case.grad_accum,
         seq_len=case.seq_len, device="cpu", experts_impl=case.experts_impl,
@@ -183,7 +191,7 @@ def run_case(case: Case) -> dict:
     mem = estimate_memory(s)
     measured = measure_step(
         config_for(case), method=case.method, lora_rank=case.lora_rank,
-        lora_alpha=2 * case.lora_rank, lora_targets=BLOCK_LINEARS, micro_batch=case.micro_batch,
+        lora_alpha=2 * case.lora_rank, lora_targets=case.lora_targets, micro_batch=case.micro_batch,
         seq_len=case.seq_len, grad_ckpt=case.grad_ckpt, attn=case.attn, precision=case.measure_precision,
         optimizer="adamw", grad_accum=case.grad_accum, device="cpu", optimizer_impl=case.optimizer_impl)
     return {

@@ -74,3 +74,33 @@ def test_known_targets_name_the_constant():
     from scaletrain.engine.catalog.moe import EXPERTS_TARGET
 
     assert EXPERTS_TARGET in KNOWN_TARGETS
+
+
+# ---- (b) saved bytes per block ------------------------------------------------------------------------------------
+LORA_REGIMES = ("lora-fp32", "lora-bf16-base", "lora-fp32-base")
+# every regime × implementation on gpt_oss (transposed experts with biases), qwen2_moe's beside its shared expert, and
+# qwen3_moe's experts at rank r (converted families save the same whatever the rank: test_moe_memory.py)
+SAVED = ([("gpt-oss", r, impl) for r in LORA_REGIMES for impl in ("grouped_mm", "eager")]
+         + [("qwen2-moe", r, "grouped_mm") for r in LORA_REGIMES]
+         + [("qwen2-moe", "lora-fp32-base", "eager"), ("qwen3-moe", "lora-fp32-base", "grouped_mm")])
+
+
+@pytest.mark.parametrize("family,regime,impl", SAVED)
+def test_adapted_experts_save_exactly_what_the_engine_counts(family, regime, impl):
+    """peft's ParamWrapper computes W + ΔW for the experts (saved whole) and the experts keep their inputs; on
+    gpt_oss the frozen biases add nothing of their own."""
+    from scaletrain.trainer.saved_activations import measure_saved_activation_bytes
+
+    precision, master, base_bits, method, measured_as = REGIMES[regime]
+    attn = "eager" if family == "gpt-oss" else "sdpa"
+    targets = ATTN + ("experts",)
+    cfg = dict(_config(family), experts_implementation=impl)
+    setup = TrainingSetup(model=arch_from_config(cfg, family), hardware=parse_gpus("1xCPU"), method=method,
+                          lora_rank=8, lora_targets=targets, strategy="ddp", precision=precision,
+                          master_weights=master, base_bits=base_bits, attn=attn, micro_batch=2, seq_len=32,
+                          device="cpu", experts_impl=impl)
+    _, per_layer = measure_saved_activation_bytes(
+        cfg, method=method, lora_rank=8, lora_alpha=16, lora_targets=targets, micro_batch=2, seq_len=32,
+        attn=attn, precision=measured_as, device="cpu", per_layer=True)
+    layer = block_activations(setup, kind="moe")
+    assert per_layer["layer2"] == layer.saved + layer.weight_copies, (family, regime, impl)
