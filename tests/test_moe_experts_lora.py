@@ -130,3 +130,15 @@ def test_experts_with_lora_dropout_is_one_line():
         add_lora(_hf_model(_config("gpt-oss"), device="cpu"), rank=4, alpha=8, dropout=0.1,
                  targets=["q_proj", "experts"], quantized=False, grad_ckpt=False)
     assert "\n" not in str(e.value)
+
+
+def test_dry_run_refuses_lora_dropout_on_the_experts_in_one_line(tmp_path, capsys):
+    from scaletrain.tui.cli.main import main
+
+    base = ["--preset", "cpu-tiny", "--headless", "--dry-run", "--set", "model=scaletrain/tiny-gpt-oss", "--set",
+            "method=lora", "--set", "lora_targets=q_proj,experts", "--set", "attn=eager"]
+    assert main([*base, "--run-dir", str(tmp_path / "ok")]) == 0
+    capsys.readouterr()
+    assert main([*base, "--run-dir", str(tmp_path / "bad"), "--set", "train.lora_dropout=0.1"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "lora_dropout 0.1" in err and "\n" not in err
