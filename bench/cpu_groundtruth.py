@@ -156,6 +156,8 @@ MOE_CASES = [
          lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "experts")),
     Case("scaletrain/tiny-qwen2-moe", method="lora", grad_ckpt=True, seq_len=512, micro_batch=1, overrides=_MOE4,
          lora_targets=BLOCK_LINEARS + ("experts",)),
+    Case("scaletrain/tiny-gpt-oss", attn="eager", method="lora", precision="bf16", experts_impl="eager",
+         optimizer_impl="fused", overrides=_MOE4, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "experts")),
 ]
 CASES += MOE_CASES
 QUICK = [CASES[i] for i in (0, 2, 3, 4, 6, 9, 10, 13, 15, 17, 19, 23, 25, 26, 29, 31)] + [
