@@ -41,7 +41,8 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", help="catalog id (scaletrain models), config.json path or folder, or HF cache id")
     g.add_argument("--method", choices=Method.values())
     g.add_argument("--lora-rank", type=int)
-    g.add_argument("--lora-targets", type=parse_csv, help="comma list, default all block linears")
+    g.add_argument("--lora-targets", type=parse_csv, help="comma list, default all block linears; "
+                   "experts: an MoE's fused experts (peft target_parameters)")
     g.add_argument("--base-bits", type=int, choices=[4, 8, 16, 32],
                    help="frozen base for lora/qlora: 4/8 quantized, 16 (bf16, default), 32 (fp32 under autocast)")
     g.add_argument("--weights", metavar="HF_ID|PATH|random-init",
