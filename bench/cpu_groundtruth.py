@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from groundtruth_cli import predicted_vs_measured, run_groundtruth
 from scaletrain.engine.catalog.hardware import parse_gpus
 from scaletrain.engine.model.memory import estimate_memory
-from scaletrain.engine.catalog.architectures import catalog_entry
+from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, catalog_entry
 from scaletrain.engine.model.setup import TrainingSetup
 
 
