@@ -167,6 +167,9 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
         below = acts - per_block_saved
         recomputed = per_block_saved + wcopy + out["window_mask"] if recompute else 0
         mark("backward", below + recomputed + layer.bwd_peak, 0, grads, gather=gather_block + grad_gather_block)
+        if recompute:   # the recompute's forward at down_proj, the gradient of the block's output waiting
+            mark("backward", below + recomputed + layer.saved + layer.recompute_transient + t * h * nm.residual,
+                 0, grads, gather=gather_block)
         acts -= per_block_saved
         if ms.grows_in_backward:
             grads += block_grad
