@@ -130,6 +130,8 @@ CASES = [
          overrides=(("hidden_size", 256), ("intermediate_size", 768), ("num_hidden_layers", 4))),
     Case("scaletrain/tiny-qwen3", method="lora", precision="bf16", grad_ckpt=True, seq_len=512, micro_batch=1,
          overrides=(("hidden_size", 256), ("intermediate_size", 768), ("num_hidden_layers", 4))),
+    Case("scaletrain/tiny-llama", method="lora", precision="bf16", base_bits=32, grad_ckpt=True, seq_len=512,
+         micro_batch=1, overrides=(("hidden_size", 256), ("intermediate_size", 768), ("num_hidden_layers", 4))),
 ]
 # MoE (transformers 5.24's fused experts): activation-dominated shapes, every family, full and LoRA, checkpointing
 # on and off, grouped_mm (the default) and eager experts; gpt_oss has no sdpa path, so it runs eager attention
