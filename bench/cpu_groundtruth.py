@@ -128,6 +128,14 @@ CASES = [
     # QLoRA: NF4 base (bitsandbytes runs 4-bit layers on the CPU since 0.45), the rest upcast to fp32
     Case("scaletrain/tiny-qwen2", method="qlora", precision="bf16", seq_len=128),
     Case("scaletrain/tiny-qwen3", method="qlora", precision="bf16", grad_ckpt=True, optimizer_impl="fused"),
+    # LoRA on a bf16 base with checkpointing, activation-dominated: the peak is the last block's recompute at
+    # down_proj (PEFT's fp32 copy of the B·S·I input), with the gradient of the block's output waiting
+    Case("scaletrain/tiny-llama", method="lora", precision="bf16", grad_ckpt=True, seq_len=512, micro_batch=1,
+         overrides=(("hidden_size", 256), ("intermediate_size", 768), ("num_hidden_layers", 4))),
+    Case("scaletrain/tiny-qwen3", method="lora", precision="bf16", grad_ckpt=True, seq_len=512, micro_batch=1,
+         overrides=(("hidden_size", 256), ("intermediate_size", 768), ("num_hidden_layers", 4))),
+    Case("scaletrain/tiny-llama", method="lora", precision="bf16", base_bits=32, grad_ckpt=True, seq_len=512,
+         micro_batch=1, overrides=(("hidden_size", 256), ("intermediate_size", 768), ("num_hidden_layers", 4))),
 ]
 # MoE (transformers 5.24's fused experts): activation-dominated shapes, every family, full and LoRA, checkpointing
 # on and off, grouped_mm (the default) and eager experts; gpt_oss has no sdpa path, so it runs eager attention
@@ -175,7 +183,7 @@ TRACED += [   # activation-dominated: eager attention, bf16 autocast, LoRA on a 
     Case("scaletrain/tiny-phi3", method="lora", grad_ckpt=True, overrides=(("sliding_window", 64),)),
 ]
 CASES += MOE_CASES + TRACED
-QUICK = [CASES[i] for i in (0, 2, 3, 4, 6, 9, 10, 13, 15, 17, 19, 23, 25, 26, 29, 31)] + [
+QUICK = [CASES[i] for i in (0, 2, 3, 4, 6, 9, 10, 13, 15, 17, 19, 23, 25, 26, 29, 31, 33)] + [
     MOE_CASES[i] for i in (0, 1, 6, 11)]
 
 

@@ -48,6 +48,13 @@ def test_peak_within_bounds(rows):
     assert max(errors) <= 0.20, table
 
 
+def test_peaks_never_under_by_more_than_3pct(rows):
+    """A plan under the measured peak OOMs: every row (LoRA on a bf16 base with checkpointing included, whose
+    recompute at down_proj was once 11 % under) is at most 3 % below the profiler."""
+    table = "\n".join(f"{r['case']}: {100 * r['error']:+.1f}%" for r in rows)
+    assert min(r["error"] for r in rows) >= -0.03, table
+
+
 def test_moe_peaks_err_on_the_safe_side(rows):
     """MoE rows (issue 19): within 3 % median and 8 % max of the profiler, never under it by more than 3 %."""
     moe = [r for r in rows if "experts=" in r["case"]]

@@ -60,3 +60,34 @@ def test_block_saves_exactly_what_the_engine_counts(family, regime, attn):
         attn=attn, precision=measured_as, device="cpu", per_layer=True)
     layer = block_activations(setup)
     assert per_layer[MIDDLE] == layer.saved + layer.weight_copies, (family, regime, attn, method)
+
+
+@pytest.mark.parametrize("regime", ["fp32", "lora-bf16-base", "lora-fp32-base"])
+def test_down_proj_adapter_input_cast(regime):
+    """Checkpointing recomputes each block in backward; at down_proj PEFT copies the B·S·I input to the adapter's
+    dtype (an fp32 copy under autocast) before lora_A: the copy the engine's recompute transient counts."""
+    import torch
+
+    from scaletrain.engine.model.activations import adapter_input_cast
+    from scaletrain.engine.model.numerics import numerics
+    from scaletrain.trainer.measure import build_harness
+
+    precision, master, base_bits, measured_as = REGIMES[regime]
+    cfg = _config("llama")
+    b, s = 2, 32
+    setup = TrainingSetup(model=arch_from_config(cfg, "llama"), hardware=parse_gpus("1xCPU"), method="lora",
+                          lora_rank=8, lora_targets=BLOCK_LINEARS, strategy="ddp", precision=precision,
+                          master_weights=master, base_bits=base_bits, micro_batch=b, seq_len=s, device="cpu")
+    h = build_harness(cfg, method="lora", lora_targets=BLOCK_LINEARS, precision=measured_as, device="cpu")
+    down = h.model.base_model.model.model.layers[2].mlp.down_proj
+    seen = {}
+    down.register_forward_pre_hook(lambda mod, args: seen.update(x=args[0]))
+    down.lora_A["default"].register_forward_pre_hook(lambda mod, args: seen.update(a=args[0]))
+    ids = torch.randint(0, cfg["vocab_size"], (b, s))
+    with h.autocast():
+        h.model(input_ids=ids, labels=ids)
+    x, a = seen["x"], seen["a"]
+    copied = 0 if a.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() else a.untyped_storage().nbytes()
+    nm = numerics(setup)
+    assert copied == b * s * adapter_input_cast(nm, cfg["intermediate_size"], x.element_size())
+    assert copied == b * s * adapter_input_cast(nm, cfg["intermediate_size"], nm.mlp_bytes)

@@ -28,6 +28,7 @@ class LayerActivations:
     attn_bwd_transient: int
     weight_copies: int = 0
     cached_copies: int = 0   # the part autocast's cache holds until forward returns (trainable fp32 weights)
+    recompute_transient: int = 0   # on top of `saved` while checkpointing recomputes the block, at down_proj
 
     @property
     def saved(self) -> int:
@@ -193,7 +194,32 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: st
         attn_bwd_t = 3 * t * qd * c
     if nm.trainable_copies:   # the 16-bit weight gradient of the largest linear before its fp32 conversion
         mlp_bwd_t += c * max(a * o for a, o, _ in m.linear_shapes().values())
-    return LayerActivations(t * attn + const, t * mlp, fwd_t, mlp_bwd_t, attn_bwd_t, copies, cached)
+    recompute_t = t * _down_proj_transient(s, nm, full, "down_proj" in targets) if m.moe is None else 0
+    return LayerActivations(t * attn + const, t * mlp, fwd_t, mlp_bwd_t, attn_bwd_t, copies, cached, recompute_t)
+
+
+def _down_proj_transient(s: TrainingSetup, nm: Numerics, full: bool, down_adapted: bool) -> int:
+    """Per token: what a block's forward holds besides its saved tensors while down_proj runs (read from
+    torch.profiler's timeline at the peak of a checkpointed LoRA step, bf16 base under autocast).
+
+    act·up, down_proj's input (LoRA: the frozen base linear does not save it; full: it is saved already); PEFT's
+    cast of it to the adapter's dtype when they differ (lora/layer.py `_cast_input_dtype`: fp32 adapters under
+    autocast upcast the 16-bit B·S·I input, then autocast casts it back for lora_A); down_proj's output; the MLP's
+    input, held by LlamaMLP.forward's frame until it returns; the attention residual, held by the decoder layer's
+    frame for the second residual add. Under checkpointing this happens again in backward on top of everything.
+    """
+    m = s.model
+    i, h = m.intermediate_size, m.hidden_size
+    mb, c, r = nm.mlp_bytes, nm.compute, nm.residual
+    act_up = 0 if full else mb * i
+    upcast = adapter_input_cast(nm, i, mb) if down_adapted else 0
+    return act_up + upcast + c * h + c * h + r * h
+
+
+def adapter_input_cast(nm: Numerics, width: int, src_bytes: int) -> int:
+    """Per token: PEFT's copy of an adapted linear's input in the adapter's dtype, alive while lora_A runs
+    (peft tuners_utils.py `_cast_input_dtype`; none when the dtypes agree)."""
+    return nm.adapter * width if nm.adapter != src_bytes else 0
 
 
 def eager_attention(s: TrainingSetup) -> bool:

@@ -5,7 +5,8 @@ The peak of a training step is the largest of a few moments, not the sum of ever
   forward      model states + activations saved so far + the layer being computed
   loss         ... + logits and the fp32 log-softmax of cross-entropy (the spike hand guides miss)
   backward     ... all activations still saved + the cross-entropy gradient (3 fp32 B·S·V tensors), then
-               activations are freed layer by layer while gradients appear
+               activations are freed layer by layer while gradients appear (under checkpointing each block's
+               forward runs again first, its transients on top of its saved tensors and the incoming gradient)
   step         model states + gradients + the optimizer's temporaries
 
 The parts, in reading order: numerics.py says which dtype every tensor has in the launched stack; states.py the
@@ -167,6 +168,9 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
         below = acts - per_block_saved
         recomputed = per_block_saved + wcopy + out["window_mask"] if recompute else 0
         mark("backward", below + recomputed + layer.bwd_peak, 0, grads, gather=gather_block + grad_gather_block)
+        if recompute:   # the recompute's forward at down_proj, the gradient of the block's output waiting
+            mark("backward", below + recomputed + layer.saved + layer.recompute_transient + t * h * nm.residual,
+                 0, grads, gather=gather_block)
         acts -= per_block_saved
         if ms.grows_in_backward:
             grads += block_grad
