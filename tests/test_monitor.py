@@ -17,10 +17,10 @@ from rich.console import Console
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.metrics import read_metrics
-from scaletrain.engine.plan.presets import load_preset, train_options
+from scaletrain.engine.request.presets import load_preset, train_options
 from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
 from scaletrain.engine.run.relaunch import apply_remedy, resume_blocker, split_changes
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.run.layout import RunDir
 from scaletrain.engine.sampling.host import HostSource

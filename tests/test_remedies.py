@@ -6,7 +6,7 @@ import pytest
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.remedies import KIND_TIER, describe, rank_remedies
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan
 
 GiB = 1024**3

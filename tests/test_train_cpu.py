@@ -18,7 +18,7 @@ from scaletrain.trainer import data as D
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.metrics import read_metrics
 from scaletrain.engine.run.layout import RunDir
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.options import TrainOptions
 
 RUN_LIMIT_SECONDS = 240          # one small run; the first DeepSpeed run on a machine JIT-builds a comm op (~1 min)
 
@@ -40,7 +40,7 @@ def write_dataset(path: Path, n: int = 300, seed: int = 0) -> Path:
 def make_run(tmp_path: Path, strategy: str, *, micro: int = 2, accum: int = 2, seq_len: int = 64,
              name: str = "run", **train: object) -> RunDir:
     """A 2-process CPU run directory of scaletrain/tiny-qwen2 written by the config writers."""
-    from scaletrain.engine.plan.request import PlanRequest
+    from scaletrain.engine.request.request import PlanRequest
     from scaletrain.engine.plan.planner import make_plan
     from scaletrain.engine.run.writers import write_run_dir
 
@@ -251,7 +251,7 @@ def test_local_model_lora_with_chat_template_on_one_process(tmp_path):
     """model_source = a local folder (offline from_pretrained + its tokenizer), LoRA with gradient checkpointing,
     one process (accelerate's simple launcher)."""
     from scaletrain.engine.run.launcher import launch
-    from scaletrain.engine.plan.request import PlanRequest
+    from scaletrain.engine.request.request import PlanRequest
     from scaletrain.engine.plan.planner import make_plan
     from scaletrain.trainer.model import make_tokenizer
     from scaletrain.trainer.config import read_run_config

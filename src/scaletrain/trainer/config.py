@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 from scaletrain.engine.run.layout import RunDir
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.run.plan_document import read_plan_document
 from scaletrain.engine.vocabulary import (Attention, MasterWeights, Method, Optimizer, OptimizerImpl, Precision,
                                           Strategy)
@@ -72,7 +72,7 @@ def read_run_config(run_dir: str | os.PathLike[str]) -> RunConfig:
     if train.model_source is None:                 # a plan.json written before weights were resolved
         from dataclasses import replace
 
-        from scaletrain.engine.run.weights import resolve_weights
+        from scaletrain.engine.request.weights import resolve_weights
         train = replace(train, model_source=resolve_weights(None, req.model))
     return RunConfig(
         run=run, train=train, model_id=req.model, method=tr.method, lora_rank=tr.lora_rank or 16,

@@ -36,7 +36,7 @@ from typing import Any
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.layout import RunDir
 from scaletrain.engine.run.metrics import MetricsWriter, StepMetrics, truncate_metrics
-from scaletrain.engine.run.options import LR_SCHEDULES, bundled_demo_dataset
+from scaletrain.engine.request.options import LR_SCHEDULES, bundled_demo_dataset
 from scaletrain.trainer import data as data_mod
 from scaletrain.trainer.checkpoints import prune_checkpoints, resume_from, save_checkpoint
 from scaletrain.trainer.config import RunConfig, read_run_config

@@ -24,11 +24,11 @@ from typing import Any, Callable
 from scaletrain.engine.model.calibration import Calibration, stack_signature
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan, evaluate
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.run.layout import RunDir, check_run_dir_path
 from scaletrain.engine.run.metrics import MIN_WARMUP_STEPS, steady_step_seconds
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.options import TrainOptions
 
 MAX_STEPS = 100_000         # a validation measures a few steps; more is a typo
 

@@ -11,7 +11,7 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.plan.remedies import Remedy, rank_remedies
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.run.plan_document import PlanDocument
 from scaletrain.engine.units import fmt_bytes, fmt_seconds
 from scaletrain.engine.vocabulary import Offload

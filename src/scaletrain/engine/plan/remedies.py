@@ -19,7 +19,7 @@ from typing import Any
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import Hardware
 from scaletrain.engine.plan.plan import Plan, evaluate
-from scaletrain.engine.plan.request import HARDWARE_FIELDS
+from scaletrain.engine.request.request import HARDWARE_FIELDS
 from scaletrain.engine.plan.search import SEARCH_FIELDS, divisors, search
 from scaletrain.engine.model.setup import TrainingSetup
 from scaletrain.engine.units import fmt_bytes

@@ -42,7 +42,7 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import os_error_reason, writing
 from scaletrain.engine.run.elastic import parse_failures
 from scaletrain.engine.run.layout import LINE_PREFIX, LINE_PREFIX_ENV, RunDir, check_host
-from scaletrain.engine.run.options import TrainOptions, bundled_demo_dataset
+from scaletrain.engine.request.options import TrainOptions, bundled_demo_dataset
 from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
 from scaletrain.engine.run.processes import ProcessTree, oom_kill_count, process_start
 from scaletrain.engine.run.rank_logs import RankLogs

@@ -26,10 +26,10 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import atomic_write
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.planner import make_plan
-from scaletrain.engine.plan.request import HARDWARE_FIELDS, PlanRequest
+from scaletrain.engine.request.request import HARDWARE_FIELDS, PlanRequest
 from scaletrain.engine.run.launcher import LaunchResult, launch
 from scaletrain.engine.run.layout import RunDir
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
 from scaletrain.engine.run.status import read_status
 from scaletrain.engine.run.writers import render_run_files

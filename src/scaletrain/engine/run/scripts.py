@@ -19,7 +19,7 @@ from pathlib import Path
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.run.configs import main_process_port
 from scaletrain.engine.run.layout import LINE_PREFIX, LINE_PREFIX_ENV, RunDir
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.units import fmt_seconds
 
 # The bundled trainer, as `python -m` runs it under accelerate.

@@ -18,10 +18,10 @@ from pathlib import Path
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import atomic_write, writing
 from scaletrain.engine.plan.plan import Plan
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.run.configs import accelerate_config, deepspeed_config, render_accelerate_yaml
 from scaletrain.engine.run.layout import NODE_STATUS_PREFIX, RunDir, check_host, check_run_dir_path, default_run_dir
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.run.plan_document import PlanDocument, holds_plan
 from scaletrain.engine.run.scripts import launch_script, sbatch_script
 
@@ -40,7 +40,7 @@ def checked_train(train: TrainOptions, request: PlanRequest | None = None, plan:
     and the planned architecture; a 4/8-bit base from random init only where asked for (validation measures it).
     A given dataset must be readable and is recorded as an absolute path or an HF id (the trainer runs from
     anywhere)."""
-    from scaletrain.engine.run.weights import resolve_weights, weights_mismatch, weights_problem
+    from scaletrain.engine.request.weights import resolve_weights, weights_mismatch, weights_problem
 
     train.check()
     if request is not None:
@@ -56,7 +56,7 @@ def checked_train(train: TrainOptions, request: PlanRequest | None = None, plan:
         train = replace(train, model_source=source)
     if train.dataset is None:
         return train
-    from scaletrain.engine.run.data_source import resolve_data
+    from scaletrain.engine.request.data_source import resolve_data
 
     return replace(train, dataset=resolve_data(train.dataset).spec)
 
@@ -74,7 +74,7 @@ def render_run_files(plan: Plan, request: PlanRequest, train: TrainOptions, run:
     if main_process_ip is not None:
         main_process_ip = check_host(main_process_ip)
     if train.model_source is None:
-        from scaletrain.engine.run.weights import resolve_weights
+        from scaletrain.engine.request.weights import resolve_weights
         train = replace(train, model_source=resolve_weights(None, request.model))
     ds = deepspeed_config(plan, train)
     files: dict[str, tuple[str, int | None]] = {

@@ -15,16 +15,16 @@ from scaletrain.engine.devices.detect import require_local_gpus
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.planner import make_plan
-from scaletrain.engine.plan.presets import write_preset
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.presets import write_preset
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.run.layout import RunDir
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.run.scripts import node_launch_commands
 from scaletrain.engine.run.writers import write_run_dir, written_files
-from scaletrain.tui.cli.plan_args import request_from_args, train_from_args
+from scaletrain.engine.request.args import asked_from_args
 from scaletrain.tui.views.progress import stream_run
 from scaletrain.engine.run.plan_document import read_plan_document
-from scaletrain.engine.run.weights import weights_note, weights_warning
+from scaletrain.engine.request.weights import weights_note, weights_warning
 from scaletrain.tui.views.render import print_plan, print_weights
 
 
@@ -70,8 +70,8 @@ def check_local_gpus(plan: Plan, run: RunDir) -> None:
 
 def run_headless(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
-    request = request_from_args(args)
-    train = train_from_args(args)
+    asked = asked_from_args(args)
+    request, train = asked.request(), asked.train
     plan = make_plan(request)
     if getattr(args, "save_preset", None):
         save_preset_from_args(console, args, request, train, plan)

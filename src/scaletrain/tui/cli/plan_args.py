@@ -1,39 +1,14 @@
 """The plan options every front end takes (`scaletrain plan`, the top level, `config write`, `validate`, the wizard
-and the plain prompts) and how they become a PlanRequest and TrainOptions: a preset's fields, then `--set`
-overrides, then explicit flags. A leaf: it imports nothing else from the tui, and no Textual or Rich. Presets
-(pydantic) load only when --preset is given: `scaletrain plan` stays fast."""
+and the plain prompts), as argparse flags; `engine/request/args.py` turns the parsed flags into what the user asks."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from scaletrain.engine.catalog.hardware import inter_node_gbit_s
-from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.plan.request import PlanRequest
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.args import parse_csv, parse_resident
 from scaletrain.engine.vocabulary import (Attention, Generation, MasterWeights, Method, Objective, Offload, Optimizer,
                                           OptimizerImpl, Precision, RefModel, Strategy)
-
-# The flags that are PlanRequest fields of the same name (--resident becomes `residents`).
-REQUEST_FLAGS = (
-    "model", "method", "lora_rank", "lora_targets", "base_bits", "gpus", "nodes", "inter_node_gbps", "strategy",
-    "offload", "precision", "master_weights", "optimizer", "optimizer_impl", "attn", "grad_ckpt", "headroom",
-    "micro_batch", "grad_accum",
-    "effective_batch", "seq_len", "dataset_size", "epochs", "tokens_per_sample", "base_lr", "base_batch",
-    "objective", "prompt_len", "completion_len", "num_generations", "ref_model", "generation", "generation_memory",
-)
-RESIDENT_BITS = ("16", "8", "4")
-
-
-def parse_csv(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-def parse_resident(text: str) -> tuple[str, int]:
-    """--resident MODEL[:BITS] (bits 16, 8 or 4; default 16)."""
-    model, _, bits = text.rpartition(":") if text.rsplit(":", 1)[-1] in RESIDENT_BITS else (text, "", "16")
-    return (model, int(bits))
 
 
 def add_plan_options(p: argparse.ArgumentParser) -> None:
@@ -101,74 +76,3 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--base-batch", type=int)
     p.add_argument("--preset", help="start from a preset (scaletrain presets); flags override its fields")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a preset field")
-
-
-def request_fields_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """PlanRequest fields: a preset's (if any), then --set overrides, then explicit flags (model not required)."""
-    fields: dict[str, Any] = {}
-    if getattr(args, "preset", None):
-        from scaletrain.engine.plan.presets import apply_overrides, load_preset
-
-        fields.update(load_preset(args.preset).request_fields())
-        fields = apply_overrides(fields, args.set)
-    elif getattr(args, "set", None):
-        raise ScaletrainError("--set overrides preset fields; give --preset NAME too")
-    for name in REQUEST_FLAGS:
-        v = getattr(args, name, None)
-        if v is not None:
-            fields[name] = v
-    if getattr(args, "resident", None):
-        fields["residents"] = tuple(args.resident)
-    data = data_from_args(args)
-    if data is not None and fields.get("dataset_size") is None:
-        from scaletrain.engine.run.data_source import resolve_data
-
-        fields["dataset_size"] = resolve_data(data).rows      # the plan's steps and epochs follow the real data
-    return fields
-
-
-def data_from_args(args: argparse.Namespace) -> str | None:
-    """--data, else the preset's `data:` (or train.dataset, with --set overrides); None for the bundled data."""
-    if getattr(args, "data", None):
-        return str(args.data)
-    if getattr(args, "preset", None):
-        return train_from_args(args).dataset
-    return None
-
-
-def weights_from_args(args: argparse.Namespace, request: PlanRequest) -> dict[str, Any]:
-    """The weights a run of this request starts from, as the engine resolves them, with its warning and problem
-    (for `plan` output: text and --json)."""
-    from scaletrain.engine.run.weights import resolve_weights, weights_note, weights_problem, weights_warning
-
-    given = args.weights if getattr(args, "weights", None) else (
-        train_from_args(args).model_source if getattr(args, "preset", None) else None)
-    source = resolve_weights(given, request.model)
-    return {"source": source, "default": given is None, "warning": weights_warning(source),
-            "problem": weights_problem(request.method, request.base_bits, source), "note": weights_note(source)}
-
-
-def request_from_args(args: argparse.Namespace) -> PlanRequest:
-    """The PlanRequest the flags (and --preset/--set) describe; a model is required."""
-    fields = request_fields_from_args(args)
-    if not fields.get("model"):
-        raise ScaletrainError("--model is required (a catalog id, a config.json, or --preset NAME)")
-    fields.setdefault("gpus", "auto")
-    return PlanRequest(**fields)
-
-
-def train_from_args(args: argparse.Namespace) -> TrainOptions:
-    """The preset's train section with `--set train.KEY=VALUE` overrides (defaults without a preset)."""
-    from scaletrain.engine.plan.presets import load_preset, train_options
-
-    from dataclasses import replace
-
-    preset = load_preset(args.preset) if getattr(args, "preset", None) else None
-    train = train_options(preset, getattr(args, "set", None) or [])
-    if getattr(args, "weights", None):
-        train = replace(train, model_source=str(args.weights))
-    elif preset is not None and getattr(args, "model", None) and args.model != preset.model:
-        train = replace(train, model_source=None)     # a preset's weights belong to its model: the new one's own
-    if getattr(args, "data", None):
-        train = replace(train, dataset=str(args.data))
-    return train

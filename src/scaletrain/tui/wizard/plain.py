@@ -16,7 +16,7 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import GPU_CATALOG, parse_gpus
 from scaletrain.engine.catalog.architectures import catalog_ids, load_model
 from scaletrain.engine.model.setup import check_num_generations, check_prompt_len
-from scaletrain.engine.plan.request import objective_lengths
+from scaletrain.engine.request.request import objective_lengths
 from scaletrain.engine.vocabulary import Method, Objective, RefModel
 from scaletrain.tui.wizard.sources import model_weights, parse_weights
 from scaletrain.tui.wizard import run_files
@@ -255,7 +255,7 @@ def run_plain(args: argparse.Namespace) -> int:
     print_plan(plan)
     problem, warning = weights_verdict(state)
     if problem is not None:
-        raise ScaletrainError(problem)          # refused before anything is written (engine.run.weights)
+        raise ScaletrainError(problem)          # refused before anything is written (engine.request.weights)
     if warning:
         _say(f"warning: {warning}")
     if not ask.confirm("Write the run directory?", True):

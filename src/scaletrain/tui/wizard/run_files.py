@@ -9,7 +9,7 @@ from pathlib import Path
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan
-from scaletrain.engine.plan.presets import save_preset as save_preset_file
+from scaletrain.engine.request.presets import save_preset as save_preset_file
 from scaletrain.engine.run.layout import RunDir, default_run_dir
 from scaletrain.engine.run import writers
 from scaletrain.tui.wizard.state import WizardState

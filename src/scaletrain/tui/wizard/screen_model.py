@@ -12,7 +12,7 @@ from textual.worker import get_current_worker
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.architectures import ModelArch, load_model
-from scaletrain.engine.plan.request import base_setup
+from scaletrain.engine.request.request import base_setup
 from scaletrain.engine.vocabulary import Method
 from scaletrain.engine.units import fmt_count
 from scaletrain.tui.wizard.screen_base import WizardStep

@@ -19,15 +19,15 @@ from scaletrain.engine.devices.detect import hardware_from_detection
 from scaletrain.engine.devices.nvml import DetectionResult
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.planner import leanest_unfitting_plan, make_plan
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.plan.rows import AlternativeRow
 from scaletrain.engine.plan.search import next_micro_batch, search_key
-from scaletrain.engine.run.options import TrainOptions
-from scaletrain.engine.run.data_source import DataSource, resolve_data
-from scaletrain.engine.run.weights import resolve_weights, weights_problem, weights_warning
+from scaletrain.engine.request.options import TrainOptions
+from scaletrain.engine.request.data_source import DataSource, resolve_data
+from scaletrain.engine.request.weights import resolve_weights, weights_problem, weights_warning
 from scaletrain.tui.wizard.sources import parse_data
 from scaletrain.engine.vocabulary import Attention, Objective, Offload, Optimizer, OptimizerImpl, Precision, Strategy
-from scaletrain.tui.cli.plan_args import parse_resident, request_fields_from_args, request_from_args, train_from_args
+from scaletrain.engine.request.args import asked_from_args, parse_resident
 
 # The what-if key cycles the strategy: plain DDP is "stage 0", then the ZeRO stages, then FSDP.
 ZERO_CYCLE = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP)
@@ -145,15 +145,12 @@ class WizardOptions:
 def state_from_args(args: argparse.Namespace) -> WizardState:
     """Flags and `--preset NAME` → the wizard's first state (same precedence as the CLI: preset, --set, flags)."""
     preset = getattr(args, "preset", None)
-    train = TrainOptions()
+    asked = asked_from_args(args)
+    train = asked.train if preset else TrainOptions()   # the preset's train options (lr, data, ...), --set train.*
     if preset or getattr(args, "model", None):
-        request = request_from_args(args)
-        if preset:
-            train = train_from_args(args)     # the preset's train options (lr, data, ...), with --set train.*
+        request = asked.request()
     else:
-        fields = request_fields_from_args(args)
-        fields.setdefault("gpus", "auto")
-        request = PlanRequest(model="", **{k: v for k, v in fields.items() if k != "model"})
+        request = PlanRequest(model="", **{"gpus": "auto", **{k: v for k, v in asked.fields.items() if k != "model"}})
     if request.effective_batch is None and request.micro_batch is None and request.grad_accum is None:
         request = request.with_(effective_batch=DEFAULT_EFFECTIVE_BATCH)
     gpus = (request.gpus or "auto").strip()
@@ -402,7 +399,7 @@ def weights_text(state: WizardState) -> str:
 
 def weights_verdict(state: WizardState) -> tuple[str | None, str | None]:
     """(why these weights cannot be written for this method, the random-init warning): the engine's rules on the
-    weights the run will really start from (not given: the model's own, engine.run.weights.default_weights)."""
+    weights the run will really start from (not given: the model's own, engine.request.weights.default_weights)."""
     source = resolve_weights(state.train.model_source, state.request.model)
     return (weights_problem(state.request.method, state.request.base_bits, source), weights_warning(source))
 
