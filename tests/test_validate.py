@@ -211,7 +211,7 @@ def test_accuracy_sweep_records_no_fit_and_timeouts_as_outcomes(tmp_path, config
     # ... as the host OOM killer would: the kernel's OOM-kill count rises during the run (an unchanged count makes
     # the same SIGKILL `killed`, not host_oom: tests/test_run_lifecycle.py)
     kills = itertools.count()
-    monkeypatch.setattr("scaletrain.engine.run.launcher.oom_kill_count", lambda: next(kills))
+    monkeypatch.setattr("scaletrain.engine.launch.launcher.oom_kill_count", lambda: next(kills))
     assert accuracy.main(["--cpu-smoke", "--only", "3", "--steps", "6", "--out", str(out), "--run-root", runs]) == 0
     first = json.loads(out.read_text())
     (oom,) = first["outcomes"]

@@ -15,7 +15,7 @@ import pytest
 
 from scaletrain.engine.catalog.architectures import catalog_entry
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.run.launcher import launch
+from scaletrain.engine.launch.launcher import launch
 from scaletrain.engine.run.metrics import read_metrics
 from scaletrain.engine.request.weights import RANDOM_INIT_WARNING, weights_problem, weights_warning
 from scaletrain.tui.cli.main import main

@@ -20,7 +20,7 @@ from scaletrain.engine.devices.nvml import DetectedGpu, DetectionResult
 from scaletrain.engine.request.presets import load_preset
 from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan
-from scaletrain.engine.run.status import read_status
+from scaletrain.engine.launch.status import read_status
 from scaletrain.tui.cli.parser import parse_args
 from scaletrain.tui.wizard.app import create_app
 

@@ -189,7 +189,7 @@ def read_records(spec: str | Path) -> list[dict[str, Any]]:
 
 
 def load_rows(src: Any) -> list[dict[str, Any]]:
-    """The rows of a resolved --data (engine/run/data_source.DataSource) through the `datasets` library, unchecked:
+    """The rows of a resolved --data (engine/request/data_source.DataSource) through the `datasets` library, unchecked:
     each objective checks the columns it needs."""
     import datasets
 

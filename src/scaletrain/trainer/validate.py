@@ -152,7 +152,7 @@ def run_steps(request: PlanRequest, train: TrainOptions, steps: int, run_dir: Pa
     """Write the plan's run directory with max_steps = `steps` and no checkpoints, run it with the bundled trainer
     (stopped after `budget_seconds`), and remove any checkpoint weights it holds afterwards. `plan`: a plan made
     elsewhere from this request (e.g. with setup fields the request cannot name); default make_plan(request)."""
-    from scaletrain.engine.run.launcher import launch
+    from scaletrain.engine.launch.launcher import launch
     from scaletrain.engine.run.metrics import read_metrics
     from scaletrain.engine.run.writers import write_run_dir
 

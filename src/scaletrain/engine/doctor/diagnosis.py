@@ -25,7 +25,7 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.layout import RunDir
 from scaletrain.engine.run.metrics import read_metrics, steady_step_seconds
 from scaletrain.engine.run.plan_document import PlanDocument
-from scaletrain.engine.run.status import RunStatus
+from scaletrain.engine.launch.status import RunStatus
 
 
 def _pick(events: list[Event], file_order: dict[str, int], hint_rank: int | None) -> Event | None:

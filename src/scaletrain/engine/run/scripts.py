@@ -38,7 +38,7 @@ def launch_argv(run: RunDir, train: TrainOptions, *, machine_rank: int | None = 
     if deepspeed if deepspeed is not None else run.ds_config.is_file():
         argv += ["--deepspeed_config_file", str(run.ds_config)]
     # per-rank output: torchrun tees each rank's stdout+stderr to files under logs/elastic/ and prefixes its console
-    # lines with the rank, which engine.run.launcher splits into logs/rank-<i>.log
+    # lines with the rank, which engine.launch.launcher splits into logs/rank-<i>.log
     argv += ["--tee", "3", "--log_dir", str(run.logs / "elastic")]
     if machine_rank is not None:
         argv += ["--machine_rank", str(machine_rank)]

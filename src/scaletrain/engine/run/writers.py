@@ -20,7 +20,8 @@ from scaletrain.engine.fileio import atomic_write, writing
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.run.configs import accelerate_config, deepspeed_config, render_accelerate_yaml
-from scaletrain.engine.run.layout import NODE_STATUS_PREFIX, RunDir, check_host, check_run_dir_path, default_run_dir
+from scaletrain.engine.run.layout import (LAYOUT_NAMES, NODE_STATUS_PREFIX, RunDir, check_host, check_run_dir_path,
+                                         default_run_dir)
 from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.run.plan_document import PlanDocument, holds_plan
 from scaletrain.engine.run.scripts import launch_script, sbatch_script
@@ -28,8 +29,6 @@ from scaletrain.engine.run.scripts import launch_script, sbatch_script
 SUPERSEDED_PREFIX = "superseded-"
 # Names the run-directory layout owns (layout.py, plus the trainer's TensorBoard folder); --overwrite moves exactly
 # these aside, nothing else.
-LAYOUT_NAMES = ("plan.json", "accelerate_config.yaml", "ds_config.json", "launch.sh", "sbatch.sh", "logs",
-                "metrics.jsonl", "checkpoints", "status.json", "tensorboard")
 
 
 # ---- the run directory -----------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.architectures import ModelArch
 from scaletrain.engine.devices.nvml import DetectionResult, detect
 from scaletrain.engine.plan.plan import Plan
-from scaletrain.engine.run.launcher import LaunchResult
+from scaletrain.engine.launch.launcher import LaunchResult
 from scaletrain.engine.run.layout import RunDir
 from scaletrain.tui.wizard.state import WizardOptions, WizardState, plannable, state_from_args
 
@@ -130,7 +130,7 @@ class WizardApp(App[int]):
 
     # ---- launching (the write step asks; the monitor watches) -----------------------------------------------------
     def launch_run(self, run: RunDir) -> None:
-        """Run engine.run.launcher.launch for a written run in a thread worker; its outcome lands in launch_result."""
+        """Run engine.launch.launcher.launch for a written run in a thread worker; its outcome lands in launch_result."""
         self.launch_result = None
         self.launch_error = None
         self.run_worker(partial(self._launch, run), thread=True, group="launch", exclusive=True,
@@ -141,7 +141,7 @@ class WizardApp(App[int]):
         return any(w.group == "launch" and not w.is_finished for w in self.workers)
 
     def _launch(self, run: RunDir) -> None:
-        from scaletrain.engine.run.launcher import launch
+        from scaletrain.engine.launch.launcher import launch
 
         interrupted = threading.Event()
 
