@@ -1,7 +1,7 @@
 """From parsed front-end arguments (an argparse Namespace, or anything with the same attributes) to what the user
 asks: PlanRequest fields, TrainOptions, the data and the weights. A preset's fields come first, then `--set`
-overrides, then explicit flags; the preset is read once (`Asked`). The flags themselves are declared in
-`tui/cli/plan_args.py`; this module needs no argparse.
+overrides, then explicit flags; the preset is read once (`Asked`). The flags are declared once, in
+`fields.py` (the CLI's argparse wiring derives from it); this module needs no argparse.
 """
 
 from __future__ import annotations
@@ -10,29 +10,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.request.fields import REQUEST_FLAGS
 from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.request.request import PlanRequest
-
-# The flags that are PlanRequest fields of the same name (--resident becomes `residents`).
-REQUEST_FLAGS = (
-    "model", "method", "lora_rank", "lora_targets", "base_bits", "gpus", "nodes", "inter_node_gbps", "strategy",
-    "offload", "precision", "master_weights", "optimizer", "optimizer_impl", "attn", "grad_ckpt", "headroom",
-    "micro_batch", "grad_accum",
-    "effective_batch", "seq_len", "dataset_size", "epochs", "tokens_per_sample", "base_lr", "base_batch",
-    "objective", "prompt_len", "completion_len", "num_generations", "ref_model", "generation", "generation_memory",
-)
-RESIDENT_BITS = ("16", "8", "4")
-
-
-def parse_csv(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-def parse_resident(text: str) -> tuple[str, int]:
-    """--resident MODEL[:BITS] (bits 16, 8 or 4; default 16)."""
-    model, _, bits = text.rpartition(":") if text.rsplit(":", 1)[-1] in RESIDENT_BITS else (text, "", "16")
-    return (model, int(bits))
-
 
 @dataclass(frozen=True)
 class Asked:

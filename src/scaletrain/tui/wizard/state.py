@@ -27,7 +27,8 @@ from scaletrain.engine.request.data_source import DataSource, resolve_data
 from scaletrain.engine.request.weights import resolve_weights, weights_problem, weights_warning
 from scaletrain.tui.wizard.sources import parse_data
 from scaletrain.engine.vocabulary import Attention, Objective, Offload, Optimizer, OptimizerImpl, Precision, Strategy
-from scaletrain.engine.request.args import asked_from_args, parse_resident
+from scaletrain.engine.request.args import asked_from_args
+from scaletrain.engine.request.fields import FORM_FIELD, parse_resident
 
 # The what-if key cycles the strategy: plain DDP is "stage 0", then the ZeRO stages, then FSDP.
 ZERO_CYCLE = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP)
@@ -409,16 +410,9 @@ BATCH_FIELDS = ("effective_batch", "seq_len", "data", "dataset", "epochs", "lr",
 
 def apply_batch_fields(state: WizardState, values: dict[str, str]) -> WizardState:
     """Step 3's text fields → state. Raises FieldError naming the first bad field (shown next to it)."""
-    parsers: dict[str, Callable[[str], Any]] = {
-        "effective_batch": lambda t: parse_int(t, "effective batch"),
-        "seq_len": lambda t: parse_int(t, "sequence length"),
-        "data": parse_data,
-        "dataset": parse_dataset,
-        "epochs": lambda t: parse_float(t, "epochs"),
-        "lr": lambda t: parse_float(t, "learning rate"),
-        "base_lr": lambda t: parse_float(t, "base LR", optional=True),
-        "base_batch": lambda t: parse_int(t, "base batch", optional=True),
-    }
+    parsers: dict[str, Callable[[str], Any]] = {"data": parse_data, "dataset": parse_dataset}
+    for name in BATCH_FIELDS:
+        parsers.setdefault(name, form_parser(name))
     got = {name: parse_named(name, values.get(name, ""), parsers[name]) for name in BATCH_FIELDS}
     if (got["base_lr"] is None) != (got["base_batch"] is None):
         missing = "base_batch" if got["base_batch"] is None else "base_lr"
@@ -431,6 +425,14 @@ def apply_batch_fields(state: WizardState, values: dict[str, str]) -> WizardStat
         effective_batch=got["effective_batch"], seq_len=got["seq_len"], dataset_size=samples,
         epochs=got["epochs"], base_lr=got["base_lr"], base_batch=got["base_batch"],
     ).with_train(dataset=data, lr=got["lr"])
+
+
+def form_parser(name: str) -> Callable[[str], Any]:
+    """A number field's parser from the field table: its label names it in a refusal; optional fields may be
+    empty."""
+    f = FORM_FIELD[name]
+    parse = parse_int if f.parse is int else parse_float
+    return lambda t: parse(t, f.label or name, optional=f.optional)
 
 
 class FieldError(ScaletrainError):
