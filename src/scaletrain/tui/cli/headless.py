@@ -1,7 +1,7 @@
 """`scaletrain --preset NAME --headless [--dry-run] [--run-dir DIR]`: replay a plan without any TUI.
 
 Plan, write the run directory, print a short summary (rich, no Textual), then hand the run to the launcher's live
-progress (views/progress.py) unless --dry-run. The exit code is the training's. `--save-preset NEW` writes the
+progress (monitor/stream.py) unless --dry-run. The exit code is the training's. `--save-preset NEW` writes the
 request (with the planner's choices pinned) as a preset; without --headless it only saves.
 """
 
@@ -22,7 +22,7 @@ from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.run.scripts import node_launch_commands
 from scaletrain.engine.run.writers import write_run_dir, written_files
 from scaletrain.engine.request.args import asked_from_args
-from scaletrain.tui.views.progress import stream_run
+from scaletrain.tui.monitor.stream import stream_run
 from scaletrain.engine.run.plan_document import read_plan_document
 from scaletrain.engine.request.weights import weights_note, weights_warning
 from scaletrain.tui.views.render import print_plan, print_weights
