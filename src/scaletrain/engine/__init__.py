@@ -10,6 +10,7 @@ sub-packages, lowest layer first (a layer imports only from the layers below it;
                                                   weights, data, and parsed arguments → all of those (args.py)
     plan                                          the planner's search, the Plan, tables, remedies, the LR rule
     run                                           the run directory: plan.json, configs, scripts, metrics, status
-    launch, sampling                              launching and watching a run; live GPU and host samples
+    launch                                        launching a run: launcher, processes, logs, lock, watchdog, status
+    sampling                                      live GPU, host and run-directory samples for the monitor
     doctor                                        why a run died and what to change
 """
