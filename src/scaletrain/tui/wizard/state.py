@@ -21,20 +21,15 @@ from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.planner import leanest_unfitting_plan, make_plan
 from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.plan.rows import AlternativeRow
-from scaletrain.engine.plan.search import next_micro_batch, search_key
+from scaletrain.engine.plan.search import search_key
+from scaletrain.engine.plan.what_if import repaired, what_if_changes
 from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.request.data_source import DataSource, resolve_data
 from scaletrain.engine.request.weights import resolve_weights, weights_problem, weights_warning
 from scaletrain.tui.wizard.sources import parse_data
-from scaletrain.engine.vocabulary import Attention, Objective, Offload, Optimizer, OptimizerImpl, Precision, Strategy
 from scaletrain.engine.request.args import asked_from_args
 from scaletrain.engine.request.fields import FORM_FIELD, parse_resident
 
-# The what-if key cycles the strategy: plain DDP is "stage 0", then the ZeRO stages, then FSDP.
-ZERO_CYCLE = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP)
-# What-if keys that cycle a plan setting through the CLI's vocabulary (engine/vocabulary.py): change → request field
-SETTING_CYCLES = {"precision": ("precision", Precision), "optimizer": ("optimizer", Optimizer),
-                  "impl": ("optimizer_impl", OptimizerImpl), "attn": ("attn", Attention)}
 # Hardware offered when nothing is detected and nothing was named: the most common fine-tuning node.
 DEFAULT_CATALOG_GPUS = "8xH100-SXM"
 # Wizard starting points when neither flags nor a preset say otherwise (the method is asked, never assumed).
@@ -187,8 +182,7 @@ def plannable(state: WizardState, detection: DetectionResult | None) -> tuple[Wi
         return state, plan_for(state, detection)
     except ScaletrainError:
         cleared = state.clear_what_ifs()
-        if cleared.request.master_weights == "bf16" and cleared.request.method != "full":
-            cleared = cleared.with_request(master_weights="fp32")   # bf16-only weights belong to full fine-tuning
+        cleared = replace(cleared, request=repaired(cleared.request))
         if cleared == state:
             raise
         return cleared, plan_for(cleared, detection)
@@ -203,67 +197,10 @@ def launchable_here(plan: Plan) -> str | None:
             "that machine and run `scaletrain launch DIR` there (or `bash launch.sh` in it)")
 
 
-# ---- what-if keys on the plan step: state → state, the engine recomputes ------------------------------------------
-def _fixed_from(plan: Plan) -> dict[str, Any]:
-    s = plan.setup
-    return dict(micro_batch=s.micro_batch, grad_accum=s.grad_accum, strategy=s.strategy, offload=s.offload,
-                grad_ckpt=s.grad_ckpt)
-
-
+# ---- what-if keys on the plan step: the engine's changes (engine/plan/what_if.py), the engine recomputes ----------
 def what_if(state: WizardState, plan: Plan, change: str) -> WizardState:
-    """Apply one what-if key to the choices behind `plan`; every other choice of the plan stays fixed.
-
-    Changing the micro batch keeps the effective batch: it moves to the next divisor of each GPU's share, and the
-    engine derives the accumulation.
-    """
-    fixed = _fixed_from(plan)
-    eff = plan.setup.effective_batch
-    if change in ("micro+", "micro-"):
-        fixed.update(micro_batch=_next_micro(plan, up=change == "micro+"), grad_accum=None)
-    elif change == "ckpt":
-        fixed.update(grad_ckpt=not fixed["grad_ckpt"])
-    elif change == "zero":
-        cur = fixed["strategy"]
-        nxt = ZERO_CYCLE[(ZERO_CYCLE.index(cur) + 1) % len(ZERO_CYCLE)] if cur in ZERO_CYCLE else ZERO_CYCLE[0]
-        fixed.update(strategy=nxt, offload=nxt.offload_within(fixed["offload"]))
-    elif change in SETTING_CYCLES:
-        name, vocab = SETTING_CYCLES[change]
-        order = vocab.values()
-        cur = str(getattr(plan.setup, name))
-        fixed[name] = order[(order.index(cur) + 1) % len(order)] if cur in order else order[0]
-    elif change == "offload":
-        offloads = tuple(Offload)
-        fixed.update(offload=offloads[(offloads.index(fixed["offload"]) + 1) % len(offloads)])
-    elif change == "master":
-        if plan.setup.method != "full":
-            raise ScaletrainError("bf16-only weights apply to full fine-tuning; LoRA adapters stay fp32 (PEFT)")
-        bf16 = plan.setup.master_weights != "bf16"
-        if bf16 and fixed["strategy"].uses_deepspeed:
-            # DeepSpeed always keeps an fp32 master: the nearest strategy that can hold bf16 weights alone
-            fixed.update(strategy=Strategy.FSDP if fixed["strategy"].shards_params else Strategy.DDP)
-            fixed.update(offload=fixed["strategy"].offload_within(fixed["offload"]))
-        fixed.update(master_weights="bf16" if bf16 else "fp32")
-    elif change == "objective":
-        # sft → reward → dpo → grpo; each objective's knobs go back to TRL's defaults (dpo: reference same)
-        order = Objective.values()
-        cur = plan.setup.objective
-        fixed.update(objective=order[(order.index(cur) + 1) % len(order)], ref_model=None, prompt_len=None,
-                     completion_len=None, generation="train")
-    else:
-        raise ValueError(f"unknown what-if {change!r}")
-    return state.with_request(effective_batch=eff, **fixed)
-
-
-def _next_micro(plan: Plan, *, up: bool) -> int:
-    """The next micro batch up or down that still divides each GPU's share of the effective batch."""
-    s = plan.setup
-    nxt = next_micro_batch(s, up=up)
-    if nxt is None:
-        raise ScaletrainError(
-            f"micro batch {s.micro_batch} is already the {'largest' if up else 'smallest'} split of the "
-            f"{s.effective_batch // s.world_size} samples each GPU takes per step; change the effective batch on "
-            "step 3 for more")
-    return nxt
+    """Apply one what-if key to the choices behind `plan`; every other choice of the plan stays fixed."""
+    return state.with_request(**what_if_changes(plan, change))
 
 
 def pin_effective_batch(state: WizardState, plan: Plan) -> WizardState:
