@@ -32,6 +32,15 @@ SUPERSEDED_PREFIX = "superseded-"
 
 
 # ---- the run directory -----------------------------------------------------------------------------------------
+class WrittenRun(RunDir):
+    """A run directory write_run_dir wrote, with the train options it checked and wrote into plan.json (the
+    weights resolved, the data checked): what the caller shows needs no second read of plan.json."""
+
+    def __init__(self, path: str | os.PathLike[str], train: TrainOptions):
+        super().__init__(path)
+        self.train = train
+
+
 def checked_train(train: TrainOptions, request: PlanRequest | None = None, plan: Plan | None = None, *,
                   random_quantized_ok: bool = False) -> TrainOptions:
     """The trainer's options, checked as launch would (so --dry-run refuses what launch would). With the request:
@@ -110,8 +119,9 @@ def _supersede(run: RunDir) -> Path | None:
 
 def write_run_dir(plan: Plan, request: PlanRequest, train: TrainOptions, run_dir: str | os.PathLike[str] | None = None,
                   *, overwrite: bool = False, main_process_ip: str | None = None,
-                  random_quantized_ok: bool = False) -> RunDir:
-    """Write plan.json, the configs and the scripts; refuse a directory holding a different plan.
+                  random_quantized_ok: bool = False) -> WrittenRun:
+    """Write plan.json, the configs and the scripts; refuse a directory holding a different plan. Returns the run
+    directory with the train options as checked and written.
 
     A new directory appears whole (written beside it, then renamed); an existing one that holds the same plan is
     rewritten file by file (atomic, with .bak of anything that differs); with overwrite, a different previous run
@@ -123,16 +133,17 @@ def write_run_dir(plan: Plan, request: PlanRequest, train: TrainOptions, run_dir
     check_run_dir_path(run.path)        # a sane path (the scripts find it at run time)
     files = render_run_files(plan, request, train, run, main_process_ip=main_process_ip)
     with writing(f"the run directory {run.path}"):
-        return _write(run, plan, request, train, files, overwrite)
+        _write(run, plan, request, train, files, overwrite)
+    return WrittenRun(run.path, train)
 
 
 def _write(run: RunDir, plan: Plan, request: PlanRequest, train: TrainOptions,
-           files: dict[str, tuple[str, int | None]], overwrite: bool) -> RunDir:
+           files: dict[str, tuple[str, int | None]], overwrite: bool) -> None:
     if run.path.exists() and not run.path.is_dir():
         raise ScaletrainError(f"run directory {run.path} exists and is not a directory; choose another --run-dir")
     if not run.path.exists() or not any(run.path.iterdir()):
         _write_fresh(run, files)
-        return run
+        return
     same = holds_plan(run.plan, PlanDocument.build(plan, request, train))
     if not same:
         if not overwrite:
@@ -144,7 +155,6 @@ def _write(run: RunDir, plan: Plan, request: PlanRequest, train: TrainOptions,
         atomic_write(run.path / name, text, mode=mode)
     run.logs.mkdir(exist_ok=True)
     run.checkpoints.mkdir(exist_ok=True)
-    return run
 
 
 def _write_fresh(run: RunDir, files: dict[str, tuple[str, int | None]]) -> None:

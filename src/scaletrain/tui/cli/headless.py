@@ -23,7 +23,6 @@ from scaletrain.engine.run.scripts import node_launch_commands
 from scaletrain.engine.run.writers import write_run_dir, written_files
 from scaletrain.engine.request.args import asked_from_args
 from scaletrain.tui.monitor.stream import stream_run
-from scaletrain.engine.run.plan_document import read_plan_document
 from scaletrain.engine.request.weights import weights_note, weights_warning
 from scaletrain.tui.views.render import print_plan, print_weights
 
@@ -81,7 +80,7 @@ def run_headless(args: argparse.Namespace) -> int:
     run = write_run_dir(plan, request, train, getattr(args, "run_dir", None),
                         overwrite=bool(getattr(args, "overwrite", False)), main_process_ip=ip)
     print_plan(plan)
-    doc_train = read_plan_document(run.plan).train
+    doc_train = run.train
     print_weights(str(doc_train.model_source), [w for w in (weights_warning(doc_train.model_source),) if w],
                   doc_train.dataset, plan.setup.dataset_size if doc_train.dataset else None,
                   note=weights_note(doc_train.model_source))
