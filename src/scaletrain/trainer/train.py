@@ -87,7 +87,7 @@ def _tensorboard(run: RunDir) -> Any:
     except ImportError:
         print("scaletrain: note: tensorboard is not installed; metrics.jsonl only", file=sys.stderr)
         return None
-    return SummaryWriter(log_dir=str(run.path / "tensorboard"))
+    return SummaryWriter(log_dir=str(run.tensorboard))
 
 
 @dataclass

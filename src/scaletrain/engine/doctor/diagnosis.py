@@ -234,7 +234,7 @@ def diagnose_paths(paths: list[Path], plan: PlanDocument | None = None,
     for p in paths:
         p = Path(p)
         if p.is_dir():
-            if not (p / "plan.json").exists() and not (p / "logs").is_dir():
+            if not RunDir(p).plan.exists() and not RunDir(p).logs.is_dir():
                 raise ScaletrainError(f"{p} is a directory but not a run directory (no plan.json or logs/)")
             l2, pj, c2, f2 = run_dir_inputs(p)
             logs += l2
