@@ -224,3 +224,15 @@ def long_functions(limit: int = MAX_FUNCTION_LINES) -> list[str]:
 def test_no_function_over_the_limit():
     bad = long_functions()
     assert not bad, "split by what it does:\n" + "\n".join(bad)
+
+
+def test_the_run_directorys_file_names_are_spelled_in_its_layout_only():
+    """plan.json, status.json, launch.sh …: every module names them through engine/run/layout.py (RunDir and its
+    constants); a message may mention one, a path or a list may not spell it again."""
+    from scaletrain.engine.run.layout import LAYOUT_NAMES
+
+    files = {n for n in LAYOUT_NAMES if "." in n}
+    owner = f"{PACKAGE}.engine.run.layout"
+    spelled = sorted(f"{m}:{n.lineno} {n.value}" for m, path in MODULES.items() if m != owner
+                     for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant) and n.value in files)
+    assert not spelled, "\n".join(spelled)

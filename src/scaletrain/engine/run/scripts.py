@@ -18,7 +18,7 @@ from pathlib import Path
 
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.run.configs import main_process_port
-from scaletrain.engine.run.layout import LINE_PREFIX, LINE_PREFIX_ENV, RunDir
+from scaletrain.engine.run.layout import LAUNCH_SH, LINE_PREFIX, LINE_PREFIX_ENV, SBATCH_SH, RunDir
 from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.units import fmt_seconds
 
@@ -143,7 +143,7 @@ def launch_script(plan: Plan, run: RunDir, train: TrainOptions, *, main_process_
              "# The same argument list `scaletrain launch RUN_DIR` runs, from this file's folder (the run directory,",
              f"# wherever it is now) with the Python of the `scaletrain` on PATH or of ${VENV_ENV}."]
     if hw.nodes <= 1:
-        lines += ["set -euo pipefail", _HERE, *_find_python("launch.sh"),
+        lines += ["set -euo pipefail", _HERE, *_find_python(LAUNCH_SH),
                   "exec " + _shell_words(_portable_argv(train, ds), {})]
         return "\n".join(lines) + "\n"
     last = hw.nodes - 1
@@ -171,7 +171,7 @@ def launch_script(plan: Plan, run: RunDir, train: TrainOptions, *, main_process_
         f'  echo "launch.sh: give the head node\'s address: {usage} (or set MAIN_PROCESS_IP)" >&2; exit 2',
         "fi",
         _HERE,
-        *_find_python("launch.sh"),
+        *_find_python(LAUNCH_SH),
         f"export {LINE_PREFIX_ENV}={shlex.quote(LINE_PREFIX)}",
         "exec " + _shell_words(_node_argv(train, ds),
                                {_RANK_TOKEN: '"$MACHINE_RANK"', _IP_TOKEN: '"$MAIN_PROCESS_IP"'}),
@@ -282,7 +282,7 @@ def sbatch_script(plan: Plan, run: RunDir, train: TrainOptions, *, deepspeed: bo
         ' or set SCALETRAIN_RUN_DIR" >&2',
         "  exit 2",
         "fi",
-        *_find_python("sbatch.sh"),
+        *_find_python(SBATCH_SH),
         "export RUN_DIR PYTHON",
         'HEAD_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
         "export HEAD_NODE",
