@@ -194,7 +194,7 @@ def run_wizard(args: argparse.Namespace) -> int:
               file=sys.stderr)
         from scaletrain.tui.wizard.plain import run_plain
 
-        return run_plain(args)
+        return run_plain(args, options.state)
     app = create_app(options)
     code = app.run()
     if isinstance(code, int):

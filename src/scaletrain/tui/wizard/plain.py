@@ -258,9 +258,10 @@ def parse_lr_reference(text: str) -> tuple[float | None, int | None]:
     return parse_float(lr, "base LR"), parse_int(batch, "base batch")
 
 
-def run_plain(args: argparse.Namespace) -> int:
-    """Ask, plan, print the plan, write the run directory, optionally launch and save a preset."""
-    state = state_from_args(args)
+def run_plain(args: argparse.Namespace, state: WizardState | None = None) -> int:
+    """Ask, plan, print the plan, write the run directory, optionally launch and save a preset (`state`: the first
+    state when the caller already built it from `args`)."""
+    state = state if state is not None else state_from_args(args)
     ask: Any = QuestionaryAsker() if sys.stdin.isatty() and sys.stdout.isatty() else PipeAsker()
     _say("scaletrain: plan a fine-tuning run (empty answer = the default in brackets)")
     state, detection = ask_hardware(ask, state)
