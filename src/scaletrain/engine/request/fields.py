@@ -75,16 +75,22 @@ _WHAT, _OBJ, _HW, _HOW, _BATCH = ("what to train", "objective (TRL: reward, dpo,
 
 FIELDS: tuple[PlanField, ...] = (
     PlanField("model", _WHAT, help="catalog id (scaletrain models), config.json path or folder, or HF cache id",
+              label="model", hint="catalog id, config.json path or folder, or a local HF cache id",
               prompt="Model (catalog id, config.json path, or HF cache id)"),
     PlanField("method", _WHAT, choices=Method.values(), prompt="Method"),
-    PlanField("lora_rank", _WHAT, parse=int, bounds=(1, 1 << 16), label="LoRA rank", prompt="LoRA rank"),
+    PlanField("lora_rank", _WHAT, parse=int, bounds=(1, 1 << 16), label="LoRA rank",
+              hint="adapter rank r (e.g. 8, 16, 64)", prompt="LoRA rank"),
     PlanField("lora_targets", _WHAT, parse=parse_csv, help="comma list, default all block linears",
+              label="LoRA targets", hint="comma list: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
               prompt="LoRA targets (comma list, 'all' = every block linear)"),
     PlanField("base_bits", _WHAT, parse=int, choices=(4, 8, 16, 32),
-              help="frozen base for lora/qlora: 4/8 quantized, 16 (bf16, default), 32 (fp32 under autocast)"),
+              help="frozen base for lora/qlora: 4/8 quantized, 16 (bf16, default), 32 (fp32 under autocast)",
+              label="frozen base bits", hint="16, 8 or 4"),
     PlanField("weights", _WHAT, owner="train", attr="model_source", metavar="HF_ID|PATH|random-init",
               help="the weights the run starts from (default: the model's own pretrained weights; random-init "
                    "for config-only models, testing only)",
+              label="weights", hint="starting weights: HF id (org/name), a local model folder, or random-init "
+                                    "(testing only)",
               prompt="Weights (HF id, local model folder, or random-init for testing)"),
     PlanField("data", _WHAT, owner="train", attr="dataset", metavar="PATH|HF_DATASET_ID",
               help="training data: JSONL/JSON/Parquet/CSV file or folder, or an HF dataset id in the local "
@@ -92,7 +98,8 @@ FIELDS: tuple[PlanField, ...] = (
               label="data", hint="JSONL file or HF dataset id; empty: the bundled demo data"),
     PlanField("resident", _WHAT, owner="args", parse=parse_resident, kind="append", metavar="MODEL[:BITS]",
               help="an extra inference-only model kept on every GPU (reference policy, evaluator)",
-              prompt="Extra resident models (MODEL[:BITS], comma list, or none)"),
+              label="resident models", hint="MODEL[:BITS], … inference-only (reference policy, evaluator)",
+              form="residents", prompt="Extra resident models (MODEL[:BITS], comma list, or none)"),
     PlanField("objective", _OBJ, choices=Objective.values(),
               help="sft (default), reward (preference model), dpo or grpo; --micro-batch counts pairs for "
                    "reward/dpo and completions for grpo, as TRL's per_device_train_batch_size",
