@@ -24,11 +24,11 @@ from typing import Any, Callable
 from scaletrain.engine.model.calibration import Calibration, stack_signature
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan, evaluate
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.run.layout import RunDir, check_run_dir_path
 from scaletrain.engine.run.metrics import MIN_WARMUP_STEPS, steady_step_seconds
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.options import TrainOptions
 
 MAX_STEPS = 100_000         # a validation measures a few steps; more is a typo
 
@@ -152,7 +152,7 @@ def run_steps(request: PlanRequest, train: TrainOptions, steps: int, run_dir: Pa
     """Write the plan's run directory with max_steps = `steps` and no checkpoints, run it with the bundled trainer
     (stopped after `budget_seconds`), and remove any checkpoint weights it holds afterwards. `plan`: a plan made
     elsewhere from this request (e.g. with setup fields the request cannot name); default make_plan(request)."""
-    from scaletrain.engine.run.launcher import launch
+    from scaletrain.engine.launch.launcher import launch
     from scaletrain.engine.run.metrics import read_metrics
     from scaletrain.engine.run.writers import write_run_dir
 

@@ -19,8 +19,8 @@ from scaletrain.engine.catalog.hardware import Hardware, find_gpu
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.planner import make_plan
-from scaletrain.engine.plan.request import PlanRequest
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.request import PlanRequest
+from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.vocabulary import (Attention, MasterWeights, Method, Optimizer, OptimizerImpl, Precision,
                                           Strategy)
 
