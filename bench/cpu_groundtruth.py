@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from groundtruth_cli import predicted_vs_measured, run_groundtruth
 from scaletrain.engine.catalog.hardware import parse_gpus
 from scaletrain.engine.model.memory import estimate_memory
-from scaletrain.engine.catalog.architectures import catalog_entry
+from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, catalog_entry
 from scaletrain.engine.model.setup import TrainingSetup
 
 
@@ -36,6 +36,8 @@ class Case:
     optimizer_impl: str = "for-loop"   # torch's CPU default; "fused" is what the trainer and HF Trainer run
     overrides: tuple[tuple[str, int], ...] = ()   # config fields changed from the catalog entry
     experts_impl: str = "grouped_mm"   # MoE models: transformers' experts_implementation
+    lora_targets: tuple[str, ...] | None = None   # None: the model's own (BLOCK_LINEARS, a traced model's linears);
+                                                  # `experts`: the fused experts through peft's target_parameters
 
     @property
     def measure_precision(self) -> str:
@@ -68,6 +70,8 @@ class Case:
             bits.append("(" + ",".join(f"{k.split('_')[0]}={v}" for k, v in self.overrides) + ")")
         if _is_moe(self.model):
             bits.append(f"experts={self.experts_impl}")
+        if self.method != "full" and self.lora_targets not in (None, BLOCK_LINEARS):
+            bits.append("targets=" + ",".join(t.removesuffix("_proj") for t in self.lora_targets))
         return " ".join(bits)
 
 
@@ -148,6 +152,13 @@ MOE_CASES = [
          micro_batch=1, overrides=_MOE4),
     Case("scaletrain/tiny-mixtral", method="lora", precision="bf16", base_bits=32, overrides=_MOE4),
     Case("scaletrain/tiny-qwen3-moe", method="qlora", precision="bf16", overrides=_MOE4),
+    # LoRA on the fused experts through peft's target_parameters (the target `experts`)
+    Case("scaletrain/tiny-gpt-oss", attn="eager", method="lora", overrides=_MOE4,
+         lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "experts")),
+    Case("scaletrain/tiny-qwen2-moe", method="lora", grad_ckpt=True, seq_len=512, micro_batch=1, overrides=_MOE4,
+         lora_targets=BLOCK_LINEARS + ("experts",)),
+    Case("scaletrain/tiny-gpt-oss", attn="eager", method="lora", precision="bf16", experts_impl="eager",
+         optimizer_impl="fused", overrides=_MOE4, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "experts")),
 ]
 # traced families (no analytic layout: engine/catalog/traced.py measures a 2-layer slice once, then plans from it)
 TRACED = [Case(f"scaletrain/tiny-{fam}", method=method, grad_ckpt=ckpt)
@@ -184,7 +195,7 @@ def setup_for(case: Case) -> TrainingSetup:
     model = arch_from_config(config_for(case), case.model)
     return TrainingSetup(
         model=model, hardware=parse_gpus("1xCPU"), method=case.method,
-        lora_rank=case.lora_rank, lora_targets=model.default_lora_targets, strategy="ddp", precision=case.precision,
+        lora_rank=case.lora_rank, lora_targets=case.lora_targets or model.default_lora_targets, strategy="ddp", precision=case.precision,
         master_weights=case.master_weights, base_bits=case.base_bits, optimizer_impl=case.optimizer_impl,
         attn=case.attn, grad_ckpt=case.grad_ckpt, micro_batch=case.micro_batch, grad_accum=case.grad_accum,
         seq_len=case.seq_len, device="cpu", experts_impl=case.experts_impl,

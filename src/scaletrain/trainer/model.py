@@ -6,7 +6,8 @@
     quantized_random_init  a random base quantized with bitsandbytes on load (QLoRA / 8-bit bases from random init)
     quantization       bitsandbytes' config for a 4-bit NF4 (double-quantised) or 8-bit frozen base
     enable_checkpointing  non-reentrant activation checkpointing on every decoder block, as a trainer does
-    add_lora           LoRA adapters with PEFT (after prepare_model_for_kbit_training on a quantized base)
+    add_lora           LoRA adapters with PEFT (after prepare_model_for_kbit_training on a quantized base); the
+                       target `experts` goes to peft as target_parameters (lora_targets)
 
 build_model / make_tokenizer / make_optimizer put them together for the bundled trainer (a run's RunConfig);
 measure.py puts the same pieces together for one measured step. torch, transformers and peft are imported
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from scaletrain.engine.catalog.architectures import load_config
+from scaletrain.engine.catalog.moe import EXPERT_PARAMETERS, EXPERTS_TARGET
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.trainer import data as data_mod
 from scaletrain.trainer.config import RunConfig
@@ -165,9 +167,24 @@ def add_lora(model: Any, *, rank: int, alpha: int, dropout: float, targets: Sequ
 
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=grad_ckpt,
                                                 gradient_checkpointing_kwargs=NON_REENTRANT)
-    target = list(targets) if isinstance(targets, (list, tuple)) else targets
-    lora = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=target, task_type="CAUSAL_LM")
+    target_modules, target_parameters = lora_targets(targets)
+    if target_parameters and dropout:
+        raise ScaletrainError(f"LoRA target {EXPERTS_TARGET} needs lora_dropout 0 (got {dropout}): peft's "
+                              "ParamWrapper on the fused experts cannot apply dropout")
+    lora = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules,
+                      target_parameters=target_parameters, task_type="CAUSAL_LM")
     return get_peft_model(model, lora)
+
+
+def lora_targets(targets: Sequence[str] | str | None) -> tuple[list[str] | str | None, list[str] | None]:
+    """(target_modules, target_parameters) of peft's LoraConfig for the plan's targets: `experts` becomes every MoE
+    block's fused gate_up_proj and down_proj as target_parameters (catalog/moe.py EXPERT_PARAMETERS), the other
+    names stay nn.Linear targets (an empty list, not None, when `experts` is the only one: None is peft's default)."""
+    if not isinstance(targets, (list, tuple)):
+        return targets, None
+    if EXPERTS_TARGET not in targets:
+        return list(targets), None
+    return [t for t in targets if t != EXPERTS_TARGET], list(EXPERT_PARAMETERS)
 
 
 # ---- the bundled trainer's model --------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ def measure_saved_activation_bytes(hf_config: dict, *, method: str = "full", lor
         return t
 
     hooks = []
-    layers = _decoder_layers(model)
+    layers = decoder_layers(model)
     def enter(i):
         def hook(module, args):
             scope.append(f"layer{i}")
@@ -96,7 +96,7 @@ def measure_saved_activation_bytes(hf_config: dict, *, method: str = "full", lor
     return total, by
 
 
-def _decoder_layers(model) -> list:
+def decoder_layers(model) -> list:
     """The repeated decoder blocks (``...model.layers``) of a (possibly peft-wrapped) causal LM."""
     import torch
 

@@ -31,6 +31,8 @@ import sys
 from fractions import Fraction
 from typing import Any
 
+from scaletrain.trainer.saved_activations import decoder_layers
+
 TRACE_FORMAT = 1
 # Sequence lengths of the slice's forwards (micro-batch 1): three points fit c0 + c1·S + c2·S² exactly. Short,
 # so a slice at a 9B model's width stays well under a second per forward on a laptop CPU; long enough that
@@ -52,11 +54,6 @@ class TraceError(Exception):
 
 
 # ---- the model, on the meta device ----------------------------------------------------------------------------
-def _decoder_layers(model) -> list:
-    from scaletrain.trainer.saved_activations import _decoder_layers as layers
-
-    return layers(model)
-
 
 def _meta_model(config: dict):
     import torch
@@ -90,7 +87,7 @@ def structure(config: dict) -> dict[str, Any]:
     """The real model's parameters and one block's modules (meta device: no memory, no init)."""
     model = _meta_model(config)
     unique = {id(p): p for p in model.parameters()}
-    layers = _decoder_layers(model)
+    layers = decoder_layers(model)
     if not layers:
         raise TraceError("transformers' model has no decoder-layer list (…layers) to trace")
     emb = model.get_input_embeddings()
@@ -204,7 +201,7 @@ class _Recorder:
         from scaletrain.trainer.measure import storage_key
 
         out = []
-        layers = _decoder_layers(model)
+        layers = decoder_layers(model)
 
         def enter(i):
             def hook(module, args, kwargs):

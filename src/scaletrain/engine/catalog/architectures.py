@@ -62,8 +62,8 @@ _NO_SDPA = frozenset({"gpt_oss"})
 BLOCK_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Every LoRA target name some family's block has as an nn.Linear (peft matches target_modules by name suffix)
 KNOWN_LINEARS = BLOCK_LINEARS + ("shared_expert_gate",)
-# ... and the names peft 0.21 maps onto fused MoE experts (Mixtral's v4 expert names; catalog/moe.py)
-KNOWN_TARGETS = KNOWN_LINEARS + ("w1", "w2", "w3")
+# ... the names peft 0.21 maps onto fused MoE experts (Mixtral's v4 names), and `experts` (target_parameters; moe.py)
+KNOWN_TARGETS = KNOWN_LINEARS + ("w1", "w2", "w3", "experts")
 
 
 @dataclass(frozen=True)

@@ -139,26 +139,51 @@ PEFT_EXPERT_TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
+# The LoRA target `experts`: every MoE block's fused gate_up_proj and down_proj through peft's explicit
+# target_parameters (LoraConfig(target_parameters=EXPERT_PARAMETERS), wrapped by peft's ParamWrapper at rank r), the
+# way the gpt-oss fine-tuning cookbook adapts experts. Every family keeps them at these module paths. On the families
+# peft converts, the explicit parameters and the converted ones are one set (peft wraps each parameter once), and a
+# fused pair named whole keeps its rank 2r (peft's rank_pattern applies to the parameter whoever named it).
+EXPERTS_TARGET = "experts"
+EXPERT_PARAMETERS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
+def peft_expert_ranks(model_type: str, spec: MoeSpec | None, targets: tuple[str, ...]) -> tuple[int, int]:
+    """The ranks, in units of r, of peft's adapters on gate_up_proj and down_proj (0: not adapted) for `targets`.
+    Refused in one line: `experts` on a model without experts, half of a fused pair peft converts."""
+    if spec is None:
+        if EXPERTS_TARGET in targets:
+            raise ScaletrainError(f"LoRA target {EXPERTS_TARGET} adapts the fused experts of a mixture-of-experts "
+                                  f"model; {model_type} has none (target its linear layers instead)")
+        return 0, 0
+    names = PEFT_EXPERT_TARGETS.get(model_type)
+    gu = dn = 0
+    if names is not None:
+        fused, down = names
+        hit = [t for t in fused if t in targets]
+        if hit and len(hit) < len(fused):
+            missing = ", ".join(t for t in fused if t not in hit)
+            raise ScaletrainError(f"LoRA target {', '.join(hit)} needs {missing} too on {model_type}: peft adapts "
+                                  "them together, fused into the experts' gate_up_proj")
+        gu, dn = (len(fused) if hit else 0), int(all(t in targets for t in down))
+    if EXPERTS_TARGET in targets:
+        gu, dn = gu or 1, dn or 1
+    return gu, dn
+
+
 def peft_expert_lora(model_type: str, spec: MoeSpec | None, h: int, rank: int,
                      targets: tuple[str, ...]) -> tuple[int, bool, bool]:
     """(trainable parameters per MoE block, gate_up_proj adapted, down_proj adapted) for LoRA `targets`.
 
-    peft's ParamWrapper on a 3-D parameter (E, out, in) of rank R trains lora_A (R·E, in) and lora_B (out, R·E):
-    R·E·(in + out); gate_up_proj (E, 2I, h) gets R = 2r, down_proj (E, h, I) R = r.
+    peft's ParamWrapper on a 3-D parameter of rank R trains lora_A (R·E, in) and lora_B (out, R·E): R·E·(in + out),
+    whichever way the parameter is laid out ((E, out, in), or gpt_oss's transposed (E, in, out); its biases stay
+    frozen); gate_up_proj (in h, out 2I) gets R = 2r where peft converted a fused pair, else r; down_proj R = r.
     """
-    names = PEFT_EXPERT_TARGETS.get(model_type)
-    if names is None or spec is None:
+    gu, dn = peft_expert_ranks(model_type, spec, targets)
+    if spec is None:
         return 0, False, False
-    fused, down = names
-    hit = [t for t in fused if t in targets]
-    if hit and len(hit) < len(fused):
-        missing = ", ".join(t for t in fused if t not in hit)
-        raise ScaletrainError(f"LoRA target {', '.join(hit)} needs {missing} too on {model_type}: peft adapts them "
-                              "together, fused into the experts' gate_up_proj")
-    gu, dn = bool(hit), all(t in targets for t in down)
     E, i = spec.experts, spec.expert_intermediate
-    n = (2 * rank * E * (h + 2 * i) if gu else 0) + (rank * E * (i + h) if dn else 0)
-    return n, gu, dn
+    return gu * rank * E * (h + 2 * i) + dn * rank * E * (i + h), bool(gu), bool(dn)
 
 
 def peft_converted_names(model_type: str) -> tuple[str, ...]:

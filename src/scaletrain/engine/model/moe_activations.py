@@ -13,9 +13,10 @@ softmax over those), then the experts by `experts_implementation` (transformers/
 - batched_mm: the pairs' inputs repeated and each pair's expert weights gathered for a bmm (k·(2I·h + I·h) per
   token, 16-bit under autocast: bmm is autocast-enabled); no sorting.
 
-Under LoRA, a frozen expert weight saves nothing of its input; where peft adapts the fused experts (qwen3_moe,
-olmoe and mixtral, catalog/moe.py PEFT_EXPERT_TARGETS) its ParamWrapper computes W + ΔW, which the experts save
-whole (a per-block constant). Every
+Under LoRA, a frozen expert weight saves nothing of its input; where peft adapts the fused experts (the expert
+names it converts on qwen3_moe, olmoe and mixtral, catalog/moe.py PEFT_EXPERT_TARGETS, or the target `experts` on
+every family through target_parameters) its ParamWrapper computes W + ΔW, which the experts save whole (a per-block
+constant; gpt_oss's frozen biases add nothing, and the adapters' rank changes nothing saved). Every
 term is checked byte for byte against torch's saved-tensor hooks in tests/test_moe_memory.py.
 """
 

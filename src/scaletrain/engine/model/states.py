@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scaletrain.engine.catalog.architectures import BLOCK_LINEARS
+from scaletrain.engine.catalog.moe import peft_expert_ranks
 from scaletrain.engine.model.numerics import Numerics, numerics, uses_deepspeed
 from scaletrain.engine.model.setup import TrainingSetup, quantized_linear_bytes
 
@@ -176,8 +178,8 @@ def _largest_lora_tensor(s: TrainingSetup) -> int:
     r = s.lora_rank
     shapes = {**m.lora_target_shapes(s.lora_targets, dense=True), **m.lora_target_shapes(s.lora_targets)}
     largest = max((r * max(a, o) for a, o, _ in shapes.values()), default=0)
-    _, gu, dn = m.expert_lora(r, s.lora_targets)
+    gu, dn = peft_expert_ranks(m.model_type, m.moe, tuple(s.lora_targets) or BLOCK_LINEARS)   # in units of r
     if m.moe is not None and (gu or dn):   # peft's adapters of the fused experts: lora_A (R·E, in), lora_B (out, R·E)
         E, h, i = m.moe.experts, m.hidden_size, m.moe.expert_intermediate
-        largest = max(largest, 2 * r * E * max(h, 2 * i) if gu else 0, r * E * max(h, i) if dn else 0)
+        largest = max(largest, gu * r * E * max(h, 2 * i), dn * r * E * max(h, i))
     return largest

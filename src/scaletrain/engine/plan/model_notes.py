@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scaletrain.engine.catalog.moe import peft_expert_lora
+from scaletrain.engine.catalog.moe import EXPERTS_TARGET, peft_expert_lora, peft_expert_ranks
 from scaletrain.engine.model.moe_time import moe_layers
 from scaletrain.engine.model.setup import TrainingSetup
 from scaletrain.engine.units import fmt_bytes, fmt_count
@@ -68,7 +68,11 @@ def _lora_note(s: TrainingSetup) -> str:
     if not per_block:
         return (f"LoRA on {m.model_type} adapts {linears}; the routed experts (fused 3-D parameters) stay frozen "
                 "for these targets")
-    which = " and ".join(n for n, on in (("gate_up_proj (rank 2r)", gate_up), ("down_proj", down)) if on)
-    return (f"LoRA on {m.model_type} adapts {linears} and, as peft converts the expert projections to "
-            f"target_parameters, every expert's {which}: {fmt_count(per_block * moe_layers(s))} of the "
+    gu, _ = peft_expert_ranks(m.model_type, m.moe, tuple(s.lora_targets))
+    which = " and ".join(n for n, on in ((f"gate_up_proj (rank {'2r' if gu == 2 else 'r'})", gate_up),
+                                         ("down_proj", down)) if on)
+    how = ("through peft's target_parameters" if EXPERTS_TARGET in s.lora_targets else
+           "as peft converts the expert projections to target_parameters")
+    return (f"LoRA on {m.model_type} adapts {linears} and, {how}, every expert's {which}: "
+            f"{fmt_count(per_block * moe_layers(s))} of the "
             f"{fmt_count(s.trainable_params)} trainable parameters are in the experts")

@@ -80,7 +80,8 @@ FIELDS: tuple[PlanField, ...] = (
     PlanField("method", _WHAT, choices=Method.values(), prompt="Method"),
     PlanField("lora_rank", _WHAT, parse=int, bounds=(1, 1 << 16), label="LoRA rank",
               hint="adapter rank r (e.g. 8, 16, 64)", prompt="LoRA rank"),
-    PlanField("lora_targets", _WHAT, parse=parse_csv, help="comma list, default all block linears",
+    PlanField("lora_targets", _WHAT, parse=parse_csv, help="comma list, default all block linears; "
+              "experts: an MoE's fused experts (peft target_parameters)",
               label="LoRA targets", hint="comma list: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
               prompt="LoRA targets (comma list, 'all' = every block linear)"),
     PlanField("base_bits", _WHAT, parse=int, choices=(4, 8, 16, 32),

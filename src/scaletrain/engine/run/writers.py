@@ -61,6 +61,11 @@ def checked_train(train: TrainOptions, request: PlanRequest | None = None, plan:
             raise ScaletrainError(problem)
         if setup is not None and (problem := weights_mismatch(source, setup.model)):
             raise ScaletrainError(problem)
+        if setup is not None and setup.method.is_adapter and train.lora_dropout and any(
+                setup.model.expert_lora(setup.lora_rank, setup.lora_targets)[1:]):
+            raise ScaletrainError(f"lora_dropout {train.lora_dropout} cannot run with LoRA on the fused experts "
+                                  "(peft's ParamWrapper refuses dropout): set lora_dropout 0 or leave the experts out "
+                                  "of the targets")
         train = replace(train, model_source=source)
     if train.dataset is None:
         return train

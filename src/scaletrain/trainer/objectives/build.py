@@ -135,8 +135,10 @@ def peft_config(run: ObjectiveRun) -> Any:
     from peft import LoraConfig
 
     targets: Sequence[str] | str = list(run.lora_targets) if run.lora_targets else "all-linear"
+    modules, parameters = model_lib.lora_targets(targets)      # `experts`: peft's target_parameters
     return LoraConfig(r=run.lora_rank, lora_alpha=run.lora_alpha or 2 * run.lora_rank, lora_dropout=0.0,
-                      target_modules=targets, task_type="SEQ_CLS" if run.objective == "reward" else "CAUSAL_LM")
+                      target_modules=modules, target_parameters=parameters,
+                      task_type="SEQ_CLS" if run.objective == "reward" else "CAUSAL_LM")
 
 
 def build_trainer(run: ObjectiveRun, dataset: Any, tokenizer: Any, reward_funcs: Any = None,
