@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from scaletrain.engine.catalog.hardware import inter_node_gbit_s
-from scaletrain.engine.vocabulary import (Attention, Generation, MasterWeights, Method, Objective, Offload, Optimizer,
-                                          OptimizerImpl, Precision, RefModel, Strategy)
+from scaletrain.engine.vocabulary import (Attention, ExpertsImpl, Generation, MasterWeights, Method, Objective, Offload,
+                                          Optimizer, OptimizerImpl, Precision, RefModel, Strategy)
 
 RESIDENT_BITS = ("16", "8", "4")
 
@@ -136,6 +136,9 @@ FIELDS: tuple[PlanField, ...] = (
     PlanField("optimizer_impl", _HOW, choices=OptimizerImpl.values(),
               help="torch's optimizer implementation (default fused, as the bundled trainer and HF Trainer run)"),
     PlanField("attn", _HOW, choices=Attention.values()),
+    PlanField("experts_impl", _HOW, choices=ExpertsImpl.values(),
+              help="MoE models: transformers' experts implementation (grouped_mm, the default; eager: a loop over "
+                   "the experts; batched_mm: the experts' weights gathered per token)"),
     PlanField("grad_ckpt", _HOW, kind="flag"),
     PlanField("headroom", _HOW, parse=float, help="safety fraction of card memory kept free (default 0.10)"),
     PlanField("micro_batch", _BATCH, parse=int, bounds=(1, 1 << 16)),
