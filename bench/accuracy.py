@@ -38,8 +38,8 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import atomic_write
 from scaletrain.engine.model.setup import TrainingSetup
 from scaletrain.engine.plan.plan import Plan, evaluate
-from scaletrain.engine.plan.request import PlanRequest, base_setup
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.request import PlanRequest, base_setup
+from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.units import fmt_bytes
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from scaletrain.engine.model.memory import estimate_memory
 from scaletrain.engine.plan.search import search
-from scaletrain.engine.plan.request import PlanRequest, base_setup
+from scaletrain.engine.request.request import PlanRequest, base_setup
 from scaletrain.engine.fileio import atomic_write
 from scaletrain.engine.model.timing import estimate_time
 

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace as NS
 
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.fileio import atomic_write
 from scaletrain.engine.sampling.host import HostSource

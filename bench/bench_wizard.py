@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_plan import machine  # noqa: E402  (same machine description as the plan bench)
 
 from scaletrain.engine.devices.nvml import DetectionResult  # noqa: E402
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan  # noqa: E402
 from scaletrain.engine.fileio import atomic_write  # noqa: E402
 
@@ -94,10 +94,11 @@ def first_paint_tmux(repeats: int) -> dict:
 _IN_PROCESS = r"""
 import asyncio, json, time
 t0 = time.perf_counter()
+from scaletrain.tui.cli.parser import parse_args
 from scaletrain.tui.wizard.app import create_app
 from scaletrain.engine.devices.nvml import DetectionResult
 t_import = time.perf_counter() - t0
-app = create_app(["--gpus", "4xH200"], detect=lambda: DetectionResult((), None, None, "bench"))
+app = create_app(parse_args(["--gpus", "4xH200"]), detect=lambda: DetectionResult((), None, None, "bench"))
 t_app = time.perf_counter() - t0
 async def main():
     async with app.run_test(size=(100, 32)) as pilot:
@@ -145,9 +146,10 @@ class RenderClock:
 
 
 def recompute(args: list[str], presses: int, clock: RenderClock) -> dict:
+    from scaletrain.tui.cli.parser import parse_args
     from scaletrain.tui.wizard.app import create_app
 
-    app = create_app(args, detect=no_gpu, launch=False)
+    app = create_app(parse_args(args), detect=no_gpu, launch=False)
     render: list[float] = []
     render_cpu: list[float] = []
     press_wall: list[float] = []

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from scaletrain.engine.plan.plan import evaluate
-from scaletrain.engine.plan.request import PlanRequest, base_setup
+from scaletrain.engine.request.request import PlanRequest, base_setup
 
 RESULTS = Path(__file__).resolve().parent / "results" / "h100-2026-11-23.json"
 AS_RUN_NOTE = ("At a528b20 the bundled trainer ran torch.optim.AdamW with its default implementation (foreach on "

@@ -17,9 +17,9 @@ from scaletrain.engine.doctor.signatures import KINDS, parse_size
 from scaletrain.engine.doctor.diagnosis import diagnose, diagnose_paths
 from scaletrain.engine.run.plan_document import PlanDocument
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.plan.presets import load_preset
-from scaletrain.engine.plan.remedies import rank_remedies
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.presets import load_preset
+from scaletrain.engine.doctor.remedies import rank_remedies
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.tui.cli.main import main
 

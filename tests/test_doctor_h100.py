@@ -13,9 +13,9 @@ import pytest
 
 from scaletrain.engine.doctor.diagnosis import diagnose, diagnose_paths
 from scaletrain.engine.plan.planner import make_plan
-from scaletrain.engine.plan.request import PlanRequest
-from scaletrain.engine.run.options import TrainOptions
-from scaletrain.engine.run.relaunch import likely_resumes
+from scaletrain.engine.request.request import PlanRequest
+from scaletrain.engine.request.options import TrainOptions
+from scaletrain.engine.launch.relaunch import likely_resumes
 from scaletrain.engine.run.writers import write_run_dir
 from scaletrain.tui.cli.main import main
 

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from scaletrain.engine.run.elastic import parse_failures
+from scaletrain.engine.launch.elastic import parse_failures
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 

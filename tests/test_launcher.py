@@ -1,4 +1,4 @@
-"""engine.run.launcher and `scaletrain launch` for real: Ctrl-C leaves no process behind, a resumed run continues its
+"""engine.launch.launcher and `scaletrain launch` for real: Ctrl-C leaves no process behind, a resumed run continues its
 step count, a failing rank is recorded with the right exit code, bad input is one line before anything starts."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 from scaletrain.engine.doctor.diagnosis import diagnose_paths
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.run.launcher import launch
+from scaletrain.engine.launch.launcher import launch
 from scaletrain.engine.run.metrics import read_metrics
 from scaletrain.tui.cli.main import main
 

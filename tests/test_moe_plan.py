@@ -116,3 +116,17 @@ def test_gpt_oss_without_sdpa_is_one_line(capsys):
     assert len(err) == 1 and "has no sdpa attention" in err[0] and "--attn eager or flash" in err[0]
     assert main(["plan", "--model", "openai/gpt-oss-20b", "--gpus", "1xH100", "--method", "lora", "--attn",
                  "eager"]) == 0
+
+
+def test_experts_impl_is_a_plan_field(capsys):
+    """--experts-impl (one declaration in the field table): the plan counts eager's per-expert copies and names it;
+    the run directory records it for the trainer."""
+    grouped = _plan_json(capsys, "--model", "scaletrain/tiny-qwen3-moe", "--gpus", "1xCPU", "--micro-batch", "2",
+                         "--seq-len", "256", "--grad-accum", "1", "--no-grad-ckpt")
+    eager = _plan_json(capsys, "--model", "scaletrain/tiny-qwen3-moe", "--gpus", "1xCPU", "--micro-batch", "2",
+                       "--seq-len", "256", "--grad-accum", "1", "--no-grad-ckpt", "--experts-impl", "eager")
+    assert grouped["model"]["moe"]["experts_implementation"] == "grouped_mm"
+    assert eager["model"]["moe"]["experts_implementation"] == "eager"
+    assert eager["training"]["experts_impl"] == "eager"
+    assert eager["memory"]["allocated_peak_bytes"] > grouped["memory"]["allocated_peak_bytes"]   # eager keeps more
+    assert main(["plan", "--model", "scaletrain/tiny-qwen3-moe", "--gpus", "1xCPU", "--experts-impl", "fast"]) == 2

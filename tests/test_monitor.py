@@ -17,10 +17,10 @@ from rich.console import Console
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.metrics import read_metrics
-from scaletrain.engine.plan.presets import load_preset, train_options
+from scaletrain.engine.request.presets import load_preset, train_options
 from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
-from scaletrain.engine.run.relaunch import apply_remedy, resume_blocker, split_changes
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.launch.relaunch import apply_remedy, resume_blocker, split_changes
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.run.layout import RunDir
 from scaletrain.engine.sampling.host import HostSource
@@ -161,7 +161,7 @@ def test_cpu_run_live_then_killed_rank_diagnosed_then_fixed_and_resumed(tmp_path
     # ... as the kernel's OOM killer would: its kill count goes up during the run (the launcher records it; an
     # unchanged count makes the same SIGKILL `killed`, not host_oom: tests/test_run_lifecycle.py)
     kills = iter(range(100, 200))
-    monkeypatch.setattr("scaletrain.engine.run.launcher.oom_kill_count", lambda: next(kills))
+    monkeypatch.setattr("scaletrain.engine.launch.launcher.oom_kill_count", lambda: next(kills))
     headless = io.StringIO()                                  # `scaletrain monitor --headless`, attached meanwhile
     streamer = threading.Thread(target=lambda: stream_run(Sampler(None, HostSource(), RunWatcher(rd.path), 0.3),
                                                           headless), daemon=True)

@@ -22,12 +22,12 @@ import pytest
 import yaml
 
 from scaletrain.engine.run import scripts
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.run import writers
 from scaletrain.engine.doctor.logs import run_dir_inputs
 from scaletrain.engine.catalog.hardware import parse_gpus
 from scaletrain.engine.run.metrics import read_metrics
-from scaletrain.engine.plan.request import PlanRequest, base_setup
+from scaletrain.engine.request.request import PlanRequest, base_setup
 from scaletrain.engine.run.layout import RunDir
 from scaletrain.engine.run.scripts import launch_argv
 from scaletrain.engine.model.timing import DEFAULT_CONSTANTS, bus_bandwidth, estimate_time

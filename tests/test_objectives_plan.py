@@ -8,7 +8,7 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.model.memory import simulate_step
 from scaletrain.engine.model.objectives import generation_cost, objective_terms
 from scaletrain.engine.plan.planner import make_plan
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.tui.cli.main import main
 
 GRPO = dict(model="Qwen/Qwen3-4B", objective="grpo", num_generations=8)

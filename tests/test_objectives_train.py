@@ -60,10 +60,10 @@ def test_objective_rows_from_csv_parquet_and_a_folder(tmp_path):
 
 def test_wizard_objective_key_cycles_and_replans():
     from scaletrain.engine.plan.planner import make_plan
-    from scaletrain.engine.plan.request import PlanRequest
+    from scaletrain.engine.request.request import PlanRequest
     from scaletrain.tui.wizard.state import WizardState, what_if
 
-    from scaletrain.engine.run.options import TrainOptions
+    from scaletrain.engine.request.options import TrainOptions
 
     state = WizardState(request=PlanRequest(model="Qwen/Qwen3-4B", gpus="8xRTX4090", micro_batch=2, grad_accum=8,
                                             strategy="zero3", grad_ckpt=True), train=TrainOptions())

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from scaletrain.engine.devices.nvml import detect
-from scaletrain.engine.plan.presets import load_preset
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.presets import load_preset
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan
 
 SCALETRAIN = [sys.executable, "-m", "scaletrain.tui.cli"]
@@ -111,7 +111,7 @@ def test_objective_and_its_knobs_are_asked(tmp_path):
 
 
 def test_random_init_is_warned_and_qlora_from_it_refused(tmp_path):
-    """engine.run.weights in plain mode: a random-init run says so before writing; QLoRA from random-init is one
+    """engine.request.weights in plain mode: a random-init run says so before writing; QLoRA from random-init is one
     line, exit 2, nothing written."""
     base = ["", "Qwen/Qwen2.5-7B-Instruct", "random-init"]
     batch = ["", "128", "", "1000", "", "", "none"]          # residents, batch, seq, samples, epochs, lr, LR ref

@@ -12,7 +12,7 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.architectures import catalog_ids
 from scaletrain.engine.plan.search import MAX_MICRO_BATCH_WITHOUT_TARGET, TIE_TOLERANCE, search
 from scaletrain.engine.plan.tables import batch_table, with_tables
-from scaletrain.engine.plan.request import PlanRequest, base_setup
+from scaletrain.engine.request.request import PlanRequest, base_setup
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.tui.cli.main import main
 

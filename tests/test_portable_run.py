@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scaletrain.engine.run.launcher import launch
+from scaletrain.engine.launch.launcher import launch
 from scaletrain.engine.run.layout import RunDir
 from scaletrain.engine.run.metrics import read_metrics
 from scaletrain.tui.cli.main import main

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from scaletrain.engine.plan import presets as P
+from scaletrain.engine.request import presets as P
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.options import TrainOptions
 from scaletrain.tui.cli.main import main
 
 SEVEN = ("h200x4-fast", "4090x8", "4090x16-bs256", "h200x2-gemma27b-qlora", "grpo-7b-h200", "olmo32b-zero3", "cpu-tiny")

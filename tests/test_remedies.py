@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.plan.remedies import KIND_TIER, describe, rank_remedies
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.doctor.remedies import KIND_TIER, describe, rank_remedies
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan
 
 GiB = 1024**3

@@ -19,9 +19,9 @@ import psutil
 import pytest
 
 from scaletrain.engine.doctor.diagnosis import diagnose_paths
-from scaletrain.engine.run.launcher import launch
+from scaletrain.engine.launch.launcher import launch
 from scaletrain.engine.run.metrics import read_metrics
-from scaletrain.engine.run.runlock import RunLock
+from scaletrain.engine.launch.runlock import RunLock
 from scaletrain.tui.cli.main import main
 
 from test_launcher import FAILING_SCRIPT, _survivors, _tree, _wait_for_steps
@@ -81,7 +81,7 @@ def test_sighup_and_sigkill_of_the_launcher_leave_no_process_and_a_final_status(
     proc = _start(run, "--resume")
     _wait_for_steps(run, len(read_metrics(run.metrics)) + 3, proc)
     tree = _watch_tree(proc)
-    watchdogs = [p for p in tree if "scaletrain.engine.run.watchdog" in " ".join(psutil.Process(p).cmdline())]
+    watchdogs = [p for p in tree if "scaletrain.engine.launch.watchdog" in " ".join(psutil.Process(p).cmdline())]
     assert len(watchdogs) == 1
     assert _status(run)["state"] == "running"
     proc.kill()
@@ -262,7 +262,7 @@ def test_a_running_status_whose_launcher_is_gone_reads_as_interrupted(tmp_path):
     `monitor --headless` exits and a new launch is not refused."""
     import socket
 
-    from scaletrain.engine.run.status import read_status
+    from scaletrain.engine.launch.status import read_status
 
     gone = subprocess.Popen(["true"])
     gone.wait()

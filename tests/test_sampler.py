@@ -21,7 +21,7 @@ import pytest
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.plan_document import PlanDocument
 from scaletrain.engine.run.metrics import MetricsWriter, RankMemory, StepMetrics
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.sampling.gpu import GpuSnapshot, NvmlSource, ReplaySource, record
 from scaletrain.engine.sampling.host import HostSource

@@ -1,5 +1,7 @@
-"""The package's shape: no import cycle, no module over MAX_LINES, the headless part free of Textual and Rich
-(and of torch: the engine plans without it, the trainer imports it inside functions).
+"""The package's shape: no import cycle, declared layers that import only downwards, no module over MAX_LINES and
+no function over MAX_FUNCTION_LINES, no import of another module's `_private` name, NVML only behind
+devices/nvml.py, and the headless part free of Textual and Rich (and of torch: the engine plans without it, the
+trainer imports it inside functions).
 
 The import graph is read from the source with `ast`: every `import` and `from ... import` inside the package,
 at module level and inside functions, is an edge to the module it names (`from pkg import name` names
@@ -20,8 +22,9 @@ import scaletrain
 ROOT = Path(scaletrain.__file__).resolve().parent
 PACKAGE = "scaletrain"
 MAX_LINES = 500
-# Modules that must load without Textual or Rich (the engine, the trainer, the CLI's argument parsing).
-HEADLESS = ("scaletrain.engine", "scaletrain.trainer", "scaletrain.presets", "scaletrain.tui.cli.plan_args")
+MAX_FUNCTION_LINES = 100
+# Modules that must load without Textual or Rich (the engine, the trainer, the bundled presets).
+HEADLESS = ("scaletrain.engine", "scaletrain.trainer", "scaletrain.presets")
 
 
 def _modules() -> dict[str, Path]:
@@ -107,10 +110,129 @@ def test_headless_modules_import_neither_textual_nor_rich_nor_torch():
     code = ("import importlib, sys\n"
             f"for m in {names!r}:\n"
             "    importlib.import_module(m)\n"
-            "import scaletrain.engine as e\n"
-            "[getattr(e, n) for n in e.__all__]\n"
             "print(sorted(m for m in ('textual', 'rich', 'torch', 'transformers') if m in sys.modules))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
     assert len(names) > 60
+
+
+# ---- layers ------------------------------------------------------------------------------------------------------
+# Each unit is an engine module at the top of the engine (engine.errors), an engine or tui sub-package
+# (engine.plan, tui.wizard), or a top-level package (trainer, presets). A unit imports only units of a LOWER layer
+# (and itself): the engine from the bottom up, then the trainer, then the front ends, then the package's entry.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("engine.errors",),
+    ("engine.vocabulary", "engine.units", "engine.fileio", "engine.yamlsafe", "presets"),
+    ("engine.catalog",),
+    ("engine.devices", "engine.model"),
+    ("engine.request",),
+    ("engine.plan",),
+    ("engine.run",),
+    ("engine.launch",),
+    ("engine.sampling",),
+    ("engine.doctor",),
+    ("engine",),
+    ("trainer",),
+    ("tui.views",),
+    ("tui.widgets",),
+    ("tui.monitor",),
+    ("tui.wizard",),
+    ("tui.cli",),
+    ("tui",),
+    ("",),
+)
+LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
+
+
+def unit_of(module: str) -> str:
+    """scaletrain.engine.plan.planner → engine.plan; scaletrain.engine.errors → engine.errors; scaletrain.trainer.x
+    → trainer; scaletrain → "" (the package itself)."""
+    parts = module.split(".")[1:]
+    if parts[:1] in (["engine"], ["tui"]) and len(parts) >= 2:
+        return ".".join(parts[:2])
+    return ".".join(parts[:1])
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for module, targets in sorted(graph.items()):
+        a = unit_of(module)
+        for t in sorted(targets):
+            b = unit_of(t)
+            if a != b and not LAYER[b] < LAYER[a]:
+                out.append(f"{module} ({a}) imports {t} ({b}): a layer imports only from the layers below it")
+    return out
+
+
+def test_every_module_has_a_declared_layer():
+    missing = sorted({unit_of(m) for m in MODULES} - set(LAYER))
+    assert not missing, f"units with no layer in LAYERS: {missing}"
+
+
+def test_layers_import_only_downwards():
+    bad = layer_violations(import_graph())
+    assert not bad, "\n".join(bad)
+
+
+def test_the_layer_check_fails_when_broken():
+    """An engine module importing the tui, or the plan importing the run directory, is refused."""
+    graph = {"scaletrain.engine.plan.planner": {"scaletrain.engine.run.writers", "scaletrain.engine.model.memory"},
+             "scaletrain.engine.run.writers": {"scaletrain.tui.views.render"},
+             "scaletrain.tui.views.render": {"scaletrain.engine.plan.planner"}}
+    bad = layer_violations(graph)
+    assert len(bad) == 2
+    assert "planner (engine.plan) imports scaletrain.engine.run.writers (engine.run)" in bad[0]
+    assert "writers (engine.run) imports scaletrain.tui.views.render (tui.views)" in bad[1]
+
+
+# ---- private names, NVML, function length ------------------------------------------------------------------------
+def private_imports() -> list[str]:
+    """`from scaletrain.x import _name` anywhere in the package: another module's private name."""
+    out = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and _resolve(module, node).startswith(PACKAGE):
+                out += [f"{module} imports {_resolve(module, node)}.{a.name}" for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
+    return out
+
+
+def test_no_module_imports_another_modules_private_name():
+    bad = private_imports()
+    assert not bad, "\n".join(bad)
+
+
+def test_nvml_is_only_behind_devices_nvml():
+    users = sorted(m for m, path in MODULES.items()
+                   if m != f"{PACKAGE}.engine.devices.nvml" and ("pynvml" in path.read_text()
+                                                                or "nvmlDevice" in path.read_text()))
+    assert not users, f"NVML used outside engine/devices/nvml.py: {users}"
+
+
+def long_functions(limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    out = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > limit:
+                    out.append(f"{path}:{node.lineno} {node.name} has {n} lines (limit {limit})")
+    return out
+
+
+def test_no_function_over_the_limit():
+    bad = long_functions()
+    assert not bad, "split by what it does:\n" + "\n".join(bad)
+
+
+def test_the_run_directorys_file_names_are_spelled_in_its_layout_only():
+    """plan.json, status.json, launch.sh …: every module names them through engine/run/layout.py (RunDir and its
+    constants); a message may mention one, a path or a list may not spell it again."""
+    from scaletrain.engine.run.layout import LAYOUT_NAMES
+
+    files = {n for n in LAYOUT_NAMES if "." in n}
+    owner = f"{PACKAGE}.engine.run.layout"
+    spelled = sorted(f"{m}:{n.lineno} {n.value}" for m, path in MODULES.items() if m != owner
+                     for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant) and n.value in files)
+    assert not spelled, "\n".join(spelled)

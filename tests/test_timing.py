@@ -10,7 +10,7 @@ import pytest
 
 from scaletrain.engine.catalog.hardware import parse_gpus
 from scaletrain.engine.catalog.architectures import load_model
-from scaletrain.engine.plan.request import PlanRequest, base_setup
+from scaletrain.engine.request.request import PlanRequest, base_setup
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.model.setup import TrainingSetup
 from scaletrain.engine.model.timing import DEFAULT_CONSTANTS, bus_bandwidth, estimate_time, sample_flops

@@ -1,7 +1,7 @@
 """The bundled trainer for real on this CPU host: JSONL data, then 2-rank DDP and DeepSpeed ZeRO-3 runs.
 
 The multi-process tests write their run directories with the config writers (engine/run/writers.py), launch them through
-engine.run.launcher (accelerate launch → torchrun → 2 gloo ranks) and read back what the trainer wrote.
+engine.launch.launcher (accelerate launch → torchrun → 2 gloo ranks) and read back what the trainer wrote.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from scaletrain.trainer import data as D
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.metrics import read_metrics
 from scaletrain.engine.run.layout import RunDir
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.options import TrainOptions
 
 RUN_LIMIT_SECONDS = 240          # one small run; the first DeepSpeed run on a machine JIT-builds a comm op (~1 min)
 
@@ -40,7 +40,7 @@ def write_dataset(path: Path, n: int = 300, seed: int = 0) -> Path:
 def make_run(tmp_path: Path, strategy: str, *, micro: int = 2, accum: int = 2, seq_len: int = 64,
              name: str = "run", **train: object) -> RunDir:
     """A 2-process CPU run directory of scaletrain/tiny-qwen2 written by the config writers."""
-    from scaletrain.engine.plan.request import PlanRequest
+    from scaletrain.engine.request.request import PlanRequest
     from scaletrain.engine.plan.planner import make_plan
     from scaletrain.engine.run.writers import write_run_dir
 
@@ -155,7 +155,7 @@ def test_ddp_two_ranks_loss_falls_with_checkpoints_and_live_progress(tmp_path):
     """`scaletrain launch`'s path: progress.stream_run → launcher → accelerate/torchrun → trainer, bundled demo data."""
     from rich.console import Console
 
-    from scaletrain.tui.views.progress import stream_run
+    from scaletrain.tui.monitor.stream import stream_run
 
     run = make_run(tmp_path, "ddp", lr=5e-3, max_steps=24, checkpoint_every=10, warmup_ratio=0.1)
     out = io.StringIO()
@@ -185,7 +185,7 @@ def test_ddp_two_ranks_loss_falls_with_checkpoints_and_live_progress(tmp_path):
 
 @pytest.mark.slow
 def test_deepspeed_zero3_two_ranks_loss_falls(tmp_path):
-    from scaletrain.engine.run.launcher import launch
+    from scaletrain.engine.launch.launcher import launch
 
     data = write_dataset(tmp_path / "data.jsonl")
     run = make_run(tmp_path, "zero3", dataset=str(data), lr=5e-3, max_steps=12, checkpoint_every=6,
@@ -209,7 +209,7 @@ def test_deepspeed_cpu_run_survives_a_stale_extension_lock(tmp_path):
     from deepspeed.accelerator import get_accelerator
     from torch.utils.cpp_extension import _get_build_directory
 
-    from scaletrain.engine.run.launcher import launch
+    from scaletrain.engine.launch.launcher import launch
 
     builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
     baton = Path(_get_build_directory(builder.name, verbose=False)) / "lock"
@@ -250,8 +250,8 @@ def save_local_model(path: Path) -> Path:
 def test_local_model_lora_with_chat_template_on_one_process(tmp_path):
     """model_source = a local folder (offline from_pretrained + its tokenizer), LoRA with gradient checkpointing,
     one process (accelerate's simple launcher)."""
-    from scaletrain.engine.run.launcher import launch
-    from scaletrain.engine.plan.request import PlanRequest
+    from scaletrain.engine.launch.launcher import launch
+    from scaletrain.engine.request.request import PlanRequest
     from scaletrain.engine.plan.planner import make_plan
     from scaletrain.trainer.model import make_tokenizer
     from scaletrain.trainer.config import read_run_config

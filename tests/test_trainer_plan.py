@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from scaletrain.engine.plan.plan import evaluate
-from scaletrain.engine.plan.request import PlanRequest, base_setup
-from scaletrain.engine.run.launcher import launch
+from scaletrain.engine.request.request import PlanRequest, base_setup
+from scaletrain.engine.launch.launcher import launch
 from scaletrain.engine.run.metrics import read_metrics
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.run.writers import write_run_dir
 from scaletrain.trainer.config import read_run_config
 

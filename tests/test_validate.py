@@ -11,7 +11,7 @@ import pytest
 
 from scaletrain.engine.model.calibration import Calibration, load_calibration, save_calibration, stack_signature
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.trainer.validate import ValidationResult, derive_calibration
 from scaletrain.tui.cli.main import main
@@ -131,7 +131,7 @@ def test_issue12_done_when_seq_2048_on_the_demo_data_validates_and_leaves_no_wei
 def test_validation_budget_stops_the_run_and_removes_weights(tmp_path, config_dir):
     """A budget shorter than the run: every rank is stopped, the error says so, and the run directory keeps its
     logs but no checkpoint weights (a checkpoint planted in it between two runs of the same plan is removed)."""
-    from scaletrain.engine.plan.presets import load_preset
+    from scaletrain.engine.request.presets import load_preset
     from scaletrain.trainer.validate import ValidationTimedOut, validate
 
     preset = load_preset("cpu-tiny")
@@ -151,7 +151,7 @@ def test_validation_budget_stops_the_run_and_removes_weights(tmp_path, config_di
 
 def test_demo_data_is_sized_to_the_plan_and_user_data_is_not(tmp_path):
     """The bundled demo set repeats to the blocks one optimizer step needs; a user's file is taken as it is."""
-    from scaletrain.engine.run.options import bundled_demo_dataset
+    from scaletrain.engine.request.options import bundled_demo_dataset
     from scaletrain.trainer import data as D
 
     tok = D.ByteTokenizer(1000)
@@ -211,7 +211,7 @@ def test_accuracy_sweep_records_no_fit_and_timeouts_as_outcomes(tmp_path, config
     # ... as the host OOM killer would: the kernel's OOM-kill count rises during the run (an unchanged count makes
     # the same SIGKILL `killed`, not host_oom: tests/test_run_lifecycle.py)
     kills = itertools.count()
-    monkeypatch.setattr("scaletrain.engine.run.launcher.oom_kill_count", lambda: next(kills))
+    monkeypatch.setattr("scaletrain.engine.launch.launcher.oom_kill_count", lambda: next(kills))
     assert accuracy.main(["--cpu-smoke", "--only", "3", "--steps", "6", "--out", str(out), "--run-root", runs]) == 0
     first = json.loads(out.read_text())
     (oom,) = first["outcomes"]

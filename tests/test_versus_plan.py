@@ -15,10 +15,10 @@ from rich.console import Console
 
 from scaletrain.engine.doctor.diagnosis import diagnose, diagnose_paths
 from scaletrain.engine.plan.planner import make_plan
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.run.metrics import (MetricsWriter, RankMemory, StepMetrics, steady_step_seconds, summarize,
                                            versus_plan)
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.run.plan_document import read_plan_document
 from scaletrain.engine.run.writers import write_run_dir
 from scaletrain.tui.cli.main import main

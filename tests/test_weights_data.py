@@ -15,9 +15,9 @@ import pytest
 
 from scaletrain.engine.catalog.architectures import catalog_entry
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.run.launcher import launch
+from scaletrain.engine.launch.launcher import launch
 from scaletrain.engine.run.metrics import read_metrics
-from scaletrain.engine.run.weights import RANDOM_INIT_WARNING, weights_problem, weights_warning
+from scaletrain.engine.request.weights import RANDOM_INIT_WARNING, weights_problem, weights_warning
 from scaletrain.tui.cli.main import main
 
 from test_train_cpu import deadline_tick
@@ -292,7 +292,7 @@ def test_the_trainer_reads_every_format_through_datasets(tmp_path, offline_cache
 
 def test_row_counts_follow_edits_to_the_file(tmp_path):
     """count_rows is cached for the wizard's per-keystroke re-parse; an edited file is counted again."""
-    from scaletrain.engine.run.data_source import resolve_data
+    from scaletrain.engine.request.data_source import resolve_data
 
     f = tmp_path / "d.jsonl"
     f.write_text('{"text": "a"}\n{"text": "b"}\n')

@@ -17,10 +17,11 @@ from rich.console import Console
 
 from scaletrain.engine.model.memory import estimate_memory
 from scaletrain.engine.devices.nvml import DetectedGpu, DetectionResult
-from scaletrain.engine.plan.presets import load_preset
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.presets import load_preset
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan
-from scaletrain.engine.run.status import read_status
+from scaletrain.engine.launch.status import read_status
+from scaletrain.tui.cli.parser import parse_args
 from scaletrain.tui.wizard.app import create_app
 
 NO_GPU_REASON = "NVML unavailable: NVMLError_LibraryNotFound: NVML Shared Library Not Found"
@@ -94,7 +95,7 @@ def run(coro):
 # ---- whole flows ----------------------------------------------------------------------------------------------------
 def test_preset_flow_writes_the_presets_plan(tmp_path):
     run_dir = tmp_path / "run"
-    app = create_app(["--preset", "h200x4-fast", "--run-dir", str(run_dir)], detect=no_gpu, launch=False)
+    app = create_app(parse_args(["--preset", "h200x4-fast", "--run-dir", str(run_dir)]), detect=no_gpu, launch=False)
 
     async def walk():
         async with app.run_test(size=(100, 32)) as pilot:
@@ -128,7 +129,7 @@ def test_custom_flow_qwen7b_lora_on_4xh200(tmp_path):
     run_dir = tmp_path / "run"
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"text": f"sample {i}"}) + "\n" for i in range(300)) + "\n")
-    app = create_app(["--gpus", "4xH200", "--run-dir", str(run_dir)], detect=no_gpu, launch=False)
+    app = create_app(parse_args(["--gpus", "4xH200", "--run-dir", str(run_dir)]), detect=no_gpu, launch=False)
 
     async def walk():
         async with app.run_test(size=(100, 32)) as pilot:
@@ -224,7 +225,7 @@ def test_custom_flow_qwen7b_lora_on_4xh200(tmp_path):
 
 # ---- hardware step ----------------------------------------------------------------------------------------------------
 def test_no_gpu_and_no_flag_says_so_and_offers_the_catalog():
-    app = create_app([], detect=no_gpu, launch=False)
+    app = create_app(parse_args([]), detect=no_gpu, launch=False)
 
     async def look():
         async with app.run_test(size=(100, 32)) as pilot:
@@ -243,7 +244,7 @@ def test_no_gpu_and_no_flag_says_so_and_offers_the_catalog():
 
 
 def test_detected_gpus_are_used_by_default():
-    app = create_app([], detect=four_h200, launch=False)
+    app = create_app(parse_args([]), detect=four_h200, launch=False)
 
     async def look():
         async with app.run_test(size=(100, 32)) as pilot:
@@ -260,7 +261,7 @@ def test_detected_gpus_are_used_by_default():
 
 
 def test_bad_gpu_count_is_refused_in_place():
-    app = create_app(["--gpus", "4xH200"], detect=no_gpu, launch=False)
+    app = create_app(parse_args(["--gpus", "4xH200"]), detect=no_gpu, launch=False)
 
     async def look():
         async with app.run_test(size=(100, 32)) as pilot:
@@ -279,7 +280,7 @@ def test_bad_gpu_count_is_refused_in_place():
 
 # ---- model step -------------------------------------------------------------------------------------------------------
 def test_missing_model_path_is_refused_in_place(tmp_path):
-    app = create_app(["--gpus", "4xH200"], detect=no_gpu, launch=False)
+    app = create_app(parse_args(["--gpus", "4xH200"]), detect=no_gpu, launch=False)
     missing = str(tmp_path / "nope" / "config.json")
 
     async def look():
@@ -302,7 +303,7 @@ def test_local_config_and_resident_model(tmp_path):
     folder = tmp_path / "my-model"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(cfg["config"]))
-    app = create_app(["--gpus", "2xA100-80GB"], detect=no_gpu, launch=False)
+    app = create_app(parse_args(["--gpus", "2xA100-80GB"]), detect=no_gpu, launch=False)
 
     async def look():
         async with app.run_test(size=(100, 32)) as pilot:
@@ -329,8 +330,8 @@ def test_local_config_and_resident_model(tmp_path):
 # ---- keys that work everywhere ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("steps", [0, 1, 2, 3, 4])
 def test_ctrl_q_exits_0_at_every_step(steps, tmp_path):
-    app = create_app(["--gpus", "4xH200", "--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora",
-                      "--run-dir", str(tmp_path / "run")], detect=no_gpu, launch=False)
+    app = create_app(parse_args(["--gpus", "4xH200", "--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora",
+                      "--run-dir", str(tmp_path / "run")]), detect=no_gpu, launch=False)
 
     async def walk():
         async with app.run_test(size=(80, 24)) as pilot:
@@ -348,7 +349,7 @@ def test_ctrl_q_exits_0_at_every_step(steps, tmp_path):
 
 def test_help_and_save_preset(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)                 # presets are saved under ./presets-local/
-    app = create_app(["--gpus", "4xH200", "--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora"],
+    app = create_app(parse_args(["--gpus", "4xH200", "--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora"]),
                      detect=no_gpu, launch=False)
 
     async def walk():
@@ -380,8 +381,8 @@ def test_help_and_save_preset(tmp_path, monkeypatch):
 
 def test_every_step_fits_80x24(tmp_path):
     """At the smallest terminal the wizard supports, each step's focused widget is on screen."""
-    app = create_app(["--gpus", "4xH200", "--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora",
-                      "--run-dir", str(tmp_path / "run")], detect=no_gpu, launch=False)
+    app = create_app(parse_args(["--gpus", "4xH200", "--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora",
+                      "--run-dir", str(tmp_path / "run")]), detect=no_gpu, launch=False)
 
     async def walk():
         async with app.run_test(size=(80, 24)) as pilot:
@@ -410,7 +411,7 @@ async def wait_until(pilot, predicate, seconds: float = 180) -> None:
 @pytest.mark.slow
 def test_launch_from_the_wizard_opens_the_monitor(tmp_path):
     run_dir = tmp_path / "run"
-    app = create_app(["--preset", "cpu-tiny", "--set", "train.max_steps=2", "--run-dir", str(run_dir)],
+    app = create_app(parse_args(["--preset", "cpu-tiny", "--set", "train.max_steps=2", "--run-dir", str(run_dir)]),
                      detect=no_gpu)
 
     async def walk():
@@ -437,7 +438,7 @@ def test_launch_from_the_wizard_opens_the_monitor(tmp_path):
 @pytest.mark.slow
 def test_ctrl_q_during_a_run_stops_every_rank(tmp_path):
     run_dir = tmp_path / "run"
-    app = create_app(["--preset", "cpu-tiny", "--set", "train.max_steps=100000", "--run-dir", str(run_dir)],
+    app = create_app(parse_args(["--preset", "cpu-tiny", "--set", "train.max_steps=100000", "--run-dir", str(run_dir)]),
                      detect=no_gpu)
 
     def training_started() -> bool:
@@ -475,8 +476,8 @@ def test_master_weights_key_switches_to_bf16_only_weights_and_back(tmp_path):
     """`m` on the plan step: bf16 weights with no fp32 master (DeepSpeed has none such, so ZeRO moves to DDP/FSDP);
     the plan the engine makes for it is what the screen shows, and the run directory records it."""
     run_dir = tmp_path / "run"
-    app = create_app(["--gpus", "8xH100", "--model", "Qwen/Qwen2.5-1.5B-Instruct", "--method", "full",
-                      "--effective-batch", "64", "--seq-len", "1024", "--run-dir", str(run_dir)],
+    app = create_app(parse_args(["--gpus", "8xH100", "--model", "Qwen/Qwen2.5-1.5B-Instruct", "--method", "full",
+                      "--effective-batch", "64", "--seq-len", "1024", "--run-dir", str(run_dir)]),
                      detect=no_gpu, launch=False)
 
     async def walk():

@@ -20,6 +20,7 @@ import pytest
 
 from scaletrain.engine.run.metrics import read_metrics
 from scaletrain.engine.run.plan_document import read_plan_document
+from scaletrain.tui.cli.parser import parse_args
 from scaletrain.tui.wizard.app import create_app
 from test_wizard import no_gpu, press, retype, run, screen_name, settle, text_of
 
@@ -95,8 +96,8 @@ def test_wizard_trains_real_weights_on_a_local_chat_dataset(tmp_path):
     blocks, steps, tokens = expected_tokens(records, tok)
     assert steps >= 3
     run_dir = tmp_path / "run"
-    app = create_app(["--gpus", "2xCPU", "--precision", "fp32", "--attn", "sdpa", "--strategy", "ddp",
-                      "--no-grad-ckpt", "--run-dir", str(run_dir)], detect=no_gpu)
+    app = create_app(parse_args(["--gpus", "2xCPU", "--precision", "fp32", "--attn", "sdpa", "--strategy", "ddp",
+                      "--no-grad-ckpt", "--run-dir", str(run_dir)]), detect=no_gpu)
 
     async def walk():
         async with app.run_test(size=(100, 32)) as pilot:

@@ -1,7 +1,7 @@
 """The wizard reaches every plan setting and plans a preset as headless does: the strategy key's cycle includes
 FSDP, precision / optimizer / implementation / attention keys, headroom and inter-node link on step 1, the method
 asked rather than assumed, `l` writing and launching, the run's length as the trainer will run it, and the weights
-rule (engine.run.weights): random-init is flagged in red, QLoRA from random-init is refused before writing."""
+rule (engine.request.weights): random-init is flagged in red, QLoRA from random-init is refused before writing."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import json
 import pytest
 
 from scaletrain.engine.plan.planner import make_plan
-from scaletrain.engine.plan.presets import preset_names
+from scaletrain.engine.request.presets import preset_names
 from scaletrain.engine.run.run_length import RunLength, run_length
-from scaletrain.engine.run.weights import weights_problem, weights_warning
+from scaletrain.engine.request.weights import weights_problem, weights_warning
 from scaletrain.tui.cli.parser import build_parser
-from scaletrain.tui.cli.plan_args import request_from_args, train_from_args
+from scaletrain.engine.request.args import asked_from_args
+from scaletrain.tui.cli.parser import parse_args
 from scaletrain.tui.wizard.app import create_app
 from scaletrain.tui.wizard.sources import model_weights, parse_data, parse_weights
 from scaletrain.tui.wizard.state import plan_what_if
@@ -30,9 +31,9 @@ def test_the_wizard_plans_a_preset_as_headless_does(preset, tmp_path):
     """Walked straight through, the wizard's plan is the headless plan of the same preset (cpu-tiny: micro 4 ×
     accum 2, where the wizard used to re-search to micro 8 × accum 1), and it says how long the run trains."""
     args = build_parser().parse_args(["--preset", preset])
-    headless = make_plan(request_from_args(args))
-    train = train_from_args(args)
-    app = create_app(["--preset", preset, "--run-dir", str(tmp_path / "run")], detect=no_gpu, launch=False)
+    headless = make_plan(asked_from_args(args).request())
+    train = asked_from_args(args).train
+    app = create_app(parse_args(["--preset", preset, "--run-dir", str(tmp_path / "run")]), detect=no_gpu, launch=False)
 
     async def walk():
         async with app.run_test(size=(100, 32)) as pilot:
@@ -57,15 +58,15 @@ def test_run_length_says_max_steps_overrides_epochs():
     assert RunLength(200, None, True).text() == "200 steps (max_steps) (epochs: give a dataset size)"
     assert RunLength(1258, 2.0, False).text() == "2 epochs = 1,258 steps"
     args = build_parser().parse_args(["--preset", "4090x8", "--set", "train.max_steps=100"])
-    plan = make_plan(request_from_args(args))
-    got = run_length(plan, train_from_args(args))
+    plan = make_plan(asked_from_args(args).request())
+    got = run_length(plan, asked_from_args(args).train)
     assert got.by_max_steps and got.steps == 100 and got.epochs == pytest.approx(100 / plan.time.steps_per_epoch)
 
 
 # ---- the plan step's keys -------------------------------------------------------------------------------------------
 def plan_step_app(tmp_path, *extra):
-    return create_app(["--gpus", "8xH100", "--model", "Qwen/Qwen2.5-1.5B-Instruct", "--method", "full",
-                       "--effective-batch", "64", "--seq-len", "1024", "--run-dir", str(tmp_path / "run"), *extra],
+    return create_app(parse_args(["--gpus", "8xH100", "--model", "Qwen/Qwen2.5-1.5B-Instruct", "--method", "full",
+                       "--effective-batch", "64", "--seq-len", "1024", "--run-dir", str(tmp_path / "run"), *extra]),
                       detect=no_gpu, launch=False)
 
 
@@ -100,8 +101,8 @@ def test_strategy_key_cycles_through_fsdp_and_setting_keys_change_the_plan(tmp_p
 
 
 def test_headroom_and_inter_node_link_on_step_1(tmp_path):
-    app = create_app(["--gpus", "2x8xH100", "--model", "Qwen/Qwen2.5-1.5B-Instruct", "--method", "full",
-                      "--run-dir", str(tmp_path / "run")], detect=no_gpu, launch=False)
+    app = create_app(parse_args(["--gpus", "2x8xH100", "--model", "Qwen/Qwen2.5-1.5B-Instruct", "--method", "full",
+                      "--run-dir", str(tmp_path / "run")]), detect=no_gpu, launch=False)
 
     async def walk():
         async with app.run_test(size=(100, 32)) as pilot:
@@ -146,7 +147,7 @@ def test_l_writes_then_launches_without_asking_for_w_first(tmp_path):
 
 
 def test_write_screen_flags_random_init_in_red(tmp_path):
-    app = create_app(["--preset", "cpu-tiny", "--run-dir", str(tmp_path / "run")], detect=no_gpu, launch=False)
+    app = create_app(parse_args(["--preset", "cpu-tiny", "--run-dir", str(tmp_path / "run")]), detect=no_gpu, launch=False)
 
     async def walk():
         async with app.run_test(size=(100, 32)) as pilot:
@@ -167,8 +168,8 @@ def test_write_screen_flags_random_init_in_red(tmp_path):
 
 
 def test_choosing_random_init_on_the_model_step_shows_the_warning(tmp_path):
-    app = create_app(["--gpus", "4xH200", "--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora",
-                      "--run-dir", str(tmp_path / "run")], detect=no_gpu, launch=False)
+    app = create_app(parse_args(["--gpus", "4xH200", "--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora",
+                      "--run-dir", str(tmp_path / "run")]), detect=no_gpu, launch=False)
 
     async def walk(weights):
         async with app.run_test(size=(100, 32)) as pilot:
@@ -183,14 +184,14 @@ def test_choosing_random_init_on_the_model_step_shows_the_warning(tmp_path):
             return box.display, str(box.content), app.state.train.model_source
 
     assert run(walk("random-init")) == (True, weights_warning("random-init"), "random-init")
-    app = create_app(["--gpus", "4xH200", "--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora",
-                      "--run-dir", str(tmp_path / "run")], detect=no_gpu, launch=False)
+    app = create_app(parse_args(["--gpus", "4xH200", "--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora",
+                      "--run-dir", str(tmp_path / "run")]), detect=no_gpu, launch=False)
     assert run(walk(None)) == (False, "", "Qwen/Qwen2.5-7B-Instruct")       # no random-init unless chosen
 
 
 def test_qlora_from_random_init_is_refused_before_writing(tmp_path):
-    app = create_app(["--gpus", "4xH200", "--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "qlora",
-                      "--effective-batch", "64", "--run-dir", str(tmp_path / "run")], detect=no_gpu, launch=False)
+    app = create_app(parse_args(["--gpus", "4xH200", "--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "qlora",
+                      "--effective-batch", "64", "--run-dir", str(tmp_path / "run")]), detect=no_gpu, launch=False)
 
     async def walk():
         async with app.run_test(size=(100, 32)) as pilot:
@@ -212,7 +213,7 @@ def test_qlora_from_random_init_is_refused_before_writing(tmp_path):
 
 
 def test_fresh_wizard_preselects_no_method(tmp_path):
-    app = create_app(["--gpus", "4xH200"], detect=no_gpu, launch=False)
+    app = create_app(parse_args(["--gpus", "4xH200"]), detect=no_gpu, launch=False)
 
     async def walk():
         async with app.run_test(size=(100, 32)) as pilot:

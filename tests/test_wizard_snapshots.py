@@ -12,6 +12,7 @@ import pytest
 from textual.widgets import Input
 
 from scaletrain.engine.devices.nvml import DetectionResult
+from scaletrain.tui.cli.parser import parse_args
 from scaletrain.tui.wizard.app import create_app
 
 SIZE = (100, 32)
@@ -52,7 +53,7 @@ def walk_to(step: int, *extra_keys: str):
 
 
 def app_for(args=ARGS):
-    return create_app(list(args), detect=no_gpu, launch=False)
+    return create_app(parse_args(list(args)), detect=no_gpu, launch=False)
 
 
 def test_step1_hardware_no_gpu(snap_compare):

@@ -20,10 +20,10 @@ import yaml
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.model.memory import (DS_ALLGATHER_BUCKET_ELEMS, DS_PREFETCH_BUCKET_ELEMS, DS_REDUCE_BUCKET_ELEMS,
                                       DS_SUB_GROUP_ELEMS)
-from scaletrain.engine.plan.presets import load_preset
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.presets import load_preset
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.run.scripts import launch_argv
 from scaletrain.engine.run import configs
 from scaletrain.engine.run import writers

@@ -27,7 +27,8 @@ ANIMALS = (("cow", "moo"), ("dog", "woof"), ("cat", "meow"), ("duck", "quack"), 
            ("owl", "hoot"), ("frog", "croak"), ("lion", "roar"))
 
 
-def _task(rng: random.Random) -> tuple[str, str]:
+def question_answer(rng: random.Random) -> tuple[str, str]:
+    """One seeded toy task: (question, answer)."""
     kind = rng.randrange(7)
     if kind == 0:
         a, b = rng.randrange(10, 100), rng.randrange(10, 100)
@@ -58,7 +59,7 @@ def make_records(n: int = N_SAMPLES, seed: int = SEED) -> list[dict]:
     rng = random.Random(seed)
     out: list[dict] = []
     for i in range(n):
-        q, a = _task(rng)
+        q, a = question_answer(rng)
         shape = i % 3
         if shape == 0:
             out.append({"text": f"Question: {q}\nAnswer: {a}"})

@@ -16,7 +16,7 @@ import json
 import random
 from pathlib import Path
 
-from scaletrain.presets.make_demo_data import _task
+from scaletrain.presets.make_demo_data import question_answer
 
 SEED = 20261201
 N_PAIRS = 256
@@ -43,14 +43,14 @@ def preference_records(n: int = N_PAIRS, seed: int = SEED) -> list[dict]:
     rng = random.Random(seed)
     out = []
     for _ in range(n):
-        q, a = _task(rng)
+        q, a = question_answer(rng)
         out.append({"prompt": f"Question: {q}\nAnswer: ", "chosen": a, "rejected": _wrong(a, rng)})
     return out
 
 
 def prompt_records(n: int = N_PROMPTS, seed: int = SEED + 1) -> list[dict]:
     rng = random.Random(seed)
-    return [{"prompt": f"Question: {q}\nAnswer: ", "answer": a} for q, a in (_task(rng) for _ in range(n))]
+    return [{"prompt": f"Question: {q}\nAnswer: ", "answer": a} for q, a in (question_answer(rng) for _ in range(n))]
 
 
 def render(records: list[dict]) -> str:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from scaletrain.engine.model.numerics import load_dtype
 from scaletrain.engine.run.layout import RunDir
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.run.plan_document import read_plan_document
 from scaletrain.engine.vocabulary import (Attention, MasterWeights, Method, Optimizer, OptimizerImpl, Precision,
                                           Strategy)
@@ -40,6 +41,7 @@ class RunConfig:
     prompt_len: int | None = None
     num_generations: int = 8
     ref_model: str = "none"
+    experts_impl: str = "grouped_mm"  # MoE: transformers' experts_implementation the plan counted
 
     @property
     def uses_deepspeed(self) -> bool:
@@ -51,16 +53,9 @@ class RunConfig:
 
     @property
     def weights_dtype(self) -> str:
-        """The torch dtype (name) the model's weights are built or loaded in, as the memory model assumes
-        (engine/model/numerics.py): full fine-tuning keeps fp32 weights under mixed precision, bf16 weights only
-        with master_weights bf16, and 16-bit weights under DeepSpeed (it casts the module to 16-bit and keeps the fp32
-        master in its optimizer, so building fp32 first would only cost memory); a LoRA/QLoRA base is in the compute
-        precision (bf16/fp16), fp32 with base_bits 32 (QLoRA's 4/8-bit linears are quantized from it on load)."""
-        if self.method == "full":
-            if self.master_weights == "bf16" or (self.uses_deepspeed and self.precision != "fp32"):
-                return "bfloat16" if self.master_weights == "bf16" else self.precision.torch_dtype
-            return "float32"
-        return "float32" if self.base_bits == 32 else self.precision.torch_dtype
+        """The torch dtype (name) the model's weights are built or loaded in: the memory model's rule
+        (engine/model/numerics.load_dtype)."""
+        return load_dtype(self.method, self.base_bits, self.master_weights, self.strategy, self.precision)
 
 
 def read_run_config(run_dir: str | os.PathLike[str]) -> RunConfig:
@@ -72,13 +67,13 @@ def read_run_config(run_dir: str | os.PathLike[str]) -> RunConfig:
     if train.model_source is None:                 # a plan.json written before weights were resolved
         from dataclasses import replace
 
-        from scaletrain.engine.run.weights import resolve_weights
+        from scaletrain.engine.request.weights import resolve_weights
         train = replace(train, model_source=resolve_weights(None, req.model))
     return RunConfig(
         run=run, train=train, model_id=req.model, method=tr.method, lora_rank=tr.lora_rank or 16,
         lora_targets=tr.lora_targets, base_bits=tr.base_bits, strategy=tr.strategy, precision=tr.precision,
         optimizer=tr.optimizer, optimizer_impl=tr.optimizer_impl, master_weights=tr.master_weights, attn=tr.attn,
-        grad_ckpt=tr.grad_ckpt, micro_batch=batch.micro_batch,
+        grad_ckpt=tr.grad_ckpt, experts_impl=str(tr.experts_impl), micro_batch=batch.micro_batch,
         grad_accum=batch.grad_accum, seq_len=batch.seq_len, epochs=float(req.epochs or 1.0),
         planned_world_size=batch.world_size, **_objective_fields(doc))
 

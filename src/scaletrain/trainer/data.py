@@ -1,7 +1,7 @@
 """Training data for the bundled trainer: JSONL records → token blocks of exactly seq_len.
 
 Accepted record shapes (JSONL, or any --data the `datasets` library reads: JSON, Parquet, CSV, a folder, a cached
-HF dataset; engine/run/data_source.py resolves it):
+HF dataset; engine/request/data_source.py resolves it):
   {"text": "..."}                                  every token is trained on
   {"prompt": "...", "completion": "..."}           only the completion (and its end token) is trained on (TRL's
                                                    naming; "response" is accepted for "completion")
@@ -151,7 +151,7 @@ def jsonl_objects(path: str | Path, shapes: str = RECORD_SHAPES) -> list[tuple[s
 def located_records(spec: str | Path, shapes: str = RECORD_SHAPES) -> list[tuple[str, dict[str, Any]]]:
     """(where, record) for everything --data names: a JSONL file read line by line here (errors name the line),
     anything else through the `datasets` library (where = "row N")."""
-    from scaletrain.engine.run.data_source import resolve_data
+    from scaletrain.engine.request.data_source import resolve_data
 
     src = resolve_data(str(spec))
     if len(src.files) == 1 and src.files[0].suffix == ".jsonl":
@@ -189,7 +189,7 @@ def read_records(spec: str | Path) -> list[dict[str, Any]]:
 
 
 def load_rows(src: Any) -> list[dict[str, Any]]:
-    """The rows of a resolved --data (engine/run/data_source.DataSource) through the `datasets` library, unchecked:
+    """The rows of a resolved --data (engine/request/data_source.DataSource) through the `datasets` library, unchecked:
     each objective checks the columns it needs."""
     import datasets
 

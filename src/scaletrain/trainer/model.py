@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from scaletrain.engine.catalog.architectures import load_config
+from scaletrain.engine.catalog.moe import MOE_TYPES
 from scaletrain.engine.catalog.moe import EXPERT_PARAMETERS, EXPERTS_TARGET
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.trainer import data as data_mod
@@ -217,6 +218,14 @@ def model_config_dict(model_id: str) -> dict[str, Any]:
     return load_config(model_id)
 
 
+def with_experts_implementation(conf: dict[str, Any], experts_impl: str) -> dict[str, Any]:
+    """An MoE config with transformers' `experts_implementation` the plan counted (config key, as from_config
+    reads it); a dense config unchanged."""
+    if conf.get("model_type") in MOE_TYPES:
+        return {**conf, "experts_implementation": experts_impl}
+    return conf
+
+
 def _checkpoint_quant_method(src: str) -> str | None:
     """The quantization a checkpoint was saved with (config.json quantization_config.quant_method), if any."""
     try:
@@ -240,13 +249,15 @@ def build_model(cfg: RunConfig, device: Any) -> Any:
     dtype = cfg.weights_dtype
     torch.manual_seed(cfg.train.seed)
     if src == "random-init":
-        conf = model_config_dict(cfg.model_id)
+        conf = with_experts_implementation(model_config_dict(cfg.model_id), cfg.experts_impl)
         where = None if cfg.strategy.shards_params and not cfg.quantized_base else device
         model = (quantized_random_init(conf, attn, cfg.base_bits, dtype, device) if cfg.quantized_base
                  else random_init(conf, attn, dtype=dtype, device=where))
     else:
         kwargs: dict[str, Any] = {"local_files_only": True, "attn_implementation": attn,
                                   "dtype": getattr(torch, dtype)}
+        if load_config(cfg.model_id).get("model_type") in MOE_TYPES:
+            kwargs["experts_implementation"] = cfg.experts_impl
         if cfg.quantized_base:
             kwargs["quantization_config"] = quantization(cfg.base_bits, getattr(torch, dtype))
             kwargs["device_map"] = {"": device}
@@ -261,6 +272,9 @@ def build_model(cfg: RunConfig, device: Any) -> Any:
             raise ScaletrainError(f"cannot load model {src!r} offline ({str(e).splitlines()[0]}); give a local "
                                   "folder or an id already in the HF cache, or model_source random-init") from None
     model.config.use_cache = False
+    if getattr(model.config, "_experts_implementation", None):       # the one transformers resolved and runs
+        print(f"scaletrain: MoE experts implementation {model.config._experts_implementation} "
+              f"(planned {cfg.experts_impl})", flush=True)
     if cfg.strategy == "zero3":
         leaves = mark_moe_leaves(model)
         if leaves:

@@ -36,7 +36,7 @@ from typing import Any
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.layout import RunDir
 from scaletrain.engine.run.metrics import MetricsWriter, StepMetrics, truncate_metrics
-from scaletrain.engine.run.options import LR_SCHEDULES, bundled_demo_dataset
+from scaletrain.engine.request.options import LR_SCHEDULES, bundled_demo_dataset
 from scaletrain.trainer import data as data_mod
 from scaletrain.trainer.checkpoints import prune_checkpoints, resume_from, save_checkpoint
 from scaletrain.trainer.config import RunConfig, read_run_config
@@ -87,20 +87,65 @@ def _tensorboard(run: RunDir) -> Any:
     except ImportError:
         print("scaletrain: note: tensorboard is not installed; metrics.jsonl only", file=sys.stderr)
         return None
-    return SummaryWriter(log_dir=str(run.path / "tensorboard"))
+    return SummaryWriter(log_dir=str(run.tensorboard))
+
+
+@dataclass
+class Session:
+    """What prepare() builds for one rank: the accelerator, the prepared model and optimizer, the LR scheduler, the
+    tokenized data and its schedule."""
+    cfg: RunConfig
+    acc: Any
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    blocks: Any
+    sched: Schedule
+    rank: int
+    world: int
+    ds: bool                  # DeepSpeed's own engine: it clips, saves and reports the grad norm itself
+    dataset_name: str
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass
+class Progress:
+    """Where the step loop is: the optimizer steps done, the last checkpointed one, when the last step ended."""
+    step: int
+    last_saved: int
+    t_last: float
 
 
 def train(cfg: RunConfig, resume: bool) -> int:
+    """Prepare, check a resume, run the step loop, report."""
+    if cfg.objective != "sft":          # reward / dpo / grpo: TRL's trainers (issue 16)
+        import torch
+
+        if cfg.uses_deepspeed and not torch.cuda.is_available():
+            load_deepspeed_cpu_comm_op()
+        from scaletrain.trainer.objectives.run import train_objective
+
+        return train_objective(cfg, resume)
+    s = prepare(cfg)
+    step = resume_step(s, resume)
+    report_start(s, step, resume)
+    done = step_loop(s, step, resume)
+    if done is None:
+        return EXIT_INTERRUPTED
+    report_done(s, done)
+    return 0
+
+
+def prepare(cfg: RunConfig) -> Session:
+    """The accelerator, the data and its schedule, the model, the optimizer and the LR scheduler, prepared."""
     import torch
     from transformers import get_scheduler
 
     if cfg.uses_deepspeed and not torch.cuda.is_available():
         load_deepspeed_cpu_comm_op()
-
-    if cfg.objective != "sft":          # reward / dpo / grpo: TRL's trainers (issue 16)
-        from scaletrain.trainer.objectives.run import train_objective
-
-        return train_objective(cfg, resume)
     demo = not cfg.train.dataset
     dataset = bundled_demo_dataset() if demo else Path(cfg.train.dataset).expanduser()
     check_capabilities(cfg)
@@ -132,132 +177,176 @@ def train(cfg: RunConfig, resume: bool) -> int:
     model, optimizer = acc.prepare(model, optimizer)
     KEEP_UNTIL_EXIT.extend((acc, model, optimizer))
     ds = cfg.uses_deepspeed and hasattr(model, "save_checkpoint")
+    return Session(cfg, acc, model, optimizer, scheduler, blocks, sched, rank, world, ds, dataset.name)
 
-    step = 0
-    if not resume and main and (old := cfg.run.newest_checkpoint()) is not None:
-        print(f"scaletrain: note: starting at step 0 although {old} exists; --resume continues from it",
-              flush=True)
-    if resume:
-        found = resume_from(acc, model, scheduler, cfg.run, ds, main)
-        if found is None:
-            if main:
-                print("scaletrain: no checkpoint to resume from; starting at step 0", flush=True)
-        else:
-            ck, state = found
-            # [issue 6, relaunch] a micro-batch split that keeps micro × accum reads exactly the same rows per
-            # optimizer step (make_schedule and shard_order depend on the product only), so it may resume.
-            layout = {"micro_batch × grad_accum": cfg.micro_batch * cfg.grad_accum, "world_size": world,
-                      "rows": len(blocks)}
-            saved = {**state, "micro_batch × grad_accum": (state.get("micro_batch") or 0) * (state.get("grad_accum")
-                                                                                            or 0)}
-            changed = {k: (saved.get(k), v) for k, v in layout.items() if saved.get(k) != v}
-            if changed:
-                what = ", ".join(f"{k} {a} → {b}" for k, (a, b) in changed.items())
-                raise ScaletrainError(f"cannot resume {ck.name}: the data layout changed ({what}); "
-                                      "start a new run directory instead")
-            step = int(state["step"])
-            if main:
-                print(f"scaletrain: resumed from {ck} at step {step}", flush=True)
 
-    if main:
+def resume_step(s: Session, resume: bool) -> int:
+    """The step to start at: 0, or with --resume the newest checkpoint's, refused when the data layout changed."""
+    cfg = s.cfg
+    if not resume:
+        if s.main and (old := cfg.run.newest_checkpoint()) is not None:
+            print(f"scaletrain: note: starting at step 0 although {old} exists; --resume continues from it",
+                  flush=True)
+        return 0
+    found = resume_from(s.acc, s.model, s.scheduler, cfg.run, s.ds, s.main)
+    if found is None:
+        if s.main:
+            print("scaletrain: no checkpoint to resume from; starting at step 0", flush=True)
+        return 0
+    ck, state = found
+    # [issue 6, relaunch] a micro-batch split that keeps micro × accum reads exactly the same rows per
+    # optimizer step (make_schedule and shard_order depend on the product only), so it may resume.
+    layout = {"micro_batch × grad_accum": cfg.micro_batch * cfg.grad_accum, "world_size": s.world,
+              "rows": len(s.blocks)}
+    saved = {**state, "micro_batch × grad_accum": (state.get("micro_batch") or 0) * (state.get("grad_accum") or 0)}
+    changed = {k: (saved.get(k), v) for k, v in layout.items() if saved.get(k) != v}
+    if changed:
+        what = ", ".join(f"{k} {a} → {b}" for k, (a, b) in changed.items())
+        raise ScaletrainError(f"cannot resume {ck.name}: the data layout changed ({what}); "
+                              "start a new run directory instead")
+    step = int(state["step"])
+    if s.main:
+        print(f"scaletrain: resumed from {ck} at step {step}", flush=True)
+    return step
+
+
+def report_start(s: Session, step: int, resume: bool) -> None:
+    """Rank 0's header line; on resume, metrics.jsonl cut back to the checkpoint's step."""
+    cfg, model = s.cfg, s.model
+    if s.main:
         n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())  # ZeRO-3: full size
-        sharding = f", DeepSpeed data-parallel over {model.dp_world_size}" if ds else ""
-        print(f"scaletrain: {cfg.model_id} ({cfg.method}, {cfg.strategy}, {cfg.precision}) on {world} "
-              f"process(es){sharding}; {len(blocks)} blocks × {cfg.seq_len} tokens from {dataset.name} "
-              f"({blocks.source_samples:,} records, {blocks.source_tokens:,} tokens); "
-              f"{sched.steps_per_epoch} steps/epoch, {sched.total_steps} steps; {n_params:,} parameters; "
-              f"{_weights(model)}, mixed precision {acc.mixed_precision}, {cfg.optimizer} "
+        sharding = f", DeepSpeed data-parallel over {model.dp_world_size}" if s.ds else ""
+        print(f"scaletrain: {cfg.model_id} ({cfg.method}, {cfg.strategy}, {cfg.precision}) on {s.world} "
+              f"process(es){sharding}; {len(s.blocks)} blocks × {cfg.seq_len} tokens from {s.dataset_name} "
+              f"({s.blocks.source_samples:,} records, {s.blocks.source_tokens:,} tokens); "
+              f"{s.sched.steps_per_epoch} steps/epoch, {s.sched.total_steps} steps; {n_params:,} parameters; "
+              f"{_weights(model)}, mixed precision {s.acc.mixed_precision}, {cfg.optimizer} "
               f"({cfg.optimizer_impl if cfg.optimizer != 'adamw-8bit' else 'bitsandbytes'})", flush=True)
-    if resume and main:
+    if resume and s.main:
         dropped = truncate_metrics(cfg.run.metrics, step)      # steps after the checkpoint are logged again
         if dropped:
             print(f"scaletrain: metrics.jsonl cut back to step {step} ({dropped} later line(s) dropped)", flush=True)
-    writer = MetricsWriter(cfg.run.metrics) if main else None
-    tb = _tensorboard(cfg.run) if main else None
-    every = cfg.train.checkpoint_every
-    last_saved = step
-    model.train()
-    t_last = time.perf_counter()
+
+
+def step_loop(s: Session, step: int, resume: bool) -> int | None:
+    """Optimizer steps from `step` to the schedule's end, epoch by epoch; the last step, or None when interrupted."""
+    writer = MetricsWriter(s.cfg.run.metrics) if s.main else None
+    tb = _tensorboard(s.cfg.run) if s.main else None
+    p = Progress(step, step, time.perf_counter())
+    s.model.train()
     try:
-        while step < sched.total_steps:
-            epoch = step // sched.steps_per_epoch
-            order = data_mod.shard_order(sched.rows, epoch, cfg.train.seed, rank, world)
-            first_micro = (step % sched.steps_per_epoch) * cfg.grad_accum
-            loss_sum = tokens = 0.0
-            micro_in_step = 0
-            for m in range(first_micro, sched.steps_per_epoch * cfg.grad_accum):
-                rows = order[m * cfg.micro_batch:(m + 1) * cfg.micro_batch]
-                batch = {k: torch.tensor([getattr(blocks, k)[i] for i in rows], device=acc.device)
-                         for k in ("input_ids", "labels", "attention_mask")}
-                micro_in_step += 1
-                boundary = micro_in_step == cfg.grad_accum
-                acc.sync_gradients = boundary
-                with contextlib.nullcontext() if boundary else acc.no_sync(model):
-                    loss = model(**batch).loss
-                    acc.backward(loss)
-                loss_sum += float(loss.detach())
-                tokens += float(batch["attention_mask"].sum())
-                if not boundary:
-                    continue
-                grad_norm = None
-                if not ds and cfg.train.max_grad_norm > 0:
-                    norm = acc.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
-                    grad_norm = float(norm) if norm is not None else None
-                lr = float(scheduler.get_last_lr()[0])
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                if ds:
-                    gn = model.get_global_grad_norm()
-                    grad_norm = float(gn) if gn is not None else None
-                step += 1
-                loss_all, micro_all, tok_all = all_sum(acc, [loss_sum, float(micro_in_step), tokens])
-                now = time.perf_counter()
-                step_s = now - t_last
-                t_last = now
-                rec = StepMetrics(step=step, total_steps=sched.total_steps,
-                                  epoch=round(step / sched.steps_per_epoch, 4), loss=loss_all / micro_all, lr=lr,
-                                  tokens_per_second=tok_all / step_s, step_seconds=step_s, world_size=world,
-                                  time=time.time(), tokens=int(tok_all), grad_norm=grad_norm,
-                                  peak_memory=peak_memory(acc, rank, world))
-                if main:
-                    writer.write(rec)
-                    if tb is not None:
-                        for k in ("loss", "lr", "tokens_per_second", "step_seconds"):
-                            tb.add_scalar(f"train/{k}", getattr(rec, k), step)
-                    print(f"step {step}/{sched.total_steps} loss {rec.loss:.4f} lr {lr:.3g} "
-                          f"tok/s {rec.tokens_per_second:.0f} step {step_s:.3f}s", flush=True)
-                loss_sum = tokens = 0.0
-                micro_in_step = 0
-                if cfg.train.save_checkpoints and (step % every == 0 or step == sched.total_steps):
-                    save_checkpoint(acc, model, scheduler, cfg.run,
-                                    {"step": step, "total_steps": sched.total_steps, "epoch": rec.epoch,
-                                     "micro_batch": cfg.micro_batch, "grad_accum": cfg.grad_accum,
-                                     "world_size": world, "rows": len(blocks), "strategy": cfg.strategy,
-                                     "time": time.time()}, rank, ds)
-                    prune_checkpoints(cfg.run, cfg.train.keep_checkpoints, rank)
-                    last_saved = step
-                    t_last = time.perf_counter()          # saving is not step time
-                _injected_failure(step, rank, resume)
-                if step >= sched.total_steps:
-                    break
+        while p.step < s.sched.total_steps:
+            _epoch(s, p, writer, tb, resume)
     except KeyboardInterrupt:
-        if main:
-            print(f"scaletrain: interrupted at step {step} (last checkpoint: step {last_saved})", flush=True)
-        return EXIT_INTERRUPTED
+        if s.main:
+            print(f"scaletrain: interrupted at step {p.step} (last checkpoint: step {p.last_saved})", flush=True)
+        return None
     finally:
         if writer is not None:
             writer.close()
         if tb is not None:
             tb.close()
+    return p.step
+
+
+def _epoch(s: Session, p: Progress, writer: MetricsWriter | None, tb: Any, resume: bool) -> None:
+    """The rest of the current epoch's micro-batches (or up to the last step): forward, backward, and at every
+    accumulation boundary an optimizer step, its metrics and a checkpoint when due."""
+    import torch
+
+    cfg, acc, model = s.cfg, s.acc, s.model
+    order = data_mod.shard_order(s.sched.rows, p.step // s.sched.steps_per_epoch, cfg.train.seed, s.rank, s.world)
+    first_micro = (p.step % s.sched.steps_per_epoch) * cfg.grad_accum
+    loss_sum = tokens = 0.0
+    micro_in_step = 0
+    for m in range(first_micro, s.sched.steps_per_epoch * cfg.grad_accum):
+        rows = order[m * cfg.micro_batch:(m + 1) * cfg.micro_batch]
+        batch = {k: torch.tensor([getattr(s.blocks, k)[i] for i in rows], device=acc.device)
+                 for k in ("input_ids", "labels", "attention_mask")}
+        micro_in_step += 1
+        boundary = micro_in_step == cfg.grad_accum
+        acc.sync_gradients = boundary
+        with contextlib.nullcontext() if boundary else acc.no_sync(model):
+            loss = model(**batch).loss
+            acc.backward(loss)
+        loss_sum += float(loss.detach())
+        tokens += float(batch["attention_mask"].sum())
+        if not boundary:
+            continue
+        lr, grad_norm = _optimizer_step(s)
+        p.step += 1
+        rec = _step_metrics(s, p, lr, grad_norm, loss_sum, micro_in_step, tokens)
+        if s.main:
+            _report_step(s, rec, writer, tb)
+        loss_sum = tokens = 0.0
+        micro_in_step = 0
+        if cfg.train.save_checkpoints and (p.step % cfg.train.checkpoint_every == 0
+                                           or p.step == s.sched.total_steps):
+            _checkpoint(s, p, rec)
+        _injected_failure(p.step, s.rank, resume)
+        if p.step >= s.sched.total_steps:
+            break
+
+
+def _optimizer_step(s: Session) -> tuple[float, float | None]:
+    """Clip (unless DeepSpeed does), step the optimizer and the LR schedule: the LR the step used, the grad norm."""
+    grad_norm = None
+    if not s.ds and s.cfg.train.max_grad_norm > 0:
+        norm = s.acc.clip_grad_norm_(s.model.parameters(), s.cfg.train.max_grad_norm)
+        grad_norm = float(norm) if norm is not None else None
+    lr = float(s.scheduler.get_last_lr()[0])
+    s.optimizer.step()
+    s.scheduler.step()
+    s.optimizer.zero_grad(set_to_none=True)
+    if s.ds:
+        gn = s.model.get_global_grad_norm()
+        grad_norm = float(gn) if gn is not None else None
+    return lr, grad_norm
+
+
+def _step_metrics(s: Session, p: Progress, lr: float, grad_norm: float | None, loss_sum: float,
+                  micro_in_step: int, tokens: float) -> StepMetrics:
+    """The step's metrics summed over every rank (a collective: every rank calls it)."""
+    loss_all, micro_all, tok_all = all_sum(s.acc, [loss_sum, float(micro_in_step), tokens])
+    now = time.perf_counter()
+    step_s = now - p.t_last
+    p.t_last = now
+    return StepMetrics(step=p.step, total_steps=s.sched.total_steps, epoch=round(p.step / s.sched.steps_per_epoch, 4),
+                       loss=loss_all / micro_all, lr=lr, tokens_per_second=tok_all / step_s, step_seconds=step_s,
+                       world_size=s.world, time=time.time(), tokens=int(tok_all), grad_norm=grad_norm,
+                       peak_memory=peak_memory(s.acc, s.rank, s.world))
+
+
+def _report_step(s: Session, rec: StepMetrics, writer: MetricsWriter | None, tb: Any) -> None:
+    if writer is not None:
+        writer.write(rec)
+    if tb is not None:
+        for k in ("loss", "lr", "tokens_per_second", "step_seconds"):
+            tb.add_scalar(f"train/{k}", getattr(rec, k), rec.step)
+    print(f"step {rec.step}/{s.sched.total_steps} loss {rec.loss:.4f} lr {rec.lr:.3g} "
+          f"tok/s {rec.tokens_per_second:.0f} step {rec.step_seconds:.3f}s", flush=True)
+
+
+def _checkpoint(s: Session, p: Progress, rec: StepMetrics) -> None:
+    cfg = s.cfg
+    save_checkpoint(s.acc, s.model, s.scheduler, cfg.run,
+                    {"step": p.step, "total_steps": s.sched.total_steps, "epoch": rec.epoch,
+                     "micro_batch": cfg.micro_batch, "grad_accum": cfg.grad_accum,
+                     "world_size": s.world, "rows": len(s.blocks), "strategy": cfg.strategy,
+                     "time": time.time()}, s.rank, s.ds)
+    prune_checkpoints(cfg.run, cfg.train.keep_checkpoints, s.rank)
+    p.last_saved = p.step
+    p.t_last = time.perf_counter()          # saving is not step time
+
+
+def report_done(s: Session, step: int) -> None:
     barrier()
-    if main:
-        where = (f"checkpoints in {cfg.run.checkpoints}" if cfg.train.save_checkpoints
+    if s.main:
+        where = (f"checkpoints in {s.cfg.run.checkpoints}" if s.cfg.train.save_checkpoints
                  else "no checkpoints written (save_checkpoints false)")
         print(f"scaletrain: done, {step} steps; {where}", flush=True)
-    acc.end_training()
+    s.acc.end_training()
     shutdown()
-    return 0
 
 
 # [issue 6, failure doctor tests] SCALETRAIN_FAIL_AT_STEP=N kills rank SCALETRAIN_FAIL_RANK (default 0) with

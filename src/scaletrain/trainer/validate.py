@@ -24,11 +24,11 @@ from typing import Any, Callable
 from scaletrain.engine.model.calibration import Calibration, stack_signature
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan, evaluate
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.run.layout import RunDir, check_run_dir_path
 from scaletrain.engine.run.metrics import MIN_WARMUP_STEPS, steady_step_seconds
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.options import TrainOptions
 
 MAX_STEPS = 100_000         # a validation measures a few steps; more is a typo
 
@@ -113,6 +113,7 @@ def _per_process_setup(plan: Plan) -> tuple[Plan, str | None]:
 
 def measure_cpu_memory(plan: Plan) -> tuple[int, Plan, tuple[str, ...]]:
     from scaletrain.trainer.measure import measure_step
+    from scaletrain.trainer.model import with_experts_implementation
 
     s = plan.setup
     if s.optimizer == "adamw-8bit":
@@ -121,7 +122,7 @@ def measure_cpu_memory(plan: Plan) -> tuple[int, Plan, tuple[str, ...]]:
     target, note = _per_process_setup(plan)
     if s.objective != "sft":
         return _measure_objective_memory(plan), target, (note,) if note else ()
-    m = measure_step(dict(s.model.config), method=s.method, lora_rank=s.lora_rank, lora_alpha=2 * s.lora_rank,
+    m = measure_step(with_experts_implementation(dict(s.model.config), str(s.experts_impl)), method=s.method, lora_rank=s.lora_rank, lora_alpha=2 * s.lora_rank,
                      lora_targets=s.lora_targets if s.method != "full" else None, micro_batch=s.micro_batch,
                      seq_len=s.seq_len, grad_ckpt=s.grad_ckpt, attn=s.attn, precision=_measure_precision(plan),
                      optimizer=s.optimizer, grad_accum=s.grad_accum, device="cpu",
@@ -134,10 +135,12 @@ def _measure_objective_memory(plan: Plan) -> int:
     (trainer/objectives/measure.py, the same ground truth as tests/test_objectives_groundtruth.py)."""
     from scaletrain.trainer.objectives.build import ObjectiveRun
     from scaletrain.trainer.objectives.measure import measure_objective_step
+    from scaletrain.trainer.model import with_experts_implementation
 
     s = plan.setup
     run = ObjectiveRun(
-        objective=str(s.objective), model_config=dict(s.model.config), output_dir="", method=str(s.method),
+        objective=str(s.objective), model_config=with_experts_implementation(dict(s.model.config), str(s.experts_impl)),
+        output_dir="", method=str(s.method),
         lora_rank=s.lora_rank, lora_targets=tuple(s.lora_targets) if s.method != "full" else None,
         precision=str(s.precision), bf16_weights=s.method == "full" and s.master_weights == "bf16",
         attn=str(s.attn), grad_ckpt=s.grad_ckpt, micro_batch=s.micro_batch, grad_accum=s.grad_accum,
@@ -152,7 +155,7 @@ def run_steps(request: PlanRequest, train: TrainOptions, steps: int, run_dir: Pa
     """Write the plan's run directory with max_steps = `steps` and no checkpoints, run it with the bundled trainer
     (stopped after `budget_seconds`), and remove any checkpoint weights it holds afterwards. `plan`: a plan made
     elsewhere from this request (e.g. with setup fields the request cannot name); default make_plan(request)."""
-    from scaletrain.engine.run.launcher import launch
+    from scaletrain.engine.launch.launcher import launch
     from scaletrain.engine.run.metrics import read_metrics
     from scaletrain.engine.run.writers import write_run_dir
 

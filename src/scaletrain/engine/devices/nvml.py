@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 
 @dataclass(frozen=True)
@@ -63,14 +63,15 @@ def _field(fn: Callable[[], Any]) -> Any:
     return v
 
 
-def _load_nvml() -> Any:
+def load_nvml() -> Any:
+    """pynvml, initialised (ModuleNotFoundError without nvidia-ml-py; NVML's own errors without a driver)."""
     import pynvml  # nvidia-ml-py; imported lazily so planning never pays for it
 
     pynvml.nvmlInit()
     return pynvml
 
 
-def detect(loader: Callable[[], Any] = _load_nvml) -> DetectionResult:
+def detect(loader: Callable[[], Any] = load_nvml) -> DetectionResult:
     """Detect local GPUs. `loader` returns an initialised pynvml-like module (tests inject a replay)."""
     try:
         nv = loader()
@@ -165,3 +166,53 @@ def sample(nv: Any, count: int, now: Callable[[], float] = time.time) -> list[Gp
             pids=tuple(int(p.pid) for p in procs),
         ))
     return out
+
+
+def device_count(nv: Any) -> int:
+    return int(_field(nv.nvmlDeviceGetCount) or 0)
+
+
+def device_name(nv: Any, i: int) -> str | None:
+    h = _field(lambda: nv.nvmlDeviceGetHandleByIndex(i))
+    return _field(lambda: nv.nvmlDeviceGetName(h)) if h is not None else None
+
+
+def shutdown(nv: Any) -> None:
+    _field(nv.nvmlShutdown)
+
+
+@dataclass(frozen=True)
+class MigSample:
+    """One MIG slice: NVML reports memory and processes; utilization is not supported on MIG."""
+
+    parent_index: int
+    mig_index: int
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    pids: tuple[int, ...] = ()
+    error: str | None = None
+
+
+def mig_samples(nv: Any, gpus: Iterable[GpuSample]) -> tuple[MigSample, ...]:
+    """The MIG slices under each readable GPU in MIG mode (a GPU without MIG has none)."""
+    out: list[MigSample] = []
+    for g in gpus:
+        if g.error:
+            continue
+        h = _field(lambda: nv.nvmlDeviceGetHandleByIndex(g.index))
+        mode = _field(lambda: nv.nvmlDeviceGetMigMode(h)) if h is not None else None
+        current = mode[0] if isinstance(mode, (tuple, list)) else mode
+        if not current:
+            continue
+        slots = _field(lambda: nv.nvmlDeviceGetMaxMigDeviceCount(h)) or 0
+        for k in range(int(slots)):
+            try:
+                mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
+            except Exception:
+                continue  # an empty slot (nvitop stops at the first; slots can be sparse after reconfiguring)
+            mem = _field(lambda: nv.nvmlDeviceGetMemoryInfo(mh))
+            procs = _field(lambda: nv.nvmlDeviceGetComputeRunningProcesses(mh)) or []
+            out.append(MigSample(g.index, k, int(mem.used) if mem is not None else None,
+                                 int(mem.total) if mem is not None else None,
+                                 tuple(int(p.pid) for p in procs)))
+    return tuple(out)

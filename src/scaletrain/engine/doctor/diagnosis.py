@@ -22,10 +22,10 @@ from scaletrain.engine.doctor.signatures import (CAUSE, CONSEQUENCE, EXCEPTION, 
                                                  SIGABRT_EXIT, SIGKILL_EXIT, SIGTERM_EXIT, Event, scan)
 from scaletrain.engine.doctor.summary import Diagnosis, with_summary
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.run.layout import RunDir
+from scaletrain.engine.run.layout import STATUS, RunDir
 from scaletrain.engine.run.metrics import read_metrics, steady_step_seconds
 from scaletrain.engine.run.plan_document import PlanDocument
-from scaletrain.engine.run.status import RunStatus
+from scaletrain.engine.launch.status import RunStatus
 
 
 def _pick(events: list[Event], file_order: dict[str, int], hint_rank: int | None) -> Event | None:
@@ -118,7 +118,7 @@ def _events_from_status(status: RunStatus | None) -> list[Event]:
         text, strength = f"the run failed with {free:,} bytes left on the run directory's disk", EXCEPTION
     else:
         return []
-    line = LogLine("status.json", 0, f"status.json: {text}", text, None, None)
+    line = LogLine(STATUS, 0, f"{STATUS}: {text}", text, None, None)
     return [Event("disk_full", strength, line, None, None, {"disk_free_bytes": free}, [line])]
 
 
@@ -126,7 +126,7 @@ def _interrupted(status: RunStatus | None, chosen: Event | None) -> Event | None
     """A run its launcher recorded as stopped from outside is `interrupted`, unless a real cause came first."""
     if status is None or status.state != "interrupted" or (chosen is not None and chosen.strength >= CAUSE):
         return None
-    line = LogLine("status.json", 0, f"status.json: state interrupted, exit code {status.exit_code}"
+    line = LogLine(STATUS, 0, f"{STATUS}: state interrupted, exit code {status.exit_code}"
                    + (f" ({status.reason})" if status.reason else ""), "", None, None)
     details = {"reason": status.reason} if status.reason else {}
     return Event("interrupted", CAUSE, line, None, None, details, [line] + (chosen.evidence[:1] if chosen else []))
@@ -234,7 +234,7 @@ def diagnose_paths(paths: list[Path], plan: PlanDocument | None = None,
     for p in paths:
         p = Path(p)
         if p.is_dir():
-            if not (p / "plan.json").exists() and not (p / "logs").is_dir():
+            if not RunDir(p).plan.exists() and not RunDir(p).logs.is_dir():
                 raise ScaletrainError(f"{p} is a directory but not a run directory (no plan.json or logs/)")
             l2, pj, c2, f2 = run_dir_inputs(p)
             logs += l2

@@ -10,8 +10,8 @@ from scaletrain.engine.doctor.summary import FRAGMENTATION_HINT_FRACTION, Diagno
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.planner import make_plan
-from scaletrain.engine.plan.remedies import Remedy, rank_remedies
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.doctor.remedies import Remedy, rank_remedies
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.run.plan_document import PlanDocument
 from scaletrain.engine.units import fmt_bytes, fmt_seconds
 from scaletrain.engine.vocabulary import Offload

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.run.elastic import split_prefix
+from scaletrain.engine.launch.elastic import split_prefix
 from scaletrain.engine.run.layout import RunDir, log_rank
 from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
-from scaletrain.engine.run.rank_logs import LAUNCH_MARK_RE
-from scaletrain.engine.run.status import RunStatus, read_status
+from scaletrain.engine.launch.rank_logs import LAUNCH_MARK_RE
+from scaletrain.engine.launch.status import RunStatus, read_status
 
 # Timestamps: glog ("E1122 00:20:47.170000" / "[E709 17:05:39.08]"), python logging ("2024-07-09 17:05:39,081"),
 # torchelastic ("2026-11-22_00:20:47"), scaletrain's trainer (ISO "2024-07-09T17:05:39").

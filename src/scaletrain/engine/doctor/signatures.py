@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from scaletrain.engine.doctor.logs import LogLine
-from scaletrain.engine.run.elastic import ROOT_CAUSE_WINDOW, agent_failure, root_cause
+from scaletrain.engine.launch.elastic import ROOT_CAUSE_WINDOW, agent_failure, root_cause
 
 KINDS = ("cuda_oom", "cuda_oom_zero3_gather", "host_oom", "nccl_timeout", "nccl_error", "fp16_overflow",
          "config_error", "disk_full", "interrupted", "killed", "unknown")
@@ -99,7 +99,7 @@ RE_INTERRUPTED = re.compile(r"scaletrain: interrupted at step \d+|SignalExceptio
                             r"|Received (?:SIGINT|SIGTERM|SIGHUP|\d+) death signal, shutting down workers")
 RE_EXCEPTION = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Interrupt))(?::\s*(.*))?$")
 RE_TRACEBACK = re.compile(r"Traceback \(most recent call last\):")
-# torchelastic's root-cause block and agent line: engine.run.elastic (the launcher reads them too). Per-line rank
+# torchelastic's root-cause block and agent line: engine.launch.elastic (the launcher reads them too). Per-line rank
 # attribution: the "[rank3]:"/"[default3]:" prefix (elastic.split_prefix, in logs.read_lines), "[Rank 3]" in c10d text.
 RE_RANK_INLINE = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]")
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scaletrain.engine.doctor.signatures import SIGKILL_EXIT
-from scaletrain.engine.plan.remedies import Remedy
+from scaletrain.engine.doctor.remedies import Remedy
 from scaletrain.engine.run.plan_document import PlanDocument
 from scaletrain.engine.units import fmt_bytes
 

@@ -74,24 +74,13 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     layer = block_activations(s, seqs)
     head = head_cost(s, b)
     out = outside_blocks(s, seqs)
-    n = s.world_size
     L = m.num_layers
     h = m.hidden_size
     full = s.method == "full"
     ref_weights = reference_weight_bytes(s)
     static = ms.weights + ms.optimizer + ref_weights
 
-    # ZeRO-3 / FSDP: the gathered 16-bit copy of the block being computed plus the prefetched next one;
-    # the embedding matrix is gathered for the lookup and again (tied) for the output head.
-    if s.strategy in ("zero3", "fsdp") and n > 1:
-        gb = 2 if s.precision != "fp32" else 4
-        blk = m.block_params()
-        prefetch = min(blk, DS_PREFETCH_BUCKET_ELEMS) if s.strategy == "zero3" else blk
-        gather_block = gb * (blk + prefetch)
-        gather_head = gb * (m.embedding_params if m.tie_embeddings or not m.vocab_head else head.weight_params)
-        grad_gather_block = gb * blk if full else 0
-    else:
-        gather_block = gather_head = grad_gather_block = 0
+    gather_block, gather_head, grad_gather_block = _gathers(s, head.weight_params)
 
     # what checkpointing keeps per block, and what recomputing one block costs in backward
     mask = seqs * s.seq_len * s.seq_len * nm.residual * eager_masks(s) if eager_attention(s) else 0
@@ -109,16 +98,8 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     final = out["final"]
 
     grads = ms.gradients_persistent
-    parts_at_peak: dict[str, Any] = {}
-    phase_peaks = {"generation": 0, "forward": 0, "loss": 0, "backward": 0, "step": 0}
-
-    def mark(phase: str, act: int, logit: int, grad: int, opt_extra: int = 0, gather: int = 0) -> None:
-        total = static + grad + act + logit + opt_extra + gather
-        if total > phase_peaks[phase]:
-            phase_peaks[phase] = total
-        if total > parts_at_peak.get("total", -1):
-            parts_at_peak.update(total=total, phase=phase, activations=act + gather, logits=logit,
-                                 gradients=grad, optimizer_extra=opt_extra)
+    peaks = _Peaks(static)
+    mark = peaks.mark
 
     # GRPO: the completions are generated (no grad) before the first micro-step of the optimizer step
     gen = generation_cost(s)
@@ -148,9 +129,7 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     mark("backward", acts, head.saved + head.backward_transient, grads, gather=gather_head)
     # head backward: its output's gradient (compute dtype) is consumed; the head's weight gradient appears
     # (16-bit under autocast, then converted to the fp32 gradient)
-    head_grad = 0
-    if full and not (uses_deepspeed(s) and s.precision != "fp32"):
-        head_grad = _grad_share(head.weight_params, s)
+    head_grad = _grad_share(head.weight_params, s) if full and not (uses_deepspeed(s) and s.precision != "fp32") else 0
     head_cast = c * head.weight_params if (full and nm.trainable_copies and not head.weight_grad_early) else 0
     if ms.grows_in_backward:
         mark("backward", acts, head.output_grad, grads + head_grad, opt_extra=head_cast,
@@ -178,15 +157,45 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     # the embedding's backward writes a dense V×h gradient; with tied embeddings autograd adds it to lm_head's,
     # which waits in the engine's input buffer: out of place (a third V×h tensor) unless lm_head's gradient is a
     # fresh fp32 copy of autocast's 16-bit one, which the engine may add into (torch/csrc/autograd/input_buffer.cpp)
-    V = m.vocab_size
     tied = m.tie_embeddings and m.vocab_head
-    embed_bwd = _grad_share(V * h, s) * (1 if nm.trainable_copies else 2) if (full and tied) else 0
+    embed_bwd = _grad_share(m.vocab_size * h, s) * (1 if nm.trainable_copies else 2) if (full and tied) else 0
     mark("backward", acts, 0, grads, opt_extra=embed_bwd)
     # optimizer step
     mark("step", 0, 0, ms.gradients_step, opt_extra=ms.step_temporaries)
     if not gen.peak:
-        del phase_peaks["generation"]
-    return {"phase_peaks": phase_peaks, "parts": parts_at_peak, "states": ms, "head": head, "generation": gen}
+        del peaks.phase_peaks["generation"]
+    return {"phase_peaks": peaks.phase_peaks, "parts": peaks.parts, "states": ms, "head": head, "generation": gen}
+
+
+class _Peaks:
+    """The step's running peaks: each phase's highest total, and the parts of the highest of all."""
+
+    def __init__(self, static: int):
+        self.static = static
+        self.parts: dict[str, Any] = {}
+        self.phase_peaks = {"generation": 0, "forward": 0, "loss": 0, "backward": 0, "step": 0}
+
+    def mark(self, phase: str, act: int, logit: int, grad: int, opt_extra: int = 0, gather: int = 0) -> None:
+        total = self.static + grad + act + logit + opt_extra + gather
+        if total > self.phase_peaks[phase]:
+            self.phase_peaks[phase] = total
+        if total > self.parts.get("total", -1):
+            self.parts.update(total=total, phase=phase, activations=act + gather, logits=logit,
+                              gradients=grad, optimizer_extra=opt_extra)
+
+
+def _gathers(s: TrainingSetup, head_weight_params: int) -> tuple[int, int, int]:
+    """ZeRO-3 / FSDP: the gathered 16-bit copy of the block being computed plus the prefetched next one; the
+    embedding matrix is gathered for the lookup and again (tied) for the output head; full fine-tuning's block
+    gradient is unsharded too. (block, head, block gradient) bytes; zeros for other strategies."""
+    m = s.model
+    if not (s.strategy in ("zero3", "fsdp") and s.world_size > 1):
+        return 0, 0, 0
+    gb = 2 if s.precision != "fp32" else 4
+    blk = m.block_params()
+    prefetch = min(blk, DS_PREFETCH_BUCKET_ELEMS) if s.strategy == "zero3" else blk
+    gather_head = gb * (m.embedding_params if m.tie_embeddings or not m.vocab_head else head_weight_params)
+    return gb * (blk + prefetch), gather_head, gb * blk if s.method == "full" else 0
 
 
 def _grad_share(n_params: int, s: TrainingSetup) -> int:

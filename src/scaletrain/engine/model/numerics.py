@@ -9,6 +9,7 @@ prepare_model_for_kbit_training upcasts every non-quantized weight of a QLoRA mo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from scaletrain.engine.model.setup import TrainingSetup
 
@@ -72,3 +73,17 @@ def autocast_regime(s: TrainingSetup) -> bool:
     """fp32 weights computed in 16-bit by torch.autocast (accelerate mixed precision on an fp32 model)."""
     nm = numerics(s)
     return nm.autocast and nm.residual == 4
+
+
+def load_dtype(method: str, base_bits: int, master_weights: str, strategy: Any, precision: Any) -> str:
+    """The torch dtype (name) the model's weights are built or loaded in, as numerics() counts them: full
+    fine-tuning keeps fp32 weights under mixed precision, bf16 weights only with master_weights bf16, and 16-bit
+    weights under DeepSpeed (it casts the module to 16-bit and keeps the fp32 master in its optimizer, so building
+    fp32 first would only cost memory); a LoRA/QLoRA base is in the compute precision (bf16/fp16), fp32 with
+    base_bits 32 (QLoRA's 4/8-bit linears are quantized from it on load). Takes the plan's words (Strategy,
+    Precision), so the trainer asks it without a TrainingSetup."""
+    if method == "full":
+        if master_weights == "bf16" or (strategy.uses_deepspeed and precision != "fp32"):
+            return "bfloat16" if master_weights == "bf16" else precision.torch_dtype
+        return "float32"
+    return "float32" if base_bits == 32 else precision.torch_dtype

@@ -278,11 +278,7 @@ def estimate_time(s: TrainingSetup, constants: TimeConstants | None = None) -> T
 
     assumptions = _assumptions(s, micro, peak, tokens, bw, link_what, overlap, optimizer, offload, c)
     if generation.completions:
-        gen = generation
-        assumptions += ((f"GRPO generates {gen.completions} completions per step {gen.where}: "
-                         + (f"{gen.seconds:.2f} s (prefill {gen.prefill * 1000:.0f} ms, {s.completion_len} decode "
-                            f"steps {'bound by the host' if gen.host_bound else 'reading every weight'})"
-                            if gen.seconds else "not on this GPU's clock")),)
+        assumptions += (_generation_assumption(s, generation),)
     return TimeEstimate(
         step_seconds=step, compute_seconds=compute, dequant_seconds=ga * micro.dequant,
         communication_seconds=communication, exposed_communication_seconds=exposed, optimizer_seconds=optimizer,
@@ -292,6 +288,13 @@ def estimate_time(s: TrainingSetup, constants: TimeConstants | None = None) -> T
         steps_per_epoch=steps_per_epoch, total_steps=total_steps, epoch_seconds=epoch_s,
         total_seconds=total_s, assumptions=assumptions, constants=c,
     )
+
+
+def _generation_assumption(s: TrainingSetup, gen: GenerationTime) -> str:
+    return (f"GRPO generates {gen.completions} completions per step {gen.where}: "
+            + (f"{gen.seconds:.2f} s (prefill {gen.prefill * 1000:.0f} ms, {s.completion_len} decode "
+               f"steps {'bound by the host' if gen.host_bound else 'reading every weight'})"
+               if gen.seconds else "not on this GPU's clock"))
 
 
 def _assumptions(s: TrainingSetup, micro: MicroStep, peak: float, tokens: int, bw: float, link_what: str,

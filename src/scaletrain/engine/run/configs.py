@@ -16,7 +16,7 @@ from scaletrain.engine.model.memory import (DS_ALLGATHER_BUCKET_ELEMS, DS_PREFET
                                             DS_REDUCE_BUCKET_ELEMS, DS_SUB_GROUP_ELEMS)
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.run.layout import RunDir
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.options import TrainOptions
 
 # Rendezvous port: torch.distributed's customary 29500 plus a per-run offset derived from the run directory, so two
 # runs on one machine do not collide (accelerate uses 29500 for every run when main_process_port is unset).

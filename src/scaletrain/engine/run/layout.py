@@ -28,6 +28,19 @@ from pathlib import Path
 
 from scaletrain.engine.errors import ScaletrainError
 
+# The run directory's own names: this module and the module that writes each file are the only places spelling
+# them (plan_document, configs and scripts write what RunDir names here).
+PLAN, ACCELERATE_CONFIG, DS_CONFIG = "plan.json", "accelerate_config.yaml", "ds_config.json"
+LAUNCH_SH, SBATCH_SH = "launch.sh", "sbatch.sh"
+LOGS, METRICS, CHECKPOINTS, STATUS, TENSORBOARD = "logs", "metrics.jsonl", "checkpoints", "status.json", "tensorboard"
+# What writing a run directory writes, in the order a reader meets the files.
+WRITTEN = (PLAN, ACCELERATE_CONFIG, DS_CONFIG, LAUNCH_SH, SBATCH_SH)
+# Every name of the layout, in layout order: a previous run's are moved aside before a different plan is written.
+LAYOUT_NAMES = WRITTEN + (LOGS, METRICS, CHECKPOINTS, STATUS, TENSORBOARD)
+# What a relaunch copies into attempts/<n>/ before it rewrites the folder (logs/ are copied as a tree).
+BACKED_UP = WRITTEN + (STATUS, METRICS)
+# A folder holding any of these is a run directory (the monitor waits for one; anything else is a wrong path).
+RUN_DIR_MARKERS = frozenset({PLAN, ACCELERATE_CONFIG, DS_CONFIG, LAUNCH_SH, LOGS, METRICS, STATUS})
 NODE_STATUS_PREFIX = "status-node-"
 # logs/rank-<i>.log (also a copied "<anything>__rank-<i>.log"): the rank a log file belongs to
 RANK_LOG_RE = re.compile(r"(?:^|__)rank-(\d+)\.log$")
@@ -46,16 +59,16 @@ class RunDir:
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path).resolve()
 
-    plan = property(lambda self: self.path / "plan.json")
-    accelerate_config = property(lambda self: self.path / "accelerate_config.yaml")
-    ds_config = property(lambda self: self.path / "ds_config.json")
-    launch_sh = property(lambda self: self.path / "launch.sh")
-    sbatch_sh = property(lambda self: self.path / "sbatch.sh")
-    logs = property(lambda self: self.path / "logs")
-    metrics = property(lambda self: self.path / "metrics.jsonl")
-    checkpoints = property(lambda self: self.path / "checkpoints")
-    status = property(lambda self: self.path / "status.json")
-    tensorboard = property(lambda self: self.path / "tensorboard")    # the trainer's TensorBoard event files
+    plan = property(lambda self: self.path / PLAN)
+    accelerate_config = property(lambda self: self.path / ACCELERATE_CONFIG)
+    ds_config = property(lambda self: self.path / DS_CONFIG)
+    launch_sh = property(lambda self: self.path / LAUNCH_SH)
+    sbatch_sh = property(lambda self: self.path / SBATCH_SH)
+    logs = property(lambda self: self.path / LOGS)
+    metrics = property(lambda self: self.path / METRICS)
+    checkpoints = property(lambda self: self.path / CHECKPOINTS)
+    status = property(lambda self: self.path / STATUS)
+    tensorboard = property(lambda self: self.path / TENSORBOARD)    # the trainer's TensorBoard event files
 
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank-{rank}.log"

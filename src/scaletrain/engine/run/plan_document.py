@@ -19,9 +19,9 @@ from scaletrain.engine.catalog.hardware import Hardware, find_gpu
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.planner import make_plan
-from scaletrain.engine.plan.request import PlanRequest
-from scaletrain.engine.run.options import TrainOptions
-from scaletrain.engine.vocabulary import (Attention, MasterWeights, Method, Optimizer, OptimizerImpl, Precision,
+from scaletrain.engine.request.request import PlanRequest
+from scaletrain.engine.request.options import TrainOptions
+from scaletrain.engine.vocabulary import (Attention, ExpertsImpl, MasterWeights, Method, Optimizer, OptimizerImpl, Precision,
                                           Strategy)
 
 
@@ -40,6 +40,7 @@ class TrainingSection:
     base_bits: int
     master_weights: MasterWeights = MasterWeights.FP32     # plans written before issue 12 trained fp32 masters
     optimizer_impl: OptimizerImpl = OptimizerImpl.FUSED
+    experts_impl: ExpertsImpl = ExpertsImpl.GROUPED_MM     # MoE models (plans of dense models carry none)
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,8 @@ class PlanDocument:
                 lora_rank=int(tr.get("lora_rank") or req.get("lora_rank") or 16),
                 lora_targets=tuple(tr.get("lora_targets") or ()), base_bits=int(tr.get("base_bits", 16)),
                 master_weights=MasterWeights(tr.get("master_weights") or MasterWeights.FP32),
-                optimizer_impl=OptimizerImpl(tr.get("optimizer_impl") or OptimizerImpl.FUSED))
+                optimizer_impl=OptimizerImpl(tr.get("optimizer_impl") or OptimizerImpl.FUSED),
+                experts_impl=ExpertsImpl(tr.get("experts_impl") or ExpertsImpl.GROUPED_MM))
         except (KeyError, TypeError, ValueError) as e:
             raise self._missing(e) from None
 
@@ -260,7 +262,7 @@ class PlanDocument:
         fields_["lora_targets"] = tuple(targets) if targets else None
         if tr.get("base_bits") is not None and tr["method"] != "full":
             fields_["base_bits"] = int(tr["base_bits"])
-        for k in ("master_weights", "optimizer_impl"):      # request fields once the request carries them
+        for k in ("master_weights", "optimizer_impl", "experts_impl"):   # request fields once the request carries them
             if k in known and tr.get(k) is not None:
                 fields_[k] = tr[k]
         mem = d.get("memory") or {}

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.run.configs import main_process_port
-from scaletrain.engine.run.layout import LINE_PREFIX, LINE_PREFIX_ENV, RunDir
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.run.layout import LAUNCH_SH, LINE_PREFIX, LINE_PREFIX_ENV, SBATCH_SH, RunDir
+from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.units import fmt_seconds
 
 # The bundled trainer, as `python -m` runs it under accelerate.
@@ -38,7 +38,7 @@ def launch_argv(run: RunDir, train: TrainOptions, *, machine_rank: int | None = 
     if deepspeed if deepspeed is not None else run.ds_config.is_file():
         argv += ["--deepspeed_config_file", str(run.ds_config)]
     # per-rank output: torchrun tees each rank's stdout+stderr to files under logs/elastic/ and prefixes its console
-    # lines with the rank, which engine.run.launcher splits into logs/rank-<i>.log
+    # lines with the rank, which engine.launch.launcher splits into logs/rank-<i>.log
     argv += ["--tee", "3", "--log_dir", str(run.logs / "elastic")]
     if machine_rank is not None:
         argv += ["--machine_rank", str(machine_rank)]
@@ -143,7 +143,7 @@ def launch_script(plan: Plan, run: RunDir, train: TrainOptions, *, main_process_
              "# The same argument list `scaletrain launch RUN_DIR` runs, from this file's folder (the run directory,",
              f"# wherever it is now) with the Python of the `scaletrain` on PATH or of ${VENV_ENV}."]
     if hw.nodes <= 1:
-        lines += ["set -euo pipefail", _HERE, *_find_python("launch.sh"),
+        lines += ["set -euo pipefail", _HERE, *_find_python(LAUNCH_SH),
                   "exec " + _shell_words(_portable_argv(train, ds), {})]
         return "\n".join(lines) + "\n"
     last = hw.nodes - 1
@@ -171,7 +171,7 @@ def launch_script(plan: Plan, run: RunDir, train: TrainOptions, *, main_process_
         f'  echo "launch.sh: give the head node\'s address: {usage} (or set MAIN_PROCESS_IP)" >&2; exit 2',
         "fi",
         _HERE,
-        *_find_python("launch.sh"),
+        *_find_python(LAUNCH_SH),
         f"export {LINE_PREFIX_ENV}={shlex.quote(LINE_PREFIX)}",
         "exec " + _shell_words(_node_argv(train, ds),
                                {_RANK_TOKEN: '"$MACHINE_RANK"', _IP_TOKEN: '"$MAIN_PROCESS_IP"'}),
@@ -282,7 +282,7 @@ def sbatch_script(plan: Plan, run: RunDir, train: TrainOptions, *, deepspeed: bo
         ' or set SCALETRAIN_RUN_DIR" >&2',
         "  exit 2",
         "fi",
-        *_find_python("sbatch.sh"),
+        *_find_python(SBATCH_SH),
         "export RUN_DIR PYTHON",
         'HEAD_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
         "export HEAD_NODE",

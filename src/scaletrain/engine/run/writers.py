@@ -18,21 +18,29 @@ from pathlib import Path
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import atomic_write, writing
 from scaletrain.engine.plan.plan import Plan
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.run.configs import accelerate_config, deepspeed_config, render_accelerate_yaml
-from scaletrain.engine.run.layout import NODE_STATUS_PREFIX, RunDir, check_host, check_run_dir_path, default_run_dir
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.run.layout import (LAYOUT_NAMES, NODE_STATUS_PREFIX, RunDir, check_host, check_run_dir_path,
+                                         default_run_dir)
+from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.run.plan_document import PlanDocument, holds_plan
 from scaletrain.engine.run.scripts import launch_script, sbatch_script
 
 SUPERSEDED_PREFIX = "superseded-"
 # Names the run-directory layout owns (layout.py, plus the trainer's TensorBoard folder); --overwrite moves exactly
 # these aside, nothing else.
-LAYOUT_NAMES = ("plan.json", "accelerate_config.yaml", "ds_config.json", "launch.sh", "sbatch.sh", "logs",
-                "metrics.jsonl", "checkpoints", "status.json", "tensorboard")
 
 
 # ---- the run directory -----------------------------------------------------------------------------------------
+class WrittenRun(RunDir):
+    """A run directory write_run_dir wrote, with the train options it checked and wrote into plan.json (the
+    weights resolved, the data checked): what the caller shows needs no second read of plan.json."""
+
+    def __init__(self, path: str | os.PathLike[str], train: TrainOptions):
+        super().__init__(path)
+        self.train = train
+
+
 def checked_train(train: TrainOptions, request: PlanRequest | None = None, plan: Plan | None = None, *,
                   random_quantized_ok: bool = False) -> TrainOptions:
     """The trainer's options, checked as launch would (so --dry-run refuses what launch would). With the request:
@@ -40,7 +48,7 @@ def checked_train(train: TrainOptions, request: PlanRequest | None = None, plan:
     and the planned architecture; a 4/8-bit base from random init only where asked for (validation measures it).
     A given dataset must be readable and is recorded as an absolute path or an HF id (the trainer runs from
     anywhere)."""
-    from scaletrain.engine.run.weights import resolve_weights, weights_mismatch, weights_problem
+    from scaletrain.engine.request.weights import resolve_weights, weights_mismatch, weights_problem
 
     train.check()
     if request is not None:
@@ -61,7 +69,7 @@ def checked_train(train: TrainOptions, request: PlanRequest | None = None, plan:
         train = replace(train, model_source=source)
     if train.dataset is None:
         return train
-    from scaletrain.engine.run.data_source import resolve_data
+    from scaletrain.engine.request.data_source import resolve_data
 
     return replace(train, dataset=resolve_data(train.dataset).spec)
 
@@ -79,7 +87,7 @@ def render_run_files(plan: Plan, request: PlanRequest, train: TrainOptions, run:
     if main_process_ip is not None:
         main_process_ip = check_host(main_process_ip)
     if train.model_source is None:
-        from scaletrain.engine.run.weights import resolve_weights
+        from scaletrain.engine.request.weights import resolve_weights
         train = replace(train, model_source=resolve_weights(None, request.model))
     ds = deepspeed_config(plan, train)
     files: dict[str, tuple[str, int | None]] = {
@@ -116,8 +124,9 @@ def _supersede(run: RunDir) -> Path | None:
 
 def write_run_dir(plan: Plan, request: PlanRequest, train: TrainOptions, run_dir: str | os.PathLike[str] | None = None,
                   *, overwrite: bool = False, main_process_ip: str | None = None,
-                  random_quantized_ok: bool = False) -> RunDir:
-    """Write plan.json, the configs and the scripts; refuse a directory holding a different plan.
+                  random_quantized_ok: bool = False) -> WrittenRun:
+    """Write plan.json, the configs and the scripts; refuse a directory holding a different plan. Returns the run
+    directory with the train options as checked and written.
 
     A new directory appears whole (written beside it, then renamed); an existing one that holds the same plan is
     rewritten file by file (atomic, with .bak of anything that differs); with overwrite, a different previous run
@@ -129,16 +138,17 @@ def write_run_dir(plan: Plan, request: PlanRequest, train: TrainOptions, run_dir
     check_run_dir_path(run.path)        # a sane path (the scripts find it at run time)
     files = render_run_files(plan, request, train, run, main_process_ip=main_process_ip)
     with writing(f"the run directory {run.path}"):
-        return _write(run, plan, request, train, files, overwrite)
+        _write(run, plan, request, train, files, overwrite)
+    return WrittenRun(run.path, train)
 
 
 def _write(run: RunDir, plan: Plan, request: PlanRequest, train: TrainOptions,
-           files: dict[str, tuple[str, int | None]], overwrite: bool) -> RunDir:
+           files: dict[str, tuple[str, int | None]], overwrite: bool) -> None:
     if run.path.exists() and not run.path.is_dir():
         raise ScaletrainError(f"run directory {run.path} exists and is not a directory; choose another --run-dir")
     if not run.path.exists() or not any(run.path.iterdir()):
         _write_fresh(run, files)
-        return run
+        return
     same = holds_plan(run.plan, PlanDocument.build(plan, request, train))
     if not same:
         if not overwrite:
@@ -150,7 +160,6 @@ def _write(run: RunDir, plan: Plan, request: PlanRequest, train: TrainOptions,
         atomic_write(run.path / name, text, mode=mode)
     run.logs.mkdir(exist_ok=True)
     run.checkpoints.mkdir(exist_ok=True)
-    return run
 
 
 def _write_fresh(run: RunDir, files: dict[str, tuple[str, int | None]]) -> None:

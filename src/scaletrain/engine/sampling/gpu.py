@@ -10,22 +10,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from scaletrain.engine.devices.nvml import GpuSample, _field, _load_nvml, sample as nvml_sample
+from scaletrain.engine.devices.nvml import (GpuSample, MigSample, device_count, device_name, load_nvml, mig_samples,
+                                           sample as nvml_sample, shutdown)
 from scaletrain.engine.errors import ScaletrainError
 
 DEFAULT_INTERVAL_S = 1.0          # the issue's 1 Hz default
-
-
-@dataclass(frozen=True)
-class MigSample:
-    """One MIG slice: NVML reports memory and processes; utilization is not supported on MIG."""
-
-    parent_index: int
-    mig_index: int
-    memory_used_bytes: int | None = None
-    memory_total_bytes: int | None = None
-    pids: tuple[int, ...] = ()
-    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -68,7 +57,7 @@ class GpuSource(Protocol):
 class NvmlSource:
     """NVML through nvidia-ml-py. Init failure is an answer (available=False), never an exception."""
 
-    def __init__(self, loader: Callable[[], Any] = _load_nvml, now: Callable[[], float] = time.time):
+    def __init__(self, loader: Callable[[], Any] = load_nvml, now: Callable[[], float] = time.time):
         self._now = now
         self.nv: Any = None
         self.reason: str | None = None
@@ -78,14 +67,10 @@ class NvmlSource:
             self.reason = "nvidia-ml-py is not installed"
         except Exception as e:  # NVMLError_LibraryNotFound / DriverNotLoaded: a CPU host
             self.reason = f"NVML unavailable: {e.__class__.__name__}: {e}".rstrip(": ")
-        self.count = int(_field(self.nv.nvmlDeviceGetCount) or 0) if self.nv is not None else 0
+        self.count = device_count(self.nv) if self.nv is not None else 0
         if self.nv is not None and self.count == 0:
             self.reason = "NVML found no GPU"
-        self.names = tuple(self._name(i) for i in range(self.count))
-
-    def _name(self, i: int) -> str | None:
-        h = _field(lambda: self.nv.nvmlDeviceGetHandleByIndex(i))
-        return _field(lambda: self.nv.nvmlDeviceGetName(h)) if h is not None else None
+        self.names = tuple(device_name(self.nv, i) for i in range(self.count))
 
     @property
     def available(self) -> bool:
@@ -95,35 +80,11 @@ class NvmlSource:
         if not self.available:
             return GpuSnapshot(self._now(), available=False, reason=self.reason)
         gpus = tuple(nvml_sample(self.nv, self.count, self._now))
-        return GpuSnapshot(gpus[0].time_s if gpus else self._now(), gpus, self.names, self._migs(gpus))
-
-    def _migs(self, gpus: tuple[GpuSample, ...]) -> tuple[MigSample, ...]:
-        nv = self.nv
-        out: list[MigSample] = []
-        for g in gpus:
-            if g.error:
-                continue
-            h = _field(lambda: nv.nvmlDeviceGetHandleByIndex(g.index))
-            mode = _field(lambda: nv.nvmlDeviceGetMigMode(h)) if h is not None else None
-            current = mode[0] if isinstance(mode, (tuple, list)) else mode
-            if not current:
-                continue
-            slots = _field(lambda: nv.nvmlDeviceGetMaxMigDeviceCount(h)) or 0
-            for k in range(int(slots)):
-                try:
-                    mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
-                except Exception:
-                    continue  # an empty slot (nvitop stops at the first; slots can be sparse after reconfiguring)
-                mem = _field(lambda: nv.nvmlDeviceGetMemoryInfo(mh))
-                procs = _field(lambda: nv.nvmlDeviceGetComputeRunningProcesses(mh)) or []
-                out.append(MigSample(g.index, k, int(mem.used) if mem is not None else None,
-                                     int(mem.total) if mem is not None else None,
-                                     tuple(int(p.pid) for p in procs)))
-        return tuple(out)
+        return GpuSnapshot(gpus[0].time_s if gpus else self._now(), gpus, self.names, mig_samples(self.nv, gpus))
 
     def close(self) -> None:
         if self.nv is not None:
-            _field(self.nv.nvmlShutdown)
+            shutdown(self.nv)
             self.nv = None
 
 

@@ -14,16 +14,14 @@ from typing import Iterable
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import AppendedLines
-from scaletrain.engine.run.layout import RunDir, log_rank, tensorboard_command
+from scaletrain.engine.run.layout import RUN_DIR_MARKERS, RunDir, log_rank, tensorboard_command
 from scaletrain.engine.run.metrics import (MetricsSummary, MetricsTail, RankMemory, RunSeries, StepMetrics,
                                            run_series, summarize)
 from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
-from scaletrain.engine.run.status import RunStatus, read_status
+from scaletrain.engine.launch.status import RunStatus, read_status
 from scaletrain.engine.units import fmt_bytes
 
 # what a run directory being written holds (layout.py): a folder with other files only is not waited for
-RUN_DIR_NAMES = frozenset({"plan.json", "accelerate_config.yaml", "ds_config.json", "launch.sh", "logs",
-                           "metrics.jsonl", "status.json"})
 LOG_TAIL_LINES = 400              # per rank, what the log panel can scroll back to
 LOSS_HISTORY_STEPS = 2000         # loss plot points kept
 TAIL_READ_LIMIT_BYTES = 1 << 20   # first read of a big log: only its last MiB
@@ -150,7 +148,7 @@ class RunWatcher:
     def _foreign(self) -> bool:
         """A directory holding files, none of them a run directory's: not a run to wait for (a wrong path)."""
         names = {p.name for p in self.run.path.iterdir()}
-        return bool(names) and not names & RUN_DIR_NAMES
+        return bool(names) and not names & RUN_DIR_MARKERS
 
     @property
     def predicted_peak_bytes(self) -> int | None:

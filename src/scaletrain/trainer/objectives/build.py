@@ -72,7 +72,7 @@ def _optim_name(run: ObjectiveRun) -> str:
 
 
 def _common_args(run: ObjectiveRun) -> dict[str, Any]:
-    from scaletrain.engine.run.options import LR_SCHEDULES
+    from scaletrain.engine.request.options import LR_SCHEDULES
 
     args: dict[str, Any] = dict(
         output_dir=run.output_dir, per_device_train_batch_size=run.micro_batch,

@@ -126,7 +126,7 @@ def objective_run(cfg: RunConfig, max_steps: int) -> ObjectiveRun:
         optimizer=str(cfg.optimizer), lr=cfg.train.lr, lr_schedule=cfg.train.lr_schedule,
         warmup_ratio=cfg.train.warmup_ratio, weight_decay=cfg.train.weight_decay,
         max_grad_norm=cfg.train.max_grad_norm, max_steps=max_steps, seed=cfg.train.seed,
-        use_cpu=_on_cpu(), deepspeed=str(cfg.run.path / "ds_config.json") if cfg.uses_deepspeed else None,
+        use_cpu=_on_cpu(), deepspeed=str(cfg.run.ds_config) if cfg.uses_deepspeed else None,
         model_source=cfg.train.model_source)
 
 

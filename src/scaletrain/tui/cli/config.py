@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from scaletrain.tui.cli.plan_args import add_plan_options, request_from_args, train_from_args
+from scaletrain.engine.request.args import asked_from_args
+from scaletrain.tui.cli.plan_args import add_plan_options
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    from scaletrain.engine.plan.presets import list_presets
+    from scaletrain.engine.request.presets import list_presets
 
     presets = list_presets()
     if args.json:
@@ -44,8 +45,8 @@ def cmd_config(args: argparse.Namespace) -> int:
     if getattr(args, "config_command", None) != "write":
         raise ScaletrainError("`scaletrain config` needs an action: write (see `scaletrain config write --help`)")
     console = Console(highlight=False)
-    request = request_from_args(args)
-    train = train_from_args(args)
+    asked = asked_from_args(args)
+    request, train = asked.request(), asked.train
     plan = make_plan(request)
     if args.install_default:
         check_installable()

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.units import fmt_bytes, fmt_seconds
 
 if TYPE_CHECKING:
     from scaletrain.engine.doctor.summary import Diagnosis
@@ -66,15 +65,9 @@ def print_diagnosis(diag: Diagnosis, out: TextIO) -> None:
     for note in diag.notes:
         print(f"  note: {note}", file=out)
     for i, r in enumerate(diag.remedies, 1):
-        nums = []
-        if r.predicted_per_gpu_bytes is not None:
-            nums.append(f"{fmt_bytes(r.predicted_per_gpu_bytes)}/GPU" + ("" if r.fits is None else
-                                                                     (" fits" if r.fits else " still over")))
-        if r.predicted_step_seconds is not None:
-            nums.append(f"step {fmt_seconds(r.predicted_step_seconds)}"
-                        + (f" (×{r.time_scale:.2f} as measured)" if r.time_scale is not None else ""))
-        if r.effective_batch is not None:
-            nums.append(f"batch {r.effective_batch}")
+        nums = r.numbers()
+        if r.predicted_per_gpu_bytes is not None and r.fits is not None:
+            nums[0] += " fits" if r.fits else " still over"
         manual = "" if r.applicable else " [manual]"
         print(f"  {i}. {r.title}{manual}" + (f"  ({', '.join(nums)})" if nums else ""), file=out)
         if r.changes:

@@ -1,7 +1,7 @@
 """`scaletrain --preset NAME --headless [--dry-run] [--run-dir DIR]`: replay a plan without any TUI.
 
 Plan, write the run directory, print a short summary (rich, no Textual), then hand the run to the launcher's live
-progress (views/progress.py) unless --dry-run. The exit code is the training's. `--save-preset NEW` writes the
+progress (monitor/stream.py) unless --dry-run. The exit code is the training's. `--save-preset NEW` writes the
 request (with the planner's choices pinned) as a preset; without --headless it only saves.
 """
 
@@ -15,16 +15,15 @@ from scaletrain.engine.devices.detect import require_local_gpus
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.planner import make_plan
-from scaletrain.engine.plan.presets import write_preset
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.presets import write_preset
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.run.layout import RunDir
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.run.scripts import node_launch_commands
 from scaletrain.engine.run.writers import write_run_dir, written_files
-from scaletrain.tui.cli.plan_args import request_from_args, train_from_args
-from scaletrain.tui.views.progress import stream_run
-from scaletrain.engine.run.plan_document import read_plan_document
-from scaletrain.engine.run.weights import weights_note, weights_warning
+from scaletrain.engine.request.args import asked_from_args
+from scaletrain.tui.monitor.stream import stream_run
+from scaletrain.engine.request.weights import weights_note, weights_warning
 from scaletrain.tui.views.render import print_plan, print_weights
 
 
@@ -70,8 +69,8 @@ def check_local_gpus(plan: Plan, run: RunDir) -> None:
 
 def run_headless(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
-    request = request_from_args(args)
-    train = train_from_args(args)
+    asked = asked_from_args(args)
+    request, train = asked.request(), asked.train
     plan = make_plan(request)
     if getattr(args, "save_preset", None):
         save_preset_from_args(console, args, request, train, plan)
@@ -81,7 +80,7 @@ def run_headless(args: argparse.Namespace) -> int:
     run = write_run_dir(plan, request, train, getattr(args, "run_dir", None),
                         overwrite=bool(getattr(args, "overwrite", False)), main_process_ip=ip)
     print_plan(plan)
-    doc_train = read_plan_document(run.plan).train
+    doc_train = run.train
     print_weights(str(doc_train.model_source), [w for w in (weights_warning(doc_train.model_source),) if w],
                   doc_train.dataset, plan.setup.dataset_size if doc_train.dataset else None,
                   note=weights_note(doc_train.model_source))

@@ -1,6 +1,6 @@
 """`scaletrain launch RUN_DIR [--resume] [--machine-rank R --main-process-ip IP] [--script train.py -- ARGS]`.
 
-Argument parsing only: engine.run.launcher runs the processes, tui.views.progress shows them. User-script mode runs
+Argument parsing only: engine.launch.launcher runs the processes, tui.monitor.stream shows them. User-script mode runs
 `accelerate launch --config_file RUN_DIR/accelerate_config.yaml train.py ARGS` under the run's configs.
 """
 
@@ -48,7 +48,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         raise ScaletrainError("arguments after -- are for a user script; give it with --script train.py")
     if args.machine_rank is not None and args.machine_rank < 0:
         raise ScaletrainError(f"--machine-rank must be ≥ 0 (got {args.machine_rank})")
-    from scaletrain.tui.views.progress import stream_run
+    from scaletrain.tui.monitor.stream import stream_run
 
     return stream_run(args.run_dir, machine_rank=args.machine_rank, main_process_ip=args.main_process_ip,
                       resume=args.resume, script=args.script, script_args=tuple(args.script_args),

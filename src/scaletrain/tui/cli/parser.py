@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.tui.cli import config, diagnose, launch, monitor, plan, validate
@@ -64,3 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="write into a run directory holding a different plan (the old files are moved aside)")
     return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """`scaletrain ARGV` parsed (the wizard, the pilot tests and the bench take the Namespace)."""
+    return build_parser().parse_args(list(argv) if argv is not None else None)

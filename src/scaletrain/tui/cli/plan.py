@@ -5,16 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 
-from scaletrain.tui.cli.plan_args import add_plan_options, data_from_args, request_from_args, weights_from_args
+from scaletrain.engine.request.args import asked_from_args
+from scaletrain.tui.cli.plan_args import add_plan_options
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from scaletrain.engine.plan.planner import make_plan
 
-    request = request_from_args(args)
+    asked = asked_from_args(args)
+    request = asked.request()
     plan = make_plan(request)
-    weights = weights_from_args(args, request)
-    data = data_from_args(args)
+    weights = asked.weights(request)
+    data = asked.data
     if getattr(args, "alternatives", False) or getattr(args, "table", None):
         from scaletrain.engine.plan.tables import with_tables
         plan = with_tables(plan, alternatives=getattr(args, "alternatives", False), table=getattr(args, "table", None))

@@ -1,175 +1,35 @@
 """The plan options every front end takes (`scaletrain plan`, the top level, `config write`, `validate`, the wizard
-and the plain prompts) and how they become a PlanRequest and TrainOptions: a preset's fields, then `--set`
-overrides, then explicit flags. A leaf: it imports nothing else from the tui, and no Textual or Rich. Presets
-(pydantic) load only when --preset is given: `scaletrain plan` stays fast."""
+and the plain prompts), as argparse flags derived from the engine's field table (`engine/request/fields.py`);
+`engine/request/args.py` turns the parsed flags into what the user asks."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from scaletrain.engine.catalog.hardware import inter_node_gbit_s
-from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.plan.request import PlanRequest
-from scaletrain.engine.run.options import TrainOptions
-from scaletrain.engine.vocabulary import (Attention, Generation, MasterWeights, Method, Objective, Offload, Optimizer,
-                                          OptimizerImpl, Precision, RefModel, Strategy)
-
-# The flags that are PlanRequest fields of the same name (--resident becomes `residents`).
-REQUEST_FLAGS = (
-    "model", "method", "lora_rank", "lora_targets", "base_bits", "gpus", "nodes", "inter_node_gbps", "strategy",
-    "offload", "precision", "master_weights", "optimizer", "optimizer_impl", "attn", "grad_ckpt", "headroom",
-    "micro_batch", "grad_accum",
-    "effective_batch", "seq_len", "dataset_size", "epochs", "tokens_per_sample", "base_lr", "base_batch",
-    "objective", "prompt_len", "completion_len", "num_generations", "ref_model", "generation", "generation_memory",
-)
-RESIDENT_BITS = ("16", "8", "4")
-
-
-def parse_csv(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-def parse_resident(text: str) -> tuple[str, int]:
-    """--resident MODEL[:BITS] (bits 16, 8 or 4; default 16)."""
-    model, _, bits = text.rpartition(":") if text.rsplit(":", 1)[-1] in RESIDENT_BITS else (text, "", "16")
-    return (model, int(bits))
+from scaletrain.engine.request.fields import FIELDS, PlanField
 
 
 def add_plan_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("what to train")
-    g.add_argument("--model", help="catalog id (scaletrain models), config.json path or folder, or HF cache id")
-    g.add_argument("--method", choices=Method.values())
-    g.add_argument("--lora-rank", type=int)
-    g.add_argument("--lora-targets", type=parse_csv, help="comma list, default all block linears; "
-                   "experts: an MoE's fused experts (peft target_parameters)")
-    g.add_argument("--base-bits", type=int, choices=[4, 8, 16, 32],
-                   help="frozen base for lora/qlora: 4/8 quantized, 16 (bf16, default), 32 (fp32 under autocast)")
-    g.add_argument("--weights", metavar="HF_ID|PATH|random-init",
-                   help="the weights the run starts from (default: the model's own pretrained weights; random-init "
-                        "for config-only models, testing only)")
-    g.add_argument("--data", metavar="PATH|HF_DATASET_ID",
-                   help="training data: JSONL/JSON/Parquet/CSV file or folder, or an HF dataset id in the local "
-                        "cache; its row count is the dataset size unless --dataset-size is given")
-    g.add_argument("--resident", action="append", type=parse_resident, default=None, metavar="MODEL[:BITS]",
-                   help="an extra inference-only model kept on every GPU (reference policy, evaluator)")
-    g = p.add_argument_group("objective (TRL: reward, dpo, grpo)")
-    g.add_argument("--objective", choices=Objective.values(),
-                   help="sft (default), reward (preference model), dpo or grpo; --micro-batch counts pairs for "
-                        "reward/dpo and completions for grpo, as TRL's per_device_train_batch_size")
-    g.add_argument("--prompt-len", type=int, help="dpo/grpo: prompt tokens (dpo default: half of --seq-len)")
-    g.add_argument("--completion-len", type=int,
-                   help="grpo: completion tokens (default 512); the sequence is prompt + completion")
-    g.add_argument("--num-generations", type=int, metavar="G", help="grpo: completions per prompt (default 8)")
-    g.add_argument("--ref-model", choices=RefModel.values(),
-                   help="reference policy: same (frozen copy; LoRA: adapters disabled), none, precomputed (dpo); "
-                        "default same for dpo, none for grpo (TRL's beta 0)")
-    g.add_argument("--generation", choices=Generation.values(),
-                   help="grpo: generate in the training process (train, default), with vLLM colocated (a share of "
-                        "the card), or on separate GPUs (server)")
-    g.add_argument("--generation-memory", type=float, metavar="F",
-                   help="grpo colocate: vLLM's share of the card (default 0.3, TRL's vllm_gpu_memory_utilization)")
-    g = p.add_argument_group("hardware")
-    g.add_argument("--gpus", help="auto | 4xH200 | 8xRTX4090 | 2x8xH100 (nodes × GPUs per node)")
-    g.add_argument("--nodes", type=int)
-    g.add_argument("--inter-node-gbps", type=inter_node_gbit_s, metavar="GBPS|LINK",
-                   help="inter-node link per node, Gb/s or a name: edr, hdr, ndr, xdr, 10gbe … 400gbe "
-                        "(default 200, one HDR InfiniBand port)")
-    g = p.add_argument_group("how")
-    g.add_argument("--strategy", choices=Strategy.values())
-    g.add_argument("--offload", choices=Offload.values())
-    g.add_argument("--precision", choices=Precision.values())
-    g.add_argument("--master-weights", choices=MasterWeights.values(),
-                   help="full fine-tuning: fp32 master weights (mixed precision, default) or bf16 weights only "
-                        "(a model loaded in bf16 with AdamW on it, no fp32 copy; DDP or FSDP)")
-    g.add_argument("--optimizer", choices=Optimizer.values())
-    g.add_argument("--optimizer-impl", choices=OptimizerImpl.values(),
-                   help="torch's optimizer implementation (default fused, as the bundled trainer and HF Trainer run)")
-    g.add_argument("--attn", choices=Attention.values())
-    ck = g.add_mutually_exclusive_group()
-    ck.add_argument("--grad-ckpt", dest="grad_ckpt", action="store_true", default=None)
-    ck.add_argument("--no-grad-ckpt", dest="grad_ckpt", action="store_false")
-    g.add_argument("--headroom", type=float, help="safety fraction of card memory kept free (default 0.10)")
-    g = p.add_argument_group("batch and data")
-    g.add_argument("--micro-batch", type=int)
-    g.add_argument("--grad-accum", type=int)
-    g.add_argument("--effective-batch", type=int)
-    g.add_argument("--seq-len", type=int)
-    g.add_argument("--dataset-size", type=int, help="samples")
-    g.add_argument("--epochs", type=float)
-    g.add_argument("--tokens-per-sample", type=int)
-    g.add_argument("--base-lr", type=float)
-    g.add_argument("--base-batch", type=int)
+    groups: dict[str, Any] = {}
+    for f in FIELDS:
+        if f.group is None:
+            continue
+        if f.group not in groups:
+            groups[f.group] = p.add_argument_group(f.group)
+        _add(groups[f.group], f)
     p.add_argument("--preset", help="start from a preset (scaletrain presets); flags override its fields")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a preset field")
 
 
-def request_fields_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """PlanRequest fields: a preset's (if any), then --set overrides, then explicit flags (model not required)."""
-    fields: dict[str, Any] = {}
-    if getattr(args, "preset", None):
-        from scaletrain.engine.plan.presets import apply_overrides, load_preset
-
-        fields.update(load_preset(args.preset).request_fields())
-        fields = apply_overrides(fields, args.set)
-    elif getattr(args, "set", None):
-        raise ScaletrainError("--set overrides preset fields; give --preset NAME too")
-    for name in REQUEST_FLAGS:
-        v = getattr(args, name, None)
-        if v is not None:
-            fields[name] = v
-    if getattr(args, "resident", None):
-        fields["residents"] = tuple(args.resident)
-    data = data_from_args(args)
-    if data is not None and fields.get("dataset_size") is None:
-        from scaletrain.engine.run.data_source import resolve_data
-
-        fields["dataset_size"] = resolve_data(data).rows      # the plan's steps and epochs follow the real data
-    return fields
-
-
-def data_from_args(args: argparse.Namespace) -> str | None:
-    """--data, else the preset's `data:` (or train.dataset, with --set overrides); None for the bundled data."""
-    if getattr(args, "data", None):
-        return str(args.data)
-    if getattr(args, "preset", None):
-        return train_from_args(args).dataset
-    return None
-
-
-def weights_from_args(args: argparse.Namespace, request: PlanRequest) -> dict[str, Any]:
-    """The weights a run of this request starts from, as the engine resolves them, with its warning and problem
-    (for `plan` output: text and --json)."""
-    from scaletrain.engine.run.weights import resolve_weights, weights_note, weights_problem, weights_warning
-
-    given = args.weights if getattr(args, "weights", None) else (
-        train_from_args(args).model_source if getattr(args, "preset", None) else None)
-    source = resolve_weights(given, request.model)
-    return {"source": source, "default": given is None, "warning": weights_warning(source),
-            "problem": weights_problem(request.method, request.base_bits, source), "note": weights_note(source)}
-
-
-def request_from_args(args: argparse.Namespace) -> PlanRequest:
-    """The PlanRequest the flags (and --preset/--set) describe; a model is required."""
-    fields = request_fields_from_args(args)
-    if not fields.get("model"):
-        raise ScaletrainError("--model is required (a catalog id, a config.json, or --preset NAME)")
-    fields.setdefault("gpus", "auto")
-    return PlanRequest(**fields)
-
-
-def train_from_args(args: argparse.Namespace) -> TrainOptions:
-    """The preset's train section with `--set train.KEY=VALUE` overrides (defaults without a preset)."""
-    from scaletrain.engine.plan.presets import load_preset, train_options
-
-    from dataclasses import replace
-
-    preset = load_preset(args.preset) if getattr(args, "preset", None) else None
-    train = train_options(preset, getattr(args, "set", None) or [])
-    if getattr(args, "weights", None):
-        train = replace(train, model_source=str(args.weights))
-    elif preset is not None and getattr(args, "model", None) and args.model != preset.model:
-        train = replace(train, model_source=None)     # a preset's weights belong to its model: the new one's own
-    if getattr(args, "data", None):
-        train = replace(train, dataset=str(args.data))
-    return train
+def _add(g: Any, f: PlanField) -> None:
+    if f.kind == "flag":                      # --X / --no-X, unset (None) unless one is given
+        ck = g.add_mutually_exclusive_group()
+        ck.add_argument(f.flag, dest=f.name, action="store_true", default=None)
+        ck.add_argument("--no-" + f.flag[2:], dest=f.name, action="store_false")
+        return
+    kw: dict[str, Any] = {"action": "append", "default": None} if f.kind == "append" else {}
+    for key, value in (("type", f.parse), ("choices", f.choices), ("metavar", f.metavar), ("help", f.help)):
+        if value is not None:
+            kw[key] = value
+    g.add_argument(f.flag, **kw)

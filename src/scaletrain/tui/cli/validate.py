@@ -8,7 +8,8 @@ import json
 import shlex
 import sys
 
-from scaletrain.tui.cli.plan_args import add_plan_options, request_from_args, train_from_args
+from scaletrain.engine.request.args import asked_from_args
+from scaletrain.tui.cli.plan_args import add_plan_options
 
 
 def configure_validate(p: argparse.ArgumentParser) -> None:
@@ -30,8 +31,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from scaletrain.trainer.validate import check_steps, derive_calibration, validate
 
     console = Console(highlight=False, stderr=args.json)
-    request = request_from_args(args)
-    train = train_from_args(args)
+    asked = asked_from_args(args)
+    request, train = asked.request(), asked.train
     check_steps(args.steps)                      # before the first line is printed
     console.print(f"validating {request.model} for {args.steps} steps with the bundled trainer …")
     r = validate(request, train, steps=args.steps, run_dir=args.run_dir, budget_seconds=args.budget_seconds)

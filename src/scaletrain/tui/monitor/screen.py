@@ -35,9 +35,9 @@ from scaletrain.tui.widgets.remedies import RemediesPanel
 
 if TYPE_CHECKING:
     from scaletrain.engine.doctor.summary import Diagnosis
-    from scaletrain.engine.plan.remedies import Remedy
-    from scaletrain.engine.run.launcher import LaunchResult
-    from scaletrain.engine.run.relaunch import Applied
+    from scaletrain.engine.doctor.remedies import Remedy
+    from scaletrain.engine.launch.launcher import LaunchResult
+    from scaletrain.engine.launch.relaunch import Applied
     from scaletrain.engine.sampling.sampler import Sampler, Tick
 
 
@@ -206,7 +206,7 @@ stage, precision, sequence length) is refused, and `A` applies it from step 0 in
     def _launch_blocking(self, resume: bool, env: dict[str, str] | None) -> None:
         """Run the launcher to the end (in a worker thread) and say how it ended."""
         from scaletrain.engine.errors import ScaletrainError
-        from scaletrain.engine.run.launcher import launch
+        from scaletrain.engine.launch.launcher import launch
 
         self.launching = True
         self.app.call_from_thread(self.set_status, "resuming from the last checkpoint…" if resume else "launching…")
@@ -280,7 +280,7 @@ stage, precision, sequence length) is refused, and `A` applies it from step 0 in
     @work(thread=True, exclusive=True, group="launch", exit_on_error=False)
     def apply(self, remedy: Remedy, restart: bool = False) -> None:
         from scaletrain.engine.errors import ScaletrainError
-        from scaletrain.engine.run.relaunch import apply_remedy
+        from scaletrain.engine.launch.relaunch import apply_remedy
 
         self.launching = True
         try:

@@ -6,7 +6,7 @@ from rich.text import Text
 
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.rows import AlternativeRow
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.run.run_length import run_length
 from scaletrain.engine.units import fmt_bytes, fmt_count, fmt_seconds
 

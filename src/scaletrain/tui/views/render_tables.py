@@ -9,18 +9,13 @@ from rich.text import Text
 
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.rows import AlternativeRow, BatchRow, Choice, GpuRow
-from scaletrain.engine.plan.tables import with_tables
 from scaletrain.engine.units import GiB, fmt_bytes, fmt_seconds
 
 _FIT = {True: Text("fits", style="green"), False: Text("no", style="red")}
 
 
 def print_extra_tables(console: Console, plan: Plan, *, alternatives: bool = False, table: str | None = None) -> None:
-    """Print what was asked for; compute it through the engine if the plan does not carry it yet."""
-    need_alt = alternatives and plan.alternatives is None
-    need_table = table is not None and (plan.table is None or plan.table.kind != table)
-    if need_alt or need_table:
-        plan = with_tables(plan, alternatives=need_alt, table=table if need_table else None)
+    """Print what was asked for, as the plan carries it (the caller computes the tables: engine.plan.tables)."""
     if alternatives and plan.alternatives is not None:
         print_alternatives(console, plan.alternatives, plan)
     if plan.table is not None and table == "batch":

@@ -1,6 +1,6 @@
 """One panel per GPU (and the host panel a CPU run shows instead): current numbers plus short histories.
 
-Formatting only: every number is an engine sample (nvml.GpuSample, sampler.MigSample / HostSnapshot) or the
+Formatting only: every number is an engine sample (nvml.GpuSample, nvml.MigSample / HostSnapshot) or the
 plan's predicted peak; the panel keeps a few minutes of history for its sparklines.
 """
 
@@ -48,7 +48,8 @@ def spark(values: Iterable[float | None], width: int = SPARK_CELLS, lo: float | 
     return "".join(out).rjust(width)
 
 
-def _level_style(pct: float, thresholds: tuple[int, int]) -> str:
+def level_style(pct: float, thresholds: tuple[int, int]) -> str:
+    """green below the first threshold, yellow below the second, red above (a bar or a number's style)."""
     low, high = thresholds
     return "green" if pct < low else ("yellow" if pct < high else "red")
 
@@ -109,7 +110,7 @@ class GpuPanel(Static):
         rows = [head]
         util = Text("util  ")
         if s.utilization_pct is not None:
-            util.append_text(bar(s.utilization_pct / 100, style=_level_style(s.utilization_pct, UTIL_THRESHOLDS)))
+            util.append_text(bar(s.utilization_pct / 100, style=level_style(s.utilization_pct, UTIL_THRESHOLDS)))
             util.append(f" {s.utilization_pct:3d}%".ljust(VALUE_CELLS))
         else:
             util.append(f"{NA:<{BAR_CELLS}}", style="dim")
@@ -120,7 +121,7 @@ class GpuPanel(Static):
         if s.memory_used_bytes is not None and s.memory_total_bytes:
             frac = s.memory_used_bytes / s.memory_total_bytes
             mark = predicted / s.memory_total_bytes if predicted else None
-            mem.append_text(bar(frac, style=_level_style(100 * frac, MEM_THRESHOLDS), marker=mark))
+            mem.append_text(bar(frac, style=level_style(100 * frac, MEM_THRESHOLDS), marker=mark))
             mem.append(f" {fmt_bytes(s.memory_used_bytes)}".ljust(VALUE_CELLS))
             mem.append(spark(self.mem_hist, lo=0, hi=s.memory_total_bytes), style="cyan")
         else:
@@ -188,14 +189,14 @@ class HostPanel(Static):
                      style="yellow")]
         cpu = Text("host cpu ")
         if h.cpu_percent is not None:
-            cpu.append_text(bar(h.cpu_percent / 100, style=_level_style(h.cpu_percent, UTIL_THRESHOLDS)))
+            cpu.append_text(bar(h.cpu_percent / 100, style=level_style(h.cpu_percent, UTIL_THRESHOLDS)))
             cpu.append(f" {h.cpu_percent:3.0f}%  ")
         cpu.append(spark(self.cpu_hist, lo=0, hi=100), style="cyan")
         rows.append(cpu)
         if h.memory_total_bytes:
             mem = Text("host mem ")
             mem.append_text(bar(h.memory_used_bytes / h.memory_total_bytes,
-                                style=_level_style(100 * h.memory_used_bytes / h.memory_total_bytes, MEM_THRESHOLDS)))
+                                style=level_style(100 * h.memory_used_bytes / h.memory_total_bytes, MEM_THRESHOLDS)))
             mem.append(f" {fmt_bytes(h.memory_used_bytes)} / {fmt_bytes(h.memory_total_bytes)}")
             rows.append(mem)
         if not h.procs:

@@ -16,7 +16,7 @@ from textual.widgets import Static
 
 from scaletrain.engine.units import fmt_bytes
 from scaletrain.tui.widgets.gpu_panel import (MEM_THRESHOLDS, NA, TEMP_HOT_C, TEMP_WARN_C, UTIL_THRESHOLDS,
-                                              _level_style, bar)
+                                              level_style, bar)
 
 UTIL_CELLS = 6
 MEM_CELLS = 8
@@ -47,7 +47,7 @@ class GpuRow(Static):
         line.append(" ")
         if s.utilization_pct is not None:
             line.append_text(bar(s.utilization_pct / 100, cells=UTIL_CELLS,
-                                 style=_level_style(s.utilization_pct, UTIL_THRESHOLDS)))
+                                 style=level_style(s.utilization_pct, UTIL_THRESHOLDS)))
             line.append(f" {s.utilization_pct:3d}%")
         else:
             line.append(f"{'util N/A':<{UTIL_CELLS + 5}}", style="dim")      # as wide as bar + " 64%"
@@ -55,7 +55,7 @@ class GpuRow(Static):
         if s.memory_used_bytes is not None and s.memory_total_bytes:
             frac = s.memory_used_bytes / s.memory_total_bytes
             mark = predicted / s.memory_total_bytes if predicted else None
-            line.append_text(bar(frac, cells=MEM_CELLS, style=_level_style(100 * frac, MEM_THRESHOLDS), marker=mark))
+            line.append_text(bar(frac, cells=MEM_CELLS, style=level_style(100 * frac, MEM_THRESHOLDS), marker=mark))
             line.append(f" {fmt_bytes(s.memory_used_bytes)}/{fmt_bytes(s.memory_total_bytes)}")
         else:
             line.append(NA, style="dim")

@@ -13,7 +13,6 @@ from textual.containers import Vertical
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from scaletrain.engine.units import fmt_bytes, fmt_seconds
 
 EVIDENCE_LINES_SHOWN = 4
 EVIDENCE_LINE_CHARS = 160
@@ -21,14 +20,7 @@ EVIDENCE_LINE_CHARS = 160
 
 def remedy_label(r: Any) -> Text:
     t = Text(r.title, style="bold" if r.applicable else "dim")
-    nums = []
-    if r.predicted_per_gpu_bytes is not None:
-        nums.append(f"{fmt_bytes(r.predicted_per_gpu_bytes)}/GPU")
-    if r.predicted_step_seconds is not None:
-        nums.append(f"step {fmt_seconds(r.predicted_step_seconds)}"
-                    + (f" (×{r.time_scale:.2f} as measured)" if r.time_scale is not None else ""))
-    if r.effective_batch is not None:
-        nums.append(f"batch {r.effective_batch}")
+    nums = r.numbers()
     if nums:
         t.append("  " + ", ".join(nums))
     if r.fits is not None:
@@ -36,7 +28,7 @@ def remedy_label(r: Any) -> Text:
     if not r.applicable:
         t.append("  (manual)", style="dim")
     elif r.changes:
-        from scaletrain.engine.run.relaunch import likely_resumes
+        from scaletrain.engine.launch.relaunch import likely_resumes
 
         resumes = likely_resumes(r.changes, r.keeps_effective_batch)
         t.append("  resumes" if resumes else "  from step 0 (A)", style="cyan" if resumes else "yellow")

@@ -10,7 +10,7 @@ import argparse
 import sys
 import threading
 from functools import partial
-from typing import Callable, Sequence
+from typing import Callable
 
 from textual.app import App
 from textual.binding import Binding
@@ -20,19 +20,18 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.architectures import ModelArch
 from scaletrain.engine.devices.nvml import DetectionResult, detect
 from scaletrain.engine.plan.plan import Plan
-from scaletrain.engine.run.launcher import LaunchResult
+from scaletrain.engine.launch.launcher import LaunchResult
 from scaletrain.engine.run.layout import RunDir
 from scaletrain.tui.wizard.state import WizardOptions, WizardState, plannable, state_from_args
 
 
-def options_from(args_or_options: "WizardOptions | argparse.Namespace | Sequence[str] | None") -> WizardOptions:
-    """Accept CLI args (a Namespace or an argv list, as `scaletrain` parses them) or ready WizardOptions."""
+def options_from(args_or_options: "WizardOptions | argparse.Namespace | None") -> WizardOptions:
+    """Accept parsed CLI args (`scaletrain`'s Namespace; `tui/cli/parser.parse_args` turns an argv list into one),
+    no args (no flags given), or ready WizardOptions."""
     if isinstance(args_or_options, WizardOptions):
         return args_or_options
-    if args_or_options is None or isinstance(args_or_options, (list, tuple)):
-        from scaletrain.tui.cli.parser import build_parser
-
-        args_or_options = build_parser().parse_args(list(args_or_options or []))
+    if args_or_options is None:
+        args_or_options = argparse.Namespace()
     return WizardOptions(state=state_from_args(args_or_options),
                          overwrite=bool(getattr(args_or_options, "overwrite", False)))
 
@@ -131,7 +130,7 @@ class WizardApp(App[int]):
 
     # ---- launching (the write step asks; the monitor watches) -----------------------------------------------------
     def launch_run(self, run: RunDir) -> None:
-        """Run engine.run.launcher.launch for a written run in a thread worker; its outcome lands in launch_result."""
+        """Run engine.launch.launcher.launch for a written run in a thread worker; its outcome lands in launch_result."""
         self.launch_result = None
         self.launch_error = None
         self.run_worker(partial(self._launch, run), thread=True, group="launch", exclusive=True,
@@ -142,7 +141,7 @@ class WizardApp(App[int]):
         return any(w.group == "launch" and not w.is_finished for w in self.workers)
 
     def _launch(self, run: RunDir) -> None:
-        from scaletrain.engine.run.launcher import launch
+        from scaletrain.engine.launch.launcher import launch
 
         interrupted = threading.Event()
 
@@ -172,9 +171,9 @@ class WizardApp(App[int]):
         self.push_screen(SavePresetScreen())
 
 
-def create_app(args_or_options: "WizardOptions | argparse.Namespace | Sequence[str] | None" = None, *,
+def create_app(args_or_options: "WizardOptions | argparse.Namespace | None" = None, *,
                detect: Callable[[], DetectionResult] | None = None, launch: bool | None = None) -> WizardApp:
-    """The wizard app for CLI args, an argv list, or WizardOptions (tests pass `detect` to replay NVML)."""
+    """The wizard app for parsed CLI args or WizardOptions (tests pass `detect` to replay NVML)."""
     options = options_from(args_or_options)
     if detect is not None:
         options.detect = detect
@@ -195,7 +194,7 @@ def run_wizard(args: argparse.Namespace) -> int:
               file=sys.stderr)
         from scaletrain.tui.wizard.plain import run_plain
 
-        return run_plain(args)
+        return run_plain(args, options.state)
     app = create_app(options)
     code = app.run()
     if isinstance(code, int):

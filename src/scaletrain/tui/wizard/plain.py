@@ -16,7 +16,8 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import GPU_CATALOG, parse_gpus
 from scaletrain.engine.catalog.architectures import catalog_ids, load_model
 from scaletrain.engine.model.setup import check_num_generations, check_prompt_len
-from scaletrain.engine.plan.request import objective_lengths
+from scaletrain.engine.request.fields import FIELD
+from scaletrain.engine.request.request import objective_lengths
 from scaletrain.engine.vocabulary import Method, Objective, RefModel
 from scaletrain.tui.wizard.sources import model_weights, parse_weights
 from scaletrain.tui.wizard import run_files
@@ -110,6 +111,23 @@ def _say(text: str = "") -> None:
     print(text, flush=True)
 
 
+def _prompt(name: str) -> str:
+    """The question for a plan field (engine/request/fields.py)."""
+    return FIELD[name].prompt or name
+
+
+def _label(name: str) -> str:
+    return FIELD[name].label or name
+
+
+def _int(name: str) -> Parse:
+    return lambda t: parse_int(t, _label(name))
+
+
+def _float(name: str) -> Parse:
+    return lambda t: parse_float(t, _label(name))
+
+
 def ask_hardware(ask: Any, state: WizardState) -> tuple[WizardState, Any]:
     """Step 1: detected GPUs (only when --gpus is auto) or named catalog hardware."""
     detection = None
@@ -121,7 +139,7 @@ def ask_hardware(ask: Any, state: WizardState) -> tuple[WizardState, Any]:
             names = ", ".join(sorted({g.name or "N/A" for g in detection.gpus}))
             _say(f"Detected {len(detection.gpus)} GPU(s): {names} (driver {detection.driver_version or 'N/A'})")
             if ask.confirm("Plan for the GPUs detected here?", True):
-                nodes = ask.text("Nodes", str(state.request.nodes or 1), lambda t: parse_int(t, "nodes"))
+                nodes = ask.text(_prompt("nodes"), str(state.request.nodes or 1), _int("nodes"))
                 return state.with_detected_hardware(nodes), detection
         else:
             _say(f"No GPU detected on this machine ({detection.error or 'none visible'}). "
@@ -140,13 +158,13 @@ def ask_model(ask: Any, state: WizardState) -> WizardState:
         load_model(t)                  # refuses an unknown id or a missing path in one line
         return t.strip()
 
-    model = ask.text("Model (catalog id, config.json path, or HF cache id)", req.model, model_spec, **kwargs)
-    weights = ask.text("Weights (HF id, local model folder, or random-init for testing)",
+    model = ask.text(_prompt("model"), req.model, model_spec, **kwargs)
+    weights = ask.text(_prompt("weights"),
                        state.train.model_source if state.weights_chosen else model_weights(model), parse_weights)
-    method = ask.choice("Method", Method.values(), req.method)
+    method = ask.choice(_prompt("method"), Method.values(), req.method)
     changes: dict[str, Any] = dict(model=model, method=method)
     if method != "full":
-        changes["lora_rank"] = ask.text("LoRA rank", str(req.lora_rank), lambda t: parse_int(t, "LoRA rank"))
+        changes["lora_rank"] = ask.text(_prompt("lora_rank"), str(req.lora_rank), _int("lora_rank"))
         arch = load_model(model)
 
         def targets(t: str) -> Any:
@@ -154,7 +172,7 @@ def ask_model(ask: Any, state: WizardState) -> WizardState:
             arch.lora_params(changes["lora_rank"], parsed)   # the engine checks the names
             return parsed
 
-        changes["lora_targets"] = ask.text("LoRA targets (comma list, 'all' = every block linear)",
+        changes["lora_targets"] = ask.text(_prompt("lora_targets"),
                                            ",".join(req.lora_targets or ()) or "all", targets)
 
     def residents(t: str) -> Any:
@@ -164,7 +182,7 @@ def ask_model(ask: Any, state: WizardState) -> WizardState:
         return parsed
 
     changes.update(ask_objective(ask, req))
-    changes["residents"] = ask.text("Extra resident models (MODEL[:BITS], comma list, or none)",
+    changes["residents"] = ask.text(_prompt("resident"),
                                     format_residents(req.residents) or "none", residents)
     return state.with_model(**changes).rebased(state).with_train(model_source=weights).with_(
         method_chosen=True, weights_chosen=True)
@@ -173,7 +191,7 @@ def ask_model(ask: Any, state: WizardState) -> WizardState:
 def ask_objective(ask: Any, req: Any) -> dict[str, Any]:
     """The objective and its own knobs (DPO: prompt length, reference; GRPO: generations, completion length,
     reference); an empty answer keeps TRL's default, which the engine fills in."""
-    objective = ask.choice("Objective", Objective.values(), req.objective)
+    objective = ask.choice(_prompt("objective"), Objective.values(), req.objective)
     out: dict[str, Any] = dict(objective=objective, prompt_len=None, completion_len=None, num_generations=None,
                                ref_model=None)
     if objective not in ("dpo", "grpo"):
@@ -189,21 +207,20 @@ def ask_objective(ask: Any, req: Any) -> dict[str, Any]:
         return parse
 
     if objective == "grpo":
-        out["num_generations"] = ask.text("Completions per prompt (--num-generations; default = TRL's)",
-                                          str(req.num_generations or "default"),
-                                          optional_int("num-generations", check_num_generations))
+        out["num_generations"] = ask.text(_prompt("num_generations"), str(req.num_generations or "default"),
+                                          optional_int(_label("num_generations"), check_num_generations))
         out["completion_len"] = ask.text(
-            "Completion length in tokens (default = TRL's)", str(req.completion_len or "default"),
-            optional_int("completion length",
+            _prompt("completion_len"), str(req.completion_len or "default"),
+            optional_int(_label("completion_len"),
                          lambda n: objective_lengths(req.with_(objective="grpo", completion_len=n, prompt_len=None))))
         refs = [r for r in RefModel.values() if r != "precomputed"]
     else:
         out["prompt_len"] = ask.text(
-            "Prompt length in tokens (default: half the sequence)", str(req.prompt_len or "default"),
-            optional_int("prompt length", lambda n: check_prompt_len(n, req.seq_len)))
+            _prompt("prompt_len"), str(req.prompt_len or "default"),
+            optional_int(_label("prompt_len"), lambda n: check_prompt_len(n, req.seq_len)))
         refs = [r for r in RefModel.values() if r != "none"]
     default_ref = req.ref_model if req.ref_model in refs else refs[0] if objective == "dpo" else "none"
-    out["ref_model"] = ask.choice("Reference model", refs, default_ref)
+    out["ref_model"] = ask.choice(_prompt("ref_model"), refs, default_ref)
     return out
 
 
@@ -212,18 +229,18 @@ def ask_batch(ask: Any, state: WizardState, detection: Any) -> WizardState:
     req = state.request
 
     def effective(t: str) -> int:
-        eb = parse_int(t, "effective batch")
+        eb = _int("effective_batch")(t)
         plan_for(state.with_request(effective_batch=eb), detection)   # refuses a batch no split reaches
         return eb
 
-    eb = ask.text("Effective batch (samples per optimizer step, all GPUs)", str(req.effective_batch or ""), effective)
+    eb = ask.text(_prompt("effective_batch"), str(req.effective_batch or ""), effective)
     state = state.with_request(effective_batch=eb)
-    sl = ask.text("Sequence length", str(req.seq_len), lambda t: parse_int(t, "sequence length"))
+    sl = ask.text(_prompt("seq_len"), str(req.seq_len), _int("seq_len"))
     ds = ask.text("Dataset (JSONL path, a sample count, or none for the demo data)",
                   state.train.dataset or dataset_text(state) or "none",
                   lambda t: parse_dataset("" if t.strip().lower() == "none" else t))
-    ep = ask.text("Epochs", f"{req.epochs:g}", lambda t: parse_float(t, "epochs"))
-    lr = ask.text("Learning rate", f"{state.train.lr:g}", lambda t: parse_float(t, "learning rate"))
+    ep = ask.text(_prompt("epochs"), f"{req.epochs:g}", _float("epochs"))
+    lr = ask.text(_prompt("lr"), f"{state.train.lr:g}", _float("lr"))
     ref = ask.text("LR reference for the scaling rules, BASE_LR@BASE_BATCH (e.g. 2e-4@8), or none",
                    f"{req.base_lr:g}@{req.base_batch}" if req.base_lr and req.base_batch else "none", parse_lr_reference)
     return state.with_request(seq_len=sl, dataset_size=ds.samples, epochs=ep, base_lr=ref[0], base_batch=ref[1]
@@ -241,9 +258,10 @@ def parse_lr_reference(text: str) -> tuple[float | None, int | None]:
     return parse_float(lr, "base LR"), parse_int(batch, "base batch")
 
 
-def run_plain(args: argparse.Namespace) -> int:
-    """Ask, plan, print the plan, write the run directory, optionally launch and save a preset."""
-    state = state_from_args(args)
+def run_plain(args: argparse.Namespace, state: WizardState | None = None) -> int:
+    """Ask, plan, print the plan, write the run directory, optionally launch and save a preset (`state`: the first
+    state when the caller already built it from `args`)."""
+    state = state if state is not None else state_from_args(args)
     ask: Any = QuestionaryAsker() if sys.stdin.isatty() and sys.stdout.isatty() else PipeAsker()
     _say("scaletrain: plan a fine-tuning run (empty answer = the default in brackets)")
     state, detection = ask_hardware(ask, state)
@@ -255,7 +273,7 @@ def run_plain(args: argparse.Namespace) -> int:
     print_plan(plan)
     problem, warning = weights_verdict(state)
     if problem is not None:
-        raise ScaletrainError(problem)          # refused before anything is written (engine.run.weights)
+        raise ScaletrainError(problem)          # refused before anything is written (engine.request.weights)
     if warning:
         _say(f"warning: {warning}")
     if not ask.confirm("Write the run directory?", True):
@@ -274,6 +292,6 @@ def run_plain(args: argparse.Namespace) -> int:
     if not ask.confirm("Launch it now?", False):
         _say(f"launch later with: scaletrain launch {run.path}")
         return 0
-    from scaletrain.tui.views.progress import stream_run
+    from scaletrain.tui.monitor.stream import stream_run
 
     return stream_run(run.path)

@@ -9,13 +9,12 @@ from pathlib import Path
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan
-from scaletrain.engine.plan.presets import save_preset as save_preset_file
-from scaletrain.engine.run.layout import RunDir, default_run_dir
+from scaletrain.engine.request.presets import save_preset as save_preset_file
+from scaletrain.engine.run.layout import WRITTEN, RunDir, default_run_dir
 from scaletrain.engine.run import writers
 from scaletrain.tui.wizard.state import WizardState
 
 # Order in which the write step lists files (the rest follow alphabetically).
-FILE_ORDER = ("plan.json", "accelerate_config.yaml", "ds_config.json", "launch.sh", "sbatch.sh")
 
 
 def default_dir(state: WizardState) -> str:
@@ -23,8 +22,8 @@ def default_dir(state: WizardState) -> str:
 
 
 def _ordered(files: dict[str, str]) -> dict[str, str]:
-    known = [n for n in FILE_ORDER if n in files]
-    return {n: files[n] for n in known + sorted(n for n in files if n not in FILE_ORDER)}
+    known = [n for n in WRITTEN if n in files]
+    return {n: files[n] for n in known + sorted(n for n in files if n not in WRITTEN)}
 
 
 def preview(plan: Plan, state: WizardState, run_dir: str) -> dict[str, str]:

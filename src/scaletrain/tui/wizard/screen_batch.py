@@ -10,32 +10,17 @@ from textual.worker import get_current_worker
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan
+from scaletrain.engine.request.fields import FORM_FIELD
 from scaletrain.tui.wizard.screen_base import WizardStep
 from scaletrain.tui.widgets.field import Field
 from scaletrain.tui.widgets.solver import SolverPanel
 from scaletrain.tui.wizard.state import (BATCH_FIELDS, FieldError, WizardState, apply_batch_fields, dataset_text,
                                          pin_effective_batch, plan_for, plannable)
 
-_LABELS = {
-    "effective_batch": ("effective batch", "samples per optimizer step, all GPUs together"),
-    "seq_len": ("sequence length", "tokens per sample (packed)"),
-    "data": ("data", "JSONL file or HF dataset id; empty: the bundled demo data"),
-    "dataset": ("samples", "sample count for the estimate; empty: counted from a local data file"),
-    "epochs": ("epochs", "passes over the data (fractions allowed)"),
-    "lr": ("learning rate", "peak LR the run uses"),
-    "base_lr": ("base LR", "optional: an LR tuned at another batch…"),
-    "base_batch": ("base batch", "…and that batch: the LR rules scale it"),
-}
-
-
 def _initial(state: WizardState, name: str) -> str:
-    req = state.request
-    values = {
-        "effective_batch": req.effective_batch, "seq_len": req.seq_len, "dataset": dataset_text(state),
-        "data": state.train.dataset,
-        "epochs": req.epochs, "lr": state.train.lr, "base_lr": req.base_lr, "base_batch": req.base_batch,
-    }
-    v = values[name]
+    """The field's text for the state: its value (engine/request/fields.py says where it lives); the samples
+    field says how it was counted."""
+    v = dataset_text(state) if name == "dataset" else FORM_FIELD[name].value_in(state.request, state.train)
     return "" if v is None else (f"{v:g}" if isinstance(v, float) else str(v))
 
 
@@ -55,8 +40,8 @@ and the time. With a **base LR** tuned at a **base batch**, it shows what the sq
         with Horizontal(id="body"):
             with VerticalScroll(id="batch-form"):
                 for name in BATCH_FIELDS:
-                    label, hint = _LABELS[name]
-                    yield Field(name, label, _initial(st, name), hint=hint)
+                    f = FORM_FIELD[name]
+                    yield Field(name, f.label, _initial(st, name), hint=f.hint)
             yield SolverPanel(id="solver")
 
     def on_mount(self) -> None:

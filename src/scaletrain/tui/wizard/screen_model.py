@@ -12,7 +12,8 @@ from textual.worker import get_current_worker
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.architectures import ModelArch, load_model
-from scaletrain.engine.plan.request import base_setup
+from scaletrain.engine.request.fields import FORM_FIELD
+from scaletrain.engine.request.request import base_setup
 from scaletrain.engine.vocabulary import Method
 from scaletrain.engine.units import fmt_count
 from scaletrain.tui.wizard.screen_base import WizardStep
@@ -22,6 +23,12 @@ from scaletrain.tui.wizard.state import (FieldError, WizardState, field_value, f
                                          parse_int, parse_named, parse_residents, parse_targets, weights_text)
 
 BASE_BITS_CHOICES = (16, 8, 4)
+
+
+def _field(name: str, value: str, *, placeholder: str = "") -> Field:
+    """A text field for one plan field: its label and hint from the field table (engine/request/fields.py)."""
+    f = FORM_FIELD[name]
+    return Field(name, f.label or name, value, placeholder=placeholder, hint=f.hint or "")
 
 
 def describe_model(m: ModelArch) -> Text:
@@ -52,13 +59,10 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
     def body(self) -> ComposeResult:
         req = self.wizard.state.request
         with VerticalScroll(id="body"):
-            yield Field("model", "model", req.model, placeholder="search the catalog, or a config.json path / HF id",
-                        hint="catalog id, config.json path or folder, or a local HF cache id")
+            yield _field("model", req.model, placeholder="search the catalog, or a config.json path / HF id")
             yield OptionList(id="models")
             yield Static("", id="model-info")
-            yield Field("weights", "weights", weights_text(self.wizard.state),
-                        placeholder="HF id, local folder, or random-init",
-                        hint="starting weights: HF id (org/name), a local model folder, or random-init (testing only)")
+            yield _field("weights", weights_text(self.wizard.state), placeholder="HF id, local folder, or random-init")
             with Horizontal(classes="field-row", id="method-row"):
                 yield Label("method", classes="field-label")
                 with RadioSet(id="method"):
@@ -66,14 +70,11 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
                         yield RadioButton(m, id=f"method-{m}",
                                           value=self.wizard.state.method_chosen and req.method == m)
             with Vertical(id="lora-box"):
-                yield Field("lora_rank", "LoRA rank", str(req.lora_rank), hint="adapter rank r (e.g. 8, 16, 64)")
-                yield Field("lora_targets", "LoRA targets", ",".join(req.lora_targets or ()),
-                            placeholder="all block linears", hint="comma list: q_proj,k_proj,v_proj,o_proj,"
-                                                                   "gate_proj,up_proj,down_proj")
-                yield Field("base_bits", "frozen base bits", "" if req.base_bits is None else str(req.base_bits),
-                            placeholder="16 for LoRA, 4 for QLoRA", hint="16, 8 or 4")
-            yield Field("residents", "resident models", format_residents(req.residents),
-                        placeholder="none", hint="MODEL[:BITS], … inference-only (reference policy, evaluator)")
+                yield _field("lora_rank", str(req.lora_rank))
+                yield _field("lora_targets", ",".join(req.lora_targets or ()), placeholder="all block linears")
+                yield _field("base_bits", "" if req.base_bits is None else str(req.base_bits),
+                             placeholder="16 for LoRA, 4 for QLoRA")
+            yield _field("residents", format_residents(req.residents), placeholder="none")
 
     def on_mount(self) -> None:
         self._model_seen = self.wizard.state.request.model if not self.wizard.state.weights_chosen else ""

@@ -1,4 +1,4 @@
-"""`ctrl+s` on any step: save the wizard's choices so far as a preset (engine.plan.presets.save_preset)."""
+"""`ctrl+s` on any step: save the wizard's choices so far as a preset (engine.request.presets.save_preset)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 """What the wizard's weights and data fields accept, as the CLI's --weights and --data do: the engine's rules
-(engine/run/weights.py, engine/run/data_source.py), here only turned into field values. No Textual, so the plain
+(engine/request/weights.py, engine/request/data_source.py), here only turned into field values. No Textual, so the plain
 wizard uses it too."""
 
 from __future__ import annotations
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.run.data_source import DataSource, resolve_data
-from scaletrain.engine.run.weights import RANDOM_INIT, default_weights, resolve_weights, weights_problem
+from scaletrain.engine.request.data_source import DataSource, resolve_data
+from scaletrain.engine.request.weights import RANDOM_INIT, default_weights, resolve_weights, weights_problem
 
 
 def parse_weights(text: str) -> str:

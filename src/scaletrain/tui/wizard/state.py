@@ -19,21 +19,17 @@ from scaletrain.engine.devices.detect import hardware_from_detection
 from scaletrain.engine.devices.nvml import DetectionResult
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.planner import leanest_unfitting_plan, make_plan
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.plan.rows import AlternativeRow
-from scaletrain.engine.plan.search import next_micro_batch, search_key
-from scaletrain.engine.run.options import TrainOptions
-from scaletrain.engine.run.data_source import DataSource, resolve_data
-from scaletrain.engine.run.weights import resolve_weights, weights_problem, weights_warning
+from scaletrain.engine.plan.search import search_key
+from scaletrain.engine.plan.what_if import repaired, what_if_changes
+from scaletrain.engine.request.options import TrainOptions
+from scaletrain.engine.request.data_source import DataSource, resolve_data
+from scaletrain.engine.request.weights import resolve_weights, weights_problem, weights_warning
 from scaletrain.tui.wizard.sources import parse_data
-from scaletrain.engine.vocabulary import Attention, Objective, Offload, Optimizer, OptimizerImpl, Precision, Strategy
-from scaletrain.tui.cli.plan_args import parse_resident, request_fields_from_args, request_from_args, train_from_args
+from scaletrain.engine.request.args import asked_from_args
+from scaletrain.engine.request.fields import FORM_FIELD, parse_resident
 
-# The what-if key cycles the strategy: plain DDP is "stage 0", then the ZeRO stages, then FSDP.
-ZERO_CYCLE = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP)
-# What-if keys that cycle a plan setting through the CLI's vocabulary (engine/vocabulary.py): change → request field
-SETTING_CYCLES = {"precision": ("precision", Precision), "optimizer": ("optimizer", Optimizer),
-                  "impl": ("optimizer_impl", OptimizerImpl), "attn": ("attn", Attention)}
 # Hardware offered when nothing is detected and nothing was named: the most common fine-tuning node.
 DEFAULT_CATALOG_GPUS = "8xH100-SXM"
 # Wizard starting points when neither flags nor a preset say otherwise (the method is asked, never assumed).
@@ -145,15 +141,12 @@ class WizardOptions:
 def state_from_args(args: argparse.Namespace) -> WizardState:
     """Flags and `--preset NAME` → the wizard's first state (same precedence as the CLI: preset, --set, flags)."""
     preset = getattr(args, "preset", None)
-    train = TrainOptions()
+    asked = asked_from_args(args)
+    train = asked.train if preset else TrainOptions()   # the preset's train options (lr, data, ...), --set train.*
     if preset or getattr(args, "model", None):
-        request = request_from_args(args)
-        if preset:
-            train = train_from_args(args)     # the preset's train options (lr, data, ...), with --set train.*
+        request = asked.request()
     else:
-        fields = request_fields_from_args(args)
-        fields.setdefault("gpus", "auto")
-        request = PlanRequest(model="", **{k: v for k, v in fields.items() if k != "model"})
+        request = PlanRequest(model="", **{"gpus": "auto", **{k: v for k, v in asked.fields.items() if k != "model"}})
     if request.effective_batch is None and request.micro_batch is None and request.grad_accum is None:
         request = request.with_(effective_batch=DEFAULT_EFFECTIVE_BATCH)
     gpus = (request.gpus or "auto").strip()
@@ -189,8 +182,7 @@ def plannable(state: WizardState, detection: DetectionResult | None) -> tuple[Wi
         return state, plan_for(state, detection)
     except ScaletrainError:
         cleared = state.clear_what_ifs()
-        if cleared.request.master_weights == "bf16" and cleared.request.method != "full":
-            cleared = cleared.with_request(master_weights="fp32")   # bf16-only weights belong to full fine-tuning
+        cleared = replace(cleared, request=repaired(cleared.request))
         if cleared == state:
             raise
         return cleared, plan_for(cleared, detection)
@@ -205,67 +197,10 @@ def launchable_here(plan: Plan) -> str | None:
             "that machine and run `scaletrain launch DIR` there (or `bash launch.sh` in it)")
 
 
-# ---- what-if keys on the plan step: state → state, the engine recomputes ------------------------------------------
-def _fixed_from(plan: Plan) -> dict[str, Any]:
-    s = plan.setup
-    return dict(micro_batch=s.micro_batch, grad_accum=s.grad_accum, strategy=s.strategy, offload=s.offload,
-                grad_ckpt=s.grad_ckpt)
-
-
+# ---- what-if keys on the plan step: the engine's changes (engine/plan/what_if.py), the engine recomputes ----------
 def what_if(state: WizardState, plan: Plan, change: str) -> WizardState:
-    """Apply one what-if key to the choices behind `plan`; every other choice of the plan stays fixed.
-
-    Changing the micro batch keeps the effective batch: it moves to the next divisor of each GPU's share, and the
-    engine derives the accumulation.
-    """
-    fixed = _fixed_from(plan)
-    eff = plan.setup.effective_batch
-    if change in ("micro+", "micro-"):
-        fixed.update(micro_batch=_next_micro(plan, up=change == "micro+"), grad_accum=None)
-    elif change == "ckpt":
-        fixed.update(grad_ckpt=not fixed["grad_ckpt"])
-    elif change == "zero":
-        cur = fixed["strategy"]
-        nxt = ZERO_CYCLE[(ZERO_CYCLE.index(cur) + 1) % len(ZERO_CYCLE)] if cur in ZERO_CYCLE else ZERO_CYCLE[0]
-        fixed.update(strategy=nxt, offload=nxt.offload_within(fixed["offload"]))
-    elif change in SETTING_CYCLES:
-        name, vocab = SETTING_CYCLES[change]
-        order = vocab.values()
-        cur = str(getattr(plan.setup, name))
-        fixed[name] = order[(order.index(cur) + 1) % len(order)] if cur in order else order[0]
-    elif change == "offload":
-        offloads = tuple(Offload)
-        fixed.update(offload=offloads[(offloads.index(fixed["offload"]) + 1) % len(offloads)])
-    elif change == "master":
-        if plan.setup.method != "full":
-            raise ScaletrainError("bf16-only weights apply to full fine-tuning; LoRA adapters stay fp32 (PEFT)")
-        bf16 = plan.setup.master_weights != "bf16"
-        if bf16 and fixed["strategy"].uses_deepspeed:
-            # DeepSpeed always keeps an fp32 master: the nearest strategy that can hold bf16 weights alone
-            fixed.update(strategy=Strategy.FSDP if fixed["strategy"].shards_params else Strategy.DDP)
-            fixed.update(offload=fixed["strategy"].offload_within(fixed["offload"]))
-        fixed.update(master_weights="bf16" if bf16 else "fp32")
-    elif change == "objective":
-        # sft → reward → dpo → grpo; each objective's knobs go back to TRL's defaults (dpo: reference same)
-        order = Objective.values()
-        cur = plan.setup.objective
-        fixed.update(objective=order[(order.index(cur) + 1) % len(order)], ref_model=None, prompt_len=None,
-                     completion_len=None, generation="train")
-    else:
-        raise ValueError(f"unknown what-if {change!r}")
-    return state.with_request(effective_batch=eff, **fixed)
-
-
-def _next_micro(plan: Plan, *, up: bool) -> int:
-    """The next micro batch up or down that still divides each GPU's share of the effective batch."""
-    s = plan.setup
-    nxt = next_micro_batch(s, up=up)
-    if nxt is None:
-        raise ScaletrainError(
-            f"micro batch {s.micro_batch} is already the {'largest' if up else 'smallest'} split of the "
-            f"{s.effective_batch // s.world_size} samples each GPU takes per step; change the effective batch on "
-            "step 3 for more")
-    return nxt
+    """Apply one what-if key to the choices behind `plan`; every other choice of the plan stays fixed."""
+    return state.with_request(**what_if_changes(plan, change))
 
 
 def pin_effective_batch(state: WizardState, plan: Plan) -> WizardState:
@@ -402,7 +337,7 @@ def weights_text(state: WizardState) -> str:
 
 def weights_verdict(state: WizardState) -> tuple[str | None, str | None]:
     """(why these weights cannot be written for this method, the random-init warning): the engine's rules on the
-    weights the run will really start from (not given: the model's own, engine.run.weights.default_weights)."""
+    weights the run will really start from (not given: the model's own, engine.request.weights.default_weights)."""
     source = resolve_weights(state.train.model_source, state.request.model)
     return (weights_problem(state.request.method, state.request.base_bits, source), weights_warning(source))
 
@@ -412,16 +347,9 @@ BATCH_FIELDS = ("effective_batch", "seq_len", "data", "dataset", "epochs", "lr",
 
 def apply_batch_fields(state: WizardState, values: dict[str, str]) -> WizardState:
     """Step 3's text fields → state. Raises FieldError naming the first bad field (shown next to it)."""
-    parsers: dict[str, Callable[[str], Any]] = {
-        "effective_batch": lambda t: parse_int(t, "effective batch"),
-        "seq_len": lambda t: parse_int(t, "sequence length"),
-        "data": parse_data,
-        "dataset": parse_dataset,
-        "epochs": lambda t: parse_float(t, "epochs"),
-        "lr": lambda t: parse_float(t, "learning rate"),
-        "base_lr": lambda t: parse_float(t, "base LR", optional=True),
-        "base_batch": lambda t: parse_int(t, "base batch", optional=True),
-    }
+    parsers: dict[str, Callable[[str], Any]] = {"data": parse_data, "dataset": parse_dataset}
+    for name in BATCH_FIELDS:
+        parsers.setdefault(name, form_parser(name))
     got = {name: parse_named(name, values.get(name, ""), parsers[name]) for name in BATCH_FIELDS}
     if (got["base_lr"] is None) != (got["base_batch"] is None):
         missing = "base_batch" if got["base_batch"] is None else "base_lr"
@@ -434,6 +362,14 @@ def apply_batch_fields(state: WizardState, values: dict[str, str]) -> WizardStat
         effective_batch=got["effective_batch"], seq_len=got["seq_len"], dataset_size=samples,
         epochs=got["epochs"], base_lr=got["base_lr"], base_batch=got["base_batch"],
     ).with_train(dataset=data, lr=got["lr"])
+
+
+def form_parser(name: str) -> Callable[[str], Any]:
+    """A number field's parser from the field table: its label names it in a refusal; optional fields may be
+    empty."""
+    f = FORM_FIELD[name]
+    parse = parse_int if f.parse is int else parse_float
+    return lambda t: parse(t, f.label or name, optional=f.optional)
 
 
 class FieldError(ScaletrainError):

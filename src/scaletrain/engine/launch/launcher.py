@@ -40,16 +40,16 @@ from typing import Any, Callable, Sequence
 from scaletrain.engine.devices.detect import require_local_gpus
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import os_error_reason, writing
-from scaletrain.engine.run.elastic import parse_failures
+from scaletrain.engine.launch.elastic import parse_failures
 from scaletrain.engine.run.layout import LINE_PREFIX, LINE_PREFIX_ENV, RunDir, check_host
-from scaletrain.engine.run.options import TrainOptions, bundled_demo_dataset
+from scaletrain.engine.request.options import TrainOptions, bundled_demo_dataset
 from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
-from scaletrain.engine.run.processes import ProcessTree, oom_kill_count, process_start
-from scaletrain.engine.run.rank_logs import RankLogs
-from scaletrain.engine.run.runlock import RunLock
+from scaletrain.engine.launch.processes import ProcessTree, oom_kill_count, process_start
+from scaletrain.engine.launch.rank_logs import RankLogs
+from scaletrain.engine.launch.runlock import RunLock
 from scaletrain.engine.run.scripts import launch_argv
-from scaletrain.engine.run.status import StatusWriter, read_status
-from scaletrain.engine.run.watchdog import Watchdog
+from scaletrain.engine.launch.status import StatusWriter, read_status
+from scaletrain.engine.launch.watchdog import Watchdog
 STOP_GRACE_SECONDS = (20.0, 5.0)   # after SIGINT (torchrun forwards it; its own shutdown waits up to 30 s), after SIGTERM
 POLL_SECONDS = 0.25
 READER_JOIN_SECONDS = 5.0
@@ -245,30 +245,29 @@ def launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None, 
             prep.lock.release()
 
 
-def _run(prep: PreparedLaunch, on_output: Callable[[int | None, str], None] | None,
-         on_tick: Callable[[], None] | None, env: dict[str, str] | None, stop: threading.Event | None,
-         stop_grace_seconds: tuple[float, float]) -> LaunchResult:
-    run, argv = prep.run, prep.argv
-    with writing(f"the logs of {run.path}"):
-        logs = RankLogs(run, single_process=prep.single_process, rank_offset=prep.rank_offset,
-                        launcher_log=prep.launcher_log.name)
-    logs.start(prep.local_ranks)
+def _starting(prep: PreparedLaunch, logs: RankLogs) -> StatusWriter:
+    """status.json says "starting"; a run nobody can watch or diagnose (status.json unwritable) is refused here."""
+    status = StatusWriter(prep.status)
+    started = datetime.now().isoformat(timespec="seconds")
+    status.write(state="starting", started=started, argv=tuple(prep.argv), host=socket.gethostname(),
+                 launcher_pid=os.getpid(), launcher_start=process_start(os.getpid()))
+    if status.failed is not None:
+        logs.close()
+        raise ScaletrainError(f"cannot write {prep.status}: {os_error_reason(status.failed)}")
+    return status
+
+
+def _spawn(prep: PreparedLaunch, logs: RankLogs, env: dict[str, str] | None) -> tuple[subprocess.Popen, Any]:
+    """`accelerate launch` in its own session, its output piped (rank-prefixed lines); the launcher's signal
+    handlers are installed first (the child must not inherit an ignored SIGINT) and returned for restoring."""
+    argv = prep.argv
     child_env = dict(os.environ if env is None else env)
     child_env[LINE_PREFIX_ENV] = LINE_PREFIX
     child_env["PYTHONUNBUFFERED"] = "1"
-
-    status = StatusWriter(prep.status)
-    started = datetime.now().isoformat(timespec="seconds")
-    status.write(state="starting", started=started, argv=tuple(argv), host=socket.gethostname(),
-                 launcher_pid=os.getpid(), launcher_start=process_start(os.getpid()))
-    if status.failed is not None:             # a run nobody can watch or diagnose: refuse before it starts
-        logs.close()
-        raise ScaletrainError(f"cannot write {prep.status}: {os_error_reason(status.failed)}")
-    ooms_before = oom_kill_count()
-    old_signals = _install_signals()          # before Popen: the child must not inherit an ignored SIGINT
+    old_signals = _install_signals()
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env,
-                                cwd=str(run.path), start_new_session=True)
+                                cwd=str(prep.run.path), start_new_session=True)
     except OSError as e:
         _restore_signals(old_signals)
         logs.close()
@@ -277,6 +276,19 @@ def _run(prep: PreparedLaunch, on_output: Callable[[int | None, str], None] | No
         _restore_signals(old_signals)
         logs.close()
         raise
+    return proc, old_signals
+
+
+def _run(prep: PreparedLaunch, on_output: Callable[[int | None, str], None] | None,
+         on_tick: Callable[[], None] | None, env: dict[str, str] | None, stop: threading.Event | None,
+         stop_grace_seconds: tuple[float, float]) -> LaunchResult:
+    with writing(f"the logs of {prep.run.path}"):
+        logs = RankLogs(prep.run, single_process=prep.single_process, rank_offset=prep.rank_offset,
+                        launcher_log=prep.launcher_log.name)
+    logs.start(prep.local_ranks)
+    status = _starting(prep, logs)
+    ooms_before = oom_kill_count()
+    proc, old_signals = _spawn(prep, logs, env)
     tree = ProcessTree(proc.pid)
     rank_pids: dict[int, int] = {}
     watchdog: Watchdog | None = None
@@ -443,7 +455,7 @@ def rank_log_tail(run_dir: str | os.PathLike[str], rank: int, lines: int = 20) -
     return text.splitlines()[-lines:]
 
 
-if __name__ == "__main__":       # python -m scaletrain.engine.run.launcher RUN_DIR (no progress view)
+if __name__ == "__main__":       # python -m scaletrain.engine.launch.launcher RUN_DIR (no progress view)
     try:
         sys.exit(launch(sys.argv[1]).exit_code)
     except ScaletrainError as e:

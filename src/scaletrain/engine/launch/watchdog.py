@@ -4,7 +4,7 @@ Why: torchrun starts every rank in its own session, and a launcher killed with S
 no Python `finally`) leaves `accelerate launch` and every rank training under PID 1, with status.json saying
 "running" for ever. No signal handler can help a SIGKILLed process, so the clean-up lives in another one:
 
-    python -m scaletrain.engine.run.watchdog --root ACCELERATE_PID --launcher PID --status status.json
+    python -m scaletrain.engine.launch.watchdog --root ACCELERATE_PID --launcher PID --status status.json
 
 started by the launcher in its own session (a terminal's hang-up or Ctrl-C does not reach it) with a pipe on its
 stdin. It tracks the root's process tree (processes.ProcessTree, every descendant by pid and start time). When
@@ -26,8 +26,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from scaletrain.engine.run.processes import ProcessTree
-from scaletrain.engine.run.status import StatusWriter, read_status
+from scaletrain.engine.launch.processes import ProcessTree
+from scaletrain.engine.launch.status import StatusWriter, read_status
 
 POLL_SECONDS = 0.25
 TERM_GRACE_SECONDS = 10.0          # after SIGTERM (torchrun forwards it to the ranks), then SIGKILL
@@ -46,7 +46,7 @@ class Watchdog:
 
     @classmethod
     def start(cls, root_pid: int, status: Path, lock_fd: int | None) -> "Watchdog":
-        argv = [sys.executable, "-m", "scaletrain.engine.run.watchdog", "--root", str(root_pid),
+        argv = [sys.executable, "-m", "scaletrain.engine.launch.watchdog", "--root", str(root_pid),
                 "--launcher", str(os.getpid()), "--status", str(status)]
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 start_new_session=True, pass_fds=(lock_fd,) if lock_fd is not None else ())
@@ -114,7 +114,7 @@ def finalize(status_path: Path, launcher_pid: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m scaletrain.engine.run.watchdog")
+    p = argparse.ArgumentParser(prog="python -m scaletrain.engine.launch.watchdog")
     p.add_argument("--root", type=int, required=True)
     p.add_argument("--launcher", type=int, required=True)
     p.add_argument("--status", required=True)

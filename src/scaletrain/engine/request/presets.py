@@ -31,9 +31,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model, field_validator
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.plan.request import PlanRequest
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.fileio import atomic_write, writing
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.yamlsafe import MAX_YAML_BYTES, YamlLimitError, load_yaml
 
 LOCAL_DIR_NAME = "presets-local"

@@ -13,7 +13,7 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import Hardware, inter_node_gbit_s, parse_gpus
 from scaletrain.engine.catalog.architectures import load_model
 from scaletrain.engine.model.setup import ResidentModel, TrainingSetup
-from scaletrain.engine.plan.request_checks import check_values
+from scaletrain.engine.request.checks import check_values
 from scaletrain.engine.vocabulary import Vocabulary
 
 
@@ -41,6 +41,7 @@ class PlanRequest:
     optimizer: str = "adamw"
     optimizer_impl: str = "fused"
     attn: str = "sdpa"
+    experts_impl: str = "grouped_mm"
     grad_ckpt: bool | None = None
     micro_batch: int | None = None
     grad_accum: int | None = None
@@ -123,7 +124,7 @@ def base_setup(req: PlanRequest, hardware: Hardware | None = None) -> TrainingSe
         lora_targets=tuple(req.lora_targets) if req.lora_targets else model.default_lora_targets, base_bits=base_bits,
         strategy=req.strategy or _default_strategy(req), offload=req.offload or "none", precision=req.precision,
         master_weights=req.master_weights, optimizer=req.optimizer, optimizer_impl=req.optimizer_impl,
-        attn=req.attn, grad_ckpt=bool(req.grad_ckpt),
+        attn=req.attn, experts_impl=req.experts_impl, grad_ckpt=bool(req.grad_ckpt),
         micro_batch=req.micro_batch or 1, grad_accum=req.grad_accum or 1, seq_len=seq_len,
         residents=residents, dataset_size=req.dataset_size, epochs=req.epochs,
         tokens_per_sample=req.tokens_per_sample,

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.engine.fileio import DISK_FULL_ERRNOS, atomic_write
-from scaletrain.engine.run.processes import process_start
+from scaletrain.engine.launch.processes import process_start
 
 STATES = ("starting", "running", "finished", "failed", "interrupted", "unknown")
 OVER = ("finished", "failed", "interrupted")

@@ -12,19 +12,8 @@ import math
 from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.request.fields import INT_LIMITS
 
-# Whole-number fields: (smallest, largest accepted). A real job is orders of magnitude inside these.
-INT_LIMITS: dict[str, tuple[int, int]] = {
-    "micro_batch": (1, 1 << 16),
-    "grad_accum": (1, 1 << 24),
-    "effective_batch": (1, 1 << 30),
-    "seq_len": (1, 1 << 24),
-    "dataset_size": (1, 1 << 48),
-    "tokens_per_sample": (1, 1 << 24),
-    "lora_rank": (1, 1 << 16),
-    "nodes": (1, 1 << 14),
-    "base_batch": (1, 1 << 30),
-}
 MAX_EPOCHS = 1e6
 MAX_MODEL_SPEC_CHARS = 4096          # PATH_MAX on Linux; longer is no catalog id, path or cache id
 MAX_NAME_CHARS = 200

@@ -26,12 +26,12 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import atomic_write
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.planner import make_plan
-from scaletrain.engine.plan.request import HARDWARE_FIELDS, PlanRequest
-from scaletrain.engine.run.launcher import LaunchResult, launch
-from scaletrain.engine.run.layout import RunDir
-from scaletrain.engine.run.options import TrainOptions
+from scaletrain.engine.request.request import HARDWARE_FIELDS, PlanRequest
+from scaletrain.engine.launch.launcher import LaunchResult, launch
+from scaletrain.engine.run.layout import BACKED_UP, RunDir
+from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
-from scaletrain.engine.run.status import read_status
+from scaletrain.engine.launch.status import read_status
 from scaletrain.engine.run.writers import render_run_files
 
 # Request fields whose change keeps the checkpoint loadable and the data order identical (see the docstring).
@@ -41,8 +41,6 @@ RESUMABLE_TRAIN_OPTIONS = frozenset({"checkpoint_every", "keep_checkpoints", "sa
 ATTEMPTS_DIR = "attempts"
 ENV_PREFIX, TRAIN_PREFIX = "env.", "train."
 # What an attempt's backup keeps (the run-directory layout's files; logs are copied, the launcher appends to them).
-BACKED_UP = ("plan.json", "accelerate_config.yaml", "ds_config.json", "launch.sh", "sbatch.sh", "status.json",
-             "metrics.jsonl")
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.run.weights import (RANDOM_INIT, default_weights, resolve_weights, weights_problem,  # noqa: F401
-                                           weights_warning)
 
 # The trainer's learning-rate schedules, by the name a preset or --set uses → transformers' scheduler name.
 LR_SCHEDULES = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}

@@ -19,10 +19,10 @@ from typing import Any
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import Hardware
 from scaletrain.engine.plan.plan import Plan, evaluate
-from scaletrain.engine.plan.request import HARDWARE_FIELDS
+from scaletrain.engine.request.request import HARDWARE_FIELDS
 from scaletrain.engine.plan.search import SEARCH_FIELDS, divisors, search
 from scaletrain.engine.model.setup import TrainingSetup
-from scaletrain.engine.units import fmt_bytes
+from scaletrain.engine.units import fmt_bytes, fmt_seconds
 from scaletrain.engine.vocabulary import Method, Offload, Strategy
 
 # Cost tiers: systems changes that keep the training identical on the same hardware (ranked among themselves by
@@ -59,6 +59,19 @@ class Remedy:
                 "predicted_step_seconds": self.predicted_step_seconds, "effective_batch": self.effective_batch,
                 "keeps_effective_batch": self.keeps_effective_batch, "fits": self.fits, "detail": self.detail,
                 "time_scale": self.time_scale}
+
+    def numbers(self) -> list[str]:
+        """What the fix predicts, as `scaletrain diagnose` and the monitor show it: memory per GPU, step time (scaled
+        by the failed run's measured ÷ predicted), effective batch."""
+        nums = []
+        if self.predicted_per_gpu_bytes is not None:
+            nums.append(f"{fmt_bytes(self.predicted_per_gpu_bytes)}/GPU")
+        if self.predicted_step_seconds is not None:
+            nums.append(f"step {fmt_seconds(self.predicted_step_seconds)}"
+                        + (f" (×{self.time_scale:.2f} as measured)" if self.time_scale is not None else ""))
+        if self.effective_batch is not None:
+            nums.append(f"batch {self.effective_batch}")
+        return nums
 
 
 def observed_gap_bytes(plan: Plan, failure: dict[str, Any] | None) -> tuple[int, int]:

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import TextIO
 
 from scaletrain.engine.fileio import DISK_FULL_ERRNOS, os_error_reason
-from scaletrain.engine.run.elastic import split_prefix
+from scaletrain.engine.launch.elastic import split_prefix
 from scaletrain.engine.run.layout import RunDir
 
 # Written at the top of every launch into each rank log: a relaunched run's earlier lines are history (the doctor

@@ -1,0 +1,87 @@
+"""From parsed front-end arguments (an argparse Namespace, or anything with the same attributes) to what the user
+asks: PlanRequest fields, TrainOptions, the data and the weights. A preset's fields come first, then `--set`
+overrides, then explicit flags; the preset is read once (`Asked`). The flags are declared once, in
+`fields.py` (the CLI's argparse wiring derives from it); this module needs no argparse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.request.fields import REQUEST_FLAGS
+from scaletrain.engine.request.options import TrainOptions
+from scaletrain.engine.request.request import PlanRequest
+
+@dataclass(frozen=True)
+class Asked:
+    """What the arguments ask, the preset (if any) read once: PlanRequest fields (the model may be missing), the
+    trainer's options, the data spec and the weights the user gave (None: the model's own)."""
+    fields: dict[str, Any]
+    train: TrainOptions
+    data: str | None
+    weights_given: str | None
+
+    def request(self) -> PlanRequest:
+        """The PlanRequest; a model is required."""
+        if not self.fields.get("model"):
+            raise ScaletrainError("--model is required (a catalog id, a config.json, or --preset NAME)")
+        return PlanRequest(**{"gpus": "auto", **self.fields})
+
+    def weights(self, request: PlanRequest) -> dict[str, Any]:
+        """The weights a run of this request starts from, as the engine resolves them, with its warning and
+        problem (for `plan` output: text and --json)."""
+        from scaletrain.engine.request.weights import resolve_weights, weights_note, weights_problem, weights_warning
+
+        source = resolve_weights(self.weights_given, request.model)
+        return {"source": source, "default": self.weights_given is None, "warning": weights_warning(source),
+                "problem": weights_problem(request.method, request.base_bits, source), "note": weights_note(source)}
+
+
+def asked_from_args(args: Any) -> Asked:
+    """Preset fields, then --set overrides, then explicit flags; --data's row count is the dataset size unless one
+    is given. Presets (pydantic) load only when --preset is given: `scaletrain plan` stays fast."""
+    preset_name = getattr(args, "preset", None)
+    overrides = getattr(args, "set", None) or []
+    fields: dict[str, Any] = {}
+    preset = None
+    if preset_name:
+        from scaletrain.engine.request.presets import apply_overrides, load_preset
+
+        preset = load_preset(preset_name)
+        fields = apply_overrides(preset.request_fields(), overrides)
+    elif overrides:
+        raise ScaletrainError("--set overrides preset fields; give --preset NAME too")
+    for name in REQUEST_FLAGS:
+        v = getattr(args, name, None)
+        if v is not None:
+            fields[name] = v
+    if getattr(args, "resident", None):
+        fields["residents"] = tuple(args.resident)
+    train = _train(args, preset, overrides)
+    data = str(args.data) if getattr(args, "data", None) else (train.dataset if preset_name else None)
+    if data is not None and fields.get("dataset_size") is None:
+        from scaletrain.engine.request.data_source import resolve_data
+
+        fields["dataset_size"] = resolve_data(data).rows      # the plan's steps and epochs follow the real data
+    weights = str(args.weights) if getattr(args, "weights", None) else (train.model_source if preset_name else None)
+    return Asked(fields, train, data, weights)
+
+
+def _train(args: Any, preset: Any, overrides: list[str]) -> TrainOptions:
+    """The preset's train section with `--set train.KEY=VALUE` overrides (defaults without a preset), then
+    --weights and --data."""
+    if preset is not None:
+        from scaletrain.engine.request.presets import train_options
+
+        train = train_options(preset, overrides)
+    else:
+        train = TrainOptions()
+    if getattr(args, "weights", None):
+        train = replace(train, model_source=str(args.weights))
+    elif preset is not None and getattr(args, "model", None) and args.model != preset.model:
+        train = replace(train, model_source=None)     # a preset's weights belong to its model: the new one's own
+    if getattr(args, "data", None):
+        train = replace(train, dataset=str(args.data))
+    return train

@@ -1,0 +1,47 @@
+"""`scaletrain plan --json` on every bundled preset (and a few flag variants and bad inputs) prints exactly what
+was recorded in tests/fixtures/plan_json/: refactors keep plan output byte-identical.
+
+After an intended change to plan output, regenerate and review:
+    PYTHONPATH=src python tests/fixtures/record_plan_json.py && git diff tests/fixtures/plan_json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
+import record_plan_json as rec  # noqa: E402
+
+HOST = json.loads((rec.HERE / "host.json").read_text())["mem_total_bytes"]
+HOST_FIELDS = (("hardware", "gpu_memory_bytes"), ("memory", "capacity_bytes"), ("memory", "usable_bytes"),
+               ("memory", "headroom_bytes"))
+
+
+def _without_host_memory(text: str) -> dict:
+    """The CPU device plans against the host's RAM: on another host, compare all but the fields that follow it."""
+    doc = json.loads(text)
+    if doc["hardware"]["gpu"] == "CPU":
+        for a, b in HOST_FIELDS:
+            doc[a][b] = None
+    return doc
+
+
+def test_every_bundled_preset_is_recorded():
+    assert set(rec.cases()) == {p.stem for p in rec.HERE.glob("*.json") if p.stem != "host"} | {
+        p.stem for p in rec.HERE.glob("*.err")}
+    assert {p.stem for p in rec.PRESETS.glob("*.yaml")} <= set(rec.cases())
+
+
+@pytest.mark.parametrize("name", sorted(rec.cases()))
+def test_plan_json_is_as_recorded(name):
+    rc, out, err = rec.plan_json(rec.cases()[name])
+    got = rec.recorded(rc, out, err)
+    want = (rec.HERE / f"{name}.{'err' if name.startswith('err-') else 'json'}").read_text()
+    if rc != 0 or rec.host_memory_bytes() == HOST:
+        assert got == want
+    else:
+        assert _without_host_memory(got) == _without_host_memory(want)
