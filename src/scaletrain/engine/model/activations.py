@@ -97,8 +97,7 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: st
     b = micro_batch or s.micro_batch
     t = b * s.seq_len
     S = s.seq_len
-    h, i, qd, kvd = m.hidden_size, m.intermediate_size, m.q_dim, m.kv_dim
-    nh, nkv = m.num_heads, m.num_kv_heads
+    h, i, nh = m.hidden_size, m.intermediate_size, m.num_heads
     c, r = nm.compute, nm.residual
     fam = m.family
     style = fam.get("norm_style", "llama")
@@ -112,38 +111,8 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: st
     def adapter_out(*names: str) -> int:
         return n_adapted(*names) * s.lora_rank * (2 if nm.autocast else nm.adapter)
 
-    # -- attention half (per token) ------------------------------------------------------------------------------
-    attn = 0
-    if "pre_attn" in fam["norms"]:
-        attn += _norm_saved(h, 1, r, full, style)
-    attn += _reader_saved(h, r, 3, n_adapted("q_proj", "k_proj", "v_proj"), nm, full)
-    qk = fam["qk_norm"]
-    if qk:
-        qk_style = "gemma" if style == "gemma" else ("olmo" if style == "olmo" else "llama")
-        rows_q, rows_k = (nh, nkv) if qk == "head" else (1, 1)
-        attn += _norm_saved(qd, rows_q, c, full, qk_style) + _norm_saved(kvd, rows_k, c, full, qk_style)
+    attn = _attention_half(s, nm, targets)
     eager = eager_attention(s)
-    if eager and fam.get("sinks"):
-        # gpt_oss: q, k and v repeated to every head, the max's indices (int64 per head), the softmax over the
-        # scores and the sink column in the mask's (residual) dtype, and its cast to the compute dtype for
-        # attention·V when they differ (modeling_gpt_oss.py eager_attention_forward)
-        attn += 3 * c * qd + 8 * nh + nh * (S + 1) * r + (nh * S * c if r != c else 0)
-        attn += _reader_saved(qd, c, 1, n_adapted("o_proj"), nm, full)
-    elif eager:
-        # q, k and v repeated to every head, fp32 softmax (+ its 16-bit cast), the transposed output for o_proj
-        attn += 3 * c * qd + nh * S * (4 + (c if c < 4 else 0))
-        attn += _reader_saved(qd, c, 1, n_adapted("o_proj"), nm, full)
-    else:
-        attn += c * (qd + 2 * kvd) + 4 * nh + c * qd       # q, k, v, fp32 log-sum-exp, output (o_proj's input)
-        attn += _reader_saved(qd, c, 1, n_adapted("o_proj"), nm, full, shared_with_attention=True)
-    windowed = sliding_layers(s)
-    if windowed and not eager:
-        # a sliding-window layer passes sdpa a mask, so transformers repeats k and v to every head
-        # (integrations/sdpa_attention.py use_gqa_in_sdpa): the extra width, averaged over the blocks
-        attn += windowed * 2 * c * (qd - kvd) // m.num_layers
-    attn += adapter_out("q_proj", "k_proj", "v_proj", "o_proj")
-    if "post_attn" in fam["norms"]:
-        attn += _norm_saved(h, 1, c, full, style)
 
     # -- MLP half (per token) -------------------------------------------------------------------------------------
     pre_mlp = _norm_saved(h, 1, r, full, style) if "pre_mlp" in fam["norms"] else 0
@@ -159,7 +128,7 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: st
     # -- per block, independent of tokens --------------------------------------------------------------------------
     const = 0
     if style == "gemma":   # each norm keeps its fp32 (1 + weight)
-        const += 4 * h * len(fam["norms"]) + (8 * m.head_dim if qk == "head" else 0)
+        const += 4 * h * len(fam["norms"]) + (8 * m.head_dim if fam["qk_norm"] == "head" else 0)
     copies, cached = weight_copies_bytes(s, kind)
 
     s2 = b * nh * S * S   # attention score elements
@@ -181,17 +150,7 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: st
             const += -(-n_moe * half.const // m.num_layers)
         fwd_t = max(fwd_t, t * half.fwd_transient)
         mlp_bwd_t = max(mlp_bwd_t, t * half.bwd_transient)
-    if eager and fam.get("sinks"):
-        # gpt_oss: the softmax's gradients over the scores and the sink column in the mask's dtype (its incoming
-        # gradient, padded by the slice, and its output), and the 16-bit gradient of the probabilities under
-        # autocast (an upper bound of the chain in eager_attention_forward, checked against the profiler)
-        attn_bwd_t = 2 * b * nh * S * (S + 1) * r + (s2 * c if c < r else 0)
-    elif eager:
-        attn_bwd_t = 2 * s2 * 4
-    elif s.device == "cuda":
-        attn_bwd_t = t * _flash_backward_bytes(s, c)
-    else:
-        attn_bwd_t = 3 * t * qd * c
+    attn_bwd_t = _attention_backward_transient(s, nm, b)
     if nm.trainable_copies:   # the 16-bit weight gradient of the largest linear before its fp32 conversion
         mlp_bwd_t += c * max(a * o for a, o, _ in m.linear_shapes().values())
     recompute_t = t * _down_proj_transient(s, nm, full, "down_proj" in targets) if m.moe is None else 0
@@ -233,6 +192,80 @@ def eager_masks(s: TrainingSetup) -> int:
     per entry of config.layer_types (gpt_oss: sliding and full, modeling_gpt_oss.py GptOssModel.forward)."""
     types = s.model.config.get("layer_types")
     return len(set(types)) if (s.model.moe is not None and types) else 1
+
+
+
+def _attention_half(s: TrainingSetup, nm: Numerics, targets: set[str]) -> int:
+    """Per token: what a block's attention half saves (block_activations): its norms, what q/k/v keep of their
+    input, q/k norms, the attention core as sdpa or eager keeps it, o_proj's input, the adapters' rank-r
+    intermediates and a post-attention norm."""
+    m = s.model
+    S = s.seq_len
+    h, qd, kvd = m.hidden_size, m.q_dim, m.kv_dim
+    nh, nkv = m.num_heads, m.num_kv_heads
+    c, r = nm.compute, nm.residual
+    fam = m.family
+    style = fam.get("norm_style", "llama")
+    full = s.method == "full"
+
+    def n_adapted(*names: str) -> int:
+        return sum(1 for x in names if x in targets)
+
+    def adapter_out(*names: str) -> int:
+        return n_adapted(*names) * s.lora_rank * (2 if nm.autocast else nm.adapter)
+
+    attn = 0
+    if "pre_attn" in fam["norms"]:
+        attn += _norm_saved(h, 1, r, full, style)
+    attn += _reader_saved(h, r, 3, n_adapted("q_proj", "k_proj", "v_proj"), nm, full)
+    qk = fam["qk_norm"]
+    if qk:
+        qk_style = "gemma" if style == "gemma" else ("olmo" if style == "olmo" else "llama")
+        rows_q, rows_k = (nh, nkv) if qk == "head" else (1, 1)
+        attn += _norm_saved(qd, rows_q, c, full, qk_style) + _norm_saved(kvd, rows_k, c, full, qk_style)
+    eager = eager_attention(s)
+    if eager and fam.get("sinks"):
+        # gpt_oss: q, k and v repeated to every head, the max's indices (int64 per head), the softmax over the
+        # scores and the sink column in the mask's (residual) dtype, and its cast to the compute dtype for
+        # attention·V when they differ (modeling_gpt_oss.py eager_attention_forward)
+        attn += 3 * c * qd + 8 * nh + nh * (S + 1) * r + (nh * S * c if r != c else 0)
+        attn += _reader_saved(qd, c, 1, n_adapted("o_proj"), nm, full)
+    elif eager:
+        # q, k and v repeated to every head, fp32 softmax (+ its 16-bit cast), the transposed output for o_proj
+        attn += 3 * c * qd + nh * S * (4 + (c if c < 4 else 0))
+        attn += _reader_saved(qd, c, 1, n_adapted("o_proj"), nm, full)
+    else:
+        attn += c * (qd + 2 * kvd) + 4 * nh + c * qd       # q, k, v, fp32 log-sum-exp, output (o_proj's input)
+        attn += _reader_saved(qd, c, 1, n_adapted("o_proj"), nm, full, shared_with_attention=True)
+    windowed = sliding_layers(s)
+    if windowed and not eager:
+        # a sliding-window layer passes sdpa a mask, so transformers repeats k and v to every head
+        # (integrations/sdpa_attention.py use_gqa_in_sdpa): the extra width, averaged over the blocks
+        attn += windowed * 2 * c * (qd - kvd) // m.num_layers
+    attn += adapter_out("q_proj", "k_proj", "v_proj", "o_proj")
+    if "post_attn" in fam["norms"]:
+        attn += _norm_saved(h, 1, c, full, style)
+
+    return attn
+
+
+def _attention_backward_transient(s: TrainingSetup, nm: Numerics, b: int) -> int:
+    """Bytes the attention core's backward allocates beyond the saved tensors, per micro-batch."""
+    m = s.model
+    S, nh, c, r = s.seq_len, m.num_heads, nm.compute, nm.residual
+    s2 = b * nh * S * S   # attention score elements
+    eager = eager_attention(s)
+    if eager and m.family.get("sinks"):
+        # gpt_oss: the softmax's gradients over the scores and the sink column in the mask's dtype (its incoming
+        # gradient, padded by the slice, and its output), and the 16-bit gradient of the probabilities under
+        # autocast (an upper bound of the chain in eager_attention_forward, checked against the profiler)
+        return 2 * b * nh * S * (S + 1) * r + (s2 * c if c < r else 0)
+    elif eager:
+        return 2 * s2 * 4
+    elif s.device == "cuda":
+        return b * S * _flash_backward_bytes(s, c)
+    else:
+        return 3 * b * S * m.q_dim * c
 
 
 def sliding_layers(s: TrainingSetup) -> int:
