@@ -160,6 +160,12 @@ MOE_CASES = [
          micro_batch=1, overrides=_MOE4),
     Case("scaletrain/tiny-mixtral", method="lora", precision="bf16", base_bits=32, overrides=_MOE4),
     Case("scaletrain/tiny-qwen3-moe", method="qlora", precision="bf16", overrides=_MOE4),
+    # every family in full and LoRA with checkpointing on and off (the combinations the rows above leave out)
+    Case("scaletrain/tiny-qwen3-moe", grad_ckpt=True, overrides=_MOE4),
+    Case("scaletrain/tiny-qwen3-moe", method="lora", seq_len=512, micro_batch=1, overrides=_MOE4),
+    Case("scaletrain/tiny-mixtral", method="lora", grad_ckpt=True, overrides=_MOE4),
+    Case("scaletrain/tiny-olmoe", grad_ckpt=True, seq_len=512, micro_batch=1, overrides=_MOE4),
+    Case("scaletrain/tiny-qwen2-moe", grad_ckpt=True, overrides=_MOE4),
     # LoRA on the fused experts through peft's target_parameters (the target `experts`)
     Case("scaletrain/tiny-gpt-oss", attn="eager", method="lora", overrides=_MOE4,
          lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "experts")),
