@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, arch_from_config, catalog_entry, load_model
+from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, arch_from_config, load_model
 from scaletrain.engine.catalog.hardware import parse_gpus
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.model.activations import block_activations
 from scaletrain.engine.model.setup import TrainingSetup
+from test_memory_saved import LAYERS, _config   # one copy of the tiny-config builder
 
 FAMILIES = ("qwen3-moe", "qwen2-moe", "mixtral", "olmoe", "gpt-oss")
 # (engine precision, master weights, LoRA base bits, method) → trainer/measure.py's regime name
@@ -25,16 +26,6 @@ REGIMES = {
     "lora-fp32-base": ("bf16", "fp32", 32, "lora", "bf16"),
     "lora-fp32": ("fp32", "fp32", 16, "lora", "fp32"),
 }
-LAYERS = 4
-
-
-def _config(family: str) -> dict:
-    cfg = dict(catalog_entry(f"scaletrain/tiny-{family}")["config"])
-    cfg["num_hidden_layers"] = LAYERS
-    if "layer_types" in cfg:
-        pattern = list(cfg["layer_types"])
-        cfg["layer_types"] = [pattern[i % len(pattern)] for i in range(LAYERS)]
-    return cfg
 
 
 def _hf_model(config: dict, device: str = "meta"):

@@ -79,14 +79,7 @@ def measure_saved_activation_bytes(hf_config: dict, *, method: str = "full", lor
     for i, layer in enumerate(layers):
         hooks.append(layer.register_forward_pre_hook(enter(i)))
         hooks.append(layer.register_forward_hook(leave(i == len(layers) - 1)))
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            with setup.autocast():
-                loss = model(input_ids=ids, labels=ids).loss
-    finally:
-        for h in hooks:
-            h.remove()
-    del loss
+    forward_saving(model, setup.autocast, ids, pack, hooks)
     total = sum(seen.values())
     if not per_layer:
         return total
@@ -94,6 +87,21 @@ def measure_saved_activation_bytes(hf_config: dict, *, method: str = "full", lor
     for k, nb in seen.items():
         by[owner[k]] = by.get(owner[k], 0) + nb
     return total, by
+
+
+def forward_saving(model, autocast, ids, pack, hooks) -> None:
+    """One forward + loss with every tensor autograd saves for backward passed to `pack` (the graph is dropped
+    afterwards); the module hooks that scoped it are removed whatever happens."""
+    import torch
+
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with autocast():
+                loss = model(input_ids=ids, labels=ids).loss
+    finally:
+        for h in hooks:
+            h.remove()
+    del loss
 
 
 def decoder_layers(model) -> list:

@@ -31,7 +31,7 @@ import sys
 from fractions import Fraction
 from typing import Any
 
-from scaletrain.trainer.saved_activations import decoder_layers
+from scaletrain.trainer.saved_activations import decoder_layers, forward_saving
 
 TRACE_FORMAT = 1
 # Sequence lengths of the slice's forwards (micro-batch 1): three points fit c0 + c1·S + c2·S² exactly. Short,
@@ -250,15 +250,7 @@ def _saved_by_scope(harness, seq_len: int) -> tuple[dict[str, int], dict[str, in
     rec = _Recorder(torch, excluded)
     (ids,) = make_batches(1, 1, seq_len, harness.vocab_size, harness.device, 0)
     rec.scope = "shared"
-    hooks = rec.hooks(model)
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t):
-            with harness.autocast():
-                loss = model(input_ids=ids, labels=ids).loss
-    finally:
-        for h in hooks:
-            h.remove()
-    del loss
+    forward_saving(model, harness.autocast, ids, rec.pack, rec.hooks(model))
     total: dict[str, int] = {}
     largest: dict[str, int] = {}
     for nb, scope, shape, dtype in rec.seen.values():
