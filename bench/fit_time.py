@@ -22,7 +22,8 @@ from pathlib import Path
 from types import MappingProxyType
 
 from gpu_records import RESULTS, setup_for
-from scaletrain.engine.model.timing import DEFAULT_CONSTANTS, TimeConstants, estimate_time
+from scaletrain.engine.model.time_constants import DEFAULT_CONSTANTS, TimeConstants
+from scaletrain.engine.model.timing import estimate_time
 
 OUT = RESULTS.parent / "time_fit-h100-2026-11-23.json"
 GEMM_GRID = (0.50, 0.55, 0.60, 0.65, 0.70, 0.75, 0.80)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from scaletrain.engine.catalog.hardware import parse_gpus
-from scaletrain.engine.model.memory import (
-    block_activations, estimate_memory, logits_bytes, model_states, optimizer_state_bytes_per_param,
-)
+from scaletrain.engine.model.activations import block_activations, logits_bytes
+from scaletrain.engine.model.memory import estimate_memory
+from scaletrain.engine.model.states import model_states, optimizer_state_bytes_per_param
 from scaletrain.engine.catalog.architectures import load_model
 from scaletrain.engine.model.setup import ResidentModel, TrainingSetup
 

@@ -120,7 +120,7 @@ def test_experts_impl_is_validated_and_reported_for_moe_only():
 def test_qlora_keeps_experts_16_bit():
     """bitsandbytes quantizes nn.Linear only: the fused experts stay in the frozen base (fp32 after
     prepare_model_for_kbit_training), so QLoRA on an MoE saves little."""
-    from scaletrain.engine.model.memory import model_states
+    from scaletrain.engine.model.states import model_states
 
     arch = load_model("scaletrain/tiny-qwen3-moe")
     s = TrainingSetup(model=arch, hardware=parse_gpus("1xCPU"), method="qlora", device="cpu")

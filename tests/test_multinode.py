@@ -30,7 +30,8 @@ from scaletrain.engine.run.metrics import read_metrics
 from scaletrain.engine.request.request import PlanRequest, base_setup
 from scaletrain.engine.run.layout import RunDir
 from scaletrain.engine.run.scripts import launch_argv
-from scaletrain.engine.model.timing import DEFAULT_CONSTANTS, bus_bandwidth, estimate_time
+from scaletrain.engine.model.time_constants import DEFAULT_CONSTANTS
+from scaletrain.engine.model.timing import bus_bandwidth, estimate_time
 from scaletrain.tui.cli.main import main
 
 CLI = [sys.executable, "-c", "import sys; from scaletrain.tui.cli.main import main; sys.exit(main())"]

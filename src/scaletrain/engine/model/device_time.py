@@ -13,13 +13,13 @@ from scaletrain.engine.model.numerics import numerics, uses_deepspeed
 from scaletrain.engine.model.objective_time import head_seconds, runs_reference, tokens_per_micro_step
 from scaletrain.engine.model.objectives import scored_tokens, sequences
 from scaletrain.engine.model.setup import TrainingSetup, quantized_linear_bytes
-from scaletrain.engine.model.time_constants import (BACKWARD_TRAFFIC_RATIO, CAUSAL_ATTENTION_FRACTION,  # noqa: F401
+from scaletrain.engine.model.time_constants import (CAUSAL_ATTENTION_FRACTION,
                                                     CLIP_GRADIENT_PASSES, CPU_ACTIVATION_PASSES,
                                                     CPU_ELEMENTWISE_BYTES_PER_SECOND, CPU_MATMUL_FLOPS,
                                                     DEFAULT_CONSTANTS, DS_STEP_BYTES_PER_PARAM,
                                                     FLASH_BACKWARD_FLOPS_RATIO, KERNELS_PER_ADAPTER,
                                                     KERNELS_PER_BLOCK, KERNELS_PER_EXTRA_NORM, KERNELS_PER_QK_NORM,
-                                                    LOSS_BYTES_PER_LOGIT_FP32, OPTIMIZER_PASSES, TimeConstants)
+                                                    OPTIMIZER_PASSES, TimeConstants)
 
 
 @dataclass(frozen=True)

@@ -23,17 +23,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from scaletrain.engine.model.activations import (LayerActivations, block_activations, eager_attention,  # noqa: F401
-                                                 eager_masks,
-                                                 logits_bytes, outside_blocks, sliding_layers, weight_copies_bytes)
+from scaletrain.engine.model.activations import block_activations, eager_attention, eager_masks, outside_blocks
 from scaletrain.engine.model.breakdown import MemoryBreakdown
-from scaletrain.engine.model.numerics import Numerics, autocast_regime, numerics, uses_deepspeed  # noqa: F401
+from scaletrain.engine.model.numerics import numerics, uses_deepspeed
 from scaletrain.engine.model.objectives import (generation_cost, head_cost, objective_terms, reference_forward_bytes,
                                                 reference_weight_bytes, sequences)
 from scaletrain.engine.model.setup import TrainingSetup
-from scaletrain.engine.model.states import (DS_ALLGATHER_BUCKET_ELEMS, DS_PREFETCH_BUCKET_ELEMS,  # noqa: F401
-                                            DS_REDUCE_BUCKET_ELEMS, DS_SUB_GROUP_ELEMS, ModelStates, model_states,
-                                            optimizer_state_bytes_per_param)
+from scaletrain.engine.model.states import DS_PREFETCH_BUCKET_ELEMS, ModelStates, model_states
 
 # ---- constants (each one named, sourced, and overridable by calibration later) --------------------------------
 GiB = 1024**3

@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from scaletrain.engine.model.device_time import (MicroStep, block_kernels, cpu_micro_step,  # noqa: F401
+from scaletrain.engine.model.device_time import (MicroStep, block_kernels, cpu_micro_step,
                                                  gemm_for, micro_step, optimizer_device_seconds,
                                                  param_bytes_gathered)
 from scaletrain.engine.model.objective_time import GenerationTime, generation_seconds
@@ -36,7 +36,7 @@ from scaletrain.engine.model.moe_time import LOAD_BALANCE_ASSUMPTION, experts_dt
 from scaletrain.engine.model.objectives import sequences
 from scaletrain.engine.model.numerics import numerics
 from scaletrain.engine.model.setup import TrainingSetup
-from scaletrain.engine.model.time_constants import (CAUSAL_ATTENTION_FRACTION, CPU_ADAM_BYTES_PER_PARAM,  # noqa: F401
+from scaletrain.engine.model.time_constants import (CAUSAL_ATTENTION_FRACTION, CPU_ADAM_BYTES_PER_PARAM,
                                                     CPU_ELEMENTWISE_BYTES_PER_SECOND, CPU_GLOO_BYTES_PER_SECOND,
                                                     CPU_MATMUL_FLOPS, DEFAULT_CONSTANTS, HOST_LINK_GBPS,
                                                     TimeConstants)
@@ -199,7 +199,6 @@ def estimate_time(s: TrainingSetup, constants: TimeConstants | None = None) -> T
     n = s.world_size
     ga = s.grad_accum
     tokens = min(s.sample_tokens, s.seq_len)
-    tokens_micro = s.micro_batch * tokens
     fl = sample_flops(s, tokens)
     peak = CPU_MATMUL_FLOPS if s.device == "cpu" else g.peak_tflops(s.precision) * 1e12
     if s.device == "cpu":
