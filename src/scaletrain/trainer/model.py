@@ -147,9 +147,10 @@ def moe_block_classes(model: Any) -> list[type]:
 
 def mark_moe_leaves(model: Any) -> list[str]:
     """ZeRO-3: make every MoE block a leaf module, as TRL and the HF DeepSpeed docs do for Mixtral/Qwen-MoE
-    (deepspeed.utils.set_z3_leaf_modules). Without it ZeRO-3 hooks each expert's parameters separately and
-    their data-dependent use differs between ranks, which hangs or refetches per expert; as a leaf the block's
-    parameters are gathered whole before it runs (the memory model counts that gather). Returns the class names."""
+    (deepspeed.utils.set_z3_leaf_modules): the block's parameters are gathered whole before it runs, the gather
+    unit the memory model counts. (With per-expert modules, as transformers 4 built Mixtral, ZeRO-3's per-module
+    hooks saw data-dependent use that differs between ranks; transformers 5 fuses the experts into one module,
+    where whether that still matters was not checked here.) Returns the class names."""
     classes = moe_block_classes(model)
     if classes:
         from deepspeed.utils import set_z3_leaf_modules

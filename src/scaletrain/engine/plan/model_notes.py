@@ -45,8 +45,8 @@ def model_notes(s: TrainingSetup) -> tuple[str, ...]:
         if s.strategy == "zero3" and s.world_size > 1:
             gather = (2 if s.precision != "fp32" else 4) * m.largest_gather_params
             out.append(f"ZeRO-3 gathers each MoE block whole as a leaf module ({fmt_bytes(gather)} per gather): the "
-                       "bundled trainer calls deepspeed.utils.set_z3_leaf_modules; a --script must call it too, or "
-                       "ZeRO-3 hangs or refetches expert by expert")
+                       "bundled trainer calls deepspeed.utils.set_z3_leaf_modules; a --script must call it too for "
+                       "this gather to be the one the plan counts")
         if s.method != "full":
             out.append(_lora_note(s))
         if s.method != "full" and s.base_bits in (4, 8):
