@@ -168,6 +168,35 @@ class ExpertsImpl(Vocabulary):
     BATCHED_MM = "batched_mm"
 
 
+class Loop(Vocabulary):
+    """The training loop the plan's numbers are for: what it keeps alive through backward decides the peak.
+    trainer: the bundled trainer (`loss = model(**batch).loss`, the output object dropped before backward);
+    hf-trainer: transformers' Trainer (compute_loss returns the loss only); trl: TRL's SFTTrainer (its token
+    accuracy and entropy metrics read the logits before backward); accelerate-loop: a hand-written loop in the
+    style of accelerate's examples (`outputs = model(**batch); accelerator.backward(outputs.loss)`), which keeps
+    the output object, and so the logits, alive through backward."""
+
+    TRAINER = "trainer"
+    HF_TRAINER = "hf-trainer"
+    TRL = "trl"
+    ACCELERATE_LOOP = "accelerate-loop"
+
+    @property
+    def holds_outputs(self) -> bool:
+        """The model's output object (its B·S·V logits) stays referenced through backward."""
+        return self is Loop.ACCELERATE_LOOP
+
+
+class LossImpl(Vocabulary):
+    """How the causal-LM loss meets the vocabulary. standard: lm_head writes B·S·V logits and cross-entropy
+    upcasts them (transformers' ForCausalLMLoss); chunked: lm_head + cross-entropy over chunks of tokens,
+    recomputed in backward, never materialising the whole logits (liger-kernel's fused linear cross-entropy on
+    CUDA, a pure-torch chunked equivalent elsewhere)."""
+
+    STANDARD = "standard"
+    CHUNKED = "chunked"
+
+
 class Objective(Vocabulary):
     """What a step optimises. sft: next-token cross-entropy (the bundled loop); reward: a preference (reward) model,
     a sequence classifier with one output trained on chosen/rejected pairs (TRL RewardTrainer); dpo: direct

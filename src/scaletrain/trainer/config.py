@@ -42,6 +42,8 @@ class RunConfig:
     num_generations: int = 8
     ref_model: str = "none"
     experts_impl: str = "grouped_mm"  # MoE: transformers' experts_implementation the plan counted
+    loop: str = "trainer"             # the loop the plan's numbers are for (the bundled trainer runs its own)
+    loss: str = "standard"            # standard: B·S·V logits; chunked: lm_head + cross-entropy in token chunks
 
     @property
     def uses_deepspeed(self) -> bool:
@@ -73,7 +75,8 @@ def read_run_config(run_dir: str | os.PathLike[str]) -> RunConfig:
         run=run, train=train, model_id=req.model, method=tr.method, lora_rank=tr.lora_rank or 16,
         lora_targets=tr.lora_targets, base_bits=tr.base_bits, strategy=tr.strategy, precision=tr.precision,
         optimizer=tr.optimizer, optimizer_impl=tr.optimizer_impl, master_weights=tr.master_weights, attn=tr.attn,
-        grad_ckpt=tr.grad_ckpt, experts_impl=str(tr.experts_impl), micro_batch=batch.micro_batch,
+        grad_ckpt=tr.grad_ckpt, experts_impl=str(tr.experts_impl), loop=str(tr.loop),
+        loss=str(tr.loss), micro_batch=batch.micro_batch,
         grad_accum=batch.grad_accum, seq_len=batch.seq_len, epochs=float(req.epochs or 1.0),
         planned_world_size=batch.world_size, **_objective_fields(doc))
 

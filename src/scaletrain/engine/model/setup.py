@@ -12,8 +12,8 @@ from typing import Any
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import Hardware
 from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, ModelArch
-from scaletrain.engine.vocabulary import (Attention, Device, ExpertsImpl, Generation, MasterWeights, Method,
-                                          Objective, Offload, Optimizer, OptimizerImpl, Precision, RefModel,
+from scaletrain.engine.vocabulary import (Attention, Device, ExpertsImpl, Generation, Loop, LossImpl, MasterWeights,
+                                          Method, Objective, Offload, Optimizer, OptimizerImpl, Precision, RefModel,
                                           Strategy, Vocabulary)
 
 BASE_BITS = (4, 8, 16, 32)
@@ -70,6 +70,8 @@ class TrainingSetup:
     master_weights: MasterWeights = MasterWeights.FP32   # full fine-tuning: fp32 master weights, or bf16 weights only
     attn: Attention = Attention.SDPA
     experts_impl: ExpertsImpl = ExpertsImpl.GROUPED_MM   # MoE models: how transformers runs the experts
+    loop: Loop = Loop.TRAINER            # the training loop the numbers are for (what it keeps through backward)
+    loss: LossImpl = LossImpl.STANDARD   # the causal-LM loss: B·S·V logits, or chunked through lm_head
     grad_ckpt: bool = False
     micro_batch: int = 1
     grad_accum: int = 1
@@ -102,6 +104,8 @@ class TrainingSetup:
         one_of("optimizer", Optimizer)
         one_of("attn", Attention)
         one_of("experts_impl", ExpertsImpl)
+        one_of("loop", Loop)
+        one_of("loss", LossImpl)
         one_of("optimizer_impl", OptimizerImpl)
         one_of("master_weights", MasterWeights)
         one_of("objective", Objective)
@@ -222,6 +226,7 @@ class TrainingSetup:
             "num_generations": self.num_generations if self.objective == "grpo" else None,
             "ref_model": self.ref_model.value, "generation": self.generation.value if self.objective == "grpo" else None,
             **({"experts_impl": self.experts_impl.value} if self.model.moe is not None else {}),
+            "loop": self.loop.value, "loss": self.loss.value,
         }
 
 

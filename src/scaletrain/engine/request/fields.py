@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from scaletrain.engine.catalog.hardware import inter_node_gbit_s
-from scaletrain.engine.vocabulary import (Attention, ExpertsImpl, Generation, MasterWeights, Method, Objective, Offload,
-                                          Optimizer, OptimizerImpl, Precision, RefModel, Strategy)
+from scaletrain.engine.vocabulary import (Attention, ExpertsImpl, Generation, Loop, LossImpl, MasterWeights, Method,
+                                          Objective, Offload, Optimizer, OptimizerImpl, Precision, RefModel, Strategy)
 
 RESIDENT_BITS = ("16", "8", "4")
 
@@ -139,6 +139,12 @@ FIELDS: tuple[PlanField, ...] = (
     PlanField("experts_impl", _HOW, choices=ExpertsImpl.values(),
               help="MoE models: transformers' experts implementation (grouped_mm, the default; eager: a loop over "
                    "the experts; batched_mm: the experts' weights gathered per token)"),
+    PlanField("loop", _HOW, choices=Loop.values(),
+              help="the training loop the numbers are for: trainer (bundled, default), hf-trainer, trl (SFTTrainer), "
+                   "accelerate-loop (a hand-written loop that keeps the model's outputs through backward)"),
+    PlanField("loss", _HOW, choices=LossImpl.values(),
+              help="causal-LM loss: standard (B·S·V logits) or chunked (lm_head + cross-entropy in token chunks, "
+                   "recomputed in backward: liger-kernel on CUDA, pure torch elsewhere)"),
     PlanField("grad_ckpt", _HOW, kind="flag"),
     PlanField("headroom", _HOW, parse=float, help="safety fraction of card memory kept free (default 0.10)"),
     PlanField("micro_batch", _BATCH, parse=int, bounds=(1, 1 << 16)),

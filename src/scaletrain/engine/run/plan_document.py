@@ -21,8 +21,8 @@ from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.request.options import TrainOptions
-from scaletrain.engine.vocabulary import (Attention, ExpertsImpl, MasterWeights, Method, Optimizer, OptimizerImpl, Precision,
-                                          Strategy)
+from scaletrain.engine.vocabulary import (Attention, ExpertsImpl, Loop, LossImpl, MasterWeights, Method, Optimizer,
+                                          OptimizerImpl, Precision, Strategy)
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,8 @@ class TrainingSection:
     master_weights: MasterWeights = MasterWeights.FP32     # plans written before issue 12 trained fp32 masters
     optimizer_impl: OptimizerImpl = OptimizerImpl.FUSED
     experts_impl: ExpertsImpl = ExpertsImpl.GROUPED_MM     # MoE models (plans of dense models carry none)
+    loop: Loop = Loop.TRAINER                              # plans written before issue 21: the bundled trainer
+    loss: LossImpl = LossImpl.STANDARD
 
 
 @dataclass(frozen=True)
@@ -203,7 +205,8 @@ class PlanDocument:
                 lora_targets=tuple(tr.get("lora_targets") or ()), base_bits=int(tr.get("base_bits", 16)),
                 master_weights=MasterWeights(tr.get("master_weights") or MasterWeights.FP32),
                 optimizer_impl=OptimizerImpl(tr.get("optimizer_impl") or OptimizerImpl.FUSED),
-                experts_impl=ExpertsImpl(tr.get("experts_impl") or ExpertsImpl.GROUPED_MM))
+                experts_impl=ExpertsImpl(tr.get("experts_impl") or ExpertsImpl.GROUPED_MM),
+                loop=Loop(tr.get("loop") or Loop.TRAINER), loss=LossImpl(tr.get("loss") or LossImpl.STANDARD))
         except (KeyError, TypeError, ValueError) as e:
             raise self._missing(e) from None
 
@@ -262,7 +265,7 @@ class PlanDocument:
         fields_["lora_targets"] = tuple(targets) if targets else None
         if tr.get("base_bits") is not None and tr["method"] != "full":
             fields_["base_bits"] = int(tr["base_bits"])
-        for k in ("master_weights", "optimizer_impl", "experts_impl"):   # request fields once the request carries them
+        for k in ("master_weights", "optimizer_impl", "experts_impl", "loop", "loss"):   # request fields once the request carries them
             if k in known and tr.get(k) is not None:
                 fields_[k] = tr[k]
         mem = d.get("memory") or {}
