@@ -124,9 +124,11 @@ def test_headless_waits_for_a_run_dir_that_does_not_exist_yet(tmp_path):
     assert "step 2/4" in text and "run finished: exit code 0" in text
 
 
-def test_headless_once_on_a_missing_dir_says_it_waits(tmp_path, capsys):
-    assert main(["monitor", str(tmp_path / "nowhere"), "--headless", "--once"]) == 0
-    assert capsys.readouterr().out.strip() == f"waiting for {(tmp_path / 'nowhere').resolve()}"
+def test_headless_once_on_a_missing_dir_says_it_does_not_exist(tmp_path, capsys):
+    """One snapshot of a folder that is not there is an error (issue 23); without --once it is waited for."""
+    assert main(["monitor", str(tmp_path / "nowhere"), "--headless", "--once"]) == 2
+    out, err = capsys.readouterr()
+    assert not out and err.count("\n") == 1 and "nowhere does not exist" in err
 
 
 def test_full_screen_waits_then_shows_the_run(tmp_path):

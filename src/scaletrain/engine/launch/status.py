@@ -158,14 +158,15 @@ def read_status(path: str | Path) -> RunStatus:
         d = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         return RunStatus("starting")
-    except (ValueError, OSError, RecursionError):
-        return RunStatus("unknown")
+    except (ValueError, OSError, RecursionError) as e:
+        return RunStatus("unknown", reason=f"{Path(path).name} is unreadable ({type(e).__name__})")
     if not isinstance(d, dict):
-        return RunStatus("unknown")
+        return RunStatus("unknown", reason=f"{Path(path).name} holds a JSON {type(d).__name__}, not the launcher's "
+                                           "record (an object with a state)")
     try:
         st = RunStatus.from_json(d)
     except (TypeError, ValueError, AttributeError, OverflowError):
-        return RunStatus("unknown")
+        return RunStatus("unknown", reason=f"{Path(path).name} has a field of the wrong type")
     if st.stale:
         st = replace(st, state="interrupted", reason=f"its launcher (pid {st.launcher_pid}) is gone without "
                                                      "recording how the run ended")

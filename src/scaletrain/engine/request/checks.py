@@ -49,6 +49,9 @@ def check_values(req: Any) -> None:
         if not (math.isfinite(lr) and lr > 0):
             raise ScaletrainError(f"--base-lr must be a positive finite number (got {req.base_lr!r})")
     _check_model_spec("--model", req.model)
+    if req.lora_targets is not None and not req.lora_targets:     # "--lora-targets ," names no target
+        raise ScaletrainError("--lora-targets names no target; give a comma list such as q_proj,v_proj, or leave it "
+                              "out for every block linear")
     for resident in req.residents or ():
         _check_model_spec("--resident", resident[0] if isinstance(resident, (tuple, list)) and resident else resident)
     if not isinstance(req.gpus, str) or len(req.gpus) > MAX_NAME_CHARS:

@@ -19,6 +19,7 @@ file path.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 import reprlib
@@ -106,13 +107,22 @@ def _accepted(loc: tuple) -> list[str]:
     return sorted(PresetSchema.model_fields)
 
 
+NEAREST_KEYS = 3    # an unknown key names this many near spellings, not every accepted key (a 600-character line)
+
+
+def nearest_keys(key: str, accepted: Iterable[str]) -> str:
+    """ "did you mean a, b?" for the closest accepted spellings, or where the list of keys is."""
+    near = difflib.get_close_matches(str(key), list(accepted), n=NEAREST_KEYS, cutoff=0.5)
+    return f"did you mean {', '.join(near)}?" if near else "`scaletrain plan --help` lists the plan fields"
+
+
 def _validation_line(e: ValidationError, where: str, prefix: tuple = ()) -> str:
     errs = e.errors()
     first = errs[0]
     loc = prefix + tuple(first["loc"])
     dotted = ".".join(str(x) for x in loc)
     if first["type"] == "extra_forbidden":
-        msg = f"unknown key {dotted!r}; accepted here: {', '.join(_accepted(loc[:-1]))}"
+        msg = f"unknown key {dotted!r}; {nearest_keys(loc[-1], _accepted(loc[:-1]))}"
     elif first["type"] == "missing":
         msg = f"{dotted} is required"
     else:
@@ -319,9 +329,9 @@ def split_override_key(key: str) -> tuple[str, str]:
         name = key
         sec = "request" if name in _field_names("request") else "train" if name in _field_names("train") else ""
     if not sec or name not in _field_names(sec):
-        raise ScaletrainError(
-            f"--set {key}: unknown key; accepted: {', '.join(sorted(_field_names('request')))}, "
-            f"or train.KEY with KEY one of {', '.join(sorted(_field_names('train')))}")
+        names = _field_names(sec) if sec else _field_names("request") | _field_names("train")
+        raise ScaletrainError(f"--set {key}: unknown key; {nearest_keys(name, names)} (a bare KEY, request.KEY or "
+                              "train.KEY)")
     return sec, name
 
 

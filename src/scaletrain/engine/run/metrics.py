@@ -112,18 +112,31 @@ class MetricsTail:
         self.path = Path(path)
         self._lines = AppendedLines(self.path)
         self.series: list[StepMetrics] = []
+        self.rejected_lines = 0                 # complete lines that are no step record (foreign, damaged, null)
 
     def poll(self) -> list[StepMetrics]:
         lines = self._lines.poll()
         if self._lines.restarted:
             self.series = []                    # replaced or truncated: start over
+            self.rejected_lines = 0
         new: list[StepMetrics] = []
         for raw in lines:
             rec = _parse(raw.decode("utf-8", errors="replace"))
             if rec is not None:
                 _monotone(self.series, rec)
                 new.append(rec)
+            elif raw.strip():
+                self.rejected_lines += 1
         return new
+
+    @property
+    def problem(self) -> str | None:
+        """What is wrong with the file when no line of it is a step record (a few bad lines among good ones are
+        skipped quietly: a torn line after a crash is normal)."""
+        if self.rejected_lines and not self.series:
+            return (f"{self.path.name}: none of its {self.rejected_lines} line(s) is a step record (a JSON object "
+                    "with step, loss, lr, tokens_per_second, …)")
+        return None
 
 
 def truncate_metrics(path: str | os.PathLike[str], through_step: int) -> int:

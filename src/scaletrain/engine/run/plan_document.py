@@ -167,6 +167,18 @@ class PlanDocument:
         return ScaletrainError(f"{self.source} is not a scaletrain plan (missing or bad field {e}); "
                                "write it with `scaletrain ... --run-dir DIR --dry-run`")
 
+    def check_plan(self) -> None:
+        """What the doctor reads from a plan it is given (`diagnose --plan`): the hardware, the choices, the batch
+        and the predicted memory; an empty or partial section fails here, in one line."""
+        for section, keys in (("hardware", ("gpu", "gpus_per_node", "nodes")), ("memory", ("per_gpu_bytes",))):
+            part = self._data.get(section)
+            missing = [k for k in keys if not isinstance(part, Mapping) or part.get(k) is None]
+            if missing:
+                raise self._missing(f"{section}.{missing[0]}")
+        if not isinstance(self.predicted_total_bytes, int):
+            raise self._missing("memory.per_gpu_bytes.total")
+        _ = (self.training, self.batch)
+
     def check_trainable(self) -> None:
         """Everything the bundled trainer reads: a bad plan.json or train option fails here, in one line."""
         _ = (self.request, self.training, self.batch)

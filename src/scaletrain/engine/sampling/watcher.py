@@ -120,6 +120,9 @@ class RunWatcher:
 
     def _open(self) -> None:
         """Read the run directory's plan (a file or a folder that is no run directory: one line)."""
+        if not self.run.path.exists():
+            raise ScaletrainError(f"{self.run.path} does not exist; give a run directory (it holds plan.json), or "
+                                  "leave out --once to wait for it")
         if not self.run.path.is_dir():
             raise ScaletrainError(f"{self.run.path} is not a directory; give a run directory (it holds plan.json)")
         self.plan = read_plan_document(self.run.plan) if self.run.plan.exists() else None
@@ -149,6 +152,18 @@ class RunWatcher:
         """A directory holding files, none of them a run directory's: not a run to wait for (a wrong path)."""
         names = {p.name for p in self.run.path.iterdir()}
         return bool(names) and not names & RUN_DIR_MARKERS
+
+    def problems(self, status: RunStatus) -> tuple[str, ...]:
+        """What the run directory says wrongly, each in words: no plan.json (no prediction to compare with), a
+        status file that is not the launcher's record, a metrics file without one step record."""
+        out = []
+        if self.ready and self.plan is None:
+            out.append(f"{self.run.path} has no plan.json: nothing to compare the measurements with")
+        if status.state == "unknown" and status.reason:
+            out.append(status.reason)
+        if self.metrics.problem:
+            out.append(self.metrics.problem)
+        return tuple(out)
 
     @property
     def predicted_peak_bytes(self) -> int | None:
@@ -187,7 +202,7 @@ class RunWatcher:
         for t in self._log_tails():
             lines.extend((t.rank, ln) for ln in t.poll())
         status = read_status(self.run.status)
-        warnings = tuple(m.warning for m in mem if m.warning)
+        warnings = self.problems(status) + tuple(m.warning for m in mem if m.warning)
         return JobSnapshot(time.time(), status, summary, self._losses, mem, tuple(lines), warnings, tuple(new),
                            self._series, tensorboard=tensorboard_command(self.run) if self.run.tensorboard.is_dir()
                            else None)

@@ -42,6 +42,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     from scaletrain.engine.run.plan_document import read_plan_document
 
     plan = read_plan_document(args.plan, flag="--plan") if args.plan else None
+    if plan is not None:
+        plan.check_plan()
     diag = diagnose_paths([Path(p) for p in args.logs], plan, exit_codes=_exit_codes(args.exit_code))
     if args.json:
         print(json.dumps(diag.to_json(), indent=2))

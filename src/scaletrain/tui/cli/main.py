@@ -25,6 +25,9 @@ MAX_ERROR_CHARS = 600                  # an error line fits a few terminal rows;
 
 
 def _run_top_level(args: argparse.Namespace) -> int:
+    if args.plain and args.headless:
+        raise ScaletrainError("--plain asks the plan's questions on the terminal and --headless replays a preset "
+                              "without asking: give one of them")
     if args.headless or args.save_preset:
         from scaletrain.tui.cli.headless import run_headless
         return run_headless(args)

@@ -13,6 +13,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, TextIO
 
+from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.units import fmt_bytes, fmt_seconds
 from scaletrain.tui.cli.diagnose import print_diagnosis
 
@@ -39,7 +40,8 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     from scaletrain.engine.sampling.sampler import make_sampler
 
     interval = DEFAULT_INTERVAL_S if args.interval is None else args.interval
-    sampler = make_sampler(args.run_dir, interval, replay=args.replay)
+    # one snapshot reads what is there now: a folder that does not exist (yet) is an error, not waited for
+    sampler = make_sampler(args.run_dir, interval, replay=args.replay, wait=not args.once)
     if args.headless or args.once:
         return stream_run(sampler, sys.stdout, once=args.once)
     from scaletrain.tui.monitor.app import create_monitor_app
@@ -182,6 +184,8 @@ def stream_run(sampler: Sampler, out: TextIO, *, once: bool = False, diagnose_fa
         if doc is not None and printer.predicted is None:
             printer.predicted = job.predicted_peak_bytes
             printer.planned = (doc.planned_step_seconds, doc.planned_tokens_per_second)
+        if once and t.job is not None and job is not None and job.problems(t.job.status):
+            return                          # one snapshot of a broken run directory: said once, as the error below
         printer(t)
 
     try:
@@ -194,7 +198,12 @@ def stream_run(sampler: Sampler, out: TextIO, *, once: bool = False, diagnose_fa
     finally:
         sampler.close()
     t = last[0] if last else None
+    if once and t is not None and t.job is not None and job is not None and job.problems(t.job.status):
+        raise ScaletrainError("; ".join(job.problems(t.job.status)))   # said as warnings above; one line, exit 2
     if t is not None and t.job is not None and t.job.status.state == "failed" and diagnose_failure:
-        print_diagnosis(diagnose_paths([job.run.path]), out)
+        try:
+            print_diagnosis(diagnose_paths([job.run.path]), out)
+        except ScaletrainError as e:          # e.g. no rank log was written: the run failed before it started
+            out.write(f"no diagnosis: {e}\n")
         return 1
     return 0
