@@ -90,6 +90,7 @@ def sandbox(tmp_path_factory):
         f["hbool"] = _config(fx / "hbool", hidden_size=True)
         f["inter0"] = _config(fx / "inter0", intermediate_size=0)
         f["indivisible"] = _config(fx / "indivisible", hidden_size=66, head_dim=None)
+        f["unknown_type"] = _config(fx / "unknown_type", model_type="foobarnet")   # transformers' long refusal
         (fx / "list").mkdir()
         (fx / "list" / "config.json").write_text("[1, 2]")
         f["list"] = str(fx / "list")
@@ -325,6 +326,7 @@ def _cases(f: dict) -> list[tuple[str, list[str], str]]:
         ("lora_targets_comma", [*tiny, "--method", "lora", "--lora-targets", ","], "--lora-targets"),
         ("diagnose_plan_empty_sections", ["diagnose", str(fx / "afile"), "--plan", str(fx / "plan-empty.json")],
          "hardware"),
+        ("model_type_unknown_to_transformers", [*plan, f["unknown_type"]], "could not be traced"),
         ("set_unknown_key_nearest", [*dry, "--set", "micro_bach=2"], "did you mean micro_batch"),
         ("preset_unknown_key_nearest", ["plan", "--preset", str(fx / "typo.yaml")], "did you mean micro_batch"),
     ]
