@@ -201,7 +201,7 @@ def test_cpu_run_live_then_killed_rank_diagnosed_then_fixed_and_resumed(tmp_path
     text = headless.getvalue()
     assert "step 1/6 [####" in text and "step 3/6 [####" in text and "loss" in text and "tok/s" in text and "ETA" in text
     assert "host cpu" in text and "rank 1 pid" in text
-    assert "run failed: exit code 137" in text and "host_oom rank 1:" in text    # the doctor's verdict, headless
+    assert "run failed: exit code 137" in text and "host_oom rank 1 node 0:" in text    # the doctor's verdict, headless
     plan = read_plan_document(rd.plan)
     assert (plan.batch.micro_batch, plan.batch.grad_accum) == (chosen["micro_batch"],
                                                                chosen["grad_accum"])  # applied

@@ -23,7 +23,8 @@ from scaletrain.engine.doctor.signatures import (CAUSE, CONSEQUENCE, EXCEPTION, 
 from scaletrain.engine.doctor.summary import Diagnosis, with_summary
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.layout import STATUS, RunDir
-from scaletrain.engine.run.metrics import read_metrics, steady_step_seconds
+from scaletrain.engine.doctor.peers import peer_report
+from scaletrain.engine.run.metrics import StepMetrics, read_metrics, steady_step_seconds
 from scaletrain.engine.run.plan_document import PlanDocument
 from scaletrain.engine.launch.status import RunStatus
 
@@ -134,9 +135,11 @@ def _interrupted(status: RunStatus | None, chosen: Event | None) -> Event | None
 
 def diagnose(logs: list[Path], plan: PlanDocument | None = None, exit_codes: dict[int, int] | None = None, *,
              first_failing_rank: int | None = None, with_remedies: bool = True,
-             status: RunStatus | None = None, measured_step_seconds: float | None = None) -> Diagnosis:
-    """Classify a failed run from its logs (and, when known, per-rank exit codes, the plan, status.json, and the
-    steady step time the run measured: remedies' step times are scaled by it)."""
+             status: RunStatus | None = None, measured_step_seconds: float | None = None,
+             last_step: StepMetrics | None = None) -> Diagnosis:
+    """Classify a failed run from its logs (and, when known, per-rank exit codes, the plan, status.json, the
+    steady step time the run measured: remedies' step times are scaled by it, and its last logged step: every
+    rank's peak and node, for the failing rank's node and how close the others were to the plan)."""
     if not logs and not exit_codes:
         raise ScaletrainError("diagnose needs at least one log file (or a run directory)")
     codes = {int(k): int(v) for k, v in (exit_codes or {}).items() if v is not None}
@@ -177,11 +180,14 @@ def diagnose(logs: list[Path], plan: PlanDocument | None = None, exit_codes: dic
             chosen.details["gpu_total_bytes"] = int(cap)
     secondary = _secondary_lines(events, chosen)
     evidence = tuple(_dedupe(x.text for x in chosen.evidence))[:MAX_EVIDENCE_LINES]
+    peers = peer_report(chosen.rank, plan, last_step)
     diag = Diagnosis(kind=chosen.kind, rank=chosen.rank, gpu=gpu, summary="", evidence=evidence,
-                     details=dict(chosen.details), secondary=secondary)
+                     details=dict(chosen.details), secondary=secondary, node=peers.node if peers else None,
+                     peers=peers.line if peers else None)
     diag = with_summary(diag, plan)
     if with_remedies:
-        remedies, notes = remedies_for(diag, plan, measured_step_seconds)
+        remedies, notes = remedies_for(diag, plan, measured_step_seconds,
+                                       peers.peak_ratio if peers and diag.kind.startswith("cuda_oom") else None)
         diag = replace(diag, remedies=tuple(remedies), notes=notes)
     return diag
 
@@ -229,7 +235,7 @@ def diagnose_paths(paths: list[Path], plan: PlanDocument | None = None,
     Explicit `exit_codes` win over status.json's."""
     logs: list[Path] = []
     codes: dict[int, int] = {}
-    first = measured = None
+    first = measured = last = None
     status: RunStatus | None = None
     for p in paths:
         p = Path(p)
@@ -242,9 +248,12 @@ def diagnose_paths(paths: list[Path], plan: PlanDocument | None = None,
             first = first if first is not None else f2
             plan = plan if plan is not None else pj
             status = status if status is not None else run_dir_status(p)
-            measured = measured if measured is not None else steady_step_seconds(read_metrics(RunDir(p).metrics))
+            if measured is None:
+                series = read_metrics(RunDir(p).metrics)
+                measured, last = steady_step_seconds(series), (series[-1] if series else None)
         else:
             logs.append(p)
     codes.update(exit_codes or {})
     kw.setdefault("measured_step_seconds", measured)
+    kw.setdefault("last_step", last)
     return diagnose(logs, plan, codes, first_failing_rank=first, status=status, **kw)

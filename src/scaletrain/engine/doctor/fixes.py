@@ -10,6 +10,7 @@ from scaletrain.engine.doctor.summary import FRAGMENTATION_HINT_FRACTION, Diagno
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.planner import make_plan
+from scaletrain.engine.doctor.peers import scaled_memory
 from scaletrain.engine.doctor.remedies import Remedy, rank_remedies
 from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.run.plan_document import PlanDocument
@@ -26,11 +27,12 @@ NCCL_DEBUG_ENV = {"env.NCCL_DEBUG": "INFO", "env.TORCH_NCCL_DUMP_ON_TIMEOUT": "1
 NCCL_TIMEOUT_MINUTES = 30
 
 
-def remedies_for(diag: Diagnosis, doc: PlanDocument | None,
-                 measured_step_seconds: float | None = None) -> tuple[list[Remedy], tuple[str, ...]]:
+def remedies_for(diag: Diagnosis, doc: PlanDocument | None, measured_step_seconds: float | None = None,
+                 measured_peak_ratio: float | None = None) -> tuple[list[Remedy], tuple[str, ...]]:
     """Ranked remedies (the planner's for OOMs, known fixes with the plan's numbers for the rest) and notes about
     them. When the failed run logged steady steps, every predicted step time is scaled by what it measured over
-    what the model predicts for it (the planner's ranking is unchanged by a common factor), and a note says so."""
+    what the model predicts for it (the planner's ranking is unchanged by a common factor), and a note says so; when
+    its ranks peaked above the prediction, predicted memory is scaled the same way (peers.scaled_memory)."""
     req: PlanRequest | None = None
     plan: Plan | None = None
     if doc is not None:
@@ -38,7 +40,9 @@ def remedies_for(diag: Diagnosis, doc: PlanDocument | None,
             req, plan = doc.replan()
         except ScaletrainError:
             req = plan = None
-    return scaled_by_measurement(_remedies(diag, doc, req, plan), plan, measured_step_seconds)
+    remedies, notes = scaled_by_measurement(_remedies(diag, doc, req, plan), plan, measured_step_seconds)
+    remedies, mem_notes = scaled_memory(remedies, plan, measured_peak_ratio)
+    return remedies, notes + mem_notes
 
 
 def scaled_by_measurement(remedies: list[Remedy], plan: Plan | None,

@@ -52,20 +52,22 @@ class Remedy:
     detail: str = ""                       # why it helps
     applicable: bool = True                # can a relaunch on the same machines apply it (vs. a manual step)?
     time_scale: float | None = None        # predicted_step_seconds × this: a failed run's measured ÷ predicted
+    memory_scale: float | None = None      # allocated peak × this: a failed run's highest measured ÷ predicted peak
 
     def to_json(self) -> dict[str, Any]:
         return {"title": self.title, "kind": self.kind, "changes": dict(self.changes),
                 "predicted_per_gpu_bytes": self.predicted_per_gpu_bytes,
                 "predicted_step_seconds": self.predicted_step_seconds, "effective_batch": self.effective_batch,
                 "keeps_effective_batch": self.keeps_effective_batch, "fits": self.fits, "detail": self.detail,
-                "time_scale": self.time_scale}
+                "time_scale": self.time_scale, "memory_scale": self.memory_scale}
 
     def numbers(self) -> list[str]:
         """What the fix predicts, as `scaletrain diagnose` and the monitor show it: memory per GPU, step time (scaled
         by the failed run's measured ÷ predicted), effective batch."""
         nums = []
         if self.predicted_per_gpu_bytes is not None:
-            nums.append(f"{fmt_bytes(self.predicted_per_gpu_bytes)}/GPU")
+            nums.append(f"{fmt_bytes(self.predicted_per_gpu_bytes)}/GPU"
+                        + (f" (×{self.memory_scale:.2f} as measured)" if self.memory_scale is not None else ""))
         if self.predicted_step_seconds is not None:
             nums.append(f"step {fmt_seconds(self.predicted_step_seconds)}"
                         + (f" (×{self.time_scale:.2f} as measured)" if self.time_scale is not None else ""))

@@ -26,11 +26,13 @@ class Diagnosis:
     details: dict[str, Any] = field(default_factory=dict, compare=False)
     secondary: tuple[str, ...] = ()    # what else was seen (SIGTERMed ranks, NCCL fallout), one line each
     notes: tuple[str, ...] = ()        # about the remedies (e.g. step times scaled by the run's measurement)
+    node: int | None = None            # the failing rank's node (its telemetry, else torchrun's numbering)
+    peers: str | None = None           # the other ranks' last measured peaks against the plan (peers.py)
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "rank": self.rank, "gpu": self.gpu, "summary": self.summary,
-                "evidence": list(self.evidence), "remedies": [_remedy_json(r) for r in self.remedies],
-                "notes": list(self.notes)}
+        return {"kind": self.kind, "rank": self.rank, "node": self.node, "gpu": self.gpu, "summary": self.summary,
+                "evidence": list(self.evidence), "peers": self.peers,
+                "remedies": [_remedy_json(r) for r in self.remedies], "notes": list(self.notes)}
 
     def failure_dict(self) -> dict[str, Any]:
         """The failure as the planner's remedy ranking takes it."""
@@ -42,13 +44,13 @@ def _remedy_json(r: Remedy) -> dict[str, Any]:
     """A remedy as `diagnose --json` reports it (the numbers of the plan it leads to; None when unknown)."""
     return {"title": r.title, "changes": dict(r.changes), "predicted_per_gpu_bytes": r.predicted_per_gpu_bytes,
             "predicted_step_seconds": r.predicted_step_seconds, "effective_batch": r.effective_batch,
-            "time_scale": r.time_scale}
+            "time_scale": r.time_scale, "memory_scale": r.memory_scale}
 
 
 def with_summary(d: Diagnosis, plan: PlanDocument | None) -> Diagnosis:
     """The diagnosis with its one-line summary, in the words of its kind (and the plan's numbers, when known)."""
     x = d.details
-    who = f"rank {d.rank}" if d.rank is not None else "a rank"
+    who = (f"rank {d.rank}" + (f" on node {d.node}" if d.node is not None else "")) if d.rank is not None else "a rank"
     predicted = plan.predicted_total_bytes if plan is not None else None
     if d.kind in ("cuda_oom", "cuda_oom_zero3_gather"):
         where = f"GPU {d.gpu}" if d.gpu is not None else "its GPU"

@@ -7,7 +7,8 @@ A line:
 `epoch` is fractional progress (steps done / steps per epoch); `tokens` counts the step's real (unpadded) tokens over
 all ranks; `grad_norm` is the global norm before clipping (null where the strategy does not report it).
 `allocated_bytes`/`reserved_bytes` are CUDA's max_memory_allocated/reserved per rank (null on CPU);
-`host_rss_bytes` is the rank's peak resident set size.
+`host_rss_bytes` is the rank's peak resident set size; `telemetry` (when the trainer sampled it) what the rank saw of
+its own device, node and step phases (rank_telemetry.py).
 
 A resumed run first cuts the file back to its checkpoint's step (truncate_metrics: the steps logged after the last
 checkpoint of a killed run are logged again, and a torn last line goes), then appends. Readers still keep one
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from scaletrain.engine.fileio import AppendedLines, atomic_write
+from scaletrain.engine.run.rank_telemetry import RankTelemetry
 from scaletrain.engine.units import fmt_seconds
 
 TORN_TAIL_SCAN_BYTES = 1 << 20  # a record is a few hundred bytes: its line break is well within the last MiB
@@ -35,14 +37,24 @@ MIN_WARMUP_STEPS = 2           # kernel selection, caches; a steady-state number
 
 @dataclass(frozen=True)
 class RankMemory:
+    """One rank's peaks at a step, and what it sampled of its own device and step (rank_telemetry.py)."""
+
     rank: int
     allocated_bytes: int | None
     reserved_bytes: int | None
     host_rss_bytes: int | None
+    telemetry: RankTelemetry | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"rank": self.rank, "allocated_bytes": self.allocated_bytes, "reserved_bytes": self.reserved_bytes,
-                "host_rss_bytes": self.host_rss_bytes}
+        out = {"rank": self.rank, "allocated_bytes": self.allocated_bytes, "reserved_bytes": self.reserved_bytes,
+               "host_rss_bytes": self.host_rss_bytes}
+        if self.telemetry is not None:
+            out["telemetry"] = self.telemetry.to_json()
+        return out
+
+    @property
+    def node(self) -> int | None:
+        return self.telemetry.node if self.telemetry is not None else None
 
 
 @dataclass(frozen=True)
@@ -69,7 +81,8 @@ class StepMetrics:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "StepMetrics":
         mem = tuple(RankMemory(int(m["rank"]), m.get("allocated_bytes"), m.get("reserved_bytes"),
-                               m.get("host_rss_bytes")) for m in d.get("peak_memory") or ())
+                               m.get("host_rss_bytes"), RankTelemetry.from_json(m.get("telemetry")))
+                    for m in d.get("peak_memory") or ())
         return cls(step=int(d["step"]), total_steps=int(d["total_steps"]), epoch=float(d["epoch"]),
                    loss=float(d["loss"]), lr=float(d["lr"]), tokens_per_second=float(d["tokens_per_second"]),
                    step_seconds=float(d["step_seconds"]), world_size=int(d["world_size"]), time=float(d["time"]),

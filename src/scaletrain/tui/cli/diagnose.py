@@ -54,7 +54,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 def print_diagnosis(diag: Diagnosis, out: TextIO) -> None:
     """Plain text: kind, summary, evidence, remedies with their predicted numbers (all from the Diagnosis)."""
-    where = "".join(f" {k} {v}" for k, v in (("rank", diag.rank), ("gpu", diag.gpu)) if v is not None)
+    where = "".join(f" {k} {v}" for k, v in (("rank", diag.rank), ("node", diag.node), ("gpu", diag.gpu))
+                    if v is not None)
     print(f"{diag.kind}{where}: {diag.summary}", file=out)
     if diag.evidence:
         print("evidence:", file=out)
@@ -62,6 +63,8 @@ def print_diagnosis(diag: Diagnosis, out: TextIO) -> None:
             print(f"  {line}", file=out)
     for s in diag.secondary:
         print(f"  also: {s}", file=out)
+    if diag.peers:
+        print(f"peers: {diag.peers}", file=out)
     if diag.remedies:
         print("remedies:", file=out)
     for note in diag.notes:

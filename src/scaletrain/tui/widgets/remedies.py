@@ -54,9 +54,13 @@ class RemediesPanel(Vertical):
         head = Text.assemble(("failure: ", "bold red"), (diag.kind, "bold"))
         if diag.rank is not None:
             head.append(f"  rank {diag.rank}")
+        if diag.node is not None:
+            head.append(f"  node {diag.node}")
         if diag.gpu is not None:
             head.append(f"  gpu {diag.gpu}")
         body = Text.assemble(head, "\n", diag.summary)
+        if diag.peers:
+            body.append(f"\n{diag.peers}", style="yellow")
         for line in diag.evidence[-EVIDENCE_LINES_SHOWN:]:
             body.append("\n  " + line[:EVIDENCE_LINE_CHARS], style="dim")
         for note in diag.notes:
