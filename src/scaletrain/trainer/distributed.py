@@ -10,6 +10,8 @@ from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.metrics import RankMemory
+from scaletrain.engine.run.rank_telemetry import RankTelemetry
+from scaletrain.trainer.telemetry import host_names
 from scaletrain.trainer.config import RunConfig
 
 
@@ -127,8 +129,9 @@ def _check_ds_config(acc: Any, cfg: RunConfig) -> None:
         ds["gradient_clipping"] = cfg.train.max_grad_norm
 
 
-def peak_memory(acc: Any, rank: int, world: int) -> tuple[RankMemory, ...]:
-    """Every rank's peaks (CUDA allocated/reserved where present, host peak RSS always), gathered to all."""
+def peak_memory(acc: Any, rank: int, world: int, telemetry: RankTelemetry | None = None) -> tuple[RankMemory, ...]:
+    """Every rank's peaks (CUDA allocated/reserved where present, host peak RSS always) and its telemetry, gathered
+    to all in one all_gather of a fixed float64 vector (bytes are exact below 2**53; NaN and −1 are N/A)."""
     import resource
 
     import torch
@@ -138,17 +141,22 @@ def peak_memory(acc: Any, rank: int, world: int) -> tuple[RankMemory, ...]:
         mine = [torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(), rss]
     else:
         mine = [-1, -1, rss]
-    t = torch.tensor(mine, dtype=torch.int64, device=acc.device)
+    sent = telemetry is not None
+    vec = [float(x) for x in mine] + (telemetry.to_vector() if sent else [])
+    t = torch.tensor(vec, dtype=torch.float64, device=acc.device)
     if _dist_ready() and world > 1:
         import torch.distributed as dist
         parts = [torch.empty_like(t) for _ in range(world)]
         dist.all_gather(parts, t)
     else:
         parts = [t]
+    hosts = host_names(world) if sent else [None] * len(parts)
     out = []
     for r, p in enumerate(parts):
-        a, res, h = (int(x) for x in p.tolist())
-        out.append(RankMemory(r, a if a >= 0 else None, res if res >= 0 else None, h))
+        values = p.tolist()
+        a, res, h = (int(x) for x in values[:3])
+        tel = RankTelemetry.from_vector(values[3:], hosts[r] if r < len(hosts) else None) if sent else None
+        out.append(RankMemory(r, a if a >= 0 else None, res if res >= 0 else None, h, tel))
     return tuple(out)
 
 

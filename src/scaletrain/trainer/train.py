@@ -43,6 +43,7 @@ from scaletrain.trainer.config import RunConfig, read_run_config
 from scaletrain.trainer.distributed import (all_sum, barrier, load_deepspeed_cpu_comm_op, make_accelerator,
                                             peak_memory, rank_and_world, shutdown)
 from scaletrain.trainer.model import build_model, check_capabilities, make_optimizer, make_tokenizer
+from scaletrain.trainer.telemetry import RankSampler
 
 EXIT_INTERRUPTED = 130               # shell convention for SIGINT
 # The accelerator, the (DDP/DeepSpeed) model and the optimizer, kept alive until the process ends with os._exit:
@@ -105,6 +106,7 @@ class Session:
     world: int
     ds: bool                  # DeepSpeed's own engine: it clips, saves and reports the grad norm itself
     dataset_name: str
+    telemetry: RankSampler    # this rank's device and step phases, sent with its peaks (issue 23)
 
     @property
     def main(self) -> bool:
@@ -177,7 +179,9 @@ def prepare(cfg: RunConfig) -> Session:
     model, optimizer = acc.prepare(model, optimizer)
     KEEP_UNTIL_EXIT.extend((acc, model, optimizer))
     ds = cfg.uses_deepspeed and hasattr(model, "save_checkpoint")
-    return Session(cfg, acc, model, optimizer, scheduler, blocks, sched, rank, world, ds, dataset.name)
+    gpu_index = acc.device.index if acc.device.type == "cuda" else None
+    return Session(cfg, acc, model, optimizer, scheduler, blocks, sched, rank, world, ds, dataset.name,
+                   RankSampler(0 if gpu_index is None and acc.device.type == "cuda" else gpu_index))
 
 
 def resume_step(s: Session, resume: bool) -> int:
@@ -260,10 +264,12 @@ def _epoch(s: Session, p: Progress, writer: MetricsWriter | None, tb: Any, resum
     loss_sum = tokens = 0.0
     micro_in_step = 0
     for m in range(first_micro, s.sched.steps_per_epoch * cfg.grad_accum):
+        s.telemetry.phase("data")
         rows = order[m * cfg.micro_batch:(m + 1) * cfg.micro_batch]
         batch = {k: torch.tensor([getattr(s.blocks, k)[i] for i in rows], device=acc.device)
                  for k in ("input_ids", "labels", "attention_mask")}
         micro_in_step += 1
+        s.telemetry.phase("compute")
         boundary = micro_in_step == cfg.grad_accum
         acc.sync_gradients = boundary
         with contextlib.nullcontext() if boundary else acc.no_sync(model):
@@ -273,6 +279,7 @@ def _epoch(s: Session, p: Progress, writer: MetricsWriter | None, tb: Any, resum
         tokens += float(batch["attention_mask"].sum())
         if not boundary:
             continue
+        s.telemetry.phase("optimizer")
         lr, grad_norm = _optimizer_step(s)
         p.step += 1
         rec = _step_metrics(s, p, lr, grad_norm, loss_sum, micro_in_step, tokens)
@@ -314,7 +321,7 @@ def _step_metrics(s: Session, p: Progress, lr: float, grad_norm: float | None, l
     return StepMetrics(step=p.step, total_steps=s.sched.total_steps, epoch=round(p.step / s.sched.steps_per_epoch, 4),
                        loss=loss_all / micro_all, lr=lr, tokens_per_second=tok_all / step_s, step_seconds=step_s,
                        world_size=s.world, time=time.time(), tokens=int(tok_all), grad_norm=grad_norm,
-                       peak_memory=peak_memory(s.acc, s.rank, s.world))
+                       peak_memory=peak_memory(s.acc, s.rank, s.world, s.telemetry.reading()))
 
 
 def _report_step(s: Session, rec: StepMetrics, writer: MetricsWriter | None, tb: Any) -> None:

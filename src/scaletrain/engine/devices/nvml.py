@@ -168,6 +168,30 @@ def sample(nv: Any, count: int, now: Callable[[], float] = time.time) -> list[Gp
     return out
 
 
+def device_handle(nv: Any, index: int) -> Any:
+    """The NVML handle of GPU `index` (NVML's numbering: the machine's, not CUDA_VISIBLE_DEVICES')."""
+    return nv.nvmlDeviceGetHandleByIndex(index)
+
+
+def device_reading(nv: Any, h: Any) -> dict[str, Any]:
+    """One GPU's fields as a rank reports them about itself (run/rank_telemetry.RankTelemetry's names); a field
+    NVML refuses is left out (N/A)."""
+    util = _field(lambda: nv.nvmlDeviceGetUtilizationRates(h))
+    mem = _field(lambda: nv.nvmlDeviceGetMemoryInfo(h))
+    power = _field(lambda: nv.nvmlDeviceGetPowerUsage(h))
+    temp = _field(lambda: nv.nvmlDeviceGetTemperature(h, getattr(nv, "NVML_TEMPERATURE_GPU", 0)))
+    reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+        nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+    mask = _field(lambda: reasons(h)) if reasons is not None else None
+    out = {"gpu_utilization_pct": float(util.gpu) if util is not None else None,
+           "gpu_memory_used_bytes": int(mem.used) if mem is not None else None,
+           "gpu_memory_total_bytes": int(mem.total) if mem is not None else None,
+           "gpu_temperature_c": float(temp) if isinstance(temp, (int, float)) else None,
+           "gpu_power_w": power / 1000.0 if isinstance(power, (int, float)) else None,
+           "gpu_throttle_mask": int(mask) if isinstance(mask, int) else None}
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def device_count(nv: Any) -> int:
     return int(_field(nv.nvmlDeviceGetCount) or 0)
 

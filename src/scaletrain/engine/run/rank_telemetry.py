@@ -76,7 +76,13 @@ class RankTelemetry:
 
     # ---- metrics.jsonl ----------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        """The known fields; seconds to the microsecond (a line per step stays short with 128 ranks)."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is not None:
+                out[f.name] = round(v, 6) if f.name.endswith("_seconds") else v
+        return out
 
     @classmethod
     def from_json(cls, d: Any) -> "RankTelemetry | None":

@@ -66,7 +66,11 @@ class JobView:
     step: int | None = None
     stragglers_line: str | None = None
     imbalance_line: str | None = None
-    summary_line: str | None = None
+    summary_parts: tuple[str, ...] = ()     # the job line's parts, most important first
+
+    @property
+    def summary_line(self) -> str | None:
+        return " · ".join(self.summary_parts) if self.summary_parts else None
 
     @property
     def cells(self) -> tuple[RankCell, ...]:
@@ -99,7 +103,7 @@ def job_view(plan: PlanDocument | None, rec: StepMetrics | None) -> JobView:
     nodes = tuple(NodeRow(n, next((c.host for c in cs if c.host), None), tuple(cs))
                   for n, cs in sorted(rows.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))
     return JobView(nodes, rec.step, _stragglers_line(cells, slow), _imbalance_line(cells),
-                   _summary_line(nodes, cells, rec))
+                   _summary_parts(nodes, cells, rec))
 
 
 def _cell(m: RankMemory, doc: PlanDocument, per_node: int | None) -> RankCell:
@@ -170,15 +174,17 @@ def _imbalance_line(cells: list[RankCell]) -> str | None:
             f"{_where(lo)}'s {fmt_bytes(lo.measured_bytes)}")
 
 
-def _summary_line(nodes: tuple[NodeRow, ...], cells: list[RankCell], rec: StepMetrics) -> str:
+def _summary_parts(nodes: tuple[NodeRow, ...], cells: list[RankCell], rec: StepMetrics) -> tuple[str, ...]:
     """`monitor --headless`'s job line: ranks and nodes, the highest peak against the plan, utilization, steps."""
     n_nodes = len([n for n in nodes if n.node is not None]) or 1
-    parts = [f"job step {rec.step}: {len(cells)} rank{'s' if len(cells) != 1 else ''} on {n_nodes} "
+    parts = [f"step {rec.step}: {len(cells)} rank{'s' if len(cells) != 1 else ''}, {n_nodes} "
              f"node{'s' if n_nodes != 1 else ''}"]
-    top = max((c for c in cells if c.measured_bytes is not None), key=lambda c: c.measured_bytes or 0, default=None)
+    top = max((c for c in cells if c.measured_bytes is not None),
+              key=lambda c: (c.of_plan or 0.0, c.measured_bytes or 0), default=None)
     if top is not None and top.measured_bytes is not None:
-        vs = f" = {top.of_plan:.0%} of plan" if top.of_plan is not None else ""
-        parts.append(f"highest peak {fmt_bytes(top.measured_bytes)} ({_where(top)}){vs}")
+        where = f"rank {top.rank}" + (f", node {top.node}" if top.node is not None else "")
+        parts.append(f"peak {top.of_plan:.0%} of plan: {where}" if top.of_plan is not None
+                     else f"highest peak {fmt_bytes(top.measured_bytes)}: {where}")
     utils = [c.utilization_pct for c in cells if c.utilization_pct is not None]
     if utils:
         parts.append(f"util {min(utils):.0f}–{max(utils):.0f} %")
@@ -187,4 +193,4 @@ def _summary_line(nodes: tuple[NodeRow, ...], cells: list[RankCell], rec: StepMe
         slowest = max(steps, key=lambda c: c.step_seconds or 0)
         parts.append(f"step median {fmt_seconds(statistics.median(c.step_seconds or 0 for c in steps))}, slowest "
                      f"{_where(slowest)} {fmt_seconds(slowest.step_seconds or 0)}")
-    return " · ".join(parts)
+    return tuple(parts)

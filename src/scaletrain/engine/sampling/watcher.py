@@ -19,6 +19,7 @@ from scaletrain.engine.run.metrics import (MetricsSummary, MetricsTail, RankMemo
                                            run_series, summarize)
 from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
 from scaletrain.engine.launch.status import RunStatus, read_status
+from scaletrain.engine.sampling.job_view import JobView, job_view
 from scaletrain.engine.units import fmt_bytes
 
 # what a run directory being written holds (layout.py): a folder with other files only is not waited for
@@ -65,6 +66,7 @@ class JobSnapshot:
     series: RunSeries | None = None               # every step so far (charts), with the plan's speed
     waiting_for: str | None = None                # "waiting for DIR" while the run directory does not exist
     tensorboard: str | None = None                # the command that shows the run's TensorBoard events
+    view: JobView | None = None                   # every rank on every node at the last step (job_view.py)
 
 
 def memory_views(plan: PlanDocument | None, peak_memory: Iterable[RankMemory]) -> tuple[RankMemoryView, ...]:
@@ -113,6 +115,7 @@ class RunWatcher:
         self._series: RunSeries | None = None
         self._summary: MetricsSummary | None = None
         self._memory: tuple[RankMemoryView, ...] = ()
+        self._view: JobView | None = None
         if wait:
             self._wait()               # a file is refused now; a missing or still empty directory is waited for
         else:
@@ -197,6 +200,7 @@ class RunWatcher:
             self._summary = summarize(series, planned_step_seconds=doc.planned_step_seconds,
                                       planned_tokens_per_second=doc.planned_tokens_per_second) if series else None
             self._memory = memory_views(self.plan, series[-1].peak_memory) if series else ()
+            self._view = job_view(self.plan, series[-1] if series else None)
         summary, mem = self._summary, self._memory
         lines: list[tuple[int | None, str]] = []
         for t in self._log_tails():
@@ -205,6 +209,6 @@ class RunWatcher:
         warnings = self.problems(status) + tuple(m.warning for m in mem if m.warning)
         return JobSnapshot(time.time(), status, summary, self._losses, mem, tuple(lines), warnings, tuple(new),
                            self._series, tensorboard=tensorboard_command(self.run) if self.run.tensorboard.is_dir()
-                           else None)
+                           else None, view=self._view)
 
 

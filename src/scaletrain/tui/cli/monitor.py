@@ -19,6 +19,8 @@ from scaletrain.tui.cli.diagnose import print_diagnosis
 
 if TYPE_CHECKING:
     from scaletrain.engine.run.metrics import MetricsSummary, StepMetrics
+    from scaletrain.engine.sampling.job_view import JobView
+    from scaletrain.engine.sampling.watcher import RankMemoryView
     from scaletrain.engine.sampling.sampler import Sampler, Tick
 
 # Headless: device lines (GPU or host) are printed at most this often, step lines whenever a step lands.
@@ -161,10 +163,24 @@ def device_lines(t: Tick, predicted: int | None) -> list[str]:
                 pc = f"{p.cpu_percent:.0f}%" if p.cpu_percent is not None else "N/A"
                 out.append(f"  rank {p.rank} pid {p.pid} cpu {pc} rss {fmt_bytes(p.rss_bytes)}")
     if t.job is not None:
-        for m in t.job.memory:
-            if m.measured_bytes is not None:
-                pred = f" (predicted {fmt_bytes(m.predicted_bytes)})" if m.predicted_bytes else ""
-                out.append(f"  rank {m.rank} peak {m.what}: {fmt_bytes(m.measured_bytes)}{pred}")
+        out.extend(job_lines(t.job.view, t.job.memory))
+    return out
+
+
+def job_lines(view: JobView | None, memory: tuple[RankMemoryView, ...]) -> list[str]:
+    """The job: one summary line, each rank's peak beside the plan's (with its node), stragglers, imbalance."""
+    if view is None or not view.cells:
+        return []
+    out = [view.summary_line] if view.summary_line else []
+    what = {m.rank: m.what for m in memory}
+    for c in view.cells:
+        if c.measured_bytes is None:
+            continue
+        where = f"rank {c.rank}" + (f" node {c.node}" if c.node is not None else "")
+        pred = f" (predicted {fmt_bytes(c.predicted_bytes)})" if c.predicted_bytes else ""
+        share = f" {c.of_plan:.0%} of plan" if c.of_plan is not None else ""
+        out.append(f"  {where} peak {what.get(c.rank, 'allocated')}: {fmt_bytes(c.measured_bytes)}{pred}{share}")
+    out += [line for line in (view.stragglers_line, view.imbalance_line) if line]
     return out
 
 

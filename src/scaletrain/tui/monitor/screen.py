@@ -30,6 +30,7 @@ from textual.widgets import Footer, Static
 from scaletrain.engine.run.layout import RunDir
 from scaletrain.tui.widgets.gpu_panel import GpuPanel, HostPanel
 from scaletrain.tui.widgets.gpu_row import GpuRow
+from scaletrain.tui.widgets.job_grid import JobGrid
 from scaletrain.tui.widgets.job_panel import JobPanel
 from scaletrain.tui.widgets.remedies import RemediesPanel
 
@@ -43,6 +44,10 @@ if TYPE_CHECKING:
 
 COMPACT_ABOVE_GPUS = 4            # more GPUs than this: one line each
 COMPACT_BELOW_COLUMNS = 100       # a terminal narrower than this: one line each, the job panel below them
+
+
+SHORT_BELOW_ROWS = 30            # a terminal shorter than this: the job's numbers in three lines, and with the
+                                 # whole-job grid shown, the grid stands in for the local GPU lines
 
 
 def compact_layout(gpus: int, columns: int) -> bool:
@@ -66,6 +71,7 @@ class MonitorScreen(Screen):
     BINDINGS = [
         Binding("r", "cycle_rank", "Log rank"),
         Binding("g", "cycle_chart", "Chart"),
+        Binding("t", "grid_detail", "Temp/power", show=False),
         Binding("d", "diagnose", "Diagnose"),
         Binding("a", "apply", "Apply remedy"),
         Binding("A", "apply_restart", "Apply, restart", show=False),
@@ -75,7 +81,9 @@ class MonitorScreen(Screen):
     HELP = """
 ## Monitor
 One panel per GPU (utilization, memory with the plan's predicted peak ▼, temperature, power, this run's
-processes), or one line per GPU above 4 GPUs or below 100 columns, or host CPU/memory per rank on a CPU run. The
+processes), or one line per GPU above 4 GPUs or below 100 columns, or host CPU/memory per rank on a CPU run. A job
+larger than this machine (several nodes) gets a grid on top: a row per node, a cell per rank with its utilization
+and measured peak as a share of the plan's (`t` adds temperature and power), stragglers and memory imbalance named. The
 chart shows the whole run: `g` cycles loss → tokens/s → step time, the last two against the plan's prediction; the
 TensorBoard command is shown once the trainer writes its events. A run directory that does not exist yet is waited
 for. The job panel shows step, loss, tokens/s, ETA and each
@@ -107,6 +115,7 @@ stage, precision, sequence length) is refused, and `A` applies it from step 0 in
     # ---- layout ----------------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield Static(Text(f"run: {self.run.path}", style="bold"), id="mon-status")
+        yield JobGrid(id="job-grid")
         with Horizontal(id="mon-body"):
             yield VerticalScroll(id="gpu-area")
             yield JobPanel(world_size=None, id="job-panel")
@@ -146,6 +155,11 @@ stage, precision, sequence length) is refused, and `A` applies it from step 0 in
         self.last_tick = t
         self._show_devices(t)
         if t.job is not None:
+            local = len(t.gpu.gpus) if t.gpu is not None and t.gpu.available else 0
+            grid = self.query_one(JobGrid)
+            grid.show_view(t.job.view, local)
+            self.query_one(JobPanel).grid_shown = bool(grid.display)
+            self._fit_height()
             self.query_one(JobPanel).update_job(t.job)
             self._maybe_diagnose(t.job.status.state)
 
@@ -160,10 +174,19 @@ stage, precision, sequence length) is refused, and `A` applies it from step 0 in
         self.query_one("#mon-body").set_class(compact, "-compact")
         self.query_one(JobPanel).compact = compact
 
+    def _fit_height(self) -> None:
+        """A short terminal: the job's numbers shortened, and the grid (when shown) in place of the GPU lines."""
+        short = self.size.height < SHORT_BELOW_ROWS
+        panel = self.query_one(JobPanel)
+        panel.short = short
+        panel.set_class(short, "-short")
+        self.query_one("#gpu-area").display = not (short and self.query_one(JobGrid).display)
+
     def on_resize(self) -> None:
         t = self.last_tick
         if t is None:
             return
+        self._fit_height()
         n_gpus = len(t.gpu.gpus) if t.gpu is not None and t.gpu.available else 0
         if compact_layout(n_gpus, self.size.width) != self.compact:
             self._show_devices(t)
@@ -256,6 +279,9 @@ stage, precision, sequence length) is refused, and `A` applies it from step 0 in
 
     def action_cycle_chart(self) -> None:
         self.query_one("#job-chart").cycle()
+
+    def action_grid_detail(self) -> None:
+        self.query_one(JobGrid).toggle_detail()
 
     def action_cycle_rank(self) -> None:
         self.query_one(JobPanel).cycle_rank()

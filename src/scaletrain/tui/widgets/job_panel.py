@@ -40,6 +40,8 @@ class JobPanel(VerticalScroll):
         self.ranks_seen: set[int] = set()
         self.last: Any = None
         self.compact = False                          # the monitor's compact layout: no per-rank table
+        self.short = False                            # a short terminal: the numbers in three lines, chart below
+        self.grid_shown = False                       # the whole-job grid shows every rank: no per-rank table
 
     def compose(self) -> ComposeResult:
         yield Static(Text("waiting for the first step…", style="dim"), id="job-numbers")
@@ -75,6 +77,8 @@ class JobPanel(VerticalScroll):
             head.append(f"  first failing rank {st.first_failing_rank}", style="red")
         rows: list[Any] = [head]
         s = job.summary
+        if self.short and s is not None:
+            return Group(*self._short_rows(head, job))
         if s is None:
             rows.append(Text("no step finished yet (metrics.jsonl is empty)", style="dim"))
         else:
@@ -91,7 +95,7 @@ class JobPanel(VerticalScroll):
                                  f"ETA {fmt_seconds(s.eta_seconds)}   elapsed {fmt_seconds(s.elapsed_seconds)}"))
         if job.tensorboard:
             rows.append(Text.assemble(("TensorBoard: ", "dim"), job.tensorboard))
-        if job.memory and not self.compact:
+        if job.memory and not self.compact and not self.grid_shown:
             t = Table(box=None, pad_edge=False, show_edge=False, header_style="dim")
             t.add_column("rank")
             t.add_column("measured peak", justify="right")
@@ -105,6 +109,21 @@ class JobPanel(VerticalScroll):
         for w in job.warnings:
             rows.append(Text(f"⚠ {w}", style="bold red"))
         return Group(*rows)
+
+    def _short_rows(self, head: Text, job: Any) -> list[Text]:
+        """Step, progress and ETA on the state's line; loss and speed against the plan on the next; the first
+        warning: room for the chart on a 24-row terminal."""
+        s = job.summary
+        head.append(f"  step {s.step}/{s.total_steps} ")
+        head.append_text(bar(s.fraction_done, cells=12, style="cyan"))
+        head.append(f" {s.fraction_done:4.0%}  ETA {fmt_seconds(s.eta_seconds)}")
+        speed = (f"{s.versus.tokens_text()}  {s.versus.step_text()}" if s.versus is not None
+                 else f"{s.tokens_per_second:,.0f} tok/s  step {fmt_seconds(s.step_seconds)}")
+        rows = [head, Text(f"loss {s.loss:.4f}  {speed}", no_wrap=True, overflow="ellipsis")]
+        rows += [Text(f"⚠ {w}", style="bold red", no_wrap=True, overflow="ellipsis") for w in job.warnings[:1]]
+        for r in rows:
+            r.no_wrap, r.overflow = True, "ellipsis"
+        return rows
 
     # ---- log tail --------------------------------------------------------------------------------------------
     def _keep(self, rank: int | None) -> bool:
