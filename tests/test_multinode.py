@@ -32,6 +32,7 @@ from scaletrain.engine.run.layout import RunDir
 from scaletrain.engine.run.scripts import launch_argv
 from scaletrain.engine.model.time_constants import DEFAULT_CONSTANTS
 from scaletrain.engine.model.timing import bus_bandwidth, estimate_time
+from scaletrain.trainer.train import FAIL_AT_STEP_ENV, FAIL_RANK_ENV
 from scaletrain.tui.cli.main import main
 
 CLI = [sys.executable, "-c", "import sys; from scaletrain.tui.cli.main import main; sys.exit(main())"]
@@ -236,24 +237,30 @@ def test_a_slower_inter_node_link_slows_two_nodes_but_not_one(capsys):
 
 # ---- done when: two local "nodes" train together on 127.0.0.1 ----------------------------------------------------
 @pytest.mark.slow
-def test_two_loopback_nodes_train_together_through_scaletrain_launch(tmp_path):
-    run = _write_cpu_tiny(tmp_path / "run", "--main-process-ip", "127.0.0.1")
-    cfg = yaml.safe_load(run.accelerate_config.read_text())
-    assert (cfg["num_machines"], cfg["num_processes"], cfg["main_process_ip"]) == (2, 4, "127.0.0.1")
+def _two_loopback_nodes(run: RunDir, tmp_path: Path, env: dict[str, str] | None = None) -> tuple[list, dict]:
+    """Both nodes' `scaletrain launch` on this host (node 1 first, in the background): exit codes, outputs."""
     out = {r: (tmp_path / f"node-{r}.out").open("w") for r in (0, 1)}
     procs: list[subprocess.Popen] = []
     seen: list[psutil.Process] = []
     try:
         for r in (1, 0):                         # node 1 in the background first, then the head node
             procs.append(subprocess.Popen([*CLI, "launch", str(run.path), "--machine-rank", str(r)],
-                                          stdout=out[r], stderr=subprocess.STDOUT, start_new_session=True))
+                                          stdout=out[r], stderr=subprocess.STDOUT, start_new_session=True,
+                                          env={**os.environ, **(env or {})}))
         seen = _watch(procs, RUN_LIMIT_SECONDS)
         codes = [p.returncode for p in procs]
     finally:
         _stop_all(procs, seen)
         for f in out.values():
             f.close()
-    logs = {r: (tmp_path / f"node-{r}.out").read_text() for r in (0, 1)}
+    return codes, {r: (tmp_path / f"node-{r}.out").read_text() for r in (0, 1)}
+
+
+def test_two_loopback_nodes_train_together_through_scaletrain_launch(tmp_path, capsys):
+    run = _write_cpu_tiny(tmp_path / "run", "--main-process-ip", "127.0.0.1")
+    cfg = yaml.safe_load(run.accelerate_config.read_text())
+    assert (cfg["num_machines"], cfg["num_processes"], cfg["main_process_ip"]) == (2, 4, "127.0.0.1")
+    codes, logs = _two_loopback_nodes(run, tmp_path)
     assert codes == [0, 0], logs
     steps = read_metrics(run.metrics)
     assert [m.step for m in steps] == list(range(1, LOOPBACK_STEPS + 1))
@@ -270,6 +277,32 @@ def test_two_loopback_nodes_train_together_through_scaletrain_launch(tmp_path):
     assert "node 1 of 2" in logs[1] and "finished" in logs[1]
     _, _, codes_seen, _ = run_dir_inputs(run.path)                    # the doctor reads every node's status
     assert codes_seen == {0: 0, 1: 0, 2: 0, 3: 0}
+    # issue 23: every rank reported its node (torchrun's GROUP_RANK) with its peak; the monitor shows the job
+    assert {p.rank: p.node for p in steps[-1].peak_memory} == {0: 0, 1: 0, 2: 1, 3: 1}
+    assert all(p.telemetry.compute_seconds > 0 and p.telemetry.host for p in steps[-1].peak_memory)
+    capsys.readouterr()
+    assert main(["monitor", str(run.path), "--headless", "--once"]) == 0
+    text = capsys.readouterr().out
+    assert f"step {LOOPBACK_STEPS}: 4 ranks, 2 nodes" in text
+    for r in range(4):
+        assert f"rank {r} node {r // 2} peak host RSS vs tensors:" in text and "(predicted " in text
+
+
+@pytest.mark.slow
+def test_a_rank_killed_on_node_1_is_named_with_its_node_and_the_peers_peaks(tmp_path, capsys):
+    """Rank 3 (node 1's second process) is SIGKILLed after step 2: the doctor names it and its node, and how far
+    the other ranks' last logged peaks were from the plan."""
+    run = _write_cpu_tiny(tmp_path / "run", "--main-process-ip", "127.0.0.1")
+    codes, logs = _two_loopback_nodes(run, tmp_path, {FAIL_AT_STEP_ENV: "2", FAIL_RANK_ENV: "3"})
+    assert codes[0] != 0 or codes[1] != 0, logs
+    capsys.readouterr()
+    main(["diagnose", str(run.path), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert (out["rank"], out["node"]) == (3, 1), out
+    assert "rank 3 on node 1" in out["summary"]
+    peers = out["peers"]
+    assert peers.startswith("at step 2, before rank 3 (node 1) failed, the other ranks' peaks:")
+    assert all(f"rank {r} (node {r // 2})" in peers for r in (0, 1, 2)) and "rank 3 (node" not in peers[60:]
 
 
 SRUN = textwrap.dedent('''\
