@@ -119,3 +119,34 @@ def test_monitor_128_gpus(snap_compare, run_128, size):
     # this machine's 8 GPUs (recorded NVML samples) keep their lines beside the grid of the whole job
     sampler = Sampler(ReplaySource(NVML / "rtx4090x8_training.jsonl", loop=False), None, RunWatcher(run_128), 3600)
     assert snap_compare(create_monitor_app(run_128, sampler=sampler), terminal_size=size, run_before=grid_on_screen)
+
+
+def test_telemetry_survives_the_gathered_vector_and_metrics_jsonl_and_nvml_fields_fail_alone():
+    from types import SimpleNamespace as NS
+
+    from scaletrain.engine.devices.nvml import device_reading
+    from scaletrain.engine.run.metrics import RankMemory, StepMetrics
+
+    t = RankTelemetry(node=1, local_rank=3, host="h1", gpu_utilization_pct=97.0, gpu_memory_used_bytes=70 << 30,
+                      gpu_throttle_mask=0x4 | 0x40, data_wait_seconds=0.25, compute_seconds=1.5,
+                      optimizer_seconds=0.125)
+    assert RankTelemetry.from_vector(t.to_vector(), "h1") == t
+    assert t.throttle_reasons == ("power cap", "HW thermal") and t.step_seconds == pytest.approx(1.875)
+    rec = StepMetrics(step=1, total_steps=2, epoch=0.5, loss=1.0, lr=1e-4, tokens_per_second=1.0, step_seconds=1.0,
+                      world_size=1, time=0.0, peak_memory=(RankMemory(0, 1, 2, 3, t),))
+    assert StepMetrics.from_json(json.loads(json.dumps(rec.to_json()))).peak_memory[0].telemetry == t
+    assert RankTelemetry.from_json({"node": "x", "gpu_power_w": float("nan"), "host": 5}) == RankTelemetry()
+
+    class Nvml:                                   # utilization and power answer; the rest raise (N/A each)
+        def nvmlDeviceGetUtilizationRates(self, h):
+            return NS(gpu=55)
+
+        def nvmlDeviceGetPowerUsage(self, h):
+            return 300_000
+
+        def __getattr__(self, name):
+            def refuse(*a):
+                raise RuntimeError("Not Supported")
+            return refuse
+
+    assert device_reading(Nvml(), 0) == {"gpu_utilization_pct": 55.0, "gpu_power_w": 300.0}
