@@ -150,3 +150,36 @@ def test_telemetry_survives_the_gathered_vector_and_metrics_jsonl_and_nvml_field
             return refuse
 
     assert device_reading(Nvml(), 0) == {"gpu_utilization_pct": 55.0, "gpu_power_w": 300.0}
+
+
+def test_the_doctor_scales_memory_remedies_by_the_peaks_the_run_measured():
+    """Ranks that peaked at 120 % of the predicted allocated peak before rank 3 ran out: every memory remedy's
+    allocated part is scaled ×1.2 (a remedy that barely fit may no longer), the peers are named, never scaled down."""
+    from scaletrain.engine.doctor.diagnosis import diagnose
+    from scaletrain.engine.run.metrics import RankMemory, StepMetrics
+    from scaletrain.engine.run.plan_document import PlanDocument
+    from test_doctor import LOGS
+
+    req = PlanRequest(model="Qwen/Qwen2.5-7B-Instruct", gpus="8xRTX4090", method="lora", micro_batch=4,
+                      grad_accum=4, seq_len=2048)
+    doc = PlanDocument.from_json(json.loads(json.dumps(make_plan(req).to_json() | {"request": req.to_json()})))
+    log = [LOGS / "torch_current_oom_4090x8_r3.log"]
+
+    def last(share: float) -> StepMetrics:
+        peaks = tuple(RankMemory(r, int(doc.allocated_peak_bytes * share), None, 0) for r in range(8))
+        return StepMetrics(step=5, total_steps=9, epoch=0.1, loss=1.0, lr=1e-4, tokens_per_second=1.0,
+                           step_seconds=1.0, world_size=8, time=0.0, peak_memory=peaks)
+
+    plain = diagnose(log, doc)
+    hot = diagnose(log, doc, last_step=last(1.2))
+    cool = diagnose(log, doc, last_step=last(0.9))
+    assert (hot.rank, hot.node) == (3, 0) and hot.peers.startswith("at step 5, before rank 3 (node 0) failed")
+    assert "rank 0 (node 0) at 120% of the plan" in hot.peers
+    assert any("scaled ×1.20" in n for n in hot.notes)
+    by_title = {r.title: r for r in plain.remedies}
+    for r in hot.remedies:
+        base = by_title[r.title]
+        assert r.memory_scale == pytest.approx(1.2)
+        extra = r.predicted_per_gpu_bytes - base.predicted_per_gpu_bytes
+        assert extra == pytest.approx(0.2 * r.plan.memory.allocated_peak_bytes, abs=16)   # peaks are whole bytes
+    assert [r.predicted_per_gpu_bytes for r in cool.remedies] == [r.predicted_per_gpu_bytes for r in plain.remedies]
