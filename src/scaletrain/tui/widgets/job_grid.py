@@ -16,6 +16,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from scaletrain.engine.sampling.job_view import JobView, RankCell
+from scaletrain.engine.units import fmt_bytes
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 NODE_LABEL = 4                 # "n15 "
@@ -39,6 +40,9 @@ def _mem_style(c: RankCell) -> str:
 
 
 def _wide_cell(c: RankCell, detail: bool) -> Text:
+    if not c.on_gpu:                   # a CPU run: the rank's peak RSS (no GPU, no share of the plan's tensors)
+        rss = fmt_bytes(c.measured_bytes) if c.measured_bytes is not None else "N/A"
+        return Text.assemble((f"r{c.rank:<4}", "bold red" if c.straggler else "dim"), (f"{rss:>8}", "cyan"))
     util = f"{c.utilization_pct:3.0f}%" if c.utilization_pct is not None else " N/A"
     mem = f"{c.of_plan:4.0%}" if c.of_plan is not None else "  N/A"
     t = Text.assemble((f"r{c.rank:<4}", "bold red" if c.straggler else "dim"), (util, "cyan"), " ",
