@@ -127,18 +127,38 @@ def _mount_small_tmpfs(path: Path, size: str) -> bool:
                           capture_output=True).returncode == 0
 
 
+def _fill(path: Path, leave: int) -> None:
+    """Write zeros into `path` until the filesystem has about `leave` bytes free (0: until it refuses)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.statvfs(path).f_bavail * os.statvfs(path).f_frsize > leave + 4096 and os.write(fd, b"\0" * 4096):
+            pass
+        while leave == 0 and os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.slow
 def test_a_full_disk_ends_as_disk_full_with_a_final_status(tmp_path):
     small = tmp_path / "small"
-    if not _mount_small_tmpfs(small, "1m"):
+    if not _mount_small_tmpfs(small, "16m"):
         pytest.skip("mounting a small tmpfs needs root (mount -t tmpfs); a full disk cannot be made otherwise")
     try:
         d = small / "run"
-        # the run directory (a few KiB) fits; its first checkpoint (about 2 MiB of tiny-qwen2 states) does not
+        # the run fits when it starts (launch checks: 3 checkpoints of about 2 MiB), then another process fills
+        # the disk before the first checkpoint is written
         assert main(["--preset", "cpu-tiny", "--headless", "--dry-run", "--run-dir", str(d), "--set",
                      "train.max_steps=60", "--set", "train.checkpoint_every=20"]) == 0
-        r = subprocess.run([*CLI, "launch", str(d)], capture_output=True, text=True, timeout=300)
-        assert r.returncode not in (0, 2) and "Traceback" not in r.stderr, r.stderr[-2000:]
+        proc = subprocess.Popen([*CLI, "launch", str(d)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while not (d / "status.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _fill(small / "filler", leave=64 << 10)
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode not in (0, 2) and "Traceback" not in err, (out + err)[-2000:]
         st = json.loads((d / "status.json").read_text())
         assert st["state"] == "failed" and st["ended"] and st["disk_free_bytes"] < 1 << 20
         diag = subprocess.run([*CLI, "diagnose", str(d), "--json"], capture_output=True, text=True, timeout=120)
@@ -146,14 +166,7 @@ def test_a_full_disk_ends_as_disk_full_with_a_final_status(tmp_path):
         mon = subprocess.run([*CLI, "monitor", str(d), "--headless"], capture_output=True, text=True, timeout=120)
         assert "run failed" in mon.stdout and "disk_full" in mon.stdout and "Traceback" not in mon.stderr
         # writing a run directory onto the full disk: one line, nothing half-written left
-        fd = os.open(small / "filler", os.O_WRONLY | os.O_CREAT)
-        try:
-            while os.write(fd, b"\0" * 4096):
-                pass
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        _fill(small / "filler2", leave=0)
         before = sorted(p.name for p in small.iterdir())
         w = subprocess.run([*CLI, "--preset", "cpu-tiny", "--headless", "--dry-run", "--run-dir",
                             str(small / "other")], capture_output=True, text=True, timeout=120)

@@ -74,6 +74,18 @@ def assert_trained(run: RunDir, total: int) -> list:
     return series
 
 
+def assert_checkpoint_size(run: RunDir, step: int) -> None:
+    """The plan's disk model (engine/run/disk.py) against the checkpoint the trainer wrote: never under, and within
+    15 % (the tiny models' fixed files dominate; the tensors are counted exactly)."""
+    from scaletrain.engine.run.disk import checkpoint_bytes
+    from scaletrain.engine.run.plan_document import read_plan_document
+
+    ck = run.checkpoints / f"step-{step}"
+    actual = sum(p.stat().st_size for p in ck.rglob("*") if p.is_file())
+    predicted = checkpoint_bytes(read_plan_document(run.plan).replan()[1].setup)
+    assert actual <= predicted <= 1.15 * actual, (actual, predicted)
+
+
 # ---- data (no torch) -------------------------------------------------------------------------------------------
 def test_record_shapes_train_only_on_answers():
     tok = D.ByteTokenizer(1024)
@@ -168,6 +180,7 @@ def test_ddp_two_ranks_loss_falls_with_checkpoints_and_live_progress(tmp_path):
     assert {p.name for p in run.checkpoints.iterdir()} == {"step-10", "step-20", "step-24"}
     state = json.loads((run.checkpoints / "step-24" / "trainer_state.json").read_text())
     assert state["step"] == 24 and state["world_size"] == 2
+    assert_checkpoint_size(run, 24)
     assert list((run.path / "tensorboard").glob("events.out.tfevents.*"))
     status = json.loads(run.status.read_text())
     assert status["state"] == "finished" and status["exit_code"] == 0 and set(status["rank_pids"]) == {"0", "1"}
@@ -200,6 +213,7 @@ def test_deepspeed_zero3_two_ranks_loss_falls(tmp_path):
         assert (ck / "trainer_state.json").is_file()
         shards = sorted(p.name for p in (ck / "deepspeed").glob("*optim_states.pt"))
         assert len(shards) == 2, shards                        # one optimizer partition per rank
+    assert_checkpoint_size(run, 12)
 
 
 @pytest.mark.slow
@@ -279,3 +293,4 @@ def test_local_model_lora_with_chat_template_on_one_process(tmp_path):
     assert all(r.loss == r.loss and r.loss > 0 for r in series)                # finite
     assert "(lora, ddp, fp32) on 1 process(es)" in log
     assert (run.checkpoints / "step-6" / "trainer_state.json").is_file()
+    assert_checkpoint_size(run, 6)

@@ -275,10 +275,14 @@ def test_cpu_ddp_runs_as_multi_gpu_with_every_process(written):
     assert all(lo <= p < hi for p in ports) and len(ports) > 1
 
 
-def test_plan_json_is_plan_plus_request_and_train(written):
+def test_plan_json_is_plan_plus_request_train_and_disk(written):
+    from scaletrain.engine.run.disk import disk_need
+
     plan, req, train, run = written["h200x4-fast"]
     doc = json.loads(run.plan.read_text())
-    assert {k: v for k, v in doc.items() if k not in ("request", "train")} == json.loads(json.dumps(plan.to_json()))
+    assert {k: v for k, v in doc.items() if k not in ("request", "train", "disk")} == \
+        json.loads(json.dumps(plan.to_json()))
+    assert doc["disk"] == disk_need(plan, train).to_json()
     assert doc["request"] == json.loads(json.dumps(req.to_json()))
     assert TrainOptions.from_json(doc["train"]) == train
 

@@ -41,6 +41,7 @@ from scaletrain.engine.devices.detect import require_local_gpus
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import os_error_reason, writing
 from scaletrain.engine.launch.elastic import parse_failures
+from scaletrain.engine.run.disk import check_room, free_bytes
 from scaletrain.engine.run.layout import LINE_PREFIX, LINE_PREFIX_ENV, RunDir, check_host
 from scaletrain.engine.request.options import TrainOptions, bundled_demo_dataset
 from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
@@ -202,6 +203,8 @@ def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None 
     single = nprocs <= 1 or bool(cfg.get("use_cpu")) or cfg.get("distributed_type") == "NO"
     per_node = max(1, nprocs // max(1, nmachines))
     offset = node * per_node
+    if not train.script:                     # the bundled trainer's checkpoints and logs must fit the disk
+        check_room(run.path, doc.replan()[1], train, written_bytes=_bytes_under(run.checkpoints))
     lock = RunLock(run.node_lock(node)).acquire(_what(run, node))       # last: a refused launch leaves no lock
     return PreparedLaunch(run, argv, nprocs, single, offset, range(offset, offset + (1 if single else per_node)),
                           machine_rank=node, num_machines=nmachines, main_process_ip=str(head) if head else None,
@@ -380,7 +383,7 @@ def _finish(prep: PreparedLaunch, proc: subprocess.Popen, tree: ProcessTree, log
     status.write(state=state, ended=datetime.now().isoformat(timespec="seconds"), exit_code=code,
                  launcher_exit_code=rc, first_failing_rank=rank, failing_rank_exit_code=rank_code,
                  exit_codes=dict(codes), disk_full=status.status.disk_full or logs.disk_full,
-                 disk_free_bytes=_free_bytes(prep.run.path), oom_kills=oom_kills,
+                 disk_free_bytes=free_bytes(prep.run.path), oom_kills=oom_kills,
                  **_pid_fields(proc.pid, rank_pids, tree))
     return LaunchResult(exit_code=code, launcher_exit_code=rc, first_failing_rank=rank,
                         failing_rank_exit_code=rank_code, exit_codes=codes, interrupted=interrupted,
@@ -388,12 +391,11 @@ def _finish(prep: PreparedLaunch, proc: subprocess.Popen, tree: ProcessTree, log
                         run_dir=prep.run.path)
 
 
-def _free_bytes(path: Path) -> int | None:
+def _bytes_under(folder: Path) -> int:
     try:
-        st = os.statvfs(path)
+        return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
+        return 0
 
 
 def _pid_fields(accelerate_pid: int, rank_pids: dict[int, int], tree: ProcessTree) -> dict[str, Any]:

@@ -66,9 +66,13 @@ class PlanDocument:
     @classmethod
     def build(cls, plan: Plan, request: PlanRequest, train: TrainOptions) -> "PlanDocument":
         """The plan exactly as `plan --json` prints it, plus the request and the trainer's options."""
+        from scaletrain.engine.run.disk import disk_need
+
         doc = plan.to_json()
         doc["request"] = request.to_json()
         doc["train"] = train.to_json()
+        if not train.script:
+            doc["disk"] = disk_need(plan, train).to_json()
         return cls(doc)
 
     @classmethod

@@ -11,6 +11,7 @@ from scaletrain.tui.cli.plan_args import add_plan_options
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from scaletrain.engine.plan.planner import make_plan
+    from scaletrain.engine.run.disk import disk_need
 
     asked = asked_from_args(args)
     request = asked.request()
@@ -24,10 +25,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         out = plan.to_json()
         out["weights"] = weights
         out["data"] = {"spec": data, "rows": request.dataset_size} if data else None
+        out["disk"] = disk_need(plan, asked.train).to_json()
         print(json.dumps(out, indent=2))
         return 0
     from scaletrain.tui.views.render import print_plan, print_weights
     print_plan(plan, alternatives=getattr(args, "alternatives", False), table=getattr(args, "table", None))
+    print(f"disk: {disk_need(plan, asked.train).text()}")
     print_weights(weights["source"], [w for w in (weights["warning"], weights["problem"]) if w],
                   data, request.dataset_size, note=weights["note"])
     return 0

@@ -1,0 +1,143 @@
+"""The disk a run needs (issue 22): its checkpoints as the trainer writes them, times how many stay on disk, and the
+logs; `scaletrain launch` compares it with the free space of the run directory's filesystem before any rank starts.
+
+One checkpoint, by writer (file layouts measured on this project's CPU runs, deepspeed 0.19.8 / accelerate 1.15,
+2 ranks; tests/test_disk.py checks the formula against real checkpoints):
+  accelerate (DDP, FSDP)  model.safetensors: the whole state dict as the model holds it (fp32 masters, bf16 weights,
+                          a LoRA model's frozen base in its load dtype plus fp32 adapters); optimizer.bin: AdamW's two
+                          fp32 moments per trainable weight; random_states_<rank>.pkl per rank
+  DeepSpeed ZeRO 1-3      the optimizer partitions: fp32 master, exp_avg, exp_avg_sq per trainable weight (12 bytes);
+                          the module states: every weight in the model dtype below stage 3, none of full fine-tuning's
+                          at stage 3 (they live in the partitions); zero_to_fp32.py and zero_to_torch.py
+  both                    scheduler.pt, trainer_state.json (a few KiB)
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scaletrain.engine.units import fmt_bytes
+
+KiB = 1024
+# Files whose size does not grow with the model (measured, see the module doc): accelerate's random_states_<rank>.pkl
+# (14,561 B on CPU; CUDA adds its generator states: counted as 16 KiB), DeepSpeed's copied recovery scripts
+# (zero_to_fp32.py 38,580 B + zero_to_torch.py 2,490 B), scheduler.pt + trainer_state.json + `latest` (< 3 KiB).
+RNG_STATE_BYTES = 16 * KiB
+DS_SCRIPTS_BYTES = 41 * KiB
+SMALL_FILES_BYTES = 4 * KiB
+# Serialization overhead per file that holds tensors (torch.save's zip records, safetensors' header): measured
+# ≤ 1.5 % on the tiny models, where it matters most; counted as 2 % plus 16 KiB per file.
+SERIALIZATION_FRACTION = 0.02
+PER_FILE_BYTES = 16 * KiB
+# Logs: a metrics.jsonl line (~300 B) plus each rank's peaks and telemetry (~250 B), and each rank's log lines
+# (~200 B per step: the step line, warnings); TensorBoard events (~150 B per step).
+LOG_BYTES_PER_STEP = 650
+LOG_BYTES_PER_RANK_STEP = 450
+
+
+@dataclass(frozen=True)
+class DiskNeed:
+    checkpoint_bytes: int             # one complete checkpoint, every rank's files together
+    checkpoints_kept: int             # on disk at once at the end (keep_checkpoints, else every one written)
+    logs_bytes: int
+    steps: int | None                 # the run's optimizer steps (None: unknown, one checkpoint counted)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.checkpoint_bytes * self.checkpoints_kept + self.logs_bytes
+
+    def text(self) -> str:
+        n = self.checkpoints_kept
+        return (f"{fmt_bytes(self.total_bytes)} ({n} checkpoint{'s' if n != 1 else ''} × "
+                f"{fmt_bytes(self.checkpoint_bytes)} + logs {fmt_bytes(self.logs_bytes)})")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"total_bytes": self.total_bytes, "checkpoint_bytes": self.checkpoint_bytes,
+                "checkpoints_kept": self.checkpoints_kept, "logs_bytes": self.logs_bytes}
+
+
+def checkpoint_bytes(setup: Any) -> int:
+    """One checkpoint of this setup, all ranks' files (see the module doc)."""
+    from scaletrain.engine.model.numerics import numerics, uses_deepspeed
+
+    m = setup.model
+    nm = numerics(setup)
+    trainable = setup.trainable_params
+    world = setup.world_size
+    if setup.method == "full":
+        weights = nm.weight * m.params
+        frozen_bytes = 0
+    else:
+        frozen = m.params
+        if setup.base_bits in (4, 8):
+            from scaletrain.engine.model.setup import quantized_linear_bytes
+            lin = m.linear_weight_params()
+            frozen_bytes = quantized_linear_bytes(lin, setup.base_bits) + nm.frozen * (frozen - lin)
+        else:
+            frozen_bytes = nm.frozen * frozen
+        weights = frozen_bytes + nm.adapter * trainable
+    if uses_deepspeed(setup):
+        # stage 3 keeps the trained weights in the partitions; a LoRA model's module states still hold the frozen
+        # base and (measured: 99 KB of the tiny LoRA's 167 KB of adapters) adapter-sized records: all counted
+        module = weights if setup.strategy != "zero3" or setup.method != "full" else 0
+        partitions = 12 * trainable
+        files = 2 * world if setup.strategy == "zero3" else 1 + world
+        fixed = DS_SCRIPTS_BYTES + SMALL_FILES_BYTES
+    else:
+        module = weights
+        partitions = 8 * trainable
+        files = 2
+        fixed = RNG_STATE_BYTES * world + SMALL_FILES_BYTES
+    tensors = module + partitions
+    return int(math.ceil(tensors * (1 + SERIALIZATION_FRACTION))) + PER_FILE_BYTES * files + fixed
+
+
+def disk_need(plan: Any, train: Any) -> DiskNeed:
+    """What the run leaves on disk at its end: the checkpoints kept (train.keep_checkpoints, else all written at
+    every train.checkpoint_every steps and the last) and the logs."""
+    from scaletrain.engine.run.run_length import run_length
+
+    steps = run_length(plan, train).steps
+    if not train.save_checkpoints:
+        kept = 0
+    elif steps is None:
+        kept = 1
+    else:
+        written = steps // train.checkpoint_every + (1 if steps % train.checkpoint_every else 0)
+        # keep_checkpoints N: the newest is written before the oldest is pruned, so N + 1 exist for a moment
+        kept = min(written, train.keep_checkpoints + 1) if train.keep_checkpoints else written
+    world = plan.setup.world_size
+    logs = (steps or 0) * (LOG_BYTES_PER_STEP + LOG_BYTES_PER_RANK_STEP * world)
+    return DiskNeed(checkpoint_bytes(plan.setup), max(0, kept), logs, steps)
+
+
+def free_bytes(path: Path) -> int | None:
+    """Free space of the filesystem holding `path` (its nearest existing folder), for this user; None: unknown.
+    The one place scaletrain reads it (launch's check, the status record at the end)."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+def check_room(run_path: Path, plan: Any, train: Any, written_bytes: int = 0) -> None:
+    """Refuse a launch whose checkpoints and logs cannot fit the run directory's filesystem (one line, with the
+    doctor's disk remedies); `written_bytes`: what the run already has on disk (a resume's checkpoints)."""
+    from scaletrain.engine.errors import ScaletrainError
+
+    need = disk_need(plan, train)
+    free = free_bytes(run_path)
+    short = need.total_bytes - written_bytes
+    if free is None or short <= free:
+        return
+    raise ScaletrainError(
+        f"{run_path} has {fmt_bytes(free)} free on its filesystem but the run needs {need.text()}: free space or "
+        "move the run directory to a bigger disk, or write fewer checkpoints (--set train.keep_checkpoints=1, a "
+        "larger train.checkpoint_every)")

@@ -1,0 +1,50 @@
+"""Issue 22 (disk): the plan says how much disk the run needs, and a launch into a filesystem without room for it
+is refused in one line before any rank starts (a real 1 MiB tmpfs where the test may mount one, else the one
+place that reads free space — engine/run/disk.free_bytes — reports 1 MiB)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from scaletrain.engine.run import disk
+from scaletrain.tui.cli.main import main
+
+SMALL = 1 << 20
+
+
+@pytest.fixture
+def small_fs(tmp_path, monkeypatch):
+    d = tmp_path / "small"
+    d.mkdir()
+    if os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL}", "tmpfs", str(d)],
+                                            capture_output=True).returncode == 0:
+        yield d
+        subprocess.run(["umount", str(d)], capture_output=True)
+        return
+    monkeypatch.setattr(disk, "free_bytes", lambda path: SMALL)
+    yield d
+
+
+def test_the_plan_counts_the_checkpoints_kept_and_the_logs(capsys):
+    assert main(["plan", "--preset", "cpu-tiny", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)["disk"]
+    assert d["checkpoints_kept"] == 4                      # 200 steps, a checkpoint every 50
+    assert d["total_bytes"] == 4 * d["checkpoint_bytes"] + d["logs_bytes"]
+    assert main(["plan", "--preset", "cpu-tiny", "--set", "train.keep_checkpoints=1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["disk"]["checkpoints_kept"] == 2   # the newest before the prune
+
+
+def test_a_launch_without_room_is_refused_before_any_rank_starts(small_fs, capsys):
+    run = small_fs / "run"
+    assert main(["--preset", "cpu-tiny", "--headless", "--dry-run", "--run-dir", str(run)]) == 0
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    capsys.readouterr()
+    assert main(["launch", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "free on its filesystem but the run needs" in err and "keep_checkpoints" in err
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before        # no status, lock or log written
