@@ -83,7 +83,14 @@ def bench_ui() -> str:
             ui = r["ui_thread_engine_and_widget_updates_seconds"]
             out.append(f"| wizard what-if key, engine + widget updates ({case}), median / p95 | "
                        f"{1000 * ui['median']:.1f} ms / {1000 * ui['p95']:.1f} ms | < 16 ms | `{f.name}` |")
-    return "\n".join(out) + "\n\nCommands: `python bench/bench_sampler.py`, `python bench/bench_wizard.py` (AMD EPYC, 2 cores)."
+    for f in sorted(RESULTS.glob("telemetry_cost-*.json")):
+        d = json.loads(f.read_text())
+        out.append(f"| per-rank telemetry in the trainer (phases, NVML {d['nvml']}, {d['vector_floats']} floats "
+                   f"gathered), per step vs the CPU demo's {1000 * d['demo_steady_step_seconds']:.0f} ms step | "
+                   f"{1e6 * d['telemetry_seconds_per_step']:.0f} µs = {100 * d['fraction_of_step']:.2f}% | "
+                   f"≤ {100 * d['target_fraction']:.0f}% | `{f.name}` |")
+    return "\n".join(out) + ("\n\nCommands: `python bench/bench_sampler.py`, `python bench/bench_wizard.py`, "
+                             "`python bench/telemetry_cost.py` (AMD EPYC, 2 cores).")
 
 
 def gpu_accuracy() -> str:
