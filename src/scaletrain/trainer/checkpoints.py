@@ -10,12 +10,13 @@ resume falls back to the newest intact checkpoint (resume_from).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import atomic_write
@@ -90,6 +91,25 @@ def safe_load(path: str | Path, map_location: Any = None) -> Any:
 
     with torch.serialization.safe_globals(_deepspeed_safe_globals()):
         return torch.load(path, map_location=map_location, weights_only=True)
+
+
+@contextlib.contextmanager
+def weights_only_loads() -> Iterator[None]:
+    """Every torch.load inside runs no code from the file (for library code that loads with weights_only=False,
+    e.g. DeepSpeed's zero_to_fp32 consolidation): weights_only=True, DeepSpeed's state classes allowed."""
+    import torch
+
+    original = torch.load
+
+    def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
+        with torch.serialization.safe_globals(_deepspeed_safe_globals()):
+            return original(f, map_location=map_location, weights_only=True)
+
+    torch.load = load
+    try:
+        yield
+    finally:
+        torch.load = original
 
 
 def load_checkpoint(acc: Any, model: Any, scheduler: Any, d: Path, deepspeed: bool) -> dict[str, Any]:

@@ -352,8 +352,34 @@ def report_done(s: Session, step: int) -> None:
         where = (f"checkpoints in {s.cfg.run.checkpoints}" if s.cfg.train.save_checkpoints
                  else "no checkpoints written (save_checkpoints false)")
         print(f"scaletrain: done, {step} steps; {where}", flush=True)
+    if s.cfg.train.save_checkpoints and s.cfg.train.export_at_end:
+        _export_at_end(s, step)
     s.acc.end_training()
     shutdown()
+
+
+def _export_at_end(s: Session, step: int) -> None:
+    """Every rank computes the trained model's logits on one batch (a collective under ZeRO-3); rank 0 exports the
+    last checkpoint and checks the export against them. A failed export is a warning: the run trained, and
+    `scaletrain export RUN` can write it again."""
+    import torch
+
+    from scaletrain.trainer.export import export_and_check, probe_logits
+
+    ids = torch.tensor([s.blocks.input_ids[i] for i in range(min(s.cfg.micro_batch, len(s.blocks)))],
+                       device=s.acc.device)
+    logits = probe_logits(s.model, ids)
+    barrier()
+    if not s.main:
+        return
+    try:
+        r = export_and_check(s.cfg.run.path, step, ids.cpu(), logits, merge=s.cfg.method.is_adapter)
+    except Exception as e:                   # the run's result stands; the export can be redone on demand
+        print(f"scaletrain: warning: the export of step {step} failed ({str(e).splitlines()[0][:300]}); run "
+              f"`scaletrain export {s.cfg.run.path}` to write it", flush=True)
+        return
+    diffs = ", ".join(f"{k} {v:.2g}" for k, v in r["max_abs_logit_diff"].items())
+    print(f"scaletrain: exported step {step} to {r['path']} (max |logit − trained| on one batch: {diffs})", flush=True)
 
 
 # [issue 6, failure doctor tests] SCALETRAIN_FAIL_AT_STEP=N kills rank SCALETRAIN_FAIL_RANK (default 0) with

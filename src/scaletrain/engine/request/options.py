@@ -30,6 +30,8 @@ class TrainOptions:
     checkpoint_every: int = 50            # optimizer steps; a final checkpoint is written too (when saving)
     save_checkpoints: bool = True         # false: no checkpoint at all, not even the final one (validation runs)
     keep_checkpoints: int | None = None   # keep only the newest N complete checkpoints; None keeps every one
+    export_at_end: bool = True            # rank 0 exports the last checkpoint (export/step-N/), checked against
+                                          # the trained model's logits on one batch (trainer/export.py)
     seed: int = 0
     packing: bool = True                  # pack samples into seq_len blocks (else pad each sample)
     lora_alpha: int | None = None         # default 2 × rank
@@ -91,8 +93,9 @@ class TrainOptions:
                                               or len(self.model_source) > MAX_PATH_CHARS):
             raise ScaletrainError(f"model_source must be random-init, a local path or an HF cache id "
                                   f"(got {_short(self.model_source)})")
-        if not isinstance(self.save_checkpoints, bool):
-            raise ScaletrainError(f"save_checkpoints must be true or false (got {_short(self.save_checkpoints)})")
+        for name in ("save_checkpoints", "export_at_end"):
+            if not isinstance(getattr(self, name), bool):
+                raise ScaletrainError(f"{name} must be true or false (got {_short(getattr(self, name))})")
         if self.keep_checkpoints is not None:
             _whole("keep_checkpoints", self.keep_checkpoints, 1, "or unset")
         if not all(isinstance(a, str) for a in self.script_args):

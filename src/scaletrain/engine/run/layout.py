@@ -33,10 +33,11 @@ from scaletrain.engine.errors import ScaletrainError
 PLAN, ACCELERATE_CONFIG, DS_CONFIG = "plan.json", "accelerate_config.yaml", "ds_config.json"
 LAUNCH_SH, SBATCH_SH = "launch.sh", "sbatch.sh"
 LOGS, METRICS, CHECKPOINTS, STATUS, TENSORBOARD = "logs", "metrics.jsonl", "checkpoints", "status.json", "tensorboard"
+EXPORTS = "export"                # scaletrain export's folders (export/step-<n>/), the trainer's at the end of a run
 # What writing a run directory writes, in the order a reader meets the files.
 WRITTEN = (PLAN, ACCELERATE_CONFIG, DS_CONFIG, LAUNCH_SH, SBATCH_SH)
 # Every name of the layout, in layout order: a previous run's are moved aside before a different plan is written.
-LAYOUT_NAMES = WRITTEN + (LOGS, METRICS, CHECKPOINTS, STATUS, TENSORBOARD)
+LAYOUT_NAMES = WRITTEN + (LOGS, METRICS, CHECKPOINTS, STATUS, TENSORBOARD, EXPORTS)
 # What a relaunch copies into attempts/<n>/ before it rewrites the folder (logs/ are copied as a tree).
 BACKED_UP = WRITTEN + (STATUS, METRICS)
 # A folder holding any of these is a run directory (the monitor waits for one; anything else is a wrong path).
@@ -69,6 +70,12 @@ class RunDir:
     checkpoints = property(lambda self: self.path / CHECKPOINTS)
     status = property(lambda self: self.path / STATUS)
     tensorboard = property(lambda self: self.path / TENSORBOARD)    # the trainer's TensorBoard event files
+
+    exports = property(lambda self: self.path / EXPORTS)               # scaletrain export's folders
+
+    def export_dir(self, step: int) -> Path:
+        """Where checkpoint step-<n> is exported by default: export/step-<n>/."""
+        return self.exports / f"{CHECKPOINT_PREFIX}{step}"
 
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank-{rank}.log"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.tui.cli import config, diagnose, launch, monitor, plan, validate
+from scaletrain.tui.cli import config, diagnose, export, launch, monitor, plan, validate
 from scaletrain.tui.cli.plan_args import add_plan_options
 
 
@@ -33,6 +33,8 @@ COMMANDS = (
             diagnose.configure_diagnose, diagnose.cmd_diagnose),
     Command("monitor", "watch a run: per-GPU panels, job progress, failure doctor", monitor.configure_monitor,
             monitor.cmd_monitor),
+    Command("export", "write a checkpoint as a model folder transformers loads, or a PEFT adapter (--merge: merged)",
+            export.configure_export, export.cmd_export),
     Command("validate", "run the planned configuration briefly and compare predicted with measured",
             validate.configure_validate, validate.cmd_validate),
 )

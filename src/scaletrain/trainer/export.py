@@ -1,0 +1,240 @@
+"""What a run leaves behind (issue 22): a checkpoint turned into a folder transformers and peft load.
+
+`scaletrain export RUN [--step N] [--merge] [--out DIR] [--dtype D]`, and the trainer at the end of every run
+(rank 0, after the last checkpoint). The weights are consolidated with the libraries' own code: accelerate's
+checkpoint holds the whole state dict (`model.safetensors`, written by `Accelerator.save_state`); a DeepSpeed
+checkpoint (ZeRO-1/2/3, every rank's partition) is gathered by DeepSpeed's `get_fp32_state_dict_from_zero_checkpoint`
+on the CPU, in one process. They are loaded into the model the run trained, built as the trainer builds it (the same
+starting weights and seed, so frozen weights a checkpoint leaves out are the ones the run had), then written:
+
+  full fine-tuning   EXPORT/        config.json, generation_config.json, model*.safetensors in the training dtype
+                                    (or --dtype), the tokenizer and its chat template when the run had one
+  LoRA / QLoRA       EXPORT/adapter a PEFT adapter folder (adapter_config.json, adapter_model.safetensors)
+                     EXPORT/merged  with --merge: base + adapter merged (QLoRA: into a 16-bit copy of the base, as
+                                    peft recommends; the base is rebuilt unquantized)
+
+The folder appears whole or not at all (written beside, then renamed) and export.json records the step, the
+checkpoint, the dtype, and what the export checked: every trained weight came from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.fileio import atomic_write
+from scaletrain.engine.run.layout import RunDir, checkpoint_step
+from scaletrain.trainer.checkpoints import DS_CHECKPOINT_TAG, read_state
+from scaletrain.trainer.config import RunConfig, read_run_config
+
+EXPORT_MANIFEST = "export.json"
+DTYPES = ("bf16", "fp16", "fp32")
+_TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+@dataclass(frozen=True)
+class Exported:
+    path: Path
+    step: int
+    kind: str                     # "model" (full fine-tuning) or "adapter" (LoRA/QLoRA)
+    dtype: str
+    merged: Path | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": str(self.path), "step": self.step, "kind": self.kind, "dtype": self.dtype,
+                "merged": str(self.merged) if self.merged else None}
+
+
+def pick_checkpoint(run: RunDir, step: int | None) -> Path:
+    complete = run.complete_checkpoints()
+    if not complete:
+        raise ScaletrainError(f"{run.path} has no complete checkpoint to export (checkpoints/step-N/ with "
+                              "trainer_state.json); train first, or keep save_checkpoints on")
+    if step is None:
+        return complete[0]
+    for d in complete:
+        if checkpoint_step(d) == step:
+            return d
+    have = ", ".join(str(checkpoint_step(d)) for d in complete)
+    raise ScaletrainError(f"no complete checkpoint at step {step} in {run.checkpoints}; steps with one: {have}")
+
+
+def state_dict(ck: Path, cfg: RunConfig) -> dict[str, Any]:
+    """The checkpoint's weights by parameter name, consolidated by the library that wrote them."""
+    if (ck / DS_CHECKPOINT_TAG).is_dir():
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        from scaletrain.trainer.checkpoints import weights_only_loads
+
+        with weights_only_loads():
+            return dict(get_fp32_state_dict_from_zero_checkpoint(str(ck), tag=DS_CHECKPOINT_TAG))
+    files = sorted(ck.glob("model*.safetensors"))
+    if not files:
+        raise ScaletrainError(f"{ck} holds no model*.safetensors (an accelerate checkpoint) nor a DeepSpeed "
+                              f"{DS_CHECKPOINT_TAG}/ folder: nothing to export")
+    from safetensors.torch import load_file
+
+    out: dict[str, Any] = {}
+    for f in files:
+        out.update(load_file(str(f)))
+    return out
+
+
+def _base_config(cfg: RunConfig) -> RunConfig:
+    """The run's model as export builds it: on this CPU, no checkpointing; a quantized base rebuilt in 16 bits
+    (the adapter trained on NF4/int8 weights merges into their 16-bit originals)."""
+    cfg = replace(cfg, grad_ckpt=False)
+    if cfg.quantized_base:
+        from scaletrain.engine.vocabulary import Method
+        cfg = replace(cfg, method=Method.LORA, base_bits=16)
+    return cfg
+
+
+def load_trained(cfg: RunConfig, ck: Path) -> Any:
+    """The model the run trained, with the checkpoint's weights; every trained weight must come from it."""
+    import torch
+
+    from scaletrain.trainer.model import build_model
+
+    model = build_model(_base_config(cfg), torch.device("cpu"))
+    sd = state_dict(ck, cfg)
+    params = dict(model.named_parameters())
+    sd = {k: v.to(params[k].dtype) if k in params else v for k, v in sd.items()}
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    trained = {n for n, p in params.items() if p.requires_grad}
+    lost = sorted(trained & set(missing))
+    if lost or unexpected:
+        raise ScaletrainError(f"{ck.name} does not match the run's model: "
+                              + (f"trained weights missing ({', '.join(lost[:3])}…)" if lost else
+                                 f"unexpected weights ({', '.join(sorted(unexpected)[:3])}…)"))
+    model.tie_weights() if hasattr(model, "tie_weights") else None
+    return model.eval()
+
+
+def export_run(run_dir: str | Path, step: int | None = None, out: str | Path | None = None, merge: bool = False,
+               dtype: str | None = None) -> Exported:
+    """Export checkpoint `step` (newest when None) of the run to `out` (default RUN/export/step-N)."""
+    cfg = read_run_config(run_dir)
+    run = cfg.run
+    ck = pick_checkpoint(run, step)
+    read_state(ck)                                   # a damaged checkpoint is named before anything is loaded
+    n = checkpoint_step(ck)
+    assert n is not None
+    dtype = dtype or str(cfg.precision)
+    if dtype not in DTYPES:
+        raise ScaletrainError(f"--dtype {dtype!r} is not accepted; use one of: {', '.join(DTYPES)}")
+    target = Path(out).expanduser().resolve() if out is not None else run.export_dir(n)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise ScaletrainError(f"{target} exists and is not empty; give --out a new folder, or remove it")
+    adapter = cfg.method.is_adapter
+    if merge and not adapter:
+        raise ScaletrainError("--merge merges a LoRA adapter into its base; this run trained every weight "
+                              "(its export is the whole model already)")
+    model = load_trained(cfg, ck)
+    partial = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        merged = _write(model, cfg, partial, adapter, merge, dtype)
+        atomic_write(partial / EXPORT_MANIFEST, json.dumps(
+            {"step": n, "checkpoint": str(ck), "kind": "adapter" if adapter else "model", "dtype": dtype,
+             "method": str(cfg.method), "strategy": str(cfg.strategy), "model": cfg.model_id,
+             "base_weights": cfg.train.model_source, "merged": merged}, indent=2) + "\n", backup=False)
+        if target.exists():
+            target.rmdir()
+        partial.rename(target)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return Exported(target, n, "adapter" if adapter else "model", dtype,
+                    target / "merged" if merge else None)
+
+
+def _write(model: Any, cfg: RunConfig, folder: Path, adapter: bool, merge: bool, dtype: str) -> str | None:
+    import torch
+
+    torch_dtype = getattr(torch, _TORCH_DTYPE[dtype])
+    tok = _tokenizer(cfg)
+    if not adapter:
+        model.to(torch_dtype).save_pretrained(str(folder), safe_serialization=True)
+        if tok is not None:
+            tok.save_pretrained(str(folder))
+        return None
+    model.save_pretrained(str(folder / "adapter"), safe_serialization=True)
+    if tok is not None:
+        tok.save_pretrained(str(folder / "adapter"))
+    if not merge:
+        return None
+    merged = model.merge_and_unload().to(torch_dtype)
+    merged.save_pretrained(str(folder / "merged"), safe_serialization=True)
+    if tok is not None:
+        tok.save_pretrained(str(folder / "merged"))
+    return "merged"
+
+
+def _tokenizer(cfg: RunConfig) -> Any:
+    """The run's tokenizer when it is a transformers one (a random-init run tokenizes bytes: nothing to save)."""
+    if cfg.train.model_source == "random-init":
+        return None
+    from scaletrain.trainer.model import make_tokenizer
+
+    return getattr(make_tokenizer(cfg), "tok", None)
+
+
+# ---- the end of a run: export the last checkpoint, checked against the trained model ----------------------------
+PROBE_FILE = "probe.safetensors"        # the probe batch and the trained model's logits on it (in the export)
+
+
+def probe_logits(model: Any, input_ids: Any) -> Any:
+    """The live model's logits on the probe batch (every rank calls it: a ZeRO-3 forward gathers the weights)."""
+    import torch
+
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=input_ids).logits.float().cpu()
+    model.train(was)
+    return logits
+
+
+def exported_logits(e: Exported, cfg: RunConfig, ck: Path, input_ids: Any) -> dict[str, Any]:
+    """The export read back from disk as a user loads it, on the probe batch: the model folder (full), the base
+    with the adapter folder and the merged folder (LoRA)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = {}
+    with torch.no_grad():
+        if e.kind == "model":
+            m = AutoModelForCausalLM.from_pretrained(str(e.path), dtype=torch.float32).eval()
+            out["model"] = m(input_ids=input_ids).logits.float()
+            return out
+        from peft import PeftModel
+
+        base = load_trained(cfg, ck).unload()                # the run's base, adapters removed unmerged
+        out["adapter"] = PeftModel.from_pretrained(base, str(e.path / "adapter")).eval()(
+            input_ids=input_ids).logits.float()
+        if e.merged is not None:
+            m = AutoModelForCausalLM.from_pretrained(str(e.merged), dtype=torch.float32).eval()
+            out["merged"] = m(input_ids=input_ids).logits.float()
+    return out
+
+
+def export_and_check(run_dir: Path, step: int, input_ids: Any, trained_logits: Any, merge: bool) -> dict[str, Any]:
+    """Export checkpoint `step`, read it back, and record in export.json how far its logits are from the trained
+    model's on the probe batch (0 for an fp32 export of an fp32 run; the dtype's rounding otherwise)."""
+    from safetensors.torch import save_file
+
+    e = export_run(run_dir, step=step, merge=merge)
+    cfg = read_run_config(run_dir)
+    ck = pick_checkpoint(cfg.run, step)
+    diffs = {k: float((v - trained_logits).abs().max()) for k, v in exported_logits(e, cfg, ck, input_ids).items()}
+    save_file({"input_ids": input_ids.contiguous(), "logits": trained_logits.contiguous()}, str(e.path / PROBE_FILE))
+    manifest = json.loads((e.path / EXPORT_MANIFEST).read_text())
+    manifest["checked"] = {"probe": PROBE_FILE, "max_abs_logit_diff": diffs}
+    atomic_write(e.path / EXPORT_MANIFEST, json.dumps(manifest, indent=2) + "\n", backup=False)
+    return {"path": str(e.path), "max_abs_logit_diff": diffs}

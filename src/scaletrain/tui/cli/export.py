@@ -1,0 +1,37 @@
+"""`scaletrain export RUN_DIR [--step N] [--merge] [--out DIR] [--dtype bf16|fp16|fp32] [--json]`: a checkpoint as a
+folder transformers loads (full fine-tuning) or a PEFT adapter (LoRA/QLoRA), merged into its base on request
+(trainer/export.py). Torch is imported when the command runs."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+
+
+def configure_export(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with at least one complete checkpoint")
+    p.add_argument("--step", type=int, metavar="N", help="the checkpoint's step (default: the newest complete one)")
+    p.add_argument("--merge", action="store_true", help="LoRA/QLoRA: also write the base with the adapter merged")
+    p.add_argument("--out", metavar="DIR", help="where the export goes (default: RUN_DIR/export/step-N)")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"),
+                   help="the exported weights' dtype (default: the run's training precision)")
+    p.add_argument("--json", action="store_true")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from scaletrain.engine.errors import ScaletrainError
+    from scaletrain.trainer.export import export_run
+
+    if args.step is not None and args.step < 1:
+        raise ScaletrainError(f"--step must be a checkpoint's step, a whole number ≥ 1 (got {args.step})")
+    with contextlib.redirect_stdout(sys.stderr):      # DeepSpeed's and transformers' prints are not the answer
+        e = export_run(args.run_dir, step=args.step, out=args.out, merge=args.merge, dtype=args.dtype)
+    if args.json:
+        print(json.dumps(e.to_json(), indent=2))
+        return 0
+    what = "PEFT adapter in adapter/" + (", merged model in merged/" if e.merged else "") if e.kind == "adapter" \
+        else "model (transformers from_pretrained)"
+    print(f"exported step {e.step} ({e.dtype}): {e.path} — {what}")
+    return 0

@@ -1,0 +1,94 @@
+"""Issue 22 (export): what a run leaves behind loads with transformers and peft on this CPU.
+
+Real 2-rank runs of scaletrain/tiny-qwen2 (random init, fp32): DDP full fine-tuning exports its last checkpoint at the
+end and checks it against the trained model's logits (0 difference in fp32), and the folder loads with
+AutoModelForCausalLM.from_pretrained and generates; a ZeRO-3 run's earlier checkpoint exports through DeepSpeed's
+own consolidation; a LoRA run leaves a PEFT adapter and a merged model equal to base + adapter.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scaletrain.tui.cli.main import main
+from test_train_cpu import deadline_tick, make_run
+
+
+def _launch(run):
+    from scaletrain.engine.launch.launcher import launch
+
+    res = launch(run.path, on_tick=deadline_tick())
+    assert res.exit_code == 0, run.rank_log(0).read_text()[-3000:]
+
+
+@pytest.mark.slow
+def test_ddp_full_run_exports_a_model_that_loads_generates_and_matches_the_trained_logits(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    run = make_run(tmp_path, "ddp", lr=5e-3, max_steps=4, checkpoint_every=2)
+    _launch(run)
+    out = run.path / "export" / "step-4"
+    manifest = json.loads((out / "export.json").read_text())
+    assert (manifest["step"], manifest["kind"], manifest["dtype"]) == (4, "model", "fp32")
+    assert manifest["checked"]["max_abs_logit_diff"]["model"] <= 1e-5
+    probe = load_file(str(out / "probe.safetensors"))
+    model = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    with torch.no_grad():
+        logits = model(input_ids=probe["input_ids"]).logits
+    assert torch.allclose(logits, probe["logits"], atol=1e-5)
+    gen = model.generate(probe["input_ids"][:1, :8], max_new_tokens=4, do_sample=False)
+    assert gen.shape == (1, 12)
+    assert "exported step 4" in run.rank_log(0).read_text()
+
+
+@pytest.mark.slow
+def test_zero3_earlier_checkpoint_exports_through_deepspeed(tmp_path, capsys):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from scaletrain.trainer.config import read_run_config
+    from scaletrain.trainer.export import load_trained
+
+    run = make_run(tmp_path, "zero3", lr=5e-3, max_steps=4, checkpoint_every=2, export_at_end=False)
+    _launch(run)
+    assert not (run.path / "export").exists()
+    capsys.readouterr()
+    assert main(["export", str(run.path), "--step", "2", "--json"]) == 0
+    e = json.loads(capsys.readouterr().out)
+    assert e["step"] == 2 and e["kind"] == "model"
+    model = AutoModelForCausalLM.from_pretrained(e["path"]).eval()
+    ref = load_trained(read_run_config(run.path), run.checkpoints / "step-2")
+    later = load_trained(read_run_config(run.path), run.checkpoints / "step-4")
+    ids = torch.arange(16).reshape(1, 16)
+    with torch.no_grad():
+        a, b, c = (m(input_ids=ids).logits for m in (model, ref, later))
+    assert torch.equal(a, b) and not torch.allclose(a, c)       # step 2's weights, not the last step's
+
+
+@pytest.mark.slow
+def test_lora_run_leaves_an_adapter_and_a_merged_model_equal_to_base_plus_adapter(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from scaletrain.engine.plan.planner import make_plan
+    from scaletrain.engine.request.options import TrainOptions
+    from scaletrain.engine.request.request import PlanRequest
+    from scaletrain.engine.run.writers import write_run_dir
+
+    req = PlanRequest(model="scaletrain/tiny-qwen2", gpus="2xCPU", precision="fp32", strategy="ddp", method="lora",
+                      lora_rank=4, micro_batch=2, grad_accum=1, grad_ckpt=False, offload="none", seq_len=64)
+    run = write_run_dir(make_plan(req), req, TrainOptions(lr=1e-2, max_steps=4, checkpoint_every=4), tmp_path / "run")
+    _launch(run)
+    out = run.path / "export" / "step-4"
+    assert (out / "adapter" / "adapter_config.json").is_file() and (out / "adapter" / "adapter_model.safetensors").is_file()
+    diffs = json.loads((out / "export.json").read_text())["checked"]["max_abs_logit_diff"]
+    assert diffs["adapter"] <= 1e-5 and diffs["merged"] <= 1e-4          # base + adapter, and merged, = trained
+    probe = load_file(str(out / "probe.safetensors"))
+    merged = AutoModelForCausalLM.from_pretrained(str(out / "merged")).eval()
+    with torch.no_grad():
+        assert torch.allclose(merged(input_ids=probe["input_ids"]).logits, probe["logits"], atol=1e-4)
