@@ -34,7 +34,7 @@ def test_the_plan_counts_the_checkpoints_kept_and_the_logs(capsys):
     assert main(["plan", "--preset", "cpu-tiny", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)["disk"]
     assert d["checkpoints_kept"] == 4                      # 200 steps, a checkpoint every 50
-    assert d["total_bytes"] == 4 * d["checkpoint_bytes"] + d["logs_bytes"]
+    assert d["total_bytes"] == 4 * d["checkpoint_bytes"] + d["export_bytes"] + d["logs_bytes"] and d["export_bytes"] > 0
     assert main(["plan", "--preset", "cpu-tiny", "--set", "train.keep_checkpoints=1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["disk"]["checkpoints_kept"] == 2   # the newest before the prune
 

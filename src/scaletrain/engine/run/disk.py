@@ -1,5 +1,5 @@
-"""The disk a run needs (issue 22): its checkpoints as the trainer writes them, times how many stay on disk, and the
-logs; `scaletrain launch` compares it with the free space of the run directory's filesystem before any rank starts.
+"""The disk a run needs (issue 22): its checkpoints as the trainer writes them, times how many stay on disk, the
+export it writes at the end, and the logs; `scaletrain launch` compares it with the free space of the run directory's filesystem before any rank starts.
 
 One checkpoint, by writer (file layouts measured on this project's CPU runs, deepspeed 0.19.8 / accelerate 1.15,
 2 ranks; tests/test_disk.py checks the formula against real checkpoints):
@@ -45,19 +45,22 @@ class DiskNeed:
     checkpoints_kept: int             # on disk at once at the end (keep_checkpoints, else every one written)
     logs_bytes: int
     steps: int | None                 # the run's optimizer steps (None: unknown, one checkpoint counted)
+    export_bytes: int = 0             # the export the trainer writes at the end (export_at_end)
 
     @property
     def total_bytes(self) -> int:
-        return self.checkpoint_bytes * self.checkpoints_kept + self.logs_bytes
+        return self.checkpoint_bytes * self.checkpoints_kept + self.export_bytes + self.logs_bytes
 
     def text(self) -> str:
         n = self.checkpoints_kept
+        export = f" + export {fmt_bytes(self.export_bytes)}" if self.export_bytes else ""
         return (f"{fmt_bytes(self.total_bytes)} ({n} checkpoint{'s' if n != 1 else ''} × "
-                f"{fmt_bytes(self.checkpoint_bytes)} + logs {fmt_bytes(self.logs_bytes)})")
+                f"{fmt_bytes(self.checkpoint_bytes)}{export} + logs {fmt_bytes(self.logs_bytes)})")
 
     def to_json(self) -> dict[str, Any]:
         return {"total_bytes": self.total_bytes, "checkpoint_bytes": self.checkpoint_bytes,
-                "checkpoints_kept": self.checkpoints_kept, "logs_bytes": self.logs_bytes}
+                "checkpoints_kept": self.checkpoints_kept, "export_bytes": self.export_bytes,
+                "logs_bytes": self.logs_bytes}
 
 
 def checkpoint_bytes(setup: Any) -> int:
@@ -96,6 +99,16 @@ def checkpoint_bytes(setup: Any) -> int:
     return int(math.ceil(tensors * (1 + SERIALIZATION_FRACTION))) + PER_FILE_BYTES * files + fixed
 
 
+def export_bytes(setup: Any) -> int:
+    """What trainer/export.py writes at the end: the model in the training precision (full fine-tuning), or the
+    fp32 adapter plus the merged model (LoRA/QLoRA), each with its serialization overhead."""
+    per = setup.precision.compute_bytes
+    tensors = per * setup.model.params
+    if setup.method != "full":
+        tensors += 4 * setup.trainable_params
+    return int(math.ceil(tensors * (1 + SERIALIZATION_FRACTION))) + 2 * PER_FILE_BYTES + SMALL_FILES_BYTES
+
+
 def disk_need(plan: Any, train: Any) -> DiskNeed:
     """What the run leaves on disk at its end: the checkpoints kept (train.keep_checkpoints, else all written at
     every train.checkpoint_every steps and the last) and the logs."""
@@ -112,7 +125,8 @@ def disk_need(plan: Any, train: Any) -> DiskNeed:
         kept = min(written, train.keep_checkpoints + 1) if train.keep_checkpoints else written
     world = plan.setup.world_size
     logs = (steps or 0) * (LOG_BYTES_PER_STEP + LOG_BYTES_PER_RANK_STEP * world)
-    return DiskNeed(checkpoint_bytes(plan.setup), max(0, kept), logs, steps)
+    export = export_bytes(plan.setup) if train.save_checkpoints and getattr(train, "export_at_end", False) else 0
+    return DiskNeed(checkpoint_bytes(plan.setup), max(0, kept), logs, steps, export)
 
 
 def free_bytes(path: Path) -> int | None:
