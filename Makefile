@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q torch==2.13.0
 	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation deepspeed
-	$(PY) -m pip install -q -e '.[train,dev]'
+	$(PY) -m pip install -q -e '.[train,dev,wandb]'
 	touch $(STAMP)
 
 demo: $(STAMP)

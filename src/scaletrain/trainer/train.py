@@ -82,13 +82,11 @@ def _weights(model: Any) -> str:
     return "weights " + ", ".join(f"{k} {v:,}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-def _tensorboard(run: RunDir) -> Any:
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        print("scaletrain: note: tensorboard is not installed; metrics.jsonl only", file=sys.stderr)
-        return None
-    return SummaryWriter(log_dir=str(run.tensorboard))
+def _tensorboard(run: RunDir, report_to: tuple[str, ...] = ("tensorboard",)) -> Any:
+    """The trackers rank 0 reports to besides metrics.jsonl (trainer/trackers.py): TensorBoard, W&B, none."""
+    from scaletrain.trainer.trackers import open_trackers
+
+    return open_trackers(run, report_to)
 
 
 @dataclass
@@ -235,7 +233,7 @@ def report_start(s: Session, step: int, resume: bool) -> None:
 def step_loop(s: Session, step: int, resume: bool) -> int | None:
     """Optimizer steps from `step` to the schedule's end, epoch by epoch; the last step, or None when interrupted."""
     writer = MetricsWriter(s.cfg.run.metrics) if s.main else None
-    tb = _tensorboard(s.cfg.run) if s.main else None
+    tb = _tensorboard(s.cfg.run, s.cfg.train.report_to) if s.main else None
     p = Progress(step, step, time.perf_counter())
     s.model.train()
     try:

@@ -84,4 +84,9 @@ def _train(args: Any, preset: Any, overrides: list[str]) -> TrainOptions:
         train = replace(train, model_source=None)     # a preset's weights belong to its model: the new one's own
     if getattr(args, "data", None):
         train = replace(train, dataset=str(args.data))
+    if getattr(args, "report_to", None) is not None:
+        from scaletrain.engine.request.options import check_report_to
+
+        check_report_to(tuple(args.report_to))
+        train = replace(train, report_to=tuple(args.report_to))
     return train

@@ -97,6 +97,9 @@ FIELDS: tuple[PlanField, ...] = (
               help="training data: JSONL/JSON/Parquet/CSV file or folder, or an HF dataset id in the local "
                    "cache; its row count is the dataset size unless --dataset-size is given",
               label="data", hint="JSONL file or HF dataset id; empty: the bundled demo data"),
+    PlanField("report_to", _WHAT, owner="train", parse=parse_csv, metavar="tensorboard,wandb|none",
+              help="where the trainer reports besides metrics.jsonl: tensorboard (default), wandb (offline unless "
+                   "WANDB_MODE or WANDB_API_KEY say otherwise; the plan is its config), none"),
     PlanField("resident", _WHAT, owner="args", parse=parse_resident, kind="append", metavar="MODEL[:BITS]",
               help="an extra inference-only model kept on every GPU (reference policy, evaluator)",
               label="resident models", hint="MODEL[:BITS], … inference-only (reference policy, evaluator)",

@@ -13,6 +13,18 @@ from scaletrain.engine.errors import ScaletrainError
 LR_SCHEDULES = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}
 
 
+REPORT_TO = ("tensorboard", "wandb", "none")
+
+
+def check_report_to(names: Any) -> None:
+    """--report-to: a comma list of tensorboard, wandb (offline unless WANDB_MODE/WANDB_API_KEY say otherwise), or
+    none alone."""
+    ok = isinstance(names, tuple) and names and all(isinstance(n, str) and n in REPORT_TO for n in names)
+    if not ok or ("none" in names and len(names) > 1):
+        raise ScaletrainError(f"report_to {_short(names)} is not accepted; give a comma list of tensorboard, wandb, "
+                              "or none alone")
+
+
 @dataclass(frozen=True)
 class TrainOptions:
     """What the bundled trainer needs beyond the plan's numbers."""
@@ -30,6 +42,7 @@ class TrainOptions:
     checkpoint_every: int = 50            # optimizer steps; a final checkpoint is written too (when saving)
     save_checkpoints: bool = True         # false: no checkpoint at all, not even the final one (validation runs)
     keep_checkpoints: int | None = None   # keep only the newest N complete checkpoints; None keeps every one
+    report_to: tuple[str, ...] = ("tensorboard",)   # --report-to: tensorboard, wandb (offline by default), none
     export_at_end: bool = True            # rank 0 exports the last checkpoint (export/step-N/), checked against
                                           # the trained model's logits on one batch (trainer/export.py)
     seed: int = 0
@@ -49,6 +62,10 @@ class TrainOptions:
         if unknown:
             raise ScaletrainError(f"unknown train option(s) {_short(', '.join(unknown), 200)}; accepted: "
                                   f"{', '.join(sorted(known))}")
+        if isinstance(d.get("report_to"), str):
+            d["report_to"] = tuple(x.strip() for x in d["report_to"].split(",") if x.strip())
+        elif isinstance(d.get("report_to"), list):
+            d["report_to"] = tuple(d["report_to"])
         if "script_args" in d and d["script_args"] is not None:
             if not isinstance(d["script_args"], (list, tuple)):
                 raise ScaletrainError(f"script_args must be a list of strings (got {_short(d['script_args'])})")
@@ -58,6 +75,7 @@ class TrainOptions:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["script_args"] = list(self.script_args)
+        d["report_to"] = list(self.report_to)
         return d
 
     def check(self) -> None:
@@ -93,6 +111,7 @@ class TrainOptions:
                                               or len(self.model_source) > MAX_PATH_CHARS):
             raise ScaletrainError(f"model_source must be random-init, a local path or an HF cache id "
                                   f"(got {_short(self.model_source)})")
+        check_report_to(self.report_to)
         for name in ("save_checkpoints", "export_at_end"):
             if not isinstance(getattr(self, name), bool):
                 raise ScaletrainError(f"{name} must be true or false (got {_short(getattr(self, name))})")

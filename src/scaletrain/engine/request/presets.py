@@ -144,6 +144,8 @@ def _normalize(section: str, data: dict[str, Any]) -> dict[str, Any]:
             out["residents"] = [_resident(r) for r in res]
     if section == "train" and isinstance(out.get("script_args"), str):
         out["script_args"] = out["script_args"].split()
+    if section == "train" and isinstance(out.get("report_to"), str):
+        out["report_to"] = [t.strip() for t in out["report_to"].split(",") if t.strip()]
     return out
 
 

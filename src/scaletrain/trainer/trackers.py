@@ -1,0 +1,91 @@
+"""Where rank 0 reports each step besides metrics.jsonl (issue 22): `train.report_to` / `--report-to`.
+
+tensorboard  RUN/tensorboard/ event files (torch's SummaryWriter), the plan as a text summary
+wandb        a Weights & Biases run through its own library (the `wandb` extra), offline unless the environment
+             says otherwise (WANDB_MODE, or WANDB_API_KEY for online), in RUN/wandb/; the plan's predicted memory
+             and time, the request and the train options are its config, so measured and predicted sit side by side
+none         metrics.jsonl only
+
+A tracker that cannot start (its library missing, its service refusing) is a note, never a failed run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from scaletrain.engine.run.layout import RunDir
+
+
+class Trackers:
+    """The step scalars fanned out to every tracker that started (the loop calls add_scalar and close)."""
+
+    def __init__(self, tensorboard: Any = None, wandb_run: Any = None):
+        self.tensorboard = tensorboard
+        self.wandb_run = wandb_run
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.add_scalar(tag, value, step)
+        if self.wandb_run is not None:
+            self.wandb_run.log({tag: value}, step=step)
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+
+def plan_config(run: RunDir) -> dict[str, Any]:
+    """The plan's predictions and choices as a tracker's config (plan.json's sections, as written)."""
+    try:
+        doc = json.loads(run.plan.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    keep = ("model", "hardware", "training", "batch", "memory", "time", "request", "train", "disk")
+    return {k: doc[k] for k in keep if k in doc}
+
+
+def open_trackers(run: RunDir, report_to: tuple[str, ...]) -> Trackers | None:
+    names = set(report_to) - {"none"}
+    if not names:
+        return None
+    config = plan_config(run)
+    return Trackers(_tensorboard(run, config) if "tensorboard" in names else None,
+                    _wandb(run, config) if "wandb" in names else None)
+
+
+def _tensorboard(run: RunDir, config: dict[str, Any]) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        print("scaletrain: note: tensorboard is not installed; metrics.jsonl only", file=sys.stderr)
+        return None
+    w = SummaryWriter(log_dir=str(run.tensorboard))
+    if config:
+        w.add_text("plan", "```\n" + json.dumps(config, indent=2) + "\n```", 0)
+    return w
+
+
+def wandb_mode() -> str:
+    """offline unless the environment asks otherwise (no network is the safe assumption on a training node)."""
+    return os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+
+
+def _wandb(run: RunDir, config: dict[str, Any]) -> Any:
+    try:
+        import wandb
+    except ImportError:
+        print("scaletrain: note: wandb is not installed (pip install 'scaletrain[wandb]'); not reporting to W&B",
+              file=sys.stderr)
+        return None
+    try:
+        return wandb.init(project=os.environ.get("WANDB_PROJECT", "scaletrain"), name=run.path.name,
+                          dir=str(run.path), mode=wandb_mode(), config=config)
+    except Exception as e:                 # a refused login, a full disk: the run goes on without W&B
+        print(f"scaletrain: note: W&B did not start ({str(e).splitlines()[0][:200]}); not reporting to W&B",
+              file=sys.stderr)
+        return None
