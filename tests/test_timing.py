@@ -27,10 +27,13 @@ def _seed_setup(gpus: str = "8xRTX4090", **kw) -> TrainingSetup:
     return base_setup(req).with_(**kw) if kw else base_setup(req)
 
 
-def test_steps_per_epoch_is_exact_ceiling_and_epoch_time_follows():
-    s = _seed_setup()
+def test_steps_per_epoch_follow_the_loop_and_epoch_time_follows():
+    """HF Trainer (the seed's count) keeps the last partial step: ceil; the bundled trainer shards the rows per rank
+    and drops it (trainer/train.make_schedule): floor."""
+    s = _seed_setup().with_(loop="hf-trainer")
     t = estimate_time(s)
     assert s.effective_batch == 128
+    assert estimate_time(s.with_(loop="trainer")).steps_per_epoch == (160_791 // 8) // 2 // 8 == 1256
     assert t.steps_per_epoch == math.ceil(160_791 / 128) == 1257
     assert t.epoch_seconds == pytest.approx(1257 * t.step_seconds)
     assert t.total_seconds == pytest.approx(t.epoch_seconds)
@@ -41,8 +44,8 @@ def test_steps_per_epoch_is_exact_ceiling_and_epoch_time_follows():
 
 
 def test_sixteen_gpus_at_256_give_629_steps_and_a_sublinear_speedup():
-    s8 = _seed_setup("8xRTX4090")
-    s16 = _seed_setup("2x8xRTX4090")
+    s8 = _seed_setup("8xRTX4090").with_(loop="hf-trainer")          # the seed's count (ceil)
+    s16 = _seed_setup("2x8xRTX4090").with_(loop="hf-trainer")
     assert s16.effective_batch == 256
     t8, t16 = estimate_time(s8), estimate_time(s16)
     assert t16.steps_per_epoch == math.ceil(160_791 / 256) == 629
@@ -143,7 +146,7 @@ def test_tokens_per_sample_override():
 def test_plan_json_time_keys_and_cli_prints_assumptions(capsys):
     args = ["plan", "--model", QWEN3_4B, "--gpus", "8xRTX4090", "--strategy", "zero3", "--micro-batch", "2",
             "--grad-accum", "8", "--grad-ckpt", "--offload", "none", "--seq-len", "2048",
-            "--dataset-size", "160791", "--epochs", "2"]
+            "--dataset-size", "160791", "--epochs", "2", "--loop", "hf-trainer"]
     assert main([*args, "--json"]) == 0
     t = json.loads(capsys.readouterr().out)["time"]
     for key in ("step_seconds", "tokens_per_second", "steps_per_epoch", "epoch_seconds", "total_seconds", "mfu"):

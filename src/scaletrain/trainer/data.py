@@ -179,10 +179,23 @@ def _completion(rec: dict[str, Any]) -> Any:
     return rec["completion"] if rec.get("completion") is not None else rec.get("response")
 
 
-def read_records(spec: str | Path) -> list[dict[str, Any]]:
-    """Every record --data names, each checked for one of the accepted shapes (errors name the line or row)."""
+def with_columns(rec: dict[str, Any], columns: dict[str, str] | None) -> dict[str, Any]:
+    """A record with its columns renamed to TRL's names (`--data-columns prompt=question,completion=answer`)."""
+    if not columns:
+        return rec
+    out = dict(rec)
+    for ours, theirs in columns.items():
+        if theirs in rec and ours not in rec:
+            out[ours] = out.pop(theirs)
+    return out
+
+
+def read_records(spec: str | Path, columns: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Every record --data names (columns renamed by `columns`), each checked for one of the accepted shapes
+    (errors name the line or row)."""
     records = []
     for where, rec in located_records(spec):
+        rec = with_columns(rec, columns)
         _check_record(rec, where)
         records.append(rec)
     return records
@@ -281,12 +294,13 @@ def build_blocks(samples: Sequence[Sample], seq_len: int, *, packing: bool, pad_
     return Blocks(tuple(rows_i), tuple(rows_l), tuple(rows_m), seq_len, len(samples))
 
 
-def load_blocks(path: str | Path, tok: Tokenizer, seq_len: int, *, packing: bool, min_blocks: int = 0) -> Blocks:
+def load_blocks(path: str | Path, tok: Tokenizer, seq_len: int, *, packing: bool, min_blocks: int = 0,
+                columns: dict[str, str] | None = None) -> Blocks:
     """Read, tokenize and block a JSONL dataset; an empty result is an error that says how to fix it.
 
     min_blocks > 0 repeats the records, whole and in order, until they give at least that many blocks (cut to
     exactly that many): synthetic data sized to a plan, for the bundled demo set only (the trainer decides)."""
-    records = read_records(path)
+    records = read_records(path, columns)
     samples = [tokenize_record(r, tok) for r in records]
     blocks = build_blocks(samples, seq_len, packing=packing, pad_id=tok.pad_id)
     if len(blocks) < min_blocks and any(lab != IGNORE_INDEX for s in samples for lab in s.labels):

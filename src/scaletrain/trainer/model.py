@@ -290,14 +290,19 @@ def build_model(cfg: RunConfig, device: Any) -> Any:
 
 
 def make_tokenizer(cfg: RunConfig) -> data_mod.Tokenizer:
-    if cfg.train.model_source == "random-init":
-        return data_mod.ByteTokenizer(int(model_config_dict(cfg.model_id)["vocab_size"]))
+    return tokenizer_for(cfg.model_id, cfg.train.model_source)
+
+
+def tokenizer_for(model_id: str, source: str | None) -> data_mod.Tokenizer:
+    """The tokenizer a run of `model_id` from weights `source` uses (random-init: bytes; else the weights' own)."""
+    if source == "random-init":
+        return data_mod.ByteTokenizer(int(model_config_dict(model_id)["vocab_size"]))
     from transformers import AutoTokenizer
 
     try:
-        return data_mod.HFTokenizer(AutoTokenizer.from_pretrained(cfg.train.model_source, local_files_only=True))
+        return data_mod.HFTokenizer(AutoTokenizer.from_pretrained(source, local_files_only=True))
     except OSError as e:
-        raise ScaletrainError(f"cannot load the tokenizer of {cfg.train.model_source!r} offline "
+        raise ScaletrainError(f"cannot load the tokenizer of {source!r} offline "
                               f"({str(e).splitlines()[0]})") from None
 
 

@@ -159,6 +159,7 @@ def prepare(cfg: RunConfig) -> Session:
     tok = make_tokenizer(cfg)
     per_step = cfg.micro_batch * cfg.grad_accum * world
     blocks = data_mod.load_blocks(cfg.train.dataset or dataset, tok, cfg.seq_len, packing=cfg.train.packing,
+                                  columns=cfg.train.data_columns,
                                   min_blocks=per_step if demo else 0)
     if main and blocks.repeats > 1:
         print(f"scaletrain: note: the bundled demo data is repeated {blocks.repeats}× to {len(blocks)} blocks of "

@@ -191,6 +191,15 @@ def calibrated_constants(s: TrainingSetup) -> TimeConstants:
 
 
 # ---- the estimate ------------------------------------------------------------------------------------------------
+def steps_in_epoch(s: TrainingSetup) -> int:
+    """Optimizer steps per pass over the data. The bundled trainer shards the rows per rank and drops a last partial
+    step (trainer/train.make_schedule); SFT objectives run by TRL, HF Trainer and other loops keep it (ceil)."""
+    assert s.dataset_size is not None
+    if s.loop == "trainer" and s.objective == "sft":
+        return max(1, (s.dataset_size // s.world_size) // s.micro_batch // s.grad_accum)
+    return math.ceil(s.dataset_size / s.effective_batch)
+
+
 def estimate_time(s: TrainingSetup, constants: TimeConstants | None = None) -> TimeEstimate:
     """Seconds per optimizer step for one fully specified setup (pure arithmetic, well under a millisecond)."""
     c = constants or calibrated_constants(s)
@@ -270,7 +279,7 @@ def estimate_time(s: TrainingSetup, constants: TimeConstants | None = None) -> T
     steps_per_epoch = total_steps = None
     epoch_s = total_s = None
     if s.dataset_size is not None:
-        steps_per_epoch = math.ceil(s.dataset_size / s.effective_batch)
+        steps_per_epoch = steps_in_epoch(s)
         total_steps = math.ceil(steps_per_epoch * s.epochs)
         epoch_s = steps_per_epoch * step
         total_s = total_steps * step

@@ -22,6 +22,7 @@ class Asked:
     train: TrainOptions
     data: str | None
     weights_given: str | None
+    profile: Any = None             # engine/request/data_profile.DataProfile of --data, when given
 
     def request(self) -> PlanRequest:
         """The PlanRequest; a model is required."""
@@ -61,12 +62,27 @@ def asked_from_args(args: Any) -> Asked:
         fields["residents"] = tuple(args.resident)
     train = _train(args, preset, overrides)
     data = str(args.data) if getattr(args, "data", None) else (train.dataset if preset_name else None)
+    weights = str(args.weights) if getattr(args, "weights", None) else (train.model_source if preset_name else None)
+    profile = None
     if data is not None and fields.get("dataset_size") is None:
         from scaletrain.engine.request.data_source import resolve_data
 
         fields["dataset_size"] = resolve_data(data).rows      # the plan's steps and epochs follow the real data
-    weights = str(args.weights) if getattr(args, "weights", None) else (train.model_source if preset_name else None)
-    return Asked(fields, train, data, weights)
+        if getattr(args, "data", None) and fields.get("model"):
+            profile = _profile(data, fields, weights, train)
+            if profile.blocks:                                 # the trainer's rows: blocks of seq_len tokens
+                fields["dataset_size"] = profile.blocks
+    return Asked(fields, train, data, weights, profile)
+
+
+def _profile(data: str, fields: dict[str, Any], weights: str | None, train: TrainOptions) -> Any:
+    """--data read, tokenized and blocked as the trainer will (engine/request/data_profile.py, a subprocess)."""
+    from scaletrain.engine.request.data_profile import profile_data
+    from scaletrain.engine.request.weights import resolve_weights
+
+    seq_len = int(fields.get("seq_len") or 2048)
+    source = resolve_weights(weights, fields["model"])
+    return profile_data(data, fields["model"], source, seq_len, packing=train.packing, columns=train.data_columns)
 
 
 def _train(args: Any, preset: Any, overrides: list[str]) -> TrainOptions:
@@ -84,6 +100,8 @@ def _train(args: Any, preset: Any, overrides: list[str]) -> TrainOptions:
         train = replace(train, model_source=None)     # a preset's weights belong to its model: the new one's own
     if getattr(args, "data", None):
         train = replace(train, dataset=str(args.data))
+    if getattr(args, "data_columns", None):
+        train = replace(train, data_columns=dict(args.data_columns))
     if getattr(args, "report_to", None) is not None:
         from scaletrain.engine.request.options import check_report_to
 

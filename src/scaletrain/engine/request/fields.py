@@ -24,6 +24,22 @@ def parse_csv(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
+DATA_COLUMN_NAMES = ("text", "prompt", "completion", "messages")
+
+
+def parse_columns(text: str) -> dict[str, str]:
+    """--data-columns prompt=question,completion=answer: TRL's column name = the data's."""
+    out = {}
+    for item in parse_csv(text):
+        ours, eq, theirs = item.partition("=")
+        if not eq or ours.strip() not in DATA_COLUMN_NAMES or not theirs.strip():
+            raise ValueError(f"{item!r}: give NAME=COLUMN with NAME one of {', '.join(DATA_COLUMN_NAMES)}")
+        out[ours.strip()] = theirs.strip()
+    if not out:
+        raise ValueError("no NAME=COLUMN pair")
+    return out
+
+
 def parse_resident(text: str) -> tuple[str, int]:
     """--resident MODEL[:BITS] (bits 16, 8 or 4; default 16)."""
     model, _, bits = text.rpartition(":") if text.rsplit(":", 1)[-1] in RESIDENT_BITS else (text, "", "16")
@@ -100,6 +116,9 @@ FIELDS: tuple[PlanField, ...] = (
     PlanField("report_to", _WHAT, owner="train", parse=parse_csv, metavar="tensorboard,wandb|none",
               help="where the trainer reports besides metrics.jsonl: tensorboard (default), wandb (offline unless "
                    "WANDB_MODE or WANDB_API_KEY say otherwise; the plan is its config), none"),
+    PlanField("data_columns", _WHAT, owner="train", parse=parse_columns, metavar="prompt=COL,completion=COL",
+              help="--data's column names when they differ from TRL's (text, prompt, completion, messages), e.g. "
+                   "prompt=question,completion=answer or prompt=instruction,completion=output"),
     PlanField("resident", _WHAT, owner="args", parse=parse_resident, kind="append", metavar="MODEL[:BITS]",
               help="an extra inference-only model kept on every GPU (reference policy, evaluator)",
               label="resident models", hint="MODEL[:BITS], … inference-only (reference policy, evaluator)",

@@ -47,6 +47,7 @@ class TrainOptions:
                                           # the trained model's logits on one batch (trainer/export.py)
     seed: int = 0
     packing: bool = True                  # pack samples into seq_len blocks (else pad each sample)
+    data_columns: dict[str, str] | None = None   # --data-columns: TRL's name → the data's column (prompt=question)
     lora_alpha: int | None = None         # default 2 × rank
     lora_dropout: float = 0.0
     script: str | None = None             # user-script mode: run this instead of the bundled trainer
@@ -112,6 +113,11 @@ class TrainOptions:
             raise ScaletrainError(f"model_source must be random-init, a local path or an HF cache id "
                                   f"(got {_short(self.model_source)})")
         check_report_to(self.report_to)
+        if self.data_columns is not None and not (isinstance(self.data_columns, dict) and all(
+                isinstance(k, str) and isinstance(v, str) and k in ("text", "prompt", "completion", "messages")
+                for k, v in self.data_columns.items())):
+            raise ScaletrainError(f"data_columns {_short(self.data_columns)} is not accepted; give NAME: COLUMN pairs "
+                                  "with NAME one of text, prompt, completion, messages")
         for name in ("save_checkpoints", "export_at_end"):
             if not isinstance(getattr(self, name), bool):
                 raise ScaletrainError(f"{name} must be true or false (got {_short(getattr(self, name))})")

@@ -24,15 +24,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         out = plan.to_json()
         out["weights"] = weights
-        out["data"] = {"spec": data, "rows": request.dataset_size} if data else None
+        prof = asked.profile.data if asked.profile is not None else None
+        out["data"] = {"spec": data, "rows": prof["records"] if prof else request.dataset_size,
+                       "profile": prof} if data else None
         out["disk"] = disk_need(plan, asked.train).to_json()
         print(json.dumps(out, indent=2))
         return 0
     from scaletrain.tui.views.render import print_plan, print_weights
     print_plan(plan, alternatives=getattr(args, "alternatives", False), table=getattr(args, "table", None))
     print(f"disk: {disk_need(plan, asked.train).text()}")
+    rows = asked.profile.data["records"] if asked.profile is not None else request.dataset_size
     print_weights(weights["source"], [w for w in (weights["warning"], weights["problem"]) if w],
-                  data, request.dataset_size, note=weights["note"])
+                  data, rows, note=weights["note"])
+    for line in (asked.profile.lines() if asked.profile is not None else ()):
+        print(f"  {line}")
+    for example in (asked.profile.data.get("examples", ()) if asked.profile is not None else ()):
+        print("  record as trained («trained tokens»): " + " ".join(example.split())[:300])
     return 0
 
 

@@ -1,0 +1,91 @@
+"""Your data, profiled with the run's own tokenizer before you train (issue 22).
+
+`python -m scaletrain.trainer.data_profile` (the trainer's reading, tokenizing and blocking) runs as a subprocess:
+planning never imports transformers or torch. Its answer is cached by the files' sizes and times, the model and
+weights, the sequence length, packing and column renames (beside the traces: catalog/traced.cache_dir), so the
+wizard and `plan` ask again for free. The plan's dataset size is the blocks the trainer will make, so steps per
+epoch follow the packed token count instead of one record per sample.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from scaletrain.engine.catalog.traced import cache_dir
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.fileio import atomic_write
+from scaletrain.engine.request.data_source import resolve_data
+from scaletrain.engine.units import fmt_count
+
+PROFILE_FORMAT = 1          # must match trainer/data_profile.py
+PROFILE_TIMEOUT_S = 600     # a tokenizer load and a large file on a busy machine
+
+
+@dataclass(frozen=True)
+class DataProfile:
+    data: dict[str, Any]
+
+    @property
+    def blocks(self) -> int | None:
+        return self.data.get("blocks")
+
+    def lines(self) -> list[str]:
+        """`plan`'s words: format and records; token statistics; what the trainer makes of them."""
+        d = self.data
+        out = [f"{fmt_count(d['records'])} records ({d['data_format']})"]
+        if "tokens" not in d:
+            return out + [d.get("note", "")]
+        t = d["tokens"]
+        out.append(f"tokens per record p50 {fmt_count(t['p50'])} · p95 {fmt_count(t['p95'])} · max "
+                   f"{fmt_count(t['max'])}; {d['truncated_share']:.0%} longer than {d['seq_len']}")
+        how = "packed into" if d["packing"] else "padded to"
+        if not d["blocks"]:
+            return out + [f"no block of {d['seq_len']} tokens: the data is shorter than one sequence; the trainer "
+                          "will refuse it (turn packing off, or a shorter --seq-len)"]
+        out.append(f"{fmt_count(d['blocks'])} blocks {how} {d['seq_len']} tokens "
+                   f"({fmt_count(d['trained_tokens'])} trained tokens): the plan's samples")
+        return out
+
+
+def _key(spec: str, model: str, weights: str | None, seq_len: int, packing: bool,
+         columns: dict[str, str] | None) -> str:
+    src = resolve_data(spec)
+    files = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in src.files]
+    text = json.dumps({"format": PROFILE_FORMAT, "files": files, "model": model, "weights": weights,
+                       "seq_len": seq_len, "packing": packing, "columns": columns}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def profile_data(spec: str, model: str, weights: str | None, seq_len: int, packing: bool = True,
+                 columns: dict[str, str] | None = None) -> DataProfile:
+    """The profile of --data for this model's tokenizer (cached; one line on failure)."""
+    path = cache_dir().parent / "data" / f"{_key(spec, model, weights, seq_len, packing, columns)}.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("format") == PROFILE_FORMAT:
+            return DataProfile(data)
+    except (OSError, ValueError):
+        pass
+    argv = [sys.executable, "-m", "scaletrain.trainer.data_profile", "--data", spec, "--model", model,
+            "--seq-len", str(seq_len), "--columns", json.dumps(columns or {})]
+    if weights:
+        argv += ["--weights", weights]
+    if not packing:
+        argv.append("--no-packing")
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=PROFILE_TIMEOUT_S)
+        data = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
+    except (subprocess.TimeoutExpired, ValueError, OSError) as e:
+        raise ScaletrainError(f"profiling --data {spec} failed ({e.__class__.__name__})") from None
+    if "error" in data:
+        raise ScaletrainError(data["error"])
+    if data.get("format") != PROFILE_FORMAT:
+        tail = (r.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        raise ScaletrainError(f"profiling --data {spec} failed: {tail}")
+    atomic_write(path, json.dumps(data) + "\n", backup=False)
+    return DataProfile(data)
