@@ -105,6 +105,7 @@ class Session:
     ds: bool                  # DeepSpeed's own engine: it clips, saves and reports the grad norm itself
     dataset_name: str
     telemetry: RankSampler    # this rank's device and step phases, sent with its peaks (issue 23)
+    eval_blocks: Any = None   # the eval split (trainer/evaluate.py), None without one
 
     @property
     def main(self) -> bool:
@@ -165,6 +166,7 @@ def prepare(cfg: RunConfig) -> Session:
         print(f"scaletrain: note: the bundled demo data is repeated {blocks.repeats}× to {len(blocks)} blocks of "
               f"{cfg.seq_len} tokens (one optimizer step needs {per_step}); set the train option dataset for real "
               "data", flush=True)
+    blocks, eval_blocks = _eval_split(cfg, blocks, tok)
     sched = make_schedule(cfg, len(blocks), world)
     model = build_model(cfg, acc.device)
     if torch.cuda.is_available():
@@ -180,7 +182,7 @@ def prepare(cfg: RunConfig) -> Session:
     ds = cfg.uses_deepspeed and hasattr(model, "save_checkpoint")
     gpu_index = acc.device.index if acc.device.type == "cuda" else None
     return Session(cfg, acc, model, optimizer, scheduler, blocks, sched, rank, world, ds, dataset.name,
-                   RankSampler(0 if gpu_index is None and acc.device.type == "cuda" else gpu_index))
+                   RankSampler(0 if gpu_index is None and acc.device.type == "cuda" else gpu_index), eval_blocks)
 
 
 def resume_step(s: Session, resume: bool) -> int:
@@ -229,6 +231,33 @@ def report_start(s: Session, step: int, resume: bool) -> None:
         dropped = truncate_metrics(cfg.run.metrics, step)      # steps after the checkpoint are logged again
         if dropped:
             print(f"scaletrain: metrics.jsonl cut back to step {step} ({dropped} later line(s) dropped)", flush=True)
+
+
+def _eval_split(cfg: RunConfig, blocks: Any, tok: Any) -> tuple[Any, Any]:
+    """(training blocks, eval blocks or None): --eval-data read like the data, or eval_fraction held out."""
+    from scaletrain.trainer.evaluate import split_eval
+
+    if cfg.train.eval_data:
+        return blocks, data_mod.load_blocks(cfg.train.eval_data, tok, cfg.seq_len, packing=cfg.train.packing,
+                                            columns=cfg.train.data_columns)
+    return split_eval(blocks, cfg.train.eval_fraction)
+
+
+def _maybe_evaluate(s: Session, p: Progress, rec: StepMetrics) -> StepMetrics:
+    """The eval split's loss at this step when one is due (every eval_every steps and at the last); every rank."""
+    if s.eval_blocks is None:
+        return rec
+    every = s.cfg.train.eval_every or s.cfg.train.checkpoint_every
+    if p.step % every and p.step != s.sched.total_steps:
+        return rec
+    from dataclasses import replace
+
+    from scaletrain.trainer.evaluate import evaluate
+
+    loss, secs = evaluate(s.model, s.eval_blocks, s.cfg.micro_batch, s.acc.device, s.rank, s.world,
+                          lambda v: all_sum(s.acc, v))
+    p.t_last = time.perf_counter()            # the next step's time does not include the evaluation
+    return replace(rec, eval_loss=loss, eval_seconds=secs)
 
 
 def step_loop(s: Session, step: int, resume: bool) -> int | None:
@@ -281,7 +310,7 @@ def _epoch(s: Session, p: Progress, writer: MetricsWriter | None, tb: Any, resum
         s.telemetry.phase("optimizer")
         lr, grad_norm = _optimizer_step(s)
         p.step += 1
-        rec = _step_metrics(s, p, lr, grad_norm, loss_sum, micro_in_step, tokens)
+        rec = _maybe_evaluate(s, p, _step_metrics(s, p, lr, grad_norm, loss_sum, micro_in_step, tokens))
         if s.main:
             _report_step(s, rec, writer, tb)
         loss_sum = tokens = 0.0
@@ -329,8 +358,12 @@ def _report_step(s: Session, rec: StepMetrics, writer: MetricsWriter | None, tb:
     if tb is not None:
         for k in ("loss", "lr", "tokens_per_second", "step_seconds"):
             tb.add_scalar(f"train/{k}", getattr(rec, k), rec.step)
+        if rec.eval_loss is not None:
+            tb.add_scalar("eval/loss", rec.eval_loss, rec.step)
+    ev = (f" eval loss {rec.eval_loss:.4f} ppl {rec.eval_perplexity:.4g} ({rec.eval_seconds:.2f}s)"
+          if rec.eval_loss is not None and rec.eval_perplexity is not None else "")
     print(f"step {rec.step}/{s.sched.total_steps} loss {rec.loss:.4f} lr {rec.lr:.3g} "
-          f"tok/s {rec.tokens_per_second:.0f} step {rec.step_seconds:.3f}s", flush=True)
+          f"tok/s {rec.tokens_per_second:.0f} step {rec.step_seconds:.3f}s{ev}", flush=True)
 
 
 def _checkpoint(s: Session, p: Progress, rec: StepMetrics) -> None:

@@ -6,6 +6,8 @@ overrides, then explicit flags; the preset is read once (`Asked`). The flags are
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -71,7 +73,8 @@ def asked_from_args(args: Any) -> Asked:
         if getattr(args, "data", None) and fields.get("model"):
             profile = _profile(data, fields, weights, train)
             if profile.blocks:                                 # the trainer's rows: blocks of seq_len tokens
-                fields["dataset_size"] = profile.blocks
+                held_out = math.ceil(train.eval_fraction * profile.blocks) if train.eval_fraction else 0
+                fields["dataset_size"] = profile.blocks - held_out    # less the eval split (trainer/evaluate.py)
     return Asked(fields, train, data, weights, profile)
 
 
@@ -102,9 +105,14 @@ def _train(args: Any, preset: Any, overrides: list[str]) -> TrainOptions:
         train = replace(train, dataset=str(args.data))
     if getattr(args, "data_columns", None):
         train = replace(train, data_columns=dict(args.data_columns))
+    if getattr(args, "eval_data", None):
+        train = replace(train, eval_data=str(args.eval_data))
+    if getattr(args, "eval_fraction", None) is not None:
+        train = replace(train, eval_fraction=float(args.eval_fraction))
     if getattr(args, "report_to", None) is not None:
         from scaletrain.engine.request.options import check_report_to
 
         check_report_to(tuple(args.report_to))
         train = replace(train, report_to=tuple(args.report_to))
+    train.check()                      # `plan` refuses what the trainer would (one line), not only --dry-run
     return train

@@ -119,6 +119,11 @@ FIELDS: tuple[PlanField, ...] = (
     PlanField("data_columns", _WHAT, owner="train", parse=parse_columns, metavar="prompt=COL,completion=COL",
               help="--data's column names when they differ from TRL's (text, prompt, completion, messages), e.g. "
                    "prompt=question,completion=answer or prompt=instruction,completion=output"),
+    PlanField("eval_data", _WHAT, owner="train", metavar="PATH|HF_DATASET_ID",
+              help="an eval split, evaluated every eval_every steps (default: checkpoint_every) and at the end: eval "
+                   "loss and perplexity in metrics.jsonl and the monitor's chart"),
+    PlanField("eval_fraction", _WHAT, owner="train", parse=float, metavar="F",
+              help="instead of --eval-data: hold out this share of --data's blocks (the last ones) for evaluation"),
     PlanField("resident", _WHAT, owner="args", parse=parse_resident, kind="append", metavar="MODEL[:BITS]",
               help="an extra inference-only model kept on every GPU (reference policy, evaluator)",
               label="resident models", hint="MODEL[:BITS], … inference-only (reference policy, evaluator)",

@@ -47,6 +47,9 @@ class TrainOptions:
                                           # the trained model's logits on one batch (trainer/export.py)
     seed: int = 0
     packing: bool = True                  # pack samples into seq_len blocks (else pad each sample)
+    eval_data: str | None = None          # --eval-data: an eval split (a file/folder or an HF dataset id)
+    eval_fraction: float = 0.0            # --eval-fraction: else hold out this share of --data's blocks (the last)
+    eval_every: int | None = None         # optimizer steps between evaluations (default checkpoint_every); and at the end
     data_columns: dict[str, str] | None = None   # --data-columns: TRL's name → the data's column (prompt=question)
     lora_alpha: int | None = None         # default 2 × rank
     lora_dropout: float = 0.0
@@ -83,6 +86,14 @@ class TrainOptions:
         """The options the training loop reads, checked before any process loads a model (and at --dry-run):
         types, finite numbers and ranges, each refused in one line naming the option and what is accepted."""
         _whole("checkpoint_every", self.checkpoint_every, 1)
+        if self.eval_every is not None:
+            _whole("eval_every", self.eval_every, 1, "or unset (checkpoint_every)")
+        if not 0 <= _real("eval_fraction", self.eval_fraction) < 0.5:
+            raise ScaletrainError(f"eval_fraction must be in [0, 0.5): a share of the data held out for evaluation "
+                                  f"(got {self.eval_fraction})")
+        if self.eval_data is not None and self.eval_fraction:
+            raise ScaletrainError("give an eval split either as eval_data (--eval-data) or as eval_fraction of the "
+                                  "data, not both")
         _whole("seed", self.seed, 0)
         if self.max_steps is not None:
             _whole("max_steps", self.max_steps, 1, "or unset")

@@ -7,7 +7,8 @@ A line:
 `epoch` is fractional progress (steps done / steps per epoch); `tokens` counts the step's real (unpadded) tokens over
 all ranks; `grad_norm` is the global norm before clipping (null where the strategy does not report it).
 `allocated_bytes`/`reserved_bytes` are CUDA's max_memory_allocated/reserved per rank (null on CPU);
-`host_rss_bytes` is the rank's peak resident set size; `telemetry` (when the trainer sampled it) what the rank saw of
+`eval_loss`, `eval_perplexity` and `eval_seconds` appear on the steps that evaluated (an eval split: --eval-data or
+train.eval_fraction). `host_rss_bytes` is the rank's peak resident set size; `telemetry` (when the trainer sampled it) what the rank saw of
 its own device, node and step phases (rank_telemetry.py).
 
 A resumed run first cuts the file back to its checkpoint's step (truncate_metrics: the steps logged after the last
@@ -19,6 +20,7 @@ step on.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 from dataclasses import dataclass
@@ -71,12 +73,21 @@ class StepMetrics:
     tokens: int = 0
     grad_norm: float | None = None
     peak_memory: tuple[RankMemory, ...] = ()
+    eval_loss: float | None = None          # mean loss over the eval split's trained tokens, at this step
+    eval_seconds: float | None = None       # how long that evaluation took (not in step_seconds)
+
+    @property
+    def eval_perplexity(self) -> float | None:
+        return math.exp(min(self.eval_loss, 700.0)) if self.eval_loss is not None else None
 
     def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "total_steps": self.total_steps, "epoch": self.epoch, "loss": self.loss,
-                "lr": self.lr, "tokens_per_second": self.tokens_per_second, "step_seconds": self.step_seconds,
-                "world_size": self.world_size, "time": self.time, "tokens": self.tokens,
-                "grad_norm": self.grad_norm, "peak_memory": [m.to_json() for m in self.peak_memory]}
+        out = {"step": self.step, "total_steps": self.total_steps, "epoch": self.epoch, "loss": self.loss,
+               "lr": self.lr, "tokens_per_second": self.tokens_per_second, "step_seconds": self.step_seconds,
+               "world_size": self.world_size, "time": self.time, "tokens": self.tokens,
+               "grad_norm": self.grad_norm, "peak_memory": [m.to_json() for m in self.peak_memory]}
+        if self.eval_loss is not None:
+            out.update(eval_loss=self.eval_loss, eval_perplexity=self.eval_perplexity, eval_seconds=self.eval_seconds)
+        return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "StepMetrics":
@@ -87,7 +98,9 @@ class StepMetrics:
                    loss=float(d["loss"]), lr=float(d["lr"]), tokens_per_second=float(d["tokens_per_second"]),
                    step_seconds=float(d["step_seconds"]), world_size=int(d["world_size"]), time=float(d["time"]),
                    tokens=int(d.get("tokens", 0)),
-                   grad_norm=None if d.get("grad_norm") is None else float(d["grad_norm"]), peak_memory=mem)
+                   grad_norm=None if d.get("grad_norm") is None else float(d["grad_norm"]), peak_memory=mem,
+                   eval_loss=None if d.get("eval_loss") is None else float(d["eval_loss"]),
+                   eval_seconds=None if d.get("eval_seconds") is None else float(d["eval_seconds"]))
 
 
 def _parse(line: str) -> StepMetrics | None:
@@ -341,6 +354,8 @@ class RunSeries:
     step_seconds: tuple[float, ...]
     planned_step_seconds: float | None = None
     planned_tokens_per_second: float | None = None
+    eval_steps: tuple[int, ...] = ()        # the steps that evaluated, and their eval loss
+    eval_loss: tuple[float, ...] = ()
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -352,5 +367,7 @@ def run_series(series: Iterable[StepMetrics], planned_step_seconds: float | None
     recs = list(series)
     plan_s = planned_step_seconds if planned_step_seconds and planned_step_seconds > 0 else None
     plan_t = planned_tokens_per_second if planned_tokens_per_second and planned_tokens_per_second > 0 else None
+    evals = [r for r in recs if r.eval_loss is not None]
     return RunSeries(tuple(r.step for r in recs), tuple(r.loss for r in recs),
-                     tuple(r.tokens_per_second for r in recs), tuple(r.step_seconds for r in recs), plan_s, plan_t)
+                     tuple(r.tokens_per_second for r in recs), tuple(r.step_seconds for r in recs), plan_s, plan_t,
+                     tuple(r.step for r in evals), tuple(r.eval_loss for r in evals if r.eval_loss is not None))

@@ -73,6 +73,11 @@ class PlanDocument:
         doc["train"] = train.to_json()
         if not train.script:
             doc["disk"] = disk_need(plan, train).to_json()
+        from scaletrain.engine.run.run_length import eval_cost
+
+        ev = eval_cost(plan, train)
+        if ev is not None:
+            doc["eval"] = ev.to_json()
         return cls(doc)
 
     @classmethod

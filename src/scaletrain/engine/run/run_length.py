@@ -4,6 +4,7 @@ steps per epoch (it needs the dataset size)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,3 +32,52 @@ def run_length(plan: Any, train: Any) -> RunLength:
     if train.max_steps is not None:
         return RunLength(int(train.max_steps), train.max_steps / per_epoch if per_epoch else None, True)
     return RunLength(t.total_steps if t is not None else None, float(plan.setup.epochs), False)
+
+
+@dataclass(frozen=True)
+class EvalCost:
+    """What the eval split adds to a run: evaluations × seconds each (forward only, every rank its share)."""
+
+    evaluations: int
+    samples: int
+    seconds_each: float
+
+    @property
+    def seconds(self) -> float:
+        return self.evaluations * self.seconds_each
+
+    def text(self) -> str:
+        from scaletrain.engine.units import fmt_seconds
+
+        return (f"eval: {self.evaluations} pass{'es' if self.evaluations != 1 else ''} × {self.samples:,} samples × "
+                f"{fmt_seconds(self.seconds_each)} = {fmt_seconds(self.seconds)}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"evaluations": self.evaluations, "samples": self.samples, "seconds_each": self.seconds_each,
+                "seconds": self.seconds}
+
+
+def eval_cost(plan: Any, train: Any) -> EvalCost | None:
+    """The eval passes the trainer will run (every eval_every steps, default checkpoint_every, and at the end),
+    each a forward of the split's samples shared by the ranks: the time model's forward share of a micro-step
+    (model FLOPs ÷ 3 of the step's FLOPs, backward being twice the forward) per sample. None without a split."""
+    t, s = plan.time, plan.setup
+    if t is None or not (train.eval_data or train.eval_fraction):
+        return None
+    if train.eval_data:
+        from scaletrain.engine.request.data_source import resolve_data
+
+        samples = resolve_data(train.eval_data).rows
+    elif s.dataset_size:
+        samples = max(1, math.ceil(train.eval_fraction * s.dataset_size))
+    else:
+        return None
+    steps = run_length(plan, train).steps
+    if steps is None:
+        return None
+    every = train.eval_every or train.checkpoint_every
+    evaluations = steps // every + (1 if steps % every else 0)
+    forward_share = (t.model_flops_per_step / 3) / t.flops_per_step if t.flops_per_step > 0 else 1 / 3
+    per_sample = t.compute_seconds * forward_share / (s.micro_batch * s.grad_accum)
+    per_rank = math.ceil(samples / s.world_size)
+    return EvalCost(evaluations, samples, per_rank * per_sample)

@@ -67,10 +67,12 @@ def checked_train(train: TrainOptions, request: PlanRequest | None = None, plan:
                                   "(peft's ParamWrapper refuses dropout): set lora_dropout 0 or leave the experts out "
                                   "of the targets")
         train = replace(train, model_source=source)
-    if train.dataset is None:
-        return train
     from scaletrain.engine.request.data_source import resolve_data
 
+    if train.eval_data is not None:                 # the trainer runs in the run directory: an absolute path
+        train = replace(train, eval_data=resolve_data(train.eval_data).spec)
+    if train.dataset is None:
+        return train
     return replace(train, dataset=resolve_data(train.dataset).spec)
 
 

@@ -124,7 +124,9 @@ def step_line(rec: StepMetrics, summary: MetricsSummary,
     v = versus_plan(rec.step_seconds, rec.tokens_per_second, *planned)
     speed = (f"{v.tokens_text()}  {v.step_text()}" if v is not None
              else f"tok/s {rec.tokens_per_second:,.0f}  step {fmt_seconds(rec.step_seconds)}")
-    return (f"step {rec.step}/{rec.total_steps} {bar(frac)} {frac:4.0%}  loss {rec.loss:.4f}  {speed}  "
+    ev = (f"  eval loss {rec.eval_loss:.4f} (ppl {rec.eval_perplexity:.4g})"
+          if rec.eval_loss is not None and rec.eval_perplexity is not None else "")
+    return (f"step {rec.step}/{rec.total_steps} {bar(frac)} {frac:4.0%}  loss {rec.loss:.4f}{ev}  {speed}  "
             f"ETA {fmt_seconds(eta)}")
 
 

@@ -85,7 +85,10 @@ def time_line(plan: Plan, *, emphasis: bool = True) -> Text | None:
 
 def run_length_line(plan: Plan, train: TrainOptions) -> Text:
     """'runs: 200 steps (max_steps) = 6.45 epochs' — as the trainer will run it (engine.run.run_length)."""
-    return Text.assemble("runs: ", (run_length(plan, train).text(), "bold"))
+    from scaletrain.engine.run.run_length import eval_cost
+
+    ev = eval_cost(plan, train)
+    return Text.assemble("runs: ", (run_length(plan, train).text(), "bold"), f"; {ev.text()}" if ev else "")
 
 
 def lr_line(plan: Plan) -> Text | None:
