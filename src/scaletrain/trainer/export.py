@@ -87,7 +87,9 @@ def state_dict(ck: Path, cfg: RunConfig) -> dict[str, Any]:
 def _base_config(cfg: RunConfig) -> RunConfig:
     """The run's model as export builds it: on this CPU, no checkpointing; a quantized base rebuilt in 16 bits
     (the adapter trained on NF4/int8 weights merges into their 16-bit originals)."""
-    cfg = replace(cfg, grad_ckpt=False)
+    from scaletrain.engine.vocabulary import Strategy
+
+    cfg = replace(cfg, grad_ckpt=False, strategy=Strategy.DDP)        # built whole, in this one process
     if cfg.quantized_base:
         from scaletrain.engine.vocabulary import Method
         cfg = replace(cfg, method=Method.LORA, base_bits=16)
@@ -100,6 +102,11 @@ def load_trained(cfg: RunConfig, ck: Path) -> Any:
 
     from scaletrain.trainer.model import build_model
 
+    try:       # the trainer's process after a ZeRO-3 run: transformers must not build under zero.Init (a collective)
+        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+        unset_hf_deepspeed_config()
+    except ImportError:
+        pass
     model = build_model(_base_config(cfg), torch.device("cpu"))
     sd = state_dict(ck, cfg)
     params = dict(model.named_parameters())
