@@ -348,10 +348,10 @@ def outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> dict[str
     shared = rope_sets * 2 * t * m.head_dim * nm.residual + 8 * t
     window_mask = b * s.seq_len * s.seq_len * nm.compute if (not eager_attention(s) and sliding_layers(s)) else 0
     final = t * _norm_saved(h, 1, nm.residual, full, style)
-    if full and not s.objective.log_probs:       # TRL's fused head saves its own copy (objectives.py)
+    if full and not s.fused_lm_head:       # TRL's fused head saves its own copy (objectives.py)
         final += t * _reader_saved(h, nm.residual, 1, 0, nm, True)
     head_out = m.vocab_size if m.vocab_head else 1
-    if (nm.trainable_copies or nm.fp32_head) and not s.objective.log_probs:
+    if (nm.trainable_copies or nm.fp32_head) and not s.fused_lm_head:
         final += 2 * head_out * h
     moe = m.moe
     if moe is not None and moe.aux_loss:
