@@ -345,6 +345,38 @@ def _optimizer_state_bytes(opt) -> int:
     return unique_storage_bytes(tensors)
 
 
+def _profile_cpu_step(setup: StepHarness, lead: list, measured: list,
+                      debug: dict | None) -> tuple[int, dict[str, int], float]:
+    """The `lead` steps and the measured step under torch.profiler: (peak bytes, bytes per category at the peak,
+    the measured step's seconds)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    live_before = _live_state_bytes(setup, [b for st in lead for b in st] + list(measured))
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                 with_stack=True) as prof:
+        for st in lead:
+            _full_step(setup, st)
+        t0 = time.perf_counter()
+        _full_step(setup, measured)
+        step_seconds = time.perf_counter() - t0
+    try:
+        reading = read_cpu_timeline(prof)
+    except Exception as exc:  # private profiler API: degrade to the allocator counter
+        reading = counter_only_reading(prof, live_before, exc)
+    # The timeline's PREEXISTING entries only cover tensors some op touched during the window
+    # (parameters, optimizer state, the batch, used buffers).  Live storages it never saw
+    # (e.g. rotary `original_inv_freq`, frozen-but-unused buffers) are added back here so the
+    # peak means "everything allocated", like torch.cuda.max_memory_allocated.
+    untracked = max(0, live_before - reading.preexisting_bytes)
+    peak_by_cat = dict(reading.peak_by_category)
+    if untracked:
+        peak_by_cat["PREEXISTING_UNTRACKED"] = untracked
+    if debug is not None:
+        debug["reading"] = reading
+        debug["live_before"] = live_before
+    return reading.peak_bytes + untracked, peak_by_cat, step_seconds
+
+
 def measure_step(hf_config: dict, *, method: str = "full", lora_rank: int = 8, lora_alpha: int = 16,
                  lora_targets: tuple[str, ...] | None = None, micro_batch: int = 1, seq_len: int = 128,
                  grad_ckpt: bool = False, attn: str = "sdpa", precision: str = "fp32",
@@ -368,9 +400,10 @@ def measure_step(hf_config: dict, *, method: str = "full", lora_rank: int = 8, l
     if loop in ("hf-trainer", "trl"):
         from scaletrain.trainer.measure_loops import measure_library_step
 
-        return measure_library_step(setup, loop=loop, micro_batch=micro_batch, seq_len=seq_len,
-                                    grad_accum=grad_accum, precision=precision, optimizer_impl=optimizer_impl,
-                                    grad_ckpt=grad_ckpt, warmup_steps=warmup_steps, seed=seed)
+        return MeasuredStep(**measure_library_step(
+            setup, loop=loop, micro_batch=micro_batch, seq_len=seq_len, grad_accum=grad_accum, precision=precision,
+            optimizer_impl=optimizer_impl, grad_ckpt=grad_ckpt, warmup_steps=warmup_steps, seed=seed,
+            storage_bytes=unique_storage_bytes))
     dev = setup.device
     model, opt = setup.model, setup.optimizer
 
@@ -405,33 +438,8 @@ def measure_step(hf_config: dict, *, method: str = "full", lora_rank: int = 8, l
     handle = opt.register_step_pre_hook(_pre_step_hook)
     try:
         if dev == "cpu":
-            from torch.profiler import ProfilerActivity, profile
-
-            live_before = _live_state_bytes(setup, [b for st in lead for b in st] + list(measured))
-            with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
-                         with_stack=True) as prof:
-                for st in lead:
-                    _full_step(setup, st)
-                t0 = time.perf_counter()
-                _full_step(setup, measured)
-                step_seconds = time.perf_counter() - t0
-            try:
-                reading = read_cpu_timeline(prof)
-            except Exception as exc:  # private profiler API: degrade to the allocator counter
-                reading = counter_only_reading(prof, live_before, exc)
-            # The timeline's PREEXISTING entries only cover tensors some op touched during the window
-            # (parameters, optimizer state, the batch, used buffers).  Live storages it never saw
-            # (e.g. rotary `original_inv_freq`, frozen-but-unused buffers) are added back here so the
-            # peak means "everything allocated", like torch.cuda.max_memory_allocated.
-            untracked = max(0, live_before - reading.preexisting_bytes)
-            peak = reading.peak_bytes + untracked
+            peak, peak_by_cat, step_seconds = _profile_cpu_step(setup, lead, measured, _debug)
             peak_reserved = None
-            peak_by_cat = dict(reading.peak_by_category)
-            if untracked:
-                peak_by_cat["PREEXISTING_UNTRACKED"] = untracked
-            if _debug is not None:
-                _debug["reading"] = reading
-                _debug["live_before"] = live_before
         else:
             torch.cuda.synchronize(dev)
             torch.cuda.reset_peak_memory_stats(dev)

@@ -17,7 +17,7 @@ import contextlib
 import sys
 import tempfile
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from scaletrain.trainer.memory_timeline import read_cpu_timeline
 from scaletrain.trainer.model import NON_REENTRANT
@@ -39,7 +39,7 @@ class _Probe:
         self.at = at
         self.prof: Any = None
         self.live_before: list[Any] = []
-        self.grad_bytes = 0
+        self.grads: list[Any] = []      # the trainable parameters' gradients at the optimizer step
         self.trainer: Any = None
         self.batches: list[Any] = []     # weak references to every batch tensor the collator made
         outer = self
@@ -51,10 +51,7 @@ class _Probe:
 
             def on_pre_optimizer_step(self, args, state, control, **kw):   # noqa: ANN001
                 if outer.prof is not None:
-                    from scaletrain.trainer.measure import unique_storage_bytes
-
-                    outer.grad_bytes = unique_storage_bytes(
-                        [p.grad for p in outer.trainer.model.parameters() if p.grad is not None])
+                    outer.grads = [p.grad for p in outer.trainer.model.parameters() if p.grad is not None]
 
             def on_step_end(self, args, state, control, **kw):     # noqa: ANN001
                 if outer.prof is not None and state.global_step == outer.at + 1:
@@ -122,13 +119,13 @@ def _trainer(loop: str, model: Any, args: Any, rows: list[list[int]], vocab: int
 
 
 def measure_library_step(setup: Any, *, loop: str, micro_batch: int, seq_len: int, grad_accum: int, precision: str,
-                         optimizer_impl: str, grad_ckpt: bool, warmup_steps: int, seed: int) -> Any:
-    """Profile optimizer step `warmup_steps` + 1 of `loop` (hf-trainer | trl) training `setup.model` on the CPU."""
+                         optimizer_impl: str, grad_ckpt: bool, warmup_steps: int, seed: int,
+                         storage_bytes: Callable[[list[Any]], int]) -> dict[str, Any]:
+    """Profile optimizer step `warmup_steps` + 1 of `loop` (hf-trainer | trl) training `setup.model` on the CPU; the
+    fields of measure.py's MeasuredStep (`storage_bytes`: measure.py's unique_storage_bytes, tied storages once)."""
     import warnings
 
     import torch
-
-    from scaletrain.trainer.measure import MeasuredStep, unique_storage_bytes
 
     if setup.device != "cpu":
         raise ValueError(f"loop {loop!r} is measured on the CPU only (got {setup.device})")
@@ -148,7 +145,7 @@ def measure_library_step(setup: Any, *, loop: str, micro_batch: int, seq_len: in
         probe.trainer = trainer
         trainer.train()
     reading = read_cpu_timeline(probe.prof)
-    live = unique_storage_bytes(probe.live_before)
+    live = storage_bytes(probe.live_before)
     untracked = max(0, live - reading.preexisting_bytes)
     cats = dict(reading.peak_by_category)
     if untracked:
@@ -159,9 +156,9 @@ def measure_library_step(setup: Any, *, loop: str, micro_batch: int, seq_len: in
     params = list(seen.values())
     trainable = [p for p in params if p.requires_grad]
     opt_tensors = [v for st in trainer.optimizer.state.values() for v in st.values() if hasattr(v, "untyped_storage")]
-    return MeasuredStep(
+    return dict(
         device="cpu", peak_allocated_bytes=reading.peak_bytes + untracked, peak_reserved_bytes=None,
-        param_bytes=unique_storage_bytes(params), trainable_param_bytes=unique_storage_bytes(trainable),
-        grad_bytes=probe.grad_bytes, optimizer_state_bytes=unique_storage_bytes(opt_tensors),
+        param_bytes=storage_bytes(params), trainable_param_bytes=storage_bytes(trainable),
+        grad_bytes=storage_bytes(probe.grads), optimizer_state_bytes=storage_bytes(opt_tensors),
         params=sum(p.numel() for p in params), trainable_params=sum(p.numel() for p in trainable),
         peak_by_category=cats)

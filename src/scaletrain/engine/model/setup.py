@@ -139,8 +139,9 @@ class TrainingSetup:
                                   "trains every weight (use --master-weights for their precision)")
         if self.master_weights == "bf16":
             if self.method == "qlora" or (self.method.is_adapter and self.base_bits != 16):
-                raise ScaletrainError("--master-weights bf16 with LoRA trains a bf16 base without autocast; a "
-                                      f"{self.base_bits}-bit base is not one (use --master-weights fp32)")
+                raise ScaletrainError(f"--master-weights bf16 with LoRA means a bf16 base trained without autocast, "
+                                      f"not a base of {self.base_bits} bits (use --master-weights fp32, or "
+                                      "--method lora --base-bits 16)")
             if self.precision != "bf16":
                 raise ScaletrainError(f"--master-weights bf16 trains bf16 weights, so it needs --precision bf16 "
                                       f"(got {self.precision})")

@@ -13,6 +13,7 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.request.fields import REQUEST_FLAGS
 from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.request.request import PlanRequest
+from scaletrain.engine.vocabulary import Loop
 
 @dataclass(frozen=True)
 class Asked:
@@ -60,6 +61,9 @@ def asked_from_args(args: Any) -> Asked:
     if getattr(args, "resident", None):
         fields["residents"] = tuple(args.resident)
     train = _train(args, preset, overrides)
+    if train.script and not fields.get("loop"):
+        # a user script's loop is unknown: plan the safe side, a loop that keeps its outputs through backward
+        fields["loop"] = Loop.ACCELERATE_LOOP.value
     data = str(args.data) if getattr(args, "data", None) else (train.dataset if preset_name else None)
     if data is not None and fields.get("dataset_size") is None:
         from scaletrain.engine.request.data_source import resolve_data
