@@ -400,6 +400,9 @@ def measure_step(hf_config: dict, *, method: str = "full", lora_rank: int = 8, l
     if loop in ("hf-trainer", "trl"):
         from scaletrain.trainer.measure_loops import measure_library_step
 
+        if optimizer != "adamw":
+            raise ValueError(f"loop {loop!r} is measured with the library's AdamW only (got {optimizer!r})")
+
         return MeasuredStep(**measure_library_step(
             setup, loop=loop, micro_batch=micro_batch, seq_len=seq_len, grad_accum=grad_accum, precision=precision,
             optimizer_impl=optimizer_impl, grad_ckpt=grad_ckpt, warmup_steps=warmup_steps, seed=seed,
