@@ -95,10 +95,12 @@ def test_launch_with_a_script_says_which_loop_the_numbers_are_for():
     from scaletrain.engine.launch.launcher import loop_notes
     from scaletrain.engine.request.options import TrainOptions
 
-    def doc(loop):
-        return SimpleNamespace(training=SimpleNamespace(loop=loop))
+    def doc(loop, objective="sft"):
+        return SimpleNamespace(training=SimpleNamespace(loop=loop), recorded=lambda name: objective)
 
     assert loop_notes(doc("trainer"), TrainOptions()) == ()
+    assert loop_notes(doc("trl", "dpo"), TrainOptions()) == ()       # the bundled trainer runs TRL's DPOTrainer
+    assert "the bundled trainer runs its own loop" in loop_notes(doc("hf-trainer"), TrainOptions())[0]
     note, = loop_notes(doc("trainer"), TrainOptions(script="/x/train.py"))
     assert "--loop accelerate-loop" in note and "train.py" in note
     assert loop_notes(doc("accelerate-loop"), TrainOptions(script="/x/train.py")) == (

@@ -210,10 +210,14 @@ def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None 
 
 
 def loop_notes(doc: PlanDocument, train: TrainOptions) -> tuple[str, ...]:
-    """Which loop the plan's numbers are for, when a user script runs instead of the bundled trainer."""
-    if not train.script:
-        return ()
+    """Which loop the plan's numbers are for, when it is not the loop that runs: a user script, or the bundled
+    trainer on a supervised plan made for another loop."""
     loop = doc.training.loop
+    if not train.script:
+        if loop == "trainer" or (doc.recorded("objective") or "sft") != "sft":
+            return ()
+        return (f"plan.json's memory numbers are for --loop {loop}; the bundled trainer runs its own loop (plan "
+                "with --loop trainer for its numbers)",)
     if loop == "trainer":
         return (f"plan.json's memory numbers are for the bundled trainer's loop (--loop trainer), which drops the "
                 f"model's outputs before backward; if {Path(train.script).name} keeps `outputs` alive through "
