@@ -38,13 +38,14 @@ class Case:
     experts_impl: str = "grouped_mm"   # MoE models: transformers' experts_implementation
     lora_targets: tuple[str, ...] | None = None   # None: the model's own (BLOCK_LINEARS, a traced model's linears);
                                                   # `experts`: the fused experts through peft's target_parameters
+    loop: str = "trainer"        # the loop that runs the step (trainer/measure.py LOOPS) and that the plan is for
 
     @property
     def measure_precision(self) -> str:
         """trainer/measure.py's name for the regime: which weights, and whether autocast runs."""
         if self.precision == "fp32":
             return "fp32"
-        if self.method == "full":
+        if self.method == "full" or self.master_weights == "bf16":   # LoRA: a bf16 base without autocast
             return "bf16-pure" if self.master_weights == "bf16" else "bf16"
         if self.method == "qlora":
             return "bf16"             # NF4 base + fp32 rest under autocast, as the trainer runs it
@@ -57,6 +58,8 @@ class Case:
         if prec == "bf16":
             prec = {"bf16": "bf16 autocast", "bf16-pure": "bf16 weights", "bf16-autocast": "bf16 base"}[
                 self.measure_precision] + (" (fp32 base)" if self.base_bits == 32 else "")
+            if self.method == "lora" and self.master_weights == "bf16":
+                prec = "bf16 base, no autocast"
             prec = prec.replace("bf16 autocast (fp32 base)", "bf16 autocast, fp32 base")
             if self.method == "qlora":
                 prec = "bf16 autocast, NF4 base"
@@ -72,6 +75,8 @@ class Case:
             bits.append(f"experts={self.experts_impl}")
         if self.method != "full" and self.lora_targets not in (None, BLOCK_LINEARS):
             bits.append("targets=" + ",".join(t.removesuffix("_proj") for t in self.lora_targets))
+        if self.loop != "trainer":
+            bits.append(f"loop={self.loop}")
         return " ".join(bits)
 
 
@@ -188,9 +193,37 @@ TRACED += [   # activation-dominated: eager attention, bf16 autocast, LoRA on a 
     Case("scaletrain/tiny-phi3", overrides=(("sliding_window", 64),)),
     Case("scaletrain/tiny-phi3", method="lora", grad_ckpt=True, overrides=(("sliding_window", 64),)),
 ]
-CASES += MOE_CASES + TRACED
+# the loop the user runs (issue 21): accelerate's examples keep the output object (its logits) alive through backward
+# and the optimizer step; transformers' Trainer and TRL's SFTTrainer (its fused LM head) run for real; LoRA on a bf16
+# base without autocast (--master-weights bf16), where PEFT's fp32 casts of each adapted input are saved
+LOOP_CASES = [
+    Case("scaletrain/tiny-llama", loop="accelerate-loop"),
+    Case("scaletrain/tiny-qwen3", loop="accelerate-loop", grad_ckpt=True),
+    Case("scaletrain/tiny-qwen2", loop="accelerate-loop", precision="bf16", optimizer_impl="fused"),
+    Case("scaletrain/tiny-gemma3", loop="accelerate-loop", precision="bf16", grad_ckpt=True),
+    Case("scaletrain/tiny-llama", loop="accelerate-loop", precision="bf16", master_weights="bf16",
+         optimizer_impl="fused"),
+    Case("scaletrain/tiny-qwen2", loop="accelerate-loop", method="lora", precision="bf16", seq_len=512,
+         micro_batch=1, overrides=(("hidden_size", 256), ("intermediate_size", 768), ("num_hidden_layers", 4))),
+    Case("scaletrain/tiny-llama", loop="hf-trainer", optimizer_impl="fused"),
+    Case("scaletrain/tiny-olmo2", loop="hf-trainer", precision="bf16", grad_ckpt=True, optimizer_impl="fused"),
+    Case("scaletrain/tiny-qwen2", loop="hf-trainer", method="lora", precision="bf16", optimizer_impl="fused"),
+    Case("scaletrain/tiny-llama", loop="trl", optimizer_impl="fused"),
+    Case("scaletrain/tiny-qwen3", loop="trl", precision="bf16", grad_ckpt=True, optimizer_impl="fused"),
+    Case("scaletrain/tiny-gemma3", loop="trl", method="lora", precision="bf16", optimizer_impl="fused"),
+    Case("scaletrain/tiny-llama", method="lora", precision="bf16", master_weights="bf16", optimizer_impl="fused",
+         seq_len=512, micro_batch=1, overrides=(("hidden_size", 256), ("intermediate_size", 768),
+                                                 ("num_hidden_layers", 4))),
+    Case("scaletrain/tiny-qwen3", method="lora", precision="bf16", master_weights="bf16", grad_ckpt=True,
+         optimizer_impl="fused", seq_len=512, micro_batch=1,
+         overrides=(("hidden_size", 256), ("intermediate_size", 768), ("num_hidden_layers", 4))),
+    Case("scaletrain/tiny-gemma3", method="lora", precision="bf16", master_weights="bf16", optimizer_impl="fused"),
+    Case("scaletrain/tiny-qwen2", loop="accelerate-loop", method="lora", precision="bf16", master_weights="bf16",
+         optimizer_impl="fused"),
+]
+CASES += MOE_CASES + TRACED + LOOP_CASES
 QUICK = [CASES[i] for i in (0, 2, 3, 4, 6, 9, 10, 13, 15, 17, 19, 23, 25, 26, 29, 31, 33)] + [
-    MOE_CASES[i] for i in (0, 1, 6, 11)]
+    MOE_CASES[i] for i in (0, 1, 6, 11)] + [LOOP_CASES[i] for i in (3, 6, 9, 14)]
 
 
 def config_for(case: Case) -> dict:
@@ -212,7 +245,7 @@ def setup_for(case: Case) -> TrainingSetup:
         lora_rank=case.lora_rank, lora_targets=case.lora_targets or model.default_lora_targets, strategy="ddp", precision=case.precision,
         master_weights=case.master_weights, base_bits=case.base_bits, optimizer_impl=case.optimizer_impl,
         attn=case.attn, grad_ckpt=case.grad_ckpt, micro_batch=case.micro_batch, grad_accum=case.grad_accum,
-        seq_len=case.seq_len, device="cpu", experts_impl=case.experts_impl,
+        seq_len=case.seq_len, device="cpu", experts_impl=case.experts_impl, loop=case.loop,
     )
 
 
@@ -225,13 +258,14 @@ def run_case(case: Case) -> dict:
         config_for(case), method=case.method, lora_rank=case.lora_rank,
         lora_alpha=2 * case.lora_rank, lora_targets=s.lora_targets, micro_batch=case.micro_batch,
         seq_len=case.seq_len, grad_ckpt=case.grad_ckpt, attn=case.attn, precision=case.measure_precision,
-        optimizer="adamw", grad_accum=case.grad_accum, device="cpu", optimizer_impl=case.optimizer_impl)
+        optimizer="adamw", grad_accum=case.grad_accum, device="cpu", optimizer_impl=case.optimizer_impl,
+        loop=case.loop)
     return {
         "case": case.label, "model": case.model, "method": case.method, "attn": case.attn,
         "precision": case.precision, "measure_precision": case.measure_precision,
         "optimizer_impl": case.optimizer_impl,
         "grad_ckpt": case.grad_ckpt, "micro_batch": case.micro_batch, "seq_len": case.seq_len,
-        "grad_accum": case.grad_accum,
+        "grad_accum": case.grad_accum, "loop": case.loop,
         **predicted_vs_measured(s, mem, measured),
     }
 

@@ -46,7 +46,8 @@ def run_groundtruth(argv: list[str] | None, *, cases: Sequence, quick: Sequence,
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / out_name))
     ap.add_argument("--no-write", action="store_true")
-    ap.add_argument("--only", help="run the cases whose label contains this text")
+    ap.add_argument("--only", help="run the cases whose label contains this text (written into the results file "
+                                   "in place of their earlier rows; the other rows stay)")
     args = ap.parse_args(argv)
     chosen = quick if args.quick else cases
     if args.only:
@@ -55,7 +56,11 @@ def run_groundtruth(argv: list[str] | None, *, cases: Sequence, quick: Sequence,
     print(markdown(rows))
     if not args.no_write:
         versions = {name: importlib.import_module(name).__version__ for name in libraries}
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"machine": machine_line(), **versions, "command": command,
-                                              "cases": rows}, indent=1) + "\n")
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if args.only and out.is_file():   # a subset replaces its own rows (by case label) and keeps the others
+            rerun = {r["case"] for r in rows}
+            rows = [r for r in json.loads(out.read_text())["cases"] if r["case"] not in rerun] + rows
+        out.write_text(json.dumps({"machine": machine_line(), **versions, "command": command,
+                                   "cases": rows}, indent=1) + "\n")
     return 0

@@ -22,6 +22,7 @@ REGIMES = {
     "bf16-weights": ("bf16", "bf16", 16, "bf16-pure"),
     "lora-bf16-base": ("bf16", "fp32", 16, "bf16-autocast"),
     "lora-fp32-base": ("bf16", "fp32", 32, "bf16"),
+    "lora-bf16-no-autocast": ("bf16", "bf16", 16, "bf16-pure"),   # --master-weights bf16: PEFT's fp32 input casts
     "qlora": ("bf16", "fp32", 4, "bf16"),     # NF4 base, the rest upcast to fp32, autocast (bitsandbytes on CPU)
 }
 LAYERS = 4

@@ -186,6 +186,13 @@ class Loop(Vocabulary):
         """The model's output object (its B·S·V logits) stays referenced through backward."""
         return self is Loop.ACCELERATE_LOOP
 
+    @property
+    def words(self) -> str:
+        """What the loop is, in a few words (plan text)."""
+        return {"trainer": "the bundled trainer's loop", "hf-trainer": "transformers' Trainer",
+                "trl": "TRL's SFTTrainer, fused LM head",
+                "accelerate-loop": "keeps its outputs through backward"}[self.value]
+
 
 class LossImpl(Vocabulary):
     """How the causal-LM loss meets the vocabulary. standard: lm_head writes B·S·V logits and cross-entropy

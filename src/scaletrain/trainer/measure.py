@@ -68,6 +68,11 @@ _PRECISIONS = ("fp32", "bf16", "bf16-pure", "bf16-autocast")
 # torch's optimizer implementations; "default" leaves the choice to torch (foreach on CUDA, for-loop on CPU).
 _OPTIMIZER_IMPLS = ("default", "fused", "foreach", "for-loop")
 _OPTIMIZERS = ("adamw", "sgd")
+# the training loop that runs the measured step (engine/vocabulary.py Loop): trainer (the bundled trainer's
+# `loss = model(**batch).loss`), accelerate-loop (accelerate's examples: the output object bound to `outputs` through
+# backward, the optimizer step and the next forward), hf-trainer and trl (transformers.Trainer, trl.SFTTrainer:
+# trainer/measure_loops.py runs them)
+LOOPS = ("trainer", "accelerate-loop", "hf-trainer", "trl")
 # transformers' name for flash attention is accepted as well as the plan's "flash".
 _ATTN_ALIASES = ("flash_attention_2",)
 
@@ -138,7 +143,9 @@ def _attn_implementation(attn: str) -> str:
 
 
 def check_arguments(method, attn, precision, optimizer, device, grad_accum, micro_batch, seq_len, warmup_steps,
-                    optimizer_impl="default"):
+                    optimizer_impl="default", loop="trainer"):
+    if loop not in LOOPS:
+        raise ValueError(f"loop must be one of {LOOPS}, got {loop!r}")
     if method not in Method.values():
         raise ValueError(f"method must be one of {Method.values()}, got {method!r}")
     if attn not in (*Attention.values(), *_ATTN_ALIASES):
@@ -165,12 +172,17 @@ class StepHarness:
     vocab_size: int
     autocast: Any  # zero-arg callable returning a context manager
     lora_targets: tuple[str, ...] | None
+    loop: str = "trainer"
+    accelerator: Any = None      # accelerate-loop: the Accelerator that prepared model and optimizer
+    step_optimizer: Any = None   # accelerate-loop: the prepared optimizer the loop steps (`optimizer` stays torch's)
+    held: Any = None             # accelerate-loop: the loop's `outputs`, rebound only after the next forward returns
 
 
 def build_harness(hf_config: dict, *, method: str = "full", lora_rank: int = 8, lora_alpha: int = 16,
                   lora_targets: tuple[str, ...] | None = None, grad_ckpt: bool = False,
                   attn: str = "sdpa", precision: str = "fp32", optimizer: str = "adamw",
-                  device: str = "cpu", seed: int = 0, optimizer_impl: str = "default") -> StepHarness:
+                  device: str = "cpu", seed: int = 0, optimizer_impl: str = "default", loop: str = "trainer",
+                  grad_accum: int = 1) -> StepHarness:
     """Build model (+LoRA) and optimizer exactly as ``measure_step`` does (exposed for tests)."""
     import warnings
 
@@ -182,11 +194,12 @@ def build_harness(hf_config: dict, *, method: str = "full", lora_rank: int = 8, 
         return _build_harness(hf_config, method=method, lora_rank=lora_rank, lora_alpha=lora_alpha,
                               lora_targets=lora_targets, grad_ckpt=grad_ckpt, attn=attn,
                               precision=precision, optimizer=optimizer, device=device, seed=seed,
-                              optimizer_impl=optimizer_impl)
+                              optimizer_impl=optimizer_impl, loop=loop, grad_accum=grad_accum)
 
 
 def _build_harness(hf_config, *, method, lora_rank, lora_alpha, lora_targets, grad_ckpt, attn,
-                   precision, optimizer, device, seed, optimizer_impl="default") -> StepHarness:
+                   precision, optimizer, device, seed, optimizer_impl="default", loop="trainer",
+                   grad_accum=1) -> StepHarness:
     import torch
 
     dev = _resolve_device(device)
@@ -244,8 +257,28 @@ def _build_harness(hf_config, *, method, lora_rank, lora_alpha, lora_targets, gr
         def autocast():
             return contextlib.nullcontext()
 
-    return StepHarness(model=model, optimizer=opt, device=dev, vocab_size=int(cfg.vocab_size),
-                       autocast=autocast, lora_targets=targets_used)
+    harness = StepHarness(model=model, optimizer=opt, device=dev, vocab_size=int(cfg.vocab_size),
+                          autocast=autocast, lora_targets=targets_used, loop=loop)
+    if loop == "accelerate-loop":
+        _prepare_with_accelerate(harness, autocast_on=precision in ("bf16", "bf16-autocast"), grad_accum=grad_accum)
+    return harness
+
+
+def _prepare_with_accelerate(h: StepHarness, *, autocast_on: bool, grad_accum: int) -> None:
+    """accelerate's examples: `Accelerator(mixed_precision=...)`, `model, optimizer = accelerator.prepare(...)`. Its
+    mixed precision wraps the model's forward in autocast and converts 16-bit outputs to fp32 copies
+    (accelerator.py prepare_model: convert_outputs_to_fp32), so the harness's own autocast steps aside."""
+    import contextlib as _cl
+
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(True)   # one process measures many cases, each with its own mixed precision
+    acc = Accelerator(cpu=h.device == "cpu", mixed_precision="bf16" if autocast_on else "no",
+                      gradient_accumulation_steps=grad_accum)
+    h.model, h.step_optimizer = acc.prepare(h.model, h.optimizer)
+    h.accelerator = acc
+    h.autocast = _cl.nullcontext
 
 
 def make_batches(n: int, micro_batch: int, seq_len: int, vocab: int, device: str, seed: int) -> list:
@@ -260,6 +293,13 @@ def make_batches(n: int, micro_batch: int, seq_len: int, vocab: int, device: str
 
 
 def _micro_step(setup: StepHarness, ids, grad_accum: int) -> None:
+    if setup.loop == "accelerate-loop":
+        # `outputs = model(**batch); accelerator.backward(outputs.loss)`: the previous micro-step's outputs are
+        # released only when this forward has returned and `outputs` is rebound; backward divides by grad_accum
+        outputs = setup.model(input_ids=ids, labels=ids)
+        setup.held = outputs
+        setup.accelerator.backward(outputs.loss)
+        return
     with setup.autocast():
         loss = setup.model(input_ids=ids, labels=ids).loss
     if grad_accum > 1:
@@ -268,8 +308,9 @@ def _micro_step(setup: StepHarness, ids, grad_accum: int) -> None:
 
 
 def _finish_step(setup: StepHarness) -> None:
-    setup.optimizer.step()
-    setup.optimizer.zero_grad(set_to_none=True)
+    opt = setup.step_optimizer or setup.optimizer
+    opt.step()
+    opt.zero_grad(set_to_none=True)
 
 
 def _full_step(setup: StepHarness, batches) -> None:
@@ -304,24 +345,68 @@ def _optimizer_state_bytes(opt) -> int:
     return unique_storage_bytes(tensors)
 
 
+def _profile_cpu_step(setup: StepHarness, lead: list, measured: list,
+                      debug: dict | None) -> tuple[int, dict[str, int], float]:
+    """The `lead` steps and the measured step under torch.profiler: (peak bytes, bytes per category at the peak,
+    the measured step's seconds)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    live_before = _live_state_bytes(setup, [b for st in lead for b in st] + list(measured))
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                 with_stack=True) as prof:
+        for st in lead:
+            _full_step(setup, st)
+        t0 = time.perf_counter()
+        _full_step(setup, measured)
+        step_seconds = time.perf_counter() - t0
+    try:
+        reading = read_cpu_timeline(prof)
+    except Exception as exc:  # private profiler API: degrade to the allocator counter
+        reading = counter_only_reading(prof, live_before, exc)
+    # The timeline's PREEXISTING entries only cover tensors some op touched during the window
+    # (parameters, optimizer state, the batch, used buffers).  Live storages it never saw
+    # (e.g. rotary `original_inv_freq`, frozen-but-unused buffers) are added back here so the
+    # peak means "everything allocated", like torch.cuda.max_memory_allocated.
+    untracked = max(0, live_before - reading.preexisting_bytes)
+    peak_by_cat = dict(reading.peak_by_category)
+    if untracked:
+        peak_by_cat["PREEXISTING_UNTRACKED"] = untracked
+    if debug is not None:
+        debug["reading"] = reading
+        debug["live_before"] = live_before
+    return reading.peak_bytes + untracked, peak_by_cat, step_seconds
+
+
 def measure_step(hf_config: dict, *, method: str = "full", lora_rank: int = 8, lora_alpha: int = 16,
                  lora_targets: tuple[str, ...] | None = None, micro_batch: int = 1, seq_len: int = 128,
                  grad_ckpt: bool = False, attn: str = "sdpa", precision: str = "fp32",
                  optimizer: str = "adamw", grad_accum: int = 1, device: str = "cpu", seed: int = 0,
-                 warmup_steps: int = 1, optimizer_impl: str = "default",
+                 warmup_steps: int = 1, optimizer_impl: str = "default", loop: str = "trainer",
                  _debug: dict | None = None) -> MeasuredStep:
-    """Measure the memory (and time) of one steady-state optimizer step; see the module doc.
+    """Measure the memory (and time) of one steady-state optimizer step; see the module doc. `loop` (LOOPS)
+    picks the loop that runs it: hf-trainer and trl train through the real library (trainer/measure_loops.py).
 
     ``_debug`` (internal): a dict that receives the raw ``CpuTimelineReading`` and the live-at-start
     byte count on cpu, for tests and calibration scripts.
     """
     check_arguments(method, attn, precision, optimizer, device, grad_accum, micro_batch, seq_len, warmup_steps,
-                    optimizer_impl)
+                    optimizer_impl, loop)
     import torch
 
     setup = build_harness(hf_config, method=method, lora_rank=lora_rank, lora_alpha=lora_alpha,
                           lora_targets=lora_targets, grad_ckpt=grad_ckpt, attn=attn, precision=precision,
-                          optimizer=optimizer, device=device, seed=seed, optimizer_impl=optimizer_impl)
+                          optimizer=optimizer, device=device, seed=seed, optimizer_impl=optimizer_impl,
+                          loop="trainer" if loop in ("hf-trainer", "trl") else loop, grad_accum=grad_accum)
+    if loop in ("hf-trainer", "trl"):
+        from scaletrain.trainer.measure_loops import measure_library_step
+
+        if optimizer != "adamw":
+            raise ValueError(f"loop {loop!r} is measured with the library's AdamW only (got {optimizer!r})")
+
+        return MeasuredStep(**measure_library_step(
+            setup, loop=loop, micro_batch=micro_batch, seq_len=seq_len, grad_accum=grad_accum, precision=precision,
+            optimizer_impl=optimizer_impl, grad_ckpt=grad_ckpt, warmup_steps=warmup_steps, seed=seed,
+            storage_bytes=unique_storage_bytes))
     dev = setup.device
     model, opt = setup.model, setup.optimizer
 
@@ -337,8 +422,13 @@ def measure_step(hf_config: dict, *, method: str = "full", lora_rank: int = 8, l
                             setup.vocab_size, dev, seed)
     step_batches = [batches[k * grad_accum:(k + 1) * grad_accum] for k in range(warmup_steps + 1 + n_timed)]
 
-    for k in range(warmup_steps):
+    # accelerate-loop: the profiler cannot see a tensor allocated before its window being freed inside it, so the
+    # window opens on the last warm-up step with nothing bound to `outputs` yet (as a loop's first step) and the
+    # measured step's forward runs while that step's outputs are still bound, as in any later step
+    lead = [step_batches[warmup_steps - 1]] if setup.loop == "accelerate-loop" and warmup_steps else []
+    for k in range(warmup_steps - len(lead)):
         _full_step(setup, step_batches[k])
+    setup.held = None
     measured = step_batches[warmup_steps]
 
     # exact grad bytes of the measured step: hook the optimizer step (runs after the last backward,
@@ -351,31 +441,8 @@ def measure_step(hf_config: dict, *, method: str = "full", lora_rank: int = 8, l
     handle = opt.register_step_pre_hook(_pre_step_hook)
     try:
         if dev == "cpu":
-            from torch.profiler import ProfilerActivity, profile
-
-            live_before = _live_state_bytes(setup, measured)
-            with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
-                         with_stack=True) as prof:
-                t0 = time.perf_counter()
-                _full_step(setup, measured)
-                step_seconds = time.perf_counter() - t0
-            try:
-                reading = read_cpu_timeline(prof)
-            except Exception as exc:  # private profiler API: degrade to the allocator counter
-                reading = counter_only_reading(prof, live_before, exc)
-            # The timeline's PREEXISTING entries only cover tensors some op touched during the window
-            # (parameters, optimizer state, the batch, used buffers).  Live storages it never saw
-            # (e.g. rotary `original_inv_freq`, frozen-but-unused buffers) are added back here so the
-            # peak means "everything allocated", like torch.cuda.max_memory_allocated.
-            untracked = max(0, live_before - reading.preexisting_bytes)
-            peak = reading.peak_bytes + untracked
+            peak, peak_by_cat, step_seconds = _profile_cpu_step(setup, lead, measured, _debug)
             peak_reserved = None
-            peak_by_cat = dict(reading.peak_by_category)
-            if untracked:
-                peak_by_cat["PREEXISTING_UNTRACKED"] = untracked
-            if _debug is not None:
-                _debug["reading"] = reading
-                _debug["live_before"] = live_before
         else:
             torch.cuda.synchronize(dev)
             torch.cuda.reset_peak_memory_stats(dev)

@@ -155,6 +155,7 @@ class PreparedLaunch:
     num_machines: int = 1
     main_process_ip: str | None = None
     lock: RunLock | None = field(default=None, compare=False, repr=False)   # held until launch() returns
+    notes: tuple[str, ...] = ()          # what the user should know before the ranks start (one line each)
 
     @property
     def status(self) -> Path:
@@ -208,7 +209,24 @@ def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None 
     lock = RunLock(run.node_lock(node)).acquire(_what(run, node))       # last: a refused launch leaves no lock
     return PreparedLaunch(run, argv, nprocs, single, offset, range(offset, offset + (1 if single else per_node)),
                           machine_rank=node, num_machines=nmachines, main_process_ip=str(head) if head else None,
-                          lock=lock)
+                          lock=lock, notes=loop_notes(doc, train))
+
+
+def loop_notes(doc: PlanDocument, train: TrainOptions) -> tuple[str, ...]:
+    """Which loop the plan's numbers are for, when it is not the loop that runs: a user script, or the bundled
+    trainer on a supervised plan made for another loop."""
+    loop = doc.training.loop
+    if not train.script:
+        if loop == "trainer" or (doc.recorded("objective") or "sft") != "sft":
+            return ()
+        return (f"plan.json's memory numbers are for --loop {loop}; the bundled trainer runs its own loop (plan "
+                "with --loop trainer for its numbers)",)
+    if loop == "trainer":
+        return (f"plan.json's memory numbers are for the bundled trainer's loop (--loop trainer), which drops the "
+                f"model's outputs before backward; if {Path(train.script).name} keeps `outputs` alive through "
+                "backward (accelerate's examples do), it needs its B·S·V logits more: plan it with --loop "
+                "accelerate-loop (a plan written with the script does by default)",)
+    return (f"plan.json's memory numbers are for --loop {loop}",)
 
 
 def _check_node(run: RunDir, node: int, nmachines: int, head: Any) -> None:

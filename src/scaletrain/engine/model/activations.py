@@ -153,7 +153,10 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: st
     attn_bwd_t = _attention_backward_transient(s, nm, b)
     if nm.trainable_copies:   # the 16-bit weight gradient of the largest linear before its fp32 conversion
         mlp_bwd_t += c * max(a * o for a, o, _ in m.linear_shapes().values())
-    recompute_t = t * _down_proj_transient(s, nm, full, "down_proj" in targets) if m.moe is None else 0
+    recompute_t = 0
+    if m.moe is None:
+        recompute_t = t * max(_down_proj_transient(s, nm, full, "down_proj" in targets),
+                              _adapter_add_transient(s, nm, n_adapted("gate_proj", "up_proj")))
     return LayerActivations(t * attn + const, t * mlp, fwd_t, mlp_bwd_t, attn_bwd_t, copies, cached, recompute_t)
 
 
@@ -173,6 +176,24 @@ def _down_proj_transient(s: TrainingSetup, nm: Numerics, full: bool, down_adapte
     act_up = 0 if full else mb * i
     upcast = adapter_input_cast(nm, i, mb) if down_adapted else 0
     return act_up + upcast + c * h + c * h + r * h
+
+
+def _adapter_add_transient(s: TrainingSetup, nm: Numerics, adapted_in_mlp: int) -> int:
+    """Per token, on top of the block's saved tensors: a checkpointed block's recompute at gate_proj's or up_proj's
+    adapter when LoRA's fp32 adapters meet a 16-bit base without autocast (--master-weights bf16).
+
+    peft's `result + lora_B(lora_A(x)) * scaling` (lora/layer.py Linear.forward) adds the fp32 branch (B·S·I) to the
+    base layer's 16-bit output into an fp32 sum, then casts it back; the CPU's add first copies the 16-bit operand
+    to fp32 (TensorIterator's type promotion: torch.profiler shows three fp32 B·S·I `_to_copy`/add tensors alive at
+    this add). The projection's own output is not saved yet (−mb·i); the MLP's input and the attention residual are
+    held by their frames (c·h + r·h, as at down_proj). Counted against all of the block's saved tensors, an upper
+    bound (down_proj's are recomputed after this). Zero under autocast, where the branch is 16-bit."""
+    if nm.autocast or nm.adapter == nm.compute or not adapted_in_mlp or not s.grad_ckpt:
+        return 0
+    i, h = s.model.intermediate_size, s.model.hidden_size
+    mb = nm.mlp_bytes
+    fp32_copies = 3 if s.device == "cpu" else 2
+    return mb * i + fp32_copies * nm.adapter * i - mb * i + nm.compute * h + nm.residual * h
 
 
 def adapter_input_cast(nm: Numerics, width: int, src_bytes: int) -> int:
@@ -348,10 +369,10 @@ def outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> dict[str
     shared = rope_sets * 2 * t * m.head_dim * nm.residual + 8 * t
     window_mask = b * s.seq_len * s.seq_len * nm.compute if (not eager_attention(s) and sliding_layers(s)) else 0
     final = t * _norm_saved(h, 1, nm.residual, full, style)
-    if full and not s.objective.log_probs:       # TRL's fused head saves its own copy (objectives.py)
+    if full and not s.fused_lm_head:       # TRL's fused head saves its own copy (objectives.py)
         final += t * _reader_saved(h, nm.residual, 1, 0, nm, True)
     head_out = m.vocab_size if m.vocab_head else 1
-    if (nm.trainable_copies or nm.fp32_head) and not s.objective.log_probs:
+    if (nm.trainable_copies or nm.fp32_head) and not s.fused_lm_head:
         final += 2 * head_out * h
     moe = m.moe
     if moe is not None and moe.aux_loss:

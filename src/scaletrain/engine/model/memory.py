@@ -26,8 +26,8 @@ from typing import Any
 from scaletrain.engine.model.activations import block_activations, eager_attention, eager_masks, outside_blocks
 from scaletrain.engine.model.breakdown import MemoryBreakdown
 from scaletrain.engine.model.numerics import numerics, uses_deepspeed
-from scaletrain.engine.model.objectives import (generation_cost, head_cost, objective_terms, reference_forward_bytes,
-                                                reference_weight_bytes, sequences)
+from scaletrain.engine.model.objectives import (generation_cost, head_cost, held_outputs_bytes, objective_terms,
+                                                reference_forward_bytes, reference_weight_bytes, sequences)
 from scaletrain.engine.model.setup import TrainingSetup
 from scaletrain.engine.model.states import DS_PREFETCH_BUCKET_ELEMS, ModelStates, model_states
 
@@ -90,7 +90,8 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     final = out["final"]
 
     grads = ms.gradients_persistent
-    peaks = _Peaks(static)
+    # accelerate-loop: the previous micro-step's outputs during forward, this one's from the loss to the next forward
+    peaks = _Peaks(static, held_outputs_bytes(s, b))
     mark = peaks.mark
 
     # GRPO: the completions are generated (no grad) before the first micro-step of the optimizer step
@@ -162,12 +163,14 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
 class _Peaks:
     """The step's running peaks: each phase's highest total, and the parts of the highest of all."""
 
-    def __init__(self, static: int):
+    def __init__(self, static: int, held_logits: int = 0):
         self.static = static
+        self.held_logits = held_logits   # logits a loop keeps at every moment, counted with the logits
         self.parts: dict[str, Any] = {}
         self.phase_peaks = {"generation": 0, "forward": 0, "loss": 0, "backward": 0, "step": 0}
 
     def mark(self, phase: str, act: int, logit: int, grad: int, opt_extra: int = 0, gather: int = 0) -> None:
+        logit += self.held_logits
         total = self.static + grad + act + logit + opt_extra + gather
         if total > self.phase_peaks[phase]:
             self.phase_peaks[phase] = total

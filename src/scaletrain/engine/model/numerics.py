@@ -61,6 +61,11 @@ def numerics(s: TrainingSetup) -> Numerics:
         return Numerics(c, 4, True, 4, 0, 0, True, False, False, 4)
     if uses_deepspeed(s):
         return Numerics(c, c, False, 0, c, c, False, False, False, 4)
+    if s.master_weights == "bf16":
+        # LoRA on a bf16 base trained without autocast (mixed_precision "no"): every activation is bf16, PEFT keeps
+        # the adapters in fp32 and casts each adapted linear's input to fp32 (lora/layer.py _cast_input_dtype),
+        # which autograd saves for lora_A's weight gradient (activations._reader_saved)
+        return Numerics(c, c, False, 0, c, 4, False, False, False, 4)
     fp32_base = s.base_bits in (4, 8, 32)          # QLoRA: upcast by prepare_model_for_kbit_training
     if s.strategy == "fsdp":
         return Numerics(c, c, True, 0, c, 4, False, False, False, 4)
@@ -77,7 +82,8 @@ def autocast_regime(s: TrainingSetup) -> bool:
 
 def load_dtype(method: str, base_bits: int, master_weights: str, strategy: Any, precision: Any) -> str:
     """The torch dtype (name) the model's weights are built or loaded in, as numerics() counts them: full
-    fine-tuning keeps fp32 weights under mixed precision, bf16 weights only with master_weights bf16, and 16-bit
+    fine-tuning keeps fp32 weights under mixed precision, bf16 weights only with master_weights bf16 (a LoRA
+    base too: bf16, trained without autocast), and 16-bit
     weights under DeepSpeed (it casts the module to 16-bit and keeps the fp32 master in its optimizer, so building
     fp32 first would only cost memory); a LoRA/QLoRA base is in the compute precision (bf16/fp16), fp32 with
     base_bits 32 (QLoRA's 4/8-bit linears are quantized from it on load). Takes the plan's words (Strategy,

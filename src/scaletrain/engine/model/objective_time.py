@@ -44,7 +44,7 @@ def head_seconds(s: TrainingSetup, t: int, gemm: Gemm, hbm: float) -> HeadTime:
     c = numerics(s).compute
     if s.objective == "reward":
         return HeadTime(0.0, 0.0)
-    if s.objective.log_probs:
+    if s.fused_lm_head:   # dpo, grpo, and sft under TRL's SFTTrainer
         n = scored_tokens(s)
         mm = 2 * gemm(n, V, h) + gemm(n, h, V) + (gemm(V, h, n) if full else 0.0)   # forward, recompute, grads
         return HeadTime(mm, n * V * FUSED_HEAD_PASSES * c / hbm)

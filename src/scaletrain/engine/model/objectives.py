@@ -24,7 +24,7 @@ kernel alone and match to the byte (tests/test_objectives_groundtruth.py checks 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scaletrain.engine.model.activations import logits_bytes
 from scaletrain.engine.model.numerics import numerics
@@ -81,6 +81,8 @@ def head_cost(s: TrainingSetup, micro_batch: int | None = None) -> HeadCost:
                         backward_transient=c * t, output_grad=c * t, weight_params=m.hidden_size, labels=8 * t)
     if s.objective.log_probs:
         return fused_log_prob_head(s, micro_batch)
+    if s.fused_lm_head:   # SFT under TRL's SFTTrainer: log-probs, entropy and top-1 hits from the fused head
+        return sft_fused_head(s, micro_batch)
     lg = logits_bytes(s, micro_batch)
     return HeadCost("logits and cross-entropy (B·S·V)", lg["forward_transient"], lg["saved"],
                     lg["backward_transient"], c * t * m.vocab_size, m.vocab_size * m.hidden_size, 8 * t)
@@ -129,6 +131,34 @@ def fused_log_prob_head(s: TrainingSetup, micro_batch: int | None = None, entrop
     return HeadCost("log-prob tiles (TRL fused LM head, no B·S·V logits)", fwd, saved, bwd + grad_weight,
                     output_grad=0, weight_params=V * h if trains_weight else 0, labels=8 * N,
                     weight_grad_early=trains_weight)
+
+
+def sft_fused_head(s: TrainingSetup, micro_batch: int | None = None) -> HeadCost:
+    """TRL 1.16's SFTTrainer (sft_trainer.py compute_loss): the fused head with outputs log_probs, entropy and
+    is_top1 (its mean_token_accuracy metric), each masked back to B×(S−1) per-token tensors (utils.py
+    _fused_forward: masked_fill), and the loss −log_probs.sum() / tokens. Those per-token tensors (fp32 log-probs,
+    its negation and the fp32 entropy, the bool top-1 hits and label mask) live until compute_loss returns."""
+    head = fused_log_prob_head(s, micro_batch, entropy=True)
+    n = sequences(s, micro_batch) * (s.seq_len - 1)
+    per_token = n * (4 + 4 + 4 + 1 + 1)
+    return replace(head, name="log-prob tiles (TRL SFTTrainer's fused LM head, no B·S·V logits)",
+                   forward_transient=head.forward_transient + per_token)
+
+
+def held_outputs_bytes(s: TrainingSetup, micro_batch: int | None = None) -> int:
+    """What `--loop accelerate-loop` keeps beyond the bundled trainer: the model's output object, bound to
+    `outputs` from one forward until the next forward returns (`outputs = model(**batch);
+    accelerator.backward(outputs.loss)`), so its B·S·V logits live through backward, the optimizer step and the next
+    micro-step's forward: at every moment of the step (torch.profiler: the peak rises by exactly this at each phase).
+    Their dtype: accelerate's mixed precision wraps forward in autocast and converts 16-bit outputs to fp32 copies
+    (accelerator.py prepare_model → utils/operations.py convert_outputs_to_fp32; native amp is on for bf16/fp16 except
+    under DeepSpeed), so 4 bytes; the compute dtype otherwise (fp32, bf16 weights without autocast, DeepSpeed's
+    16-bit model). The other loops drop the object before backward; the chunked loss writes no logits."""
+    if not s.loop.holds_outputs or s.objective != "sft" or s.loss == "chunked":
+        return 0
+    native_amp = s.precision != "fp32" and s.master_weights != "bf16" and not s.strategy.uses_deepspeed
+    per = 4 if native_amp else numerics(s).compute
+    return per * tokens_per_micro(s, micro_batch) * s.model.vocab_size
 
 
 def reference_weight_bytes(s: TrainingSetup) -> int:
@@ -205,9 +235,13 @@ def objective_terms(s: TrainingSetup, head: HeadCost, phase: str) -> tuple[tuple
     ref = reference_weight_bytes(s)
     if ref:
         out.append(("weights", "reference model (frozen copy of the policy)", ref))
-    if s.objective != "sft" and phase in ("loss", "backward"):
+    if (s.objective != "sft" or s.fused_lm_head) and phase in ("loss", "backward"):
         size = head.backward_transient if phase == "backward" else head.forward_transient
         out.append(("logits", head.name, size + head.saved))
+    held = held_outputs_bytes(s)
+    if held:
+        out.append(("logits", f"outputs held by the loop ({s.loop}: B·S·V logits through backward and the step)",
+                    held))
     gen = generation_cost(s)
     if gen.kv_cache and phase == "generation":
         out.append(("activations", f"KV cache of {gen.completions} completions × {s.seq_len} tokens", gen.kv_cache))

@@ -138,9 +138,10 @@ class TrainingSetup:
             raise ScaletrainError("--base-bits sets the frozen base of --method lora or qlora; full fine-tuning "
                                   "trains every weight (use --master-weights for their precision)")
         if self.master_weights == "bf16":
-            if self.method.is_adapter:
-                raise ScaletrainError("--master-weights bf16 applies to full fine-tuning; LoRA adapters are kept in "
-                                      "fp32 by PEFT (use --master-weights fp32)")
+            if self.method == "qlora" or (self.method.is_adapter and self.base_bits != 16):
+                raise ScaletrainError(f"--master-weights bf16 with LoRA means a bf16 base trained without autocast, "
+                                      f"not a base of {self.base_bits} bits (use --master-weights fp32, or "
+                                      "--method lora --base-bits 16)")
             if self.precision != "bf16":
                 raise ScaletrainError(f"--master-weights bf16 trains bf16 weights, so it needs --precision bf16 "
                                       f"(got {self.precision})")
@@ -167,6 +168,12 @@ class TrainingSetup:
 
     # ---- derived counts ----------------------------------------------------------------------------------------
     @property
+    def fused_lm_head(self) -> bool:
+        """The loss is TRL's fused LM head (per-token log-probs in tiles, no B·S·V logits): DPO and GRPO, and SFT
+        under `--loop trl` (TRL 1.16's SFTTrainer patches the model with it: sft_trainer.py add_fused_lm_head)."""
+        return self.objective.log_probs or (self.loop == "trl" and self.objective == "sft")
+
+    @property
     def world_size(self) -> int:
         return self.hardware.world_size
 
@@ -187,6 +194,8 @@ class TrainingSetup:
         """The weights' and compute's dtypes in words (plan lines, the wizard)."""
         if self.method == "full" and self.master_weights == "bf16":
             return f"{self.precision} weights only (no fp32 master)"
+        if self.method.is_adapter and self.master_weights == "bf16":
+            return f"{self.precision} base, no autocast (fp32 adapters)"
         if self.method.is_adapter and self.base_bits == 32:
             return f"{self.precision}, fp32 base"
         return str(self.precision)
@@ -264,3 +273,6 @@ def _check_objective(s: TrainingSetup) -> None:
                               f"{s.generation_memory})")
     if obj != "grpo" and s.generation != "train":
         raise ScaletrainError(f"--generation {s.generation} applies to grpo (got --objective {obj})")
+    if obj != "sft" and s.loop in ("hf-trainer", "accelerate-loop"):
+        raise ScaletrainError(f"--loop {s.loop} applies to sft; --objective {obj} runs TRL's own trainer (use --loop "
+                              "trl, or leave --loop out)")

@@ -139,9 +139,9 @@ def traced_outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> d
     act = _trace(s)
     shared = traced.at(act["shared"], b, S)
     final = traced.at(act["final_norm"], b, S)
-    if not s.objective.log_probs:       # TRL's fused head saves its own copy (objectives.py)
+    if not s.fused_lm_head:       # TRL's fused head saves its own copy (objectives.py)
         final += traced.at([0, *act["head_input"][1:]], b, S)
     head_out = m.vocab_size if m.vocab_head else 1
-    if (nm.trainable_copies or nm.fp32_head) and not s.objective.log_probs:
+    if (nm.trainable_copies or nm.fp32_head) and not s.fused_lm_head:
         final += 2 * head_out * m.hidden_size
     return {"shared": shared, "final": final, "labels": 8 * t, "window_mask": 0}

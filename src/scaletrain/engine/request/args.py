@@ -15,6 +15,7 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.request.fields import REQUEST_FLAGS
 from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.request.request import PlanRequest
+from scaletrain.engine.vocabulary import Loop
 
 @dataclass(frozen=True)
 class Asked:
@@ -63,6 +64,9 @@ def asked_from_args(args: Any) -> Asked:
     if getattr(args, "resident", None):
         fields["residents"] = tuple(args.resident)
     train = _train(args, preset, overrides)
+    if train.script and not fields.get("loop"):
+        # a user script's loop is unknown: plan the safe side, a loop that keeps its outputs through backward
+        fields["loop"] = Loop.ACCELERATE_LOOP.value
     data = str(args.data) if getattr(args, "data", None) else (train.dataset if preset_name else None)
     weights = str(args.weights) if getattr(args, "weights", None) else (train.model_source if preset_name else None)
     profile = None

@@ -45,6 +45,8 @@ def stream_run(run_dir: str | os.PathLike[str], *, machine_rank: int | None = No
                                    markup=True, highlight=False, soft_wrap=True)
 
     con.print(f"[bold]scaletrain[/] launching {run.path}  (logs: {run.logs}, Ctrl-C stops every rank)")
+    for note in prep.notes:
+        con.print(f"[dim]note:[/] {note}", highlight=False, soft_wrap=True)
     if prep.num_machines > 1:
         ranks = prep.local_ranks
         con.print(f"node {prep.machine_rank} of {prep.num_machines} (0 is the head node, {prep.main_process_ip}): "

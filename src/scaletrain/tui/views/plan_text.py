@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.text import Text
 
 from scaletrain.engine.plan.plan import Plan
@@ -56,7 +58,16 @@ def setup_line(plan: Plan) -> Text:
     parts.append("no offload" if s.offload == "none" else f"offload {s.offload}")
     parts.append(f"grad-ckpt {'on' if s.grad_ckpt else 'off'}")
     parts += [s.precision_label, s.optimizer_label, f"attn {s.attn}", f"seq {s.seq_len}"]
+    if s.loop != "trainer":   # the numbers are for another loop than the bundled trainer's
+        parts.append(f"loop {s.loop}")
     return Text(" · ".join(parts))
+
+
+def loop_words(s: Any) -> str:
+    """'loop trainer (the bundled trainer's loop)': which loop a TrainingSetup's numbers are for."""
+    if s.objective != "sft":
+        return f"loop {s.loop} (TRL's {s.objective} trainer)"
+    return f"loop {s.loop} ({s.loop.words})"
 
 
 def fit_line(plan: Plan) -> Text:

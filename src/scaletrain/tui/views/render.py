@@ -14,7 +14,7 @@ from scaletrain.engine.devices.nvml import DetectionResult
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.model_notes import moe_line
 from scaletrain.engine.units import fmt_bytes, fmt_count
-from scaletrain.tui.views.plan_text import objective_line, time_line
+from scaletrain.tui.views.plan_text import loop_words, objective_line, time_line
 
 COMPONENT_STYLE = {
     "weights": "bright_blue", "gradients": "magenta", "optimizer": "yellow",
@@ -64,7 +64,8 @@ def print_plan(plan: Plan, *, alternatives: bool = False, table: str | None = No
     c.print(f"[bold]{hw.describe()}[/]  {hw.gpu.name}, {fmt_bytes(hw.gpu.memory_bytes)} each, "
             f"{hw.gpu.interconnect}{' (detected)' if hw.source == 'detected' else ''}")
     c.print(f"{s.strategy}{'' if s.offload == 'none' else f' + offload {s.offload}'}, {s.precision_label}, "
-            f"{s.optimizer_label}, attn {s.attn}, grad-ckpt {'on' if s.grad_ckpt else 'off'}, seq {s.seq_len}")
+            f"{s.optimizer_label}, attn {s.attn}, grad-ckpt {'on' if s.grad_ckpt else 'off'}, seq {s.seq_len}, "
+            f"{loop_words(s)}")
     c.print(f"batch: micro {s.micro_batch} × accum {s.grad_accum} × {s.world_size} GPUs = "
             f"[bold]{s.effective_batch}[/] effective")
     if s.objective != "sft":
