@@ -47,7 +47,7 @@ from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
 from scaletrain.engine.launch.processes import ProcessTree, oom_kill_count, process_start
 from scaletrain.engine.launch.rank_logs import RankLogs
 from scaletrain.engine.launch.runlock import RunLock
-from scaletrain.engine.run.scripts import launch_argv
+from scaletrain.engine.run.scripts import cpu_threads, launch_argv, threads_env
 from scaletrain.engine.launch.status import StatusWriter, read_status
 from scaletrain.engine.launch.watchdog import Watchdog
 STOP_GRACE_SECONDS = (20.0, 5.0)   # after SIGINT (torchrun forwards it; its own shutdown waits up to 30 s), after SIGTERM
@@ -153,6 +153,7 @@ class PreparedLaunch:
     machine_rank: int = 0
     num_machines: int = 1
     main_process_ip: str | None = None
+    threads: int | None = None              # CPU threads per process (OMP_NUM_THREADS for every rank)
     lock: RunLock | None = field(default=None, compare=False, repr=False)   # held until launch() returns
 
     @property
@@ -181,12 +182,6 @@ def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None 
     if main_process_ip is not None:
         main_process_ip = check_host(main_process_ip)
     cfg = preflight(run, doc, train, machine_rank)
-    argv = launch_argv(run, train, machine_rank=machine_rank, main_process_ip=main_process_ip,
-                       deepspeed=isinstance(cfg.get("deepspeed_config"), dict))
-    if resume:
-        if train.script:
-            raise ScaletrainError("--resume is for the bundled trainer; pass your script its own resume flag")
-        argv.append("--resume")
     try:
         nprocs = int(cfg.get("num_processes") or 1)
         nmachines = int(cfg.get("num_machines") or 1)
@@ -194,18 +189,25 @@ def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None 
     except (TypeError, ValueError):
         raise ScaletrainError(f"{run.accelerate_config}: num_processes, num_machines and machine_rank must be "
                               "whole numbers") from None
+    single = nprocs <= 1 or bool(cfg.get("use_cpu")) or cfg.get("distributed_type") == "NO"
+    per_node = max(1, nprocs // max(1, nmachines))
+    threads = cpu_threads(1 if single else per_node)        # this node's cores ÷ the processes it starts
+    argv = launch_argv(run, train, machine_rank=machine_rank, main_process_ip=main_process_ip,
+                       deepspeed=isinstance(cfg.get("deepspeed_config"), dict), threads=threads)
+    if resume:
+        if train.script:
+            raise ScaletrainError("--resume is for the bundled trainer; pass your script its own resume flag")
+        argv.append("--resume")
     node = machine_rank if machine_rank is not None else cfg_rank
     head = main_process_ip or cfg.get("main_process_ip")
     _check_node(run, node, nmachines, head)
     per_node_gpus = doc.gpus_per_node if isinstance(doc.gpus_per_node, int) else 1
     require_local_gpus("cpu" if doc.on_cpu else "cuda", per_node_gpus, f"{run.path} ({doc.gpu or 'GPU'})")
-    single = nprocs <= 1 or bool(cfg.get("use_cpu")) or cfg.get("distributed_type") == "NO"
-    per_node = max(1, nprocs // max(1, nmachines))
     offset = node * per_node
     lock = RunLock(run.node_lock(node)).acquire(_what(run, node))       # last: a refused launch leaves no lock
     return PreparedLaunch(run, argv, nprocs, single, offset, range(offset, offset + (1 if single else per_node)),
                           machine_rank=node, num_machines=nmachines, main_process_ip=str(head) if head else None,
-                          lock=lock)
+                          threads=threads, lock=lock)
 
 
 def _check_node(run: RunDir, node: int, nmachines: int, head: Any) -> None:
@@ -264,6 +266,8 @@ def _spawn(prep: PreparedLaunch, logs: RankLogs, env: dict[str, str] | None) -> 
     child_env = dict(os.environ if env is None else env)
     child_env[LINE_PREFIX_ENV] = LINE_PREFIX
     child_env["PYTHONUNBUFFERED"] = "1"
+    if prep.threads is not None:
+        child_env.update(threads_env(prep.threads))
     old_signals = _install_signals()
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env,
