@@ -40,8 +40,9 @@ from scaletrain.engine.request.options import LR_SCHEDULES, bundled_demo_dataset
 from scaletrain.trainer import data as data_mod
 from scaletrain.trainer.checkpoints import prune_checkpoints, resume_from, save_checkpoint
 from scaletrain.trainer.config import RunConfig, read_run_config
-from scaletrain.trainer.distributed import (all_sum, barrier, load_deepspeed_cpu_comm_op, make_accelerator,
-                                            peak_memory, rank_and_world, shutdown)
+from scaletrain.trainer.batches import TokenTable, token_table
+from scaletrain.trainer.distributed import (barrier, load_deepspeed_cpu_comm_op, make_accelerator, rank_and_world,
+                                            shutdown, step_stats)
 from scaletrain.trainer.model import build_model, check_capabilities, make_optimizer, make_tokenizer
 
 EXIT_INTERRUPTED = 130               # shell convention for SIGINT
@@ -99,7 +100,7 @@ class Session:
     model: Any
     optimizer: Any
     scheduler: Any
-    blocks: Any
+    blocks: TokenTable
     sched: Schedule
     rank: int
     world: int
@@ -158,8 +159,8 @@ def prepare(cfg: RunConfig) -> Session:
 
     tok = make_tokenizer(cfg)
     per_step = cfg.micro_batch * cfg.grad_accum * world
-    blocks = data_mod.load_blocks(cfg.train.dataset or dataset, tok, cfg.seq_len, packing=cfg.train.packing,
-                                  min_blocks=per_step if demo else 0)
+    blocks = token_table(data_mod.load_blocks(cfg.train.dataset or dataset, tok, cfg.seq_len,
+                                              packing=cfg.train.packing, min_blocks=per_step if demo else 0))
     if main and blocks.repeats > 1:
         print(f"scaletrain: note: the bundled demo data is repeated {blocks.repeats}× to {len(blocks)} blocks of "
               f"{cfg.seq_len} tokens (one optimizer step needs {per_step}); set the train option dataset for real "
@@ -251,26 +252,25 @@ def step_loop(s: Session, step: int, resume: bool) -> int | None:
 
 def _epoch(s: Session, p: Progress, writer: MetricsWriter | None, tb: Any, resume: bool) -> None:
     """The rest of the current epoch's micro-batches (or up to the last step): forward, backward, and at every
-    accumulation boundary an optimizer step, its metrics and a checkpoint when due."""
-    import torch
-
+    accumulation boundary an optimizer step, its metrics and a checkpoint when due. The loss stays on the device
+    through the micro-steps and the tokens are counted on the host: the host waits for the device once per
+    optimizer step, in step_stats (a plain loop's pace: no float() per micro-step)."""
     cfg, acc, model = s.cfg, s.acc, s.model
     order = data_mod.shard_order(s.sched.rows, p.step // s.sched.steps_per_epoch, cfg.train.seed, s.rank, s.world)
     first_micro = (p.step % s.sched.steps_per_epoch) * cfg.grad_accum
-    loss_sum = tokens = 0.0
+    loss_sum, tokens = None, 0
     micro_in_step = 0
     for m in range(first_micro, s.sched.steps_per_epoch * cfg.grad_accum):
         rows = order[m * cfg.micro_batch:(m + 1) * cfg.micro_batch]
-        batch = {k: torch.tensor([getattr(s.blocks, k)[i] for i in rows], device=acc.device)
-                 for k in ("input_ids", "labels", "attention_mask")}
+        batch = s.blocks.batch(rows, acc.device)
         micro_in_step += 1
         boundary = micro_in_step == cfg.grad_accum
         acc.sync_gradients = boundary
         with contextlib.nullcontext() if boundary else acc.no_sync(model):
             loss = model(**batch).loss
             acc.backward(loss)
-        loss_sum += float(loss.detach())
-        tokens += float(batch["attention_mask"].sum())
+        loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+        tokens += s.blocks.tokens(rows)
         if not boundary:
             continue
         lr, grad_norm = _optimizer_step(s)
@@ -278,7 +278,7 @@ def _epoch(s: Session, p: Progress, writer: MetricsWriter | None, tb: Any, resum
         rec = _step_metrics(s, p, lr, grad_norm, loss_sum, micro_in_step, tokens)
         if s.main:
             _report_step(s, rec, writer, tb)
-        loss_sum = tokens = 0.0
+        loss_sum, tokens = None, 0
         micro_in_step = 0
         if cfg.train.save_checkpoints and (p.step % cfg.train.checkpoint_every == 0
                                            or p.step == s.sched.total_steps):
@@ -288,33 +288,33 @@ def _epoch(s: Session, p: Progress, writer: MetricsWriter | None, tb: Any, resum
             break
 
 
-def _optimizer_step(s: Session) -> tuple[float, float | None]:
-    """Clip (unless DeepSpeed does), step the optimizer and the LR schedule: the LR the step used, the grad norm."""
+def _optimizer_step(s: Session) -> tuple[float, Any]:
+    """Clip (unless DeepSpeed does), step the optimizer and the LR schedule: the LR the step used, the grad norm
+    (a tensor left on the device, a number from DeepSpeed, or None)."""
     grad_norm = None
     if not s.ds and s.cfg.train.max_grad_norm > 0:
-        norm = s.acc.clip_grad_norm_(s.model.parameters(), s.cfg.train.max_grad_norm)
-        grad_norm = float(norm) if norm is not None else None
+        grad_norm = s.acc.clip_grad_norm_(s.model.parameters(), s.cfg.train.max_grad_norm)
     lr = float(s.scheduler.get_last_lr()[0])
     s.optimizer.step()
     s.scheduler.step()
     s.optimizer.zero_grad(set_to_none=True)
     if s.ds:
-        gn = s.model.get_global_grad_norm()
-        grad_norm = float(gn) if gn is not None else None
+        grad_norm = s.model.get_global_grad_norm()
     return lr, grad_norm
 
 
-def _step_metrics(s: Session, p: Progress, lr: float, grad_norm: float | None, loss_sum: float,
-                  micro_in_step: int, tokens: float) -> StepMetrics:
-    """The step's metrics summed over every rank (a collective: every rank calls it)."""
-    loss_all, micro_all, tok_all = all_sum(s.acc, [loss_sum, float(micro_in_step), tokens])
+def _step_metrics(s: Session, p: Progress, lr: float, grad_norm: Any, loss_sum: Any, micro_in_step: int,
+                  tokens: Any) -> StepMetrics:
+    """The step's metrics summed over every rank (one collective: every rank calls it)."""
+    st = step_stats(s.acc, s.world, [loss_sum, float(micro_in_step), tokens], grad_norm)
+    loss_all, micro_all, tok_all = st.sums
     now = time.perf_counter()
     step_s = now - p.t_last
     p.t_last = now
     return StepMetrics(step=p.step, total_steps=s.sched.total_steps, epoch=round(p.step / s.sched.steps_per_epoch, 4),
                        loss=loss_all / micro_all, lr=lr, tokens_per_second=tok_all / step_s, step_seconds=step_s,
-                       world_size=s.world, time=time.time(), tokens=int(tok_all), grad_norm=grad_norm,
-                       peak_memory=peak_memory(s.acc, s.rank, s.world))
+                       world_size=s.world, time=time.time(), tokens=int(tok_all), grad_norm=st.grad_norm,
+                       peak_memory=st.peaks)
 
 
 def _report_step(s: Session, rec: StepMetrics, writer: MetricsWriter | None, tb: Any) -> None:
