@@ -181,7 +181,8 @@ def hf_trainer_counts(run: Path) -> dict:
 
     args = TrainingArguments(output_dir=str(run / "hf"), per_device_train_batch_size=cfg.micro_batch,
                              gradient_accumulation_steps=cfg.grad_accum, max_steps=WARMUP_STEPS + 2,
-                             learning_rate=cfg.train.lr, optim="adamw_torch_fused", max_grad_norm=cfg.train.max_grad_norm,
+                             learning_rate=cfg.train.lr, optim="adamw_torch_fused",
+                             max_grad_norm=cfg.train.max_grad_norm,
                              logging_steps=1, report_to=[], save_strategy="no", use_cpu=True,
                              dataloader_num_workers=0, disable_tqdm=True, lr_scheduler_type="cosine")
     with contextlib.redirect_stdout(sys.stderr):

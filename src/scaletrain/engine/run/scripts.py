@@ -306,8 +306,9 @@ def sbatch_script(plan: Plan, run: RunDir, train: TrainOptions, *, deepspeed: bo
     else:
         head.append("# --time: the plan has no run-time estimate (give --dataset-size, or train.max_steps): set "
                     "it with sbatch --time=..., else the partition's default limit applies.")
-    head += [f"# --cpus-per-task: {SBATCH_CPUS_PER_PROCESS} cores × {hw.gpus_per_node} processes per node; each process runs",
-             f"# with the task's cores ÷ {hw.gpus_per_node} threads (OMP_NUM_THREADS, CPU-Adam under offload).",
+    head += [f"# --cpus-per-task: {SBATCH_CPUS_PER_PROCESS} cores × {hw.gpus_per_node} processes per node; each process "
+             f"runs with the task's",
+             f"# cores ÷ {hw.gpus_per_node} threads (OMP_NUM_THREADS; DeepSpeed's CPU-Adam under offload uses them).",
              f"# Every node runs the Python of the `scaletrain` on PATH (or ${VENV_ENV}/bin/python): the same",
              "# environment and run directory must exist there (a shared filesystem)."]
     body = [
