@@ -50,8 +50,8 @@ def main() -> None:
     vocab = int(model_config_dict(cfg.model_id)["vocab_size"])
     gen = torch.Generator().manual_seed(rank)
     model.train()
-    times = []
-    t_last = time.perf_counter()
+    times, cpu = [], []
+    t_last, c_last = time.perf_counter(), time.process_time()
     for _ in range(a.steps):
         for m in range(cfg.grad_accum):
             ids = torch.randint(3, vocab, (cfg.micro_batch, cfg.seq_len), generator=gen)
@@ -65,12 +65,13 @@ def main() -> None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        now = time.perf_counter()
+        now, c = time.perf_counter(), time.process_time()
         times.append(now - t_last)
-        t_last = now
+        cpu.append(c - c_last)
+        t_last, c_last = now, c
     if rank == 0:
         Path(a.out).write_text(json.dumps({
-            "step_seconds": times, "tokens_per_step": cfg.micro_batch * cfg.grad_accum * cfg.seq_len * world,
+            "step_seconds": times, "cpu_seconds": cpu, "tokens_per_step": cfg.micro_batch * cfg.grad_accum * cfg.seq_len * world,
             "threads": torch.get_num_threads(), "world_size": world, "loss": float(loss.detach())}))
     if world > 1:
         dist.barrier()

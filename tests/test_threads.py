@@ -175,3 +175,12 @@ def test_step_stats_one_process():
     assert st.sums == (3.5, 2.0, 128.0) and st.grad_norm == 0.25
     assert len(st.peaks) == 1 and st.peaks[0].host_rss_bytes > 0 and st.peaks[0].allocated_bytes is None
     assert step_stats(Acc(), 1, [1.0], None).grad_norm is None
+
+
+def test_metrics_carry_the_steps_cpu_time_only_when_measured():
+    from scaletrain.engine.run.metrics import StepMetrics
+
+    rec = StepMetrics(step=1, total_steps=2, epoch=0.5, loss=1.0, lr=1e-3, tokens_per_second=10.0,
+                      step_seconds=0.1, world_size=1, time=0.0, cpu_seconds=0.08)
+    assert StepMetrics.from_json(json.loads(json.dumps(rec.to_json()))) == rec
+    assert "cpu_seconds" not in replace(rec, cpu_seconds=None).to_json()          # older lines read as before

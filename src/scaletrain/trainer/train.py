@@ -118,6 +118,7 @@ class Progress:
     step: int
     last_saved: int
     t_last: float
+    cpu_last: float = 0.0         # process CPU time when the last step ended
 
 
 def train(cfg: RunConfig, resume: bool) -> int:
@@ -233,7 +234,7 @@ def step_loop(s: Session, step: int, resume: bool) -> int | None:
     """Optimizer steps from `step` to the schedule's end, epoch by epoch; the last step, or None when interrupted."""
     writer = MetricsWriter(s.cfg.run.metrics) if s.main else None
     tb = _tensorboard(s.cfg.run) if s.main else None
-    p = Progress(step, step, time.perf_counter())
+    p = Progress(step, step, time.perf_counter(), time.process_time())
     s.model.train()
     try:
         while p.step < s.sched.total_steps:
@@ -308,13 +309,13 @@ def _step_metrics(s: Session, p: Progress, lr: float, grad_norm: Any, loss_sum: 
     """The step's metrics summed over every rank (one collective: every rank calls it)."""
     st = step_stats(s.acc, s.world, [loss_sum, float(micro_in_step), tokens], grad_norm)
     loss_all, micro_all, tok_all = st.sums
-    now = time.perf_counter()
-    step_s = now - p.t_last
-    p.t_last = now
+    now, cpu = time.perf_counter(), time.process_time()
+    step_s, step_cpu = now - p.t_last, cpu - p.cpu_last
+    p.t_last, p.cpu_last = now, cpu
     return StepMetrics(step=p.step, total_steps=s.sched.total_steps, epoch=round(p.step / s.sched.steps_per_epoch, 4),
                        loss=loss_all / micro_all, lr=lr, tokens_per_second=tok_all / step_s, step_seconds=step_s,
                        world_size=s.world, time=time.time(), tokens=int(tok_all), grad_norm=st.grad_norm,
-                       peak_memory=st.peaks)
+                       peak_memory=st.peaks, cpu_seconds=step_cpu)
 
 
 def _report_step(s: Session, rec: StepMetrics, writer: MetricsWriter | None, tb: Any) -> None:
@@ -336,7 +337,7 @@ def _checkpoint(s: Session, p: Progress, rec: StepMetrics) -> None:
                      "time": time.time()}, s.rank, s.ds)
     prune_checkpoints(cfg.run, cfg.train.keep_checkpoints, s.rank)
     p.last_saved = p.step
-    p.t_last = time.perf_counter()          # saving is not step time
+    p.t_last, p.cpu_last = time.perf_counter(), time.process_time()     # saving is not step time
 
 
 def report_done(s: Session, step: int) -> None:

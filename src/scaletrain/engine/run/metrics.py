@@ -59,12 +59,16 @@ class StepMetrics:
     tokens: int = 0
     grad_norm: float | None = None
     peak_memory: tuple[RankMemory, ...] = ()
+    cpu_seconds: float | None = None      # rank 0's process CPU time in the step (all its threads): host work
 
     def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "total_steps": self.total_steps, "epoch": self.epoch, "loss": self.loss,
-                "lr": self.lr, "tokens_per_second": self.tokens_per_second, "step_seconds": self.step_seconds,
-                "world_size": self.world_size, "time": self.time, "tokens": self.tokens,
-                "grad_norm": self.grad_norm, "peak_memory": [m.to_json() for m in self.peak_memory]}
+        out = {"step": self.step, "total_steps": self.total_steps, "epoch": self.epoch, "loss": self.loss,
+               "lr": self.lr, "tokens_per_second": self.tokens_per_second, "step_seconds": self.step_seconds,
+               "world_size": self.world_size, "time": self.time, "tokens": self.tokens,
+               "grad_norm": self.grad_norm, "peak_memory": [m.to_json() for m in self.peak_memory]}
+        if self.cpu_seconds is not None:
+            out["cpu_seconds"] = self.cpu_seconds
+        return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "StepMetrics":
@@ -74,7 +78,8 @@ class StepMetrics:
                    loss=float(d["loss"]), lr=float(d["lr"]), tokens_per_second=float(d["tokens_per_second"]),
                    step_seconds=float(d["step_seconds"]), world_size=int(d["world_size"]), time=float(d["time"]),
                    tokens=int(d.get("tokens", 0)),
-                   grad_norm=None if d.get("grad_norm") is None else float(d["grad_norm"]), peak_memory=mem)
+                   grad_norm=None if d.get("grad_norm") is None else float(d["grad_norm"]), peak_memory=mem,
+                   cpu_seconds=None if d.get("cpu_seconds") is None else float(d["cpu_seconds"]))
 
 
 def _parse(line: str) -> StepMetrics | None:
