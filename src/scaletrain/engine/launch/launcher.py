@@ -52,6 +52,10 @@ from scaletrain.engine.launch.status import StatusWriter, read_status
 from scaletrain.engine.launch.watchdog import Watchdog
 STOP_GRACE_SECONDS = (20.0, 5.0)   # after SIGINT (torchrun forwards it; its own shutdown waits up to 30 s), after SIGTERM
 POLL_SECONDS = 0.25
+# Once every local rank is known, the process table is scanned this often instead of at
+# every poll: a scan reads /proc/<pid>/stat of every process on the machine (~1.8 % of a core at every poll on the
+# 2-core VM), time taken from the ranks' own threads. Stopping always scans first (_stop), so nothing is missed.
+TRACK_SECONDS = 2.0
 READER_JOIN_SECONDS = 5.0
 EXIT_INTERRUPTED = 130                      # shell convention for SIGINT
 SIGNAL_EXIT_BASE = 128                      # shell convention: killed by signal N → 128 + N
@@ -307,10 +311,16 @@ def _run(prep: PreparedLaunch, on_output: Callable[[int | None, str], None] | No
                     pass
         stream.close()
 
-    def refresh() -> None:
+    last_scan = [0.0]
+
+    def refresh(every_poll: bool = True) -> None:
         # a rank caught between fork and exec still has accelerate's environment (no RANK): look again until
-        # every local rank is known
+        # every local rank is known; after that, every TRACK_SECONDS (the loop's calls pass every_poll=False)
         nonlocal rank_pids
+        settled = set(prep.local_ranks) <= set(rank_pids)
+        if not every_poll and settled and time.monotonic() - last_scan[0] < TRACK_SECONDS:
+            return
+        last_scan[0] = time.monotonic()
         grew = tree.snapshot()
         if grew or not set(prep.local_ranks) <= set(rank_pids):
             found = {**rank_pids, **tree.rank_pids(prep.single_process)}
@@ -331,7 +341,7 @@ def _run(prep: PreparedLaunch, on_output: Callable[[int | None, str], None] | No
                      num_machines=prep.num_machines, local_ranks=tuple(prep.local_ranks),
                      **_pid_fields(proc.pid, {}, tree))
         while proc.poll() is None:
-            refresh()
+            refresh(every_poll=False)
             if on_tick is not None:
                 on_tick()
             if stop is not None and stop.wait(POLL_SECONDS):
