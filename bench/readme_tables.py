@@ -101,8 +101,34 @@ def gpu_accuracy() -> str:
     return table(json.loads((RESULTS / "h100-2026-11-23.json").read_text()))
 
 
+def host_overhead() -> str:
+    """The bundled trainer against a plain PyTorch loop (bench/host_overhead.py), and the ops each loop dispatches
+    (bench/kernel_counts.py)."""
+    d = json.loads((RESULTS / "host_overhead-vm.json").read_text())
+    m = d["machine"]
+    out = [f"`host_overhead-vm.json` ({m['cpu_model']}, {m['cpu_cores']} cores, load {m['load_average_1m_at_start']:.1f}"
+           f" at start, {m['load_average_1m_at_end']:.1f} at end); command: `{d['command'].replace('.venv/bin/', '')}`"
+           f"; preset {d['preset']}, {d['steps']} steps, the first {d['warmup_steps_dropped']} dropped", "",
+           "| processes | threads each | trainer tok/s | plain loop tok/s | trainer ÷ plain (median of pairs, min–max) "
+           "| CPU per step on one thread, plain ÷ trainer | target |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in d["cases"]:
+        threads = c["pairs"][0]["trainer"]["threads_per_process"]
+        out.append(f"| {c['processes']} | {threads} | {c['trainer_tokens_per_second_median']:,.0f} | "
+                   f"{c['plain_tokens_per_second_median']:,.0f} | {c['ratio_median']:.3f} ({c['ratio_min']:.2f}–"
+                   f"{c['ratio_max']:.2f}) | {c['cpu_ratio_median']:.3f} ({c['cpu_ratio_min']:.2f}–"
+                   f"{c['cpu_ratio_max']:.2f}) | ≥ {c['target']} |")
+    k = json.loads((RESULTS / "kernel_counts-vm.json").read_text())
+    loops = list(k["cases"][0]["counts"])
+    out += ["", "Ops dispatched per optimizer step (`python bench/kernel_counts.py`, torch.profiler, one thread):", "",
+            "| case | " + " | ".join(loops) + " |", "|---|" + "---:|" * len(loops)]
+    for c in k["cases"]:
+        out.append(f"| {c['case']}, micro {c['micro_batch']} × seq {c['seq_len']}, accumulation {c['grad_accum']} | "
+                   + " | ".join(f"{c['counts'][lp]['dispatched']:,}" for lp in loops) + " |")
+    return "\n".join(out)
+
+
 SECTIONS = {"cpu-groundtruth": cpu_groundtruth, "gpu-accuracy": gpu_accuracy, "bench-plan": bench_plan,
-            "bench-ui": bench_ui}
+            "bench-ui": bench_ui, "host-overhead": host_overhead}
 
 
 def main() -> int:

@@ -144,10 +144,12 @@ def test_seed16_sbatch_one_task_per_node_with_the_plans_time(seed16):
     # the srun task runs the launcher's own argv, with the rank and head node left to each node's shell
     srun = next(ln for ln in sb.splitlines() if ln.startswith("srun "))
     assert '--output="$RUN_DIR"/logs/node-%n.log' in srun and str(seed16.path) not in sb    # found at run time
-    inner = shlex.split(shlex.split(srun)[-1])
-    assert inner[0] == "exec"
+    threads, command = shlex.split(srun)[-1].rsplit("; exec ", 1)
+    assert "nproc) / 8 ))" in threads and 'export OMP_NUM_THREADS="$THREADS"' in threads   # each node's cores ÷ 8
+    inner = shlex.split("exec " + command)
     expected = [a.replace(str(seed16.path), "$RUN_DIR") for a in launch_argv(
-        seed16, TrainOptions.from_json(doc["train"]), machine_rank=0, main_process_ip="$HEAD_NODE", python="$PYTHON")]
+        seed16, TrainOptions.from_json(doc["train"]), machine_rank=0, main_process_ip="$HEAD_NODE", python="$PYTHON",
+        threads="$THREADS")]
     expected[expected.index("--machine_rank") + 1] = "$SLURM_NODEID"
     at = expected.index("$HEAD_NODE") + 1
     expected[at:at] = ["--main_process_port", str(yaml.safe_load(seed16.accelerate_config.read_text())

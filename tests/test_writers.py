@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scaletrain.engine.catalog.hardware import host_cores, threads_per_process
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.model.states import (DS_ALLGATHER_BUCKET_ELEMS, DS_PREFETCH_BUCKET_ELEMS, DS_REDUCE_BUCKET_ELEMS,
                                       DS_SUB_GROUP_ELEMS)
@@ -298,7 +299,9 @@ def test_launch_sh_is_the_launchers_argv(written):
                        capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     train = TrainOptions.from_json(json.loads(run.plan.read_text())["train"])
-    assert r.stdout.splitlines() == launch_argv(run, train, python=os.path.join(sys.prefix, "bin", "python"))
+    threads = threads_per_process(host_cores(), plan.setup.hardware.gpus_per_node)    # the node's cores ÷ 8, at run time
+    assert r.stdout.splitlines() == launch_argv(run, train, python=os.path.join(sys.prefix, "bin", "python"),
+                                                threads=threads)
     assert "--deepspeed_config_file" in r.stdout                        # 4090x8 is ZeRO-3: the folder's own file
 
 

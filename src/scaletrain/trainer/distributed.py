@@ -1,11 +1,13 @@
 """Who this process is and what it shares with the others: rank and world size (torch.distributed first: under
 DeepSpeed on a CPU host accelerate reports one process on every rank), the Accelerator for the plan's strategy,
-and the collectives the loop uses (barrier, sums, peak memory of every rank)."""
+and the collectives the loop uses (barrier, sums, one step's metrics over every rank)."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
@@ -129,35 +131,58 @@ def _check_ds_config(acc: Any, cfg: RunConfig) -> None:
         ds["gradient_clipping"] = cfg.train.max_grad_norm
 
 
-def peak_memory(acc: Any, rank: int, world: int, telemetry: RankTelemetry | None = None) -> tuple[RankMemory, ...]:
-    """Every rank's peaks (CUDA allocated/reserved where present, host peak RSS always) and its telemetry, gathered
-    to all in one all_gather of a fixed float64 vector (bytes are exact below 2**53; NaN and −1 are N/A)."""
+@dataclass(frozen=True)
+class StepStats:
+    """One optimizer step's numbers over every rank: sums of what each rank counted, rank 0's grad norm, and every
+    rank's memory peaks."""
+    sums: tuple[float, ...]
+    grad_norm: float | None
+    peaks: tuple[RankMemory, ...]
+
+
+def step_stats(acc: Any, world: int, counted: list[Any], grad_norm: Any,
+               telemetry: RankTelemetry | None = None) -> StepStats:
+    """The step's metrics in one collective and one device→host copy: `counted` (tensors kept on the device through
+    the micro-steps, or numbers) summed over the ranks, the grad norm (a tensor, a number or None), and each rank's
+    peaks (CUDA allocated/reserved where present, host peak RSS always). Every rank calls it. The loop syncs with
+    the device here only, once per optimizer step (a float() per micro-step would stall the host on the GPU).
+    `telemetry` (this rank's device and step phases, issue 23) rides along as a fixed vector (NaN = N/A): every
+    rank's comes back with its peaks, and the host names gathered once (telemetry.host_names)."""
     import resource
 
     import torch
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux reports kibibytes
     if torch.cuda.is_available():
-        mine = [torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(), rss]
+        mem = [float(torch.cuda.max_memory_allocated()), float(torch.cuda.max_memory_reserved())]
     else:
-        mine = [-1, -1, rss]
+        mem = [-1.0, -1.0]
+    norm = float("nan") if grad_norm is None else grad_norm
     sent = telemetry is not None
-    vec = [float(x) for x in mine] + (telemetry.to_vector() if sent else [])
-    t = torch.tensor(vec, dtype=torch.float64, device=acc.device)
+    parts = [*counted, norm, *mem, float(rss), *(telemetry.to_vector() if sent else [])]
+    # numbers in one tensor, device scalars cast in place: a handful of ops, one copy to the host
+    t = torch.tensor([0.0 if torch.is_tensor(p) else float(p) for p in parts], dtype=torch.float64,
+                     device=acc.device)
+    for i, p in enumerate(parts):
+        if torch.is_tensor(p):
+            t[i] = p.detach().reshape(())
     if _dist_ready() and world > 1:
         import torch.distributed as dist
-        parts = [torch.empty_like(t) for _ in range(world)]
-        dist.all_gather(parts, t)
+        gathered = [torch.empty_like(t) for _ in range(world)]
+        dist.all_gather(gathered, t)
+        rows = torch.stack(gathered).tolist()
     else:
-        parts = [t]
-    hosts = host_names(world) if sent else [None] * len(parts)
-    out = []
-    for r, p in enumerate(parts):
-        values = p.tolist()
-        a, res, h = (int(x) for x in values[:3])
-        tel = RankTelemetry.from_vector(values[3:], hosts[r] if r < len(hosts) else None) if sent else None
-        out.append(RankMemory(r, a if a >= 0 else None, res if res >= 0 else None, h, tel))
-    return tuple(out)
+        rows = [t.tolist()]
+    n = len(counted)
+    sums = tuple(sum(r[i] for r in rows) for i in range(n))
+    g = rows[0][n]
+    hosts = host_names(world) if sent else [None] * len(rows)
+    peaks = tuple(RankMemory(r, int(row[n + 1]) if row[n + 1] >= 0 else None,
+                             int(row[n + 2]) if row[n + 2] >= 0 else None, int(row[n + 3]),
+                             RankTelemetry.from_vector(row[n + 4:], hosts[r] if r < len(hosts) else None)
+                             if sent else None)
+                  for r, row in enumerate(rows))
+    return StepStats(sums, None if math.isnan(g) else g, peaks)
 
 
 def all_sum(acc: Any, values: list[float]) -> list[float]:

@@ -40,8 +40,9 @@ from scaletrain.engine.request.options import LR_SCHEDULES, bundled_demo_dataset
 from scaletrain.trainer import data as data_mod
 from scaletrain.trainer.checkpoints import prune_checkpoints, resume_from, save_checkpoint
 from scaletrain.trainer.config import RunConfig, read_run_config
-from scaletrain.trainer.distributed import (all_sum, barrier, load_deepspeed_cpu_comm_op, make_accelerator,
-                                            peak_memory, rank_and_world, shutdown)
+from scaletrain.trainer.batches import TokenTable, token_table
+from scaletrain.trainer.distributed import (barrier, load_deepspeed_cpu_comm_op, make_accelerator, rank_and_world,
+                                            shutdown, step_stats)
 from scaletrain.trainer.model import build_model, check_capabilities, make_optimizer, make_tokenizer
 from scaletrain.trainer.telemetry import RankSampler
 
@@ -98,7 +99,7 @@ class Session:
     model: Any
     optimizer: Any
     scheduler: Any
-    blocks: Any
+    blocks: TokenTable
     sched: Schedule
     rank: int
     world: int
@@ -118,6 +119,7 @@ class Progress:
     step: int
     last_saved: int
     t_last: float
+    cpu_last: float = 0.0         # process CPU time when the last step ended
 
 
 def train(cfg: RunConfig, resume: bool) -> int:
@@ -160,13 +162,13 @@ def prepare(cfg: RunConfig) -> Session:
     tok = make_tokenizer(cfg)
     per_step = cfg.micro_batch * cfg.grad_accum * world
     blocks = data_mod.load_blocks(cfg.train.dataset or dataset, tok, cfg.seq_len, packing=cfg.train.packing,
-                                  columns=cfg.train.data_columns,
-                                  min_blocks=per_step if demo else 0)
+                                  columns=cfg.train.data_columns, min_blocks=per_step if demo else 0)
     if main and blocks.repeats > 1:
         print(f"scaletrain: note: the bundled demo data is repeated {blocks.repeats}× to {len(blocks)} blocks of "
               f"{cfg.seq_len} tokens (one optimizer step needs {per_step}); set the train option dataset for real "
               "data", flush=True)
-    blocks, eval_blocks = _eval_split(cfg, blocks, tok)
+    train_blocks, eval_blocks = _eval_split(cfg, blocks, tok)
+    blocks = token_table(train_blocks)
     sched = make_schedule(cfg, len(blocks), world)
     model = build_model(cfg, acc.device)
     if torch.cuda.is_available():
@@ -264,7 +266,7 @@ def step_loop(s: Session, step: int, resume: bool) -> int | None:
     """Optimizer steps from `step` to the schedule's end, epoch by epoch; the last step, or None when interrupted."""
     writer = MetricsWriter(s.cfg.run.metrics) if s.main else None
     tb = _tensorboard(s.cfg.run, s.cfg.train.report_to) if s.main else None
-    p = Progress(step, step, time.perf_counter())
+    p = Progress(step, step, time.perf_counter(), time.process_time())
     s.model.train()
     try:
         while p.step < s.sched.total_steps:
@@ -283,19 +285,18 @@ def step_loop(s: Session, step: int, resume: bool) -> int | None:
 
 def _epoch(s: Session, p: Progress, writer: MetricsWriter | None, tb: Any, resume: bool) -> None:
     """The rest of the current epoch's micro-batches (or up to the last step): forward, backward, and at every
-    accumulation boundary an optimizer step, its metrics and a checkpoint when due."""
-    import torch
-
+    accumulation boundary an optimizer step, its metrics and a checkpoint when due. The loss stays on the device
+    through the micro-steps and the tokens are counted on the host: the host waits for the device once per
+    optimizer step, in step_stats (a plain loop's pace: no float() per micro-step)."""
     cfg, acc, model = s.cfg, s.acc, s.model
     order = data_mod.shard_order(s.sched.rows, p.step // s.sched.steps_per_epoch, cfg.train.seed, s.rank, s.world)
     first_micro = (p.step % s.sched.steps_per_epoch) * cfg.grad_accum
-    loss_sum = tokens = 0.0
+    loss_sum, tokens = None, 0
     micro_in_step = 0
     for m in range(first_micro, s.sched.steps_per_epoch * cfg.grad_accum):
         s.telemetry.phase("data")
         rows = order[m * cfg.micro_batch:(m + 1) * cfg.micro_batch]
-        batch = {k: torch.tensor([getattr(s.blocks, k)[i] for i in rows], device=acc.device)
-                 for k in ("input_ids", "labels", "attention_mask")}
+        batch = s.blocks.batch(rows, acc.device)
         micro_in_step += 1
         s.telemetry.phase("compute")
         boundary = micro_in_step == cfg.grad_accum
@@ -303,8 +304,8 @@ def _epoch(s: Session, p: Progress, writer: MetricsWriter | None, tb: Any, resum
         with contextlib.nullcontext() if boundary else acc.no_sync(model):
             loss = model(**batch).loss
             acc.backward(loss)
-        loss_sum += float(loss.detach())
-        tokens += float(batch["attention_mask"].sum())
+        loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+        tokens += s.blocks.tokens(rows)
         if not boundary:
             continue
         s.telemetry.phase("optimizer")
@@ -313,7 +314,7 @@ def _epoch(s: Session, p: Progress, writer: MetricsWriter | None, tb: Any, resum
         rec = _maybe_evaluate(s, p, _step_metrics(s, p, lr, grad_norm, loss_sum, micro_in_step, tokens))
         if s.main:
             _report_step(s, rec, writer, tb)
-        loss_sum = tokens = 0.0
+        loss_sum, tokens = None, 0
         micro_in_step = 0
         if cfg.train.save_checkpoints and (p.step % cfg.train.checkpoint_every == 0
                                            or p.step == s.sched.total_steps):
@@ -323,33 +324,33 @@ def _epoch(s: Session, p: Progress, writer: MetricsWriter | None, tb: Any, resum
             break
 
 
-def _optimizer_step(s: Session) -> tuple[float, float | None]:
-    """Clip (unless DeepSpeed does), step the optimizer and the LR schedule: the LR the step used, the grad norm."""
+def _optimizer_step(s: Session) -> tuple[float, Any]:
+    """Clip (unless DeepSpeed does), step the optimizer and the LR schedule: the LR the step used, the grad norm
+    (a tensor left on the device, a number from DeepSpeed, or None)."""
     grad_norm = None
     if not s.ds and s.cfg.train.max_grad_norm > 0:
-        norm = s.acc.clip_grad_norm_(s.model.parameters(), s.cfg.train.max_grad_norm)
-        grad_norm = float(norm) if norm is not None else None
+        grad_norm = s.acc.clip_grad_norm_(s.model.parameters(), s.cfg.train.max_grad_norm)
     lr = float(s.scheduler.get_last_lr()[0])
     s.optimizer.step()
     s.scheduler.step()
     s.optimizer.zero_grad(set_to_none=True)
     if s.ds:
-        gn = s.model.get_global_grad_norm()
-        grad_norm = float(gn) if gn is not None else None
+        grad_norm = s.model.get_global_grad_norm()
     return lr, grad_norm
 
 
-def _step_metrics(s: Session, p: Progress, lr: float, grad_norm: float | None, loss_sum: float,
-                  micro_in_step: int, tokens: float) -> StepMetrics:
-    """The step's metrics summed over every rank (a collective: every rank calls it)."""
-    loss_all, micro_all, tok_all = all_sum(s.acc, [loss_sum, float(micro_in_step), tokens])
-    now = time.perf_counter()
-    step_s = now - p.t_last
-    p.t_last = now
+def _step_metrics(s: Session, p: Progress, lr: float, grad_norm: Any, loss_sum: Any, micro_in_step: int,
+                  tokens: Any) -> StepMetrics:
+    """The step's metrics summed over every rank (one collective: every rank calls it)."""
+    st = step_stats(s.acc, s.world, [loss_sum, float(micro_in_step), tokens], grad_norm, s.telemetry.reading())
+    loss_all, micro_all, tok_all = st.sums
+    now, cpu = time.perf_counter(), time.process_time()
+    step_s, step_cpu = now - p.t_last, cpu - p.cpu_last
+    p.t_last, p.cpu_last = now, cpu
     return StepMetrics(step=p.step, total_steps=s.sched.total_steps, epoch=round(p.step / s.sched.steps_per_epoch, 4),
                        loss=loss_all / micro_all, lr=lr, tokens_per_second=tok_all / step_s, step_seconds=step_s,
-                       world_size=s.world, time=time.time(), tokens=int(tok_all), grad_norm=grad_norm,
-                       peak_memory=peak_memory(s.acc, s.rank, s.world, s.telemetry.reading()))
+                       world_size=s.world, time=time.time(), tokens=int(tok_all), grad_norm=st.grad_norm,
+                       peak_memory=st.peaks, cpu_seconds=step_cpu)
 
 
 def _report_step(s: Session, rec: StepMetrics, writer: MetricsWriter | None, tb: Any) -> None:
@@ -375,7 +376,7 @@ def _checkpoint(s: Session, p: Progress, rec: StepMetrics) -> None:
                      "time": time.time()}, s.rank, s.ds)
     prune_checkpoints(cfg.run, cfg.train.keep_checkpoints, s.rank)
     p.last_saved = p.step
-    p.t_last = time.perf_counter()          # saving is not step time
+    p.t_last, p.cpu_last = time.perf_counter(), time.process_time()     # saving is not step time
 
 
 def report_done(s: Session, step: int) -> None:
@@ -394,12 +395,9 @@ def _export_at_end(s: Session, step: int) -> None:
     """Every rank computes the trained model's logits on one batch (a collective under ZeRO-3); rank 0 exports the
     last checkpoint and checks the export against them. A failed export is a warning: the run trained, and
     `scaletrain export RUN` can write it again."""
-    import torch
-
     from scaletrain.trainer.export import export_and_check, probe_logits
 
-    ids = torch.tensor([s.blocks.input_ids[i] for i in range(min(s.cfg.micro_batch, len(s.blocks)))],
-                       device=s.acc.device)
+    ids = s.blocks.batch(list(range(min(s.cfg.micro_batch, len(s.blocks)))), s.acc.device)["input_ids"]
     logits = probe_logits(s.model, ids)
     barrier()
     if not s.main:

@@ -7,6 +7,7 @@ one direction, nominal; the time model applies its own achievable fractions (see
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, replace
 
@@ -98,6 +99,22 @@ def _host_memory_bytes() -> int:
     return 16 * 1024**3
 
 
+def host_cores() -> int:
+    """The cores this process may run on (its affinity mask: taskset, cgroups' cpusets, SLURM's --cpus-per-task), as
+    `nproc` counts them; the node's cores a plan made on this machine divides among its processes."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def threads_per_process(cores: int, processes: int) -> int:
+    """CPU threads each process of a node gets (accelerate's --num_cpu_threads_per_process, OMP_NUM_THREADS): the
+    node's cores shared evenly among its processes, at least one. The launcher (engine/run/scripts.py) and the
+    time model both use this rule."""
+    return max(1, cores // max(1, processes))
+
+
 # The host CPU as a training "device" (gloo backend), for the offline demo, tests and CI. Its memory is the
 # machine's RAM; its rate is a nominal fp32 figure for a few cores (the time model is not meant for it).
 CPU_DEVICE = GpuSpec("CPU", "host CPU (gloo)", _host_memory_bytes(), 0.0, 0.2, 20, "loopback", 5, True,
@@ -186,6 +203,22 @@ class Hardware:
     inter_node_gbit_s: float = INTER_NODE_LINKS[DEFAULT_INTER_NODE_LINK]
     source: str = "catalog"         # "catalog" (planned) or "detected" (NVML)
     driver: str | None = None
+    # CPU cores per node where the plan knows them: this machine's (host_cores) for CPU runs and --gpus auto; None
+    # for named GPUs (the node is not known: the launcher divides the cores it finds there, at launch)
+    host_cores: int | None = None
+
+    @property
+    def cpu_threads_per_process(self) -> int | None:
+        """Threads each training process runs with (the launcher's rule), or None: decided at launch."""
+        return None if self.host_cores is None else threads_per_process(self.host_cores, self.gpus_per_node)
+
+    def threads_text(self) -> str:
+        """'1 per process (2 cores ÷ 2 processes)', or 'decided at launch (the node's cores ÷ 8 processes)'."""
+        per = "process" if self.gpus_per_node == 1 else "processes"
+        if self.host_cores is None:
+            return f"decided at launch (the node's cores ÷ {self.gpus_per_node} {per})"
+        return (f"{self.cpu_threads_per_process} per process ({self.host_cores} cores ÷ {self.gpus_per_node} {per}"
+                f"{' per node' if self.nodes > 1 else ''})")
 
     @property
     def world_size(self) -> int:
@@ -234,7 +267,9 @@ def parse_gpus(text: str, *, nodes: int | None = None, inter_node_gbps: str | fl
         raise ScaletrainError(f"{per_node} GPUs per node is not a machine; use NODESxGPUSxNAME, e.g. 2x8xH100")
     if per_node > MAX_CPU_PROCESSES and gpu.key == "CPU":
         raise ScaletrainError(f"{per_node:,} CPU processes per node is not a machine; at most {MAX_CPU_PROCESSES}")
-    hw = Hardware(gpu=gpu, gpus_per_node=per_node, nodes=n_nodes)
+    # a CPU plan runs on this machine's cores (a plan for another host's CPU: plan there, or launch divides its cores)
+    cores = host_cores() if gpu.key == "CPU" else None
+    hw = Hardware(gpu=gpu, gpus_per_node=per_node, nodes=n_nodes, host_cores=cores)
     if inter_node_gbps is not None:
         hw = replace(hw, inter_node_gbit_s=inter_node_gbit_s(inter_node_gbps))
     return hw

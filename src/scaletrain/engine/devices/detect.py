@@ -6,7 +6,7 @@ import os
 from dataclasses import replace
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.catalog.hardware import Hardware, find_gpu
+from scaletrain.engine.catalog.hardware import Hardware, find_gpu, host_cores
 from scaletrain.engine.devices.nvml import DetectionResult, detect
 
 
@@ -31,7 +31,7 @@ def hardware_from_detection(nodes: int | None = None, inter_node_gbps: float | N
     if mem:
         spec = replace(spec, memory_bytes=mem, name=name)
     hw = Hardware(gpu=spec, gpus_per_node=len(res.gpus), nodes=nodes or 1, source="detected",
-                  driver=res.driver_version)
+                  driver=res.driver_version, host_cores=host_cores())
     if inter_node_gbps is not None:
         hw = replace(hw, inter_node_gbit_s=float(inter_node_gbps))
     return hw

@@ -48,11 +48,15 @@ from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
 from scaletrain.engine.launch.processes import ProcessTree, oom_kill_count, process_start
 from scaletrain.engine.launch.rank_logs import RankLogs
 from scaletrain.engine.launch.runlock import RunLock
-from scaletrain.engine.run.scripts import launch_argv
+from scaletrain.engine.run.scripts import cpu_threads, launch_argv, threads_env
 from scaletrain.engine.launch.status import StatusWriter, read_status
 from scaletrain.engine.launch.watchdog import Watchdog
 STOP_GRACE_SECONDS = (20.0, 5.0)   # after SIGINT (torchrun forwards it; its own shutdown waits up to 30 s), after SIGTERM
 POLL_SECONDS = 0.25
+# Once every local rank is known, the process table is scanned this often instead of at
+# every poll: a scan reads /proc/<pid>/stat of every process on the machine (~1.8 % of a core at every poll on the
+# 2-core VM), time taken from the ranks' own threads. Stopping always scans first (_stop), so nothing is missed.
+TRACK_SECONDS = 2.0
 READER_JOIN_SECONDS = 5.0
 EXIT_INTERRUPTED = 130                      # shell convention for SIGINT
 SIGNAL_EXIT_BASE = 128                      # shell convention: killed by signal N → 128 + N
@@ -154,6 +158,7 @@ class PreparedLaunch:
     machine_rank: int = 0
     num_machines: int = 1
     main_process_ip: str | None = None
+    threads: int | None = None              # CPU threads per process (OMP_NUM_THREADS for every rank)
     lock: RunLock | None = field(default=None, compare=False, repr=False)   # held until launch() returns
     notes: tuple[str, ...] = ()          # what the user should know before the ranks start (one line each)
 
@@ -183,12 +188,6 @@ def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None 
     if main_process_ip is not None:
         main_process_ip = check_host(main_process_ip)
     cfg = preflight(run, doc, train, machine_rank)
-    argv = launch_argv(run, train, machine_rank=machine_rank, main_process_ip=main_process_ip,
-                       deepspeed=isinstance(cfg.get("deepspeed_config"), dict))
-    if resume:
-        if train.script:
-            raise ScaletrainError("--resume is for the bundled trainer; pass your script its own resume flag")
-        argv.append("--resume")
     try:
         nprocs = int(cfg.get("num_processes") or 1)
         nmachines = int(cfg.get("num_machines") or 1)
@@ -196,20 +195,27 @@ def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None 
     except (TypeError, ValueError):
         raise ScaletrainError(f"{run.accelerate_config}: num_processes, num_machines and machine_rank must be "
                               "whole numbers") from None
+    single = nprocs <= 1 or bool(cfg.get("use_cpu")) or cfg.get("distributed_type") == "NO"
+    per_node = max(1, nprocs // max(1, nmachines))
+    threads = cpu_threads(1 if single else per_node)        # this node's cores ÷ the processes it starts
+    argv = launch_argv(run, train, machine_rank=machine_rank, main_process_ip=main_process_ip,
+                       deepspeed=isinstance(cfg.get("deepspeed_config"), dict), threads=threads)
+    if resume:
+        if train.script:
+            raise ScaletrainError("--resume is for the bundled trainer; pass your script its own resume flag")
+        argv.append("--resume")
     node = machine_rank if machine_rank is not None else cfg_rank
     head = main_process_ip or cfg.get("main_process_ip")
     _check_node(run, node, nmachines, head)
     per_node_gpus = doc.gpus_per_node if isinstance(doc.gpus_per_node, int) else 1
     require_local_gpus("cpu" if doc.on_cpu else "cuda", per_node_gpus, f"{run.path} ({doc.gpu or 'GPU'})")
-    single = nprocs <= 1 or bool(cfg.get("use_cpu")) or cfg.get("distributed_type") == "NO"
-    per_node = max(1, nprocs // max(1, nmachines))
     offset = node * per_node
     if not train.script:                     # the bundled trainer's checkpoints and logs must fit the disk
         check_room(run.path, doc.replan()[1], train, written_bytes=_bytes_under(run.checkpoints))
     lock = RunLock(run.node_lock(node)).acquire(_what(run, node))       # last: a refused launch leaves no lock
     return PreparedLaunch(run, argv, nprocs, single, offset, range(offset, offset + (1 if single else per_node)),
                           machine_rank=node, num_machines=nmachines, main_process_ip=str(head) if head else None,
-                          lock=lock, notes=loop_notes(doc, train))
+                          threads=threads, lock=lock, notes=loop_notes(doc, train))
 
 
 def loop_notes(doc: PlanDocument, train: TrainOptions) -> tuple[str, ...]:
@@ -285,6 +291,8 @@ def _spawn(prep: PreparedLaunch, logs: RankLogs, env: dict[str, str] | None) -> 
     child_env = dict(os.environ if env is None else env)
     child_env[LINE_PREFIX_ENV] = LINE_PREFIX
     child_env["PYTHONUNBUFFERED"] = "1"
+    if prep.threads is not None:
+        child_env.update(threads_env(prep.threads))
     old_signals = _install_signals()
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env,
@@ -324,10 +332,16 @@ def _run(prep: PreparedLaunch, on_output: Callable[[int | None, str], None] | No
                     pass
         stream.close()
 
-    def refresh() -> None:
+    last_scan = [0.0]
+
+    def refresh(every_poll: bool = True) -> None:
         # a rank caught between fork and exec still has accelerate's environment (no RANK): look again until
-        # every local rank is known
+        # every local rank is known; after that, every TRACK_SECONDS (the loop's calls pass every_poll=False)
         nonlocal rank_pids
+        settled = set(prep.local_ranks) <= set(rank_pids)
+        if not every_poll and settled and time.monotonic() - last_scan[0] < TRACK_SECONDS:
+            return
+        last_scan[0] = time.monotonic()
         grew = tree.snapshot()
         if grew or not set(prep.local_ranks) <= set(rank_pids):
             found = {**rank_pids, **tree.rank_pids(prep.single_process)}
@@ -348,7 +362,7 @@ def _run(prep: PreparedLaunch, on_output: Callable[[int | None, str], None] | No
                      num_machines=prep.num_machines, local_ranks=tuple(prep.local_ranks),
                      **_pid_fields(proc.pid, {}, tree))
         while proc.poll() is None:
-            refresh()
+            refresh(every_poll=False)
             if on_tick is not None:
                 on_tick()
             if stop is not None and stop.wait(POLL_SECONDS):

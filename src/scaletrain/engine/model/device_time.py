@@ -17,9 +17,9 @@ from scaletrain.engine.model.time_constants import (CAUSAL_ATTENTION_FRACTION,
                                                     CLIP_GRADIENT_PASSES, CPU_ACTIVATION_PASSES,
                                                     CPU_ELEMENTWISE_BYTES_PER_SECOND, CPU_MATMUL_FLOPS,
                                                     DEFAULT_CONSTANTS, DS_STEP_BYTES_PER_PARAM,
-                                                    FLASH_BACKWARD_FLOPS_RATIO, KERNELS_PER_ADAPTER,
+                                                    FLASH_BACKWARD_FLOPS_RATIO, KERNELS_PER_ADAPTER, LOOP_HOST_OPS,
                                                     KERNELS_PER_BLOCK, KERNELS_PER_EXTRA_NORM, KERNELS_PER_QK_NORM,
-                                                    OPTIMIZER_PASSES, TimeConstants)
+                                                    OPTIMIZER_PASSES, TimeConstants, cpu_thread_speedup)
 
 
 @dataclass(frozen=True)
@@ -224,7 +224,7 @@ def micro_step(s: TrainingSetup, c: TimeConstants = DEFAULT_CONSTANTS) -> MicroS
         per_pass = quantized_linear_bytes(lin, s.base_bits) + 2 * 2 * lin
         dequant = (passes + 1) * per_pass / (g.hbm_gbps * 1e9 * c.dequant_hbm_efficiency)
     gathers = 0.0
-    host = kernels * c.host_seconds_per_kernel
+    host = kernels * c.host_seconds_per_kernel * LOOP_HOST_OPS[s.loop]       # what the loop kind dispatches
     serial = False
     if s.strategy in ("zero3", "fsdp"):
         # every pass gathers the 16-bit parameters into full tensors (a copy even on one GPU) and the backward
@@ -266,14 +266,16 @@ def optimizer_device_seconds(s: TrainingSetup, c: TimeConstants) -> float:
 
 
 def cpu_micro_step(s: TrainingSetup, fl_total: float, c: TimeConstants) -> MicroStep:
-    """CPU runs: matmuls at CPU_MATMUL_FLOPS, or the activation/logits traffic, whichever is slower."""
+    """CPU runs: matmuls at CPU_MATMUL_FLOPS, or the activation/logits traffic, whichever is slower; both per
+    thread, times the speedup of the threads each process runs with."""
     from scaletrain.engine.model.activations import block_activations, logits_bytes
 
     layer = block_activations(s)
     lg = logits_bytes(s)
     touched = layer.saved * s.model.num_layers + lg["saved"] + lg["forward_transient"] + lg["backward_transient"]
-    traffic = CPU_ACTIVATION_PASSES * touched / CPU_ELEMENTWISE_BYTES_PER_SECOND
-    flops = s.micro_batch * fl_total / CPU_MATMUL_FLOPS
+    speed = cpu_thread_speedup(s.hardware.cpu_threads_per_process)
+    traffic = CPU_ACTIVATION_PASSES * touched / (CPU_ELEMENTWISE_BYTES_PER_SECOND * speed)
+    flops = s.micro_batch * fl_total / (CPU_MATMUL_FLOPS * speed)
     scale = c.compute_scale
     if traffic > flops:
         return MicroStep(0.0, 0.0, traffic * scale, 0.0, 0.0, 0.0, 0.0, 0.0, False)

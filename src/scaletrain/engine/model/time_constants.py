@@ -53,6 +53,17 @@ KERNEL_SECONDS = 3e-6
 # checkpointing and the 1.5B LoRA runs are bound by it). The host CPU decides it: this project's 2-core dev VM
 # spends 8-12 µs per op on CPU tensors, where no launch is paid. `validate --save` calibrates it per machine.
 HOST_SECONDS_PER_KERNEL = 55e-6
+# (That fit awaits a re-fit across both loop kinds on a GPU with bench/fit_time.py: no GPU has been lent since the
+# trainer stopped waiting on the device every micro-step (issue 21), so the fitted runs' host time may include
+# those waits.)
+# Ops each loop kind dispatches per optimizer step, relative to the bundled trainer's (whose runs the constant
+# above was fitted to): counted with torch.profiler by bench/kernel_counts.py (tiny-qwen2 full and LoRA, micro 4 ×
+# seq 128, accumulation 1 and 2; bench/results/kernel_counts-vm.json), the mean over those cases. The host term is
+# HOST_SECONDS_PER_KERNEL × the model's kernels × this ratio. trl: TRL's SFTTrainer is transformers' Trainer with
+# its own loss bookkeeping; counted as hf-trainer (its token-accuracy/entropy metric ops are not in the count).
+LOOP_HOST_OPS: Mapping[str, float] = MappingProxyType({
+    "trainer": 1.0, "hf-trainer": 1.002, "trl": 1.002, "accelerate-loop": 0.988,
+})
 # Loss bytes per logit (B·S·V element), compute dtype c: upcast (c + 4), log_softmax (two reads + a write: 12),
 # accelerate's convert_outputs_to_fp32 of the logits (c + 4), nll's zero-filled gradient (4), log_softmax's
 # backward (three reads + a write: 16), the cast back (4 + c).
@@ -110,6 +121,13 @@ OVERLAP_FRACTION: Mapping[str, float] = MappingProxyType({
 # share it.
 CPU_ADAM_BYTES_PER_PARAM = 30.0
 HOST_MEMORY_GBPS = 100.0
+# CPU-Adam's compute per OpenMP thread: DeepSpeed's AVX kernel runs on OMP_NUM_THREADS threads, one per process
+# when accelerate launch is left to its default (the launcher now gives each process the node's cores ÷ its
+# processes). Measured with DeepSpeedCPUAdam 0.19.8 on this project's 2-core VM (bench/cpu_adam_threads.py,
+# bench/results/cpu_adam_threads-vm.json): 4.8e8 fp32 parameters/s on 1 thread (the fastest of 9 steps of 50M
+# parameters; the VM's second thread added nothing under the load of other work, so that row is not used). A
+# process's update takes the slower of its threads' compute and its share of the node's memory bandwidth above.
+CPU_ADAM_PARAMS_PER_THREAD_SECOND = 4.8e8
 # QLoRA: bitsandbytes dequantizes each quantized linear to 16-bit before every GEMM (forward, backward input
 # gradient, and the recomputed forward): read packed weights, write a 16-bit copy, the GEMM reads it back.
 # The effective bandwidth is set so Qwen-7B on one A100 reproduces the Q-LoRA vs LoRA gap in the Qwen README
@@ -125,6 +143,16 @@ CPU_GLOO_BYTES_PER_SECOND = 1.0e9
 # fwd+bwd time = 3 × (saved activations + logits tensors) at 1.6-2.2 GB/s.
 CPU_ACTIVATION_PASSES = 3
 CPU_ELEMENTWISE_BYTES_PER_SECOND = 1.8e9
+# Both rates above are one thread's. A process given t threads (the launcher's rule: the node's cores ÷ its
+# processes, engine/catalog/hardware.threads_per_process) runs 1 + (t − 1) × CPU_THREAD_EFFICIENCY times faster.
+# Issue 21's measurement on this 2-core VM (a plain PyTorch loop, 1 process): 0.87 s/step on 1 thread, 0.48 s on 2,
+# i.e. ×1.81 for the second thread; bench/host_overhead.py records the plain loop on 1 thread and on all cores.
+CPU_THREAD_EFFICIENCY = 0.8
+
+
+def cpu_thread_speedup(threads: int | None) -> float:
+    """How many times one thread's rate a process with `threads` threads reaches (None: not known, one thread)."""
+    return 1.0 + (max(1, threads or 1) - 1) * CPU_THREAD_EFFICIENCY
 
 
 @dataclass(frozen=True)

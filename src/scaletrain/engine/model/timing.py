@@ -37,9 +37,10 @@ from scaletrain.engine.model.objectives import sequences
 from scaletrain.engine.model.numerics import numerics
 from scaletrain.engine.model.setup import TrainingSetup
 from scaletrain.engine.model.time_constants import (CAUSAL_ATTENTION_FRACTION, CPU_ADAM_BYTES_PER_PARAM,
+                                                    CPU_ADAM_PARAMS_PER_THREAD_SECOND,
                                                     CPU_ELEMENTWISE_BYTES_PER_SECOND, CPU_GLOO_BYTES_PER_SECOND,
                                                     CPU_MATMUL_FLOPS, DEFAULT_CONSTANTS, HOST_LINK_GBPS,
-                                                    TimeConstants)
+                                                    TimeConstants, cpu_thread_speedup)
 
 
 @dataclass(frozen=True)
@@ -209,7 +210,9 @@ def estimate_time(s: TrainingSetup, constants: TimeConstants | None = None) -> T
     ga = s.grad_accum
     tokens = min(s.sample_tokens, s.seq_len)
     fl = sample_flops(s, tokens)
-    peak = CPU_MATMUL_FLOPS if s.device == "cpu" else g.peak_tflops(s.precision) * 1e12
+    threads = hw.cpu_threads_per_process
+    peak = (CPU_MATMUL_FLOPS * cpu_thread_speedup(threads) if s.device == "cpu"
+            else g.peak_tflops(s.precision) * 1e12)
     if s.device == "cpu":
         micro = cpu_micro_step(s, fl.total, c)
     else:
@@ -254,8 +257,7 @@ def estimate_time(s: TrainingSetup, constants: TimeConstants | None = None) -> T
     if s.offload in ("optimizer", "all") and s.device != "cpu":
         # CPU-Adam on this node's shards (the node's GPUs share host memory bandwidth), 16-bit grads down and
         # updated 16-bit params up over the host link.
-        T_node = T * hw.gpus_per_node / n
-        optimizer = T_node * CPU_ADAM_BYTES_PER_PARAM / (c.host_memory_gbps * 1e9)
+        optimizer = cpu_adam_seconds(s, c)
         offload_step = 2 * cb * T_local / host_bw
         if s.offload == "all":
             passes = 2 + (1 if s.grad_ckpt else 0)
@@ -298,6 +300,21 @@ def estimate_time(s: TrainingSetup, constants: TimeConstants | None = None) -> T
     )
 
 
+def cpu_adam_seconds(s: TrainingSetup, c: TimeConstants) -> float:
+    """DeepSpeed's CPU-Adam under optimizer offload, per step: each process updates its shard with the threads it
+    was given (OpenMP, OMP_NUM_THREADS), and the node's processes together stream through host memory; the slower
+    of the two. Threads not known (named GPUs: the launcher divides the node's cores at launch): the node's memory
+    bandwidth, which a full share of its cores reaches."""
+    hw = s.hardware
+    T_node = s.trainable_params * hw.gpus_per_node / s.world_size
+    memory = T_node * CPU_ADAM_BYTES_PER_PARAM / (c.host_memory_gbps * 1e9)
+    threads = hw.cpu_threads_per_process
+    if threads is None:
+        return memory
+    compute = (s.trainable_params / s.world_size) / (threads * CPU_ADAM_PARAMS_PER_THREAD_SECOND)
+    return max(memory, compute)
+
+
 def _generation_assumption(s: TrainingSetup, gen: GenerationTime) -> str:
     return (f"GRPO generates {gen.completions} completions per step {gen.where}: "
             + (f"{gen.seconds:.2f} s (prefill {gen.prefill * 1000:.0f} ms, {s.completion_len} decode "
@@ -310,8 +327,11 @@ def _assumptions(s: TrainingSetup, micro: MicroStep, peak: float, tokens: int, b
     """The premises a reader needs to judge the time, in words, numbers from this estimate."""
     out = []
     if s.device == "cpu":
-        out.append(f"CPU: matmuls at {peak / 1e9:.0f} GFLOP/s per process, activation traffic at "
-                   f"{CPU_ELEMENTWISE_BYTES_PER_SECOND / 1e9:.1f} GB/s, whichever is slower")
+        threads = s.hardware.cpu_threads_per_process or 1
+        speed = cpu_thread_speedup(threads)
+        out.append(f"CPU: {threads} thread{'s' if threads > 1 else ''} per process, matmuls at {peak / 1e9:.0f} "
+                   f"GFLOP/s, activation traffic at {CPU_ELEMENTWISE_BYTES_PER_SECOND * speed / 1e9:.1f} GB/s per "
+                   "process, whichever is slower")
     else:
         g = s.hardware.gpu
         arch = g.arch
@@ -347,7 +367,10 @@ def _assumptions(s: TrainingSetup, micro: MicroStep, peak: float, tokens: int, b
     if micro.dequant:
         out.append(f"QLoRA dequantization {micro.dequant * 1000:.0f} ms per micro-step")
     if s.offload != "none":
-        out.append(f"offload: CPU-Adam {optimizer:.2f} s + host copies {offload:.2f} s per step")
+        threads = s.hardware.cpu_threads_per_process
+        how = (f"{threads} thread{'s' if threads > 1 else ''} per process" if threads is not None
+               else "threads decided at launch, at the node's memory bandwidth")
+        out.append(f"offload: CPU-Adam {optimizer:.2f} s ({how}) + host copies {offload:.2f} s per step")
     elif s.device != "cpu":
         out.append(f"optimizer ({s.optimizer}, {s.optimizer_impl}) {optimizer * 1000:.0f} ms per step")
     return tuple(out)

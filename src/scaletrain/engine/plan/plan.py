@@ -83,6 +83,8 @@ class Plan:
                 "interconnect": hw.gpu.interconnect,
                 "inter_node_gbps": hw.inter_node_gbit_s,
                 "source": hw.source,
+                "host_cores": hw.host_cores,
+                "cpu_threads_per_process": hw.cpu_threads_per_process,
             },
             "training": s.to_json(),
             "batch": {

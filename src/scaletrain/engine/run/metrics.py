@@ -79,6 +79,7 @@ class StepMetrics:
     @property
     def eval_perplexity(self) -> float | None:
         return math.exp(min(self.eval_loss, 700.0)) if self.eval_loss is not None else None
+    cpu_seconds: float | None = None      # rank 0's process CPU time in the step (all its threads): host work
 
     def to_json(self) -> dict[str, Any]:
         out = {"step": self.step, "total_steps": self.total_steps, "epoch": self.epoch, "loss": self.loss,
@@ -87,6 +88,8 @@ class StepMetrics:
                "grad_norm": self.grad_norm, "peak_memory": [m.to_json() for m in self.peak_memory]}
         if self.eval_loss is not None:
             out.update(eval_loss=self.eval_loss, eval_perplexity=self.eval_perplexity, eval_seconds=self.eval_seconds)
+        if self.cpu_seconds is not None:
+            out["cpu_seconds"] = self.cpu_seconds
         return out
 
     @classmethod
@@ -100,7 +103,8 @@ class StepMetrics:
                    tokens=int(d.get("tokens", 0)),
                    grad_norm=None if d.get("grad_norm") is None else float(d["grad_norm"]), peak_memory=mem,
                    eval_loss=None if d.get("eval_loss") is None else float(d["eval_loss"]),
-                   eval_seconds=None if d.get("eval_seconds") is None else float(d["eval_seconds"]))
+                   eval_seconds=None if d.get("eval_seconds") is None else float(d["eval_seconds"]),
+                   cpu_seconds=None if d.get("cpu_seconds") is None else float(d["cpu_seconds"]))
 
 
 def _parse(line: str) -> StepMetrics | None:

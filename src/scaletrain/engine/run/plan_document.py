@@ -297,12 +297,20 @@ class PlanDocument:
         if hw_j.get("gpu_memory_bytes"):
             spec = replace(spec, memory_bytes=int(hw_j["gpu_memory_bytes"]))
         hw = Hardware(gpu=spec, gpus_per_node=int(hw_j["gpus_per_node"]), nodes=int(hw_j["nodes"]),
-                      source=hw_j.get("source") or "catalog")
+                      source=hw_j.get("source") or "catalog",
+                      host_cores=_cores(hw_j.get("host_cores")))
         if hw_j.get("inter_node_gbps"):
             hw = replace(hw, inter_node_gbit_s=float(hw_j["inter_node_gbps"]))
         return req, make_plan(req, hardware=hw)
 
 
+def _cores(value: Any) -> int | None:
+    """plan.json's hardware.host_cores: a whole number of cores, else unknown (decided at launch)."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_HOST_CORES
+    return value if ok else None
+
+
+MAX_HOST_CORES = 1 << 16          # a node's cores; a larger number in a plan.json is not a machine
 MAX_PLAN_BYTES = 64 << 20
 
 

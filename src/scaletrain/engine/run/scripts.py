@@ -16,6 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from scaletrain.engine.catalog.hardware import host_cores, threads_per_process
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.run.configs import main_process_port
 from scaletrain.engine.run.layout import LAUNCH_SH, LINE_PREFIX, LINE_PREFIX_ENV, SBATCH_SH, RunDir
@@ -28,15 +29,19 @@ TRAINER_MODULE = "scaletrain.trainer.train"
 
 def launch_argv(run: RunDir, train: TrainOptions, *, machine_rank: int | None = None,
                 main_process_ip: str | None = None, python: str | None = None,
-                deepspeed: bool | None = None) -> list[str]:
+                deepspeed: bool | None = None, threads: int | str | None = None) -> list[str]:
     """The exact `accelerate launch` argument list (no shell) for this run; launch.sh holds the same words.
 
     Every run-directory path is derived from `run` here, at launch time, never read back from the written files:
     DeepSpeed's config file is passed on the command line (it overrides the accelerate YAML's absolute path), so a
-    moved run folder launches from where it is. `deepspeed` None: whether the folder holds ds_config.json."""
+    moved run folder launches from where it is. `deepspeed` None: whether the folder holds ds_config.json.
+    `threads`: CPU threads per process (cpu_threads: the node's cores ÷ its processes), or None to leave accelerate's
+    default (1 per process)."""
     argv = [python or sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(run.accelerate_config)]
     if deepspeed if deepspeed is not None else run.ds_config.is_file():
         argv += ["--deepspeed_config_file", str(run.ds_config)]
+    if threads is not None:
+        argv += ["--num_cpu_threads_per_process", str(threads)]
     # per-rank output: torchrun tees each rank's stdout+stderr to files under logs/elastic/ and prefixes its console
     # lines with the rank, which engine.launch.launcher splits into logs/rank-<i>.log
     argv += ["--tee", "3", "--log_dir", str(run.logs / "elastic")]
@@ -51,7 +56,22 @@ def launch_argv(run: RunDir, train: TrainOptions, *, machine_rank: int | None = 
     return argv
 
 
+def cpu_threads(processes_per_node: int) -> int:
+    """Threads per process for a launch on this machine: its cores (affinity mask) ÷ the processes it starts."""
+    return threads_per_process(host_cores(), processes_per_node)
+
+
+def threads_env(threads: int) -> dict[str, str]:
+    """The environment that carries the thread count to every rank. accelerate 1.15 applies
+    --num_cpu_threads_per_process only in its simple and DeepSpeed launchers (OMP_NUM_THREADS in their env); its
+    torchrun path (DDP, FSDP, 2 CPU ranks) ignores it and torchrun sets OMP_NUM_THREADS=1 unless it is already set
+    (torch/distributed/run.py), so it is exported too."""
+    return {OMP_THREADS_ENV: str(threads)}
+
+
+OMP_THREADS_ENV = "OMP_NUM_THREADS"
 _RANK_TOKEN = "__SCALETRAIN_MACHINE_RANK__"
+_THREADS_TOKEN = "__SCALETRAIN_CPU_THREADS__"
 _IP_TOKEN = "__SCALETRAIN_MAIN_PROCESS_IP__"
 _RUN_TOKEN = "/__SCALETRAIN_RUN_DIR__"
 _PY_TOKEN = "__SCALETRAIN_PYTHON__"
@@ -90,12 +110,26 @@ def _shell_word(arg: str, subst: dict[str, str]) -> str:
         return '"$RUN_DIR"/' + shlex.quote(arg[len(_RUN_TOKEN) + 1:])
     if arg == _PY_TOKEN:
         return '"$PYTHON"'
+    if arg == _THREADS_TOKEN:
+        return '"$THREADS"'
     return shlex.quote(arg)
 
 
 def _portable_argv(train: TrainOptions, deepspeed: bool, **kw: str | int | None) -> list[str]:
-    """launch_argv with the run directory and the Python left to the script (placeholders)."""
-    return launch_argv(RunDir(Path(_RUN_TOKEN)), train, python=_PY_TOKEN, deepspeed=deepspeed, **kw)  # type: ignore
+    """launch_argv with the run directory, the Python and the thread count left to the script (placeholders)."""
+    return launch_argv(RunDir(Path(_RUN_TOKEN)), train, python=_PY_TOKEN, deepspeed=deepspeed,  # type: ignore
+                       threads=_THREADS_TOKEN, **kw)
+
+
+def _threads_lines(processes_per_node: int) -> list[str]:
+    """Shell lines setting and exporting $THREADS (OMP_NUM_THREADS): this node's cores, as nproc counts them (its
+    affinity mask; SLURM's --cpus-per-task inside a task) with any OMP variable set outside ignored, ÷ the plan's
+    processes per node, at least 1; computed where the script runs, so a moved run folder fits its new machine."""
+    return [
+        f"THREADS=$(( $(env -u {OMP_THREADS_ENV} -u OMP_THREAD_LIMIT nproc) / {processes_per_node} ))",
+        '[ "$THREADS" -ge 1 ] || THREADS=1',
+        f'export {OMP_THREADS_ENV}="$THREADS"',
+    ]
 
 
 def _node_argv(train: TrainOptions, deepspeed: bool) -> list[str]:
@@ -141,9 +175,11 @@ def launch_script(plan: Plan, run: RunDir, train: TrainOptions, *, main_process_
              _comment(f"# scaletrain run {plan.name!r}: {s.model.name} on {hw.describe()} ({s.strategy}, "
                       f"{s.precision})."),
              "# The same argument list `scaletrain launch RUN_DIR` runs, from this file's folder (the run directory,",
-             f"# wherever it is now) with the Python of the `scaletrain` on PATH or of ${VENV_ENV}."]
+             f"# wherever it is now) with the Python of the `scaletrain` on PATH or of ${VENV_ENV}. Each of the node's",
+             f"# {hw.gpus_per_node} process(es) runs with the node's cores ÷ {hw.gpus_per_node} CPU threads "
+             "(--num_cpu_threads_per_process, OMP_NUM_THREADS)."]
     if hw.nodes <= 1:
-        lines += ["set -euo pipefail", _HERE, *_find_python(LAUNCH_SH),
+        lines += ["set -euo pipefail", _HERE, *_find_python(LAUNCH_SH), *_threads_lines(hw.gpus_per_node),
                   "exec " + _shell_words(_portable_argv(train, ds), {})]
         return "\n".join(lines) + "\n"
     last = hw.nodes - 1
@@ -172,6 +208,7 @@ def launch_script(plan: Plan, run: RunDir, train: TrainOptions, *, main_process_
         "fi",
         _HERE,
         *_find_python(LAUNCH_SH),
+        *_threads_lines(hw.gpus_per_node),
         f"export {LINE_PREFIX_ENV}={shlex.quote(LINE_PREFIX)}",
         "exec " + _shell_words(_node_argv(train, ds),
                                {_RANK_TOKEN: '"$MACHINE_RANK"', _IP_TOKEN: '"$MAIN_PROCESS_IP"'}),
@@ -235,7 +272,8 @@ def sbatch_script(plan: Plan, run: RunDir, train: TrainOptions, *, deepspeed: bo
     argv = _node_argv(train, ds)
     at = argv.index(_IP_TOKEN) + 1
     argv[at:at] = ["--main_process_port", str(port), "--rdzv_backend", "c10d"]
-    inner = "exec " + _shell_words(argv, {_RANK_TOKEN: '"$SLURM_NODEID"', _IP_TOKEN: '"$HEAD_NODE"'})
+    inner = "; ".join([*_threads_lines(hw.gpus_per_node),
+                       "exec " + _shell_words(argv, {_RANK_TOKEN: '"$SLURM_NODEID"', _IP_TOKEN: '"$HEAD_NODE"'})])
     cpus = SBATCH_CPUS_PER_PROCESS * hw.gpus_per_node
     predicted = predicted_run_seconds(plan, train)
     head = [
@@ -268,7 +306,9 @@ def sbatch_script(plan: Plan, run: RunDir, train: TrainOptions, *, deepspeed: bo
     else:
         head.append("# --time: the plan has no run-time estimate (give --dataset-size, or train.max_steps): set "
                     "it with sbatch --time=..., else the partition's default limit applies.")
-    head += [f"# --cpus-per-task: {SBATCH_CPUS_PER_PROCESS} cores × {hw.gpus_per_node} processes per node.",
+    head += [f"# --cpus-per-task: {SBATCH_CPUS_PER_PROCESS} cores × {hw.gpus_per_node} processes per node; each process "
+             f"runs with the task's",
+             f"# cores ÷ {hw.gpus_per_node} threads (OMP_NUM_THREADS; DeepSpeed's CPU-Adam under offload uses them).",
              f"# Every node runs the Python of the `scaletrain` on PATH (or ${VENV_ENV}/bin/python): the same",
              "# environment and run directory must exist there (a shared filesystem)."]
     body = [

@@ -63,6 +63,7 @@ def print_plan(plan: Plan, *, alternatives: bool = False, table: str | None = No
         c.print(s.model.memory_source_line(), markup=False)
     c.print(f"[bold]{hw.describe()}[/]  {hw.gpu.name}, {fmt_bytes(hw.gpu.memory_bytes)} each, "
             f"{hw.gpu.interconnect}{' (detected)' if hw.source == 'detected' else ''}")
+    c.print(f"threads: {hw.threads_text()}", markup=False)
     c.print(f"{s.strategy}{'' if s.offload == 'none' else f' + offload {s.offload}'}, {s.precision_label}, "
             f"{s.optimizer_label}, attn {s.attn}, grad-ckpt {'on' if s.grad_ckpt else 'off'}, seq {s.seq_len}, "
             f"{loop_words(s)}")

@@ -12,7 +12,7 @@ from textual_plotext import PlotextPlot
 
 # chart → (title, the measured column of RunSeries, the plan's value beside it)
 CHARTS = {
-    "loss": ("loss (every step; eval where evaluated)", "loss", None),
+    "loss": ("loss (every step)", "loss", None),
     "tokens": ("tokens/s, measured vs plan", "tokens_per_second", "planned_tokens_per_second"),
     "step": ("step time (s), measured vs plan", "step_seconds", "planned_step_seconds"),
 }
@@ -49,12 +49,13 @@ class RunChart(PlotextPlot):
             plt.title(f"{title}: no step yet")
         else:
             steps = list(s.steps)
-            plt.title(title)
+            evals = column == "loss" and bool(getattr(s, "eval_steps", ()))
+            plt.title(title + (" and eval loss" if evals else ""))
             plt.xlabel("step")
             plt.plot(steps, list(getattr(s, column)), marker="braille", label="measured")
             plan = getattr(s, planned) if planned else None
             if plan is not None:
                 plt.plot(steps, [plan] * len(steps), marker="braille", label="plan")
-            if column == "loss" and getattr(s, "eval_steps", ()):     # the eval split's loss beside training's
+            if evals:                       # the eval split's loss beside training's
                 plt.plot(list(s.eval_steps), list(s.eval_loss), marker="dot", label="eval")
         self.refresh()
