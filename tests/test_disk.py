@@ -48,3 +48,23 @@ def test_a_launch_without_room_is_refused_before_any_rank_starts(small_fs, capsy
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "free on its filesystem but the run needs" in err and "keep_checkpoints" in err
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before        # no status, lock or log written
+
+
+def test_a_failed_export_is_diagnosed_with_the_host_ram_it_needs(tmp_path, capsys):
+    """The run trained; rank 0's export at the end failed: the doctor says the checkpoint is intact and how to
+    export it again, with the host RAM the plan says the export holds."""
+    log = tmp_path / "rank-0.log"
+    log.write_text("[0]:scaletrain: done, 4 steps\n[0]:scaletrain: warning: the export of step 4 failed ([enforce "
+                   "fail at alloc_cpu.cpp:118] DefaultCPUAllocator: can't allocate memory); run `scaletrain export "
+                   "RUN` to write it\n")
+    plan = tmp_path / "plan.json"
+    assert main(["plan", "--preset", "cpu-tiny", "--json"]) == 0
+    plan.write_text(capsys.readouterr().out)
+    need = json.loads(plan.read_text())["disk"]["export_host_bytes"]
+    assert main(["diagnose", str(log), "--plan", str(plan), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["kind"] == "export_failed" and "checkpoint is intact" in d["summary"]
+    titles = [r["title"] for r in d["remedies"]]
+    assert titles[0] == "export it again: scaletrain export RUN_DIR --step 4"
+    from scaletrain.engine.units import fmt_bytes
+    assert f"{fmt_bytes(need)} of free host RAM" in titles[1]

@@ -113,6 +113,8 @@ def _remedies(diag: Diagnosis, doc: PlanDocument | None, req: PlanRequest | None
                        why="a hand-edited or stale accelerate/DeepSpeed config was rejected")]
     if k == "disk_full":
         return _disk_full_remedies(doc)
+    if k == "export_failed":
+        return _export_remedies(diag, plan)
     return []
 
 
@@ -132,6 +134,22 @@ def _attention_remedies(req: PlanRequest | None, plan: Plan | None, unsupported:
 # A full disk is a disk problem: these remedies change where and how often checkpoints are written, never the
 # per-GPU memory or the step time, so they carry no predicted numbers.
 CHECKPOINT_EVERY_FACTOR = 10        # "checkpoint less often": ten times fewer checkpoints
+
+
+def _export_remedies(diag: Diagnosis, plan: Plan | None) -> list[Remedy]:
+    """The checkpoint is intact: export it again (on a machine with the host RAM the export needs)."""
+    from scaletrain.engine.run.disk import export_host_bytes
+
+    step = diag.details.get("step")
+    out = [_disk_remedy(f"export it again: scaletrain export RUN_DIR --step {step}", {},
+                        "reads the checkpoint on the CPU in one process; any machine that sees the run directory",
+                        applicable=False)]
+    if plan is not None:
+        need = export_host_bytes(plan.setup)
+        out.append(_disk_remedy(f"export on a machine with {fmt_bytes(need)} of free host RAM", {},
+                                "the model and the consolidated weights are both in host memory while it writes",
+                                applicable=False))
+    return out
 
 
 def _disk_remedy(title: str, changes: dict[str, Any], why: str, applicable: bool = True) -> Remedy:

@@ -16,7 +16,7 @@ from scaletrain.engine.doctor.logs import LogLine
 from scaletrain.engine.launch.elastic import ROOT_CAUSE_WINDOW, agent_failure, root_cause
 
 KINDS = ("cuda_oom", "cuda_oom_zero3_gather", "host_oom", "nccl_timeout", "nccl_error", "fp16_overflow",
-         "config_error", "disk_full", "interrupted", "killed", "unknown")
+         "config_error", "disk_full", "export_failed", "interrupted", "killed", "unknown")
 
 # How causal a signature is. A rank's own resource failure or a rejected config causes a crash; an exception
 # is probably the cause; NCCL timeouts / aborted communicators are usually the *effect* of another rank dying
@@ -83,6 +83,8 @@ _ATTN_NAMES = {"torch.nn.functional.scaled_dot_product_attention": "sdpa", "Flas
 # A full disk: errno 28 (ENOSPC) as Python ("OSError: [Errno 28] No space left on device: 'path'"), Rust (safetensors:
 # "I/O error: No space left on device (os error 28)", StorageFull) and C libraries (strerror) word it; a quota
 # (errno 122); torch.save's stream writer.
+# trainer/train.py _export_at_end: the run trained, its end-of-run export did not (the checkpoint is intact)
+RE_EXPORT_FAILED = re.compile(r"scaletrain: warning: the export of step (\d+) failed \((.*)\)")
 RE_DISK_FULL = re.compile(r"No space left on device|\[Errno 28\]|\bos error 28\b|\berrno:? ?28\b|\bENOSPC\b|StorageFull"
                           r"|Disk quota exceeded|\[Errno 122\]|PytorchStreamWriter failed writing file .*file write failed",
                           re.IGNORECASE)
@@ -133,7 +135,8 @@ def scan(lines: list[LogLine]) -> list[Event]:
     """Every signature the lines match, in order (one event per line at most)."""
     events: list[Event] = []
     for i, ln in enumerate(lines):
-        ev = (_match_oom(lines, i) or _match_host(ln) or _match_disk(lines, i) or _match_nccl(lines, i)
+        ev = (_match_export(ln) or _match_oom(lines, i) or _match_host(ln) or _match_disk(lines, i)
+              or _match_nccl(lines, i)
               or _match_fp16(ln) or _match_config(lines, i) or _match_trainer_error(lines, i)
               or _match_interrupted(ln)
               or _match_elastic(lines, i) or _match_exception(lines, i))
@@ -303,6 +306,14 @@ def _match_disk(lines: list[LogLine], i: int) -> Event | None:
         d["path"] = m.group(1)
     frames = [t for t in tb if t.body.lstrip().startswith("File ")]
     return Event("disk_full", CAUSE, ln, ln.rank, None, d, frames[-1:] + [ln])
+
+
+def _match_export(ln: LogLine) -> Event | None:
+    m = RE_EXPORT_FAILED.search(ln.body)
+    if not m:
+        return None
+    return Event("export_failed", EXCEPTION, ln, ln.rank, None, {"step": int(m.group(1)), "reason": m.group(2)[:300]},
+                 [ln])
 
 
 def _match_trainer_error(lines: list[LogLine], i: int) -> Event | None:

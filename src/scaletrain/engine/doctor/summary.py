@@ -110,6 +110,9 @@ def with_summary(d: Diagnosis, plan: PlanDocument | None) -> Diagnosis:
             s = f"{who if d.rank is not None else 'the trainer'} refused the run: {x.get('message', '')}"
         else:
             s = f"{who if d.rank is not None else 'launch'}: configuration rejected: {x.get('message', '')}"
+    elif d.kind == "export_failed":
+        s = (f"the run trained, but its export of step {x.get('step')} at the end failed ({x.get('reason', '')}); the "
+             "checkpoint is intact")
     elif d.kind == "disk_full":
         where = f" ({x['path']})" if x.get("path") else ""
         s = (f"{who if d.rank is not None else 'the run'} ran out of disk space"

@@ -46,21 +46,25 @@ class DiskNeed:
     logs_bytes: int
     steps: int | None                 # the run's optimizer steps (None: unknown, one checkpoint counted)
     export_bytes: int = 0             # the export the trainer writes at the end (export_at_end)
+    export_host_bytes: int = 0        # host RAM that export holds on rank 0's node (export_host_bytes)
 
     @property
     def total_bytes(self) -> int:
         return self.checkpoint_bytes * self.checkpoints_kept + self.export_bytes + self.logs_bytes
 
     def text(self) -> str:
+        """'8.91 MiB (4 checkpoints × 1.99 MiB + export 691 KiB + logs 302 KiB)'."""
         n = self.checkpoints_kept
         export = f" + export {fmt_bytes(self.export_bytes)}" if self.export_bytes else ""
+        ram = (f"; the export at the end holds {fmt_bytes(self.export_host_bytes)} of host RAM on rank 0's node"
+               if self.export_host_bytes else "")
         return (f"{fmt_bytes(self.total_bytes)} ({n} checkpoint{'s' if n != 1 else ''} × "
-                f"{fmt_bytes(self.checkpoint_bytes)}{export} + logs {fmt_bytes(self.logs_bytes)})")
+                f"{fmt_bytes(self.checkpoint_bytes)}{export} + logs {fmt_bytes(self.logs_bytes)}){ram}")
 
     def to_json(self) -> dict[str, Any]:
         return {"total_bytes": self.total_bytes, "checkpoint_bytes": self.checkpoint_bytes,
                 "checkpoints_kept": self.checkpoints_kept, "export_bytes": self.export_bytes,
-                "logs_bytes": self.logs_bytes}
+                "export_host_bytes": self.export_host_bytes, "logs_bytes": self.logs_bytes}
 
 
 def checkpoint_bytes(setup: Any) -> int:
@@ -109,6 +113,17 @@ def export_bytes(setup: Any) -> int:
     return int(math.ceil(tensors * (1 + SERIALIZATION_FRACTION))) + 2 * PER_FILE_BYTES + SMALL_FILES_BYTES
 
 
+def export_host_bytes(setup: Any) -> int:
+    """Host RAM rank 0's export holds at its peak (trainer/export.py): the run's model built on the CPU in its load
+    dtype, plus the checkpoint's consolidated weights (DeepSpeed's fp32; accelerate's as stored, ≤ fp32) — both
+    whole, before the checkpoint's copy is dropped."""
+    from scaletrain.engine.model.numerics import numerics
+
+    nm = numerics(setup)
+    built = (nm.weight if setup.method == "full" else nm.frozen) * setup.model.params
+    return built + 4 * setup.model.params
+
+
 def disk_need(plan: Any, train: Any) -> DiskNeed:
     """What the run leaves on disk at its end: the checkpoints kept (train.keep_checkpoints, else all written at
     every train.checkpoint_every steps and the last) and the logs."""
@@ -125,8 +140,9 @@ def disk_need(plan: Any, train: Any) -> DiskNeed:
         kept = min(written, train.keep_checkpoints + 1) if train.keep_checkpoints else written
     world = plan.setup.world_size
     logs = (steps or 0) * (LOG_BYTES_PER_STEP + LOG_BYTES_PER_RANK_STEP * world)
-    export = export_bytes(plan.setup) if train.save_checkpoints and getattr(train, "export_at_end", False) else 0
-    return DiskNeed(checkpoint_bytes(plan.setup), max(0, kept), logs, steps, export)
+    exporting = train.save_checkpoints and getattr(train, "export_at_end", False)
+    return DiskNeed(checkpoint_bytes(plan.setup), max(0, kept), logs, steps,
+                    export_bytes(plan.setup) if exporting else 0, export_host_bytes(plan.setup) if exporting else 0)
 
 
 def free_bytes(path: Path) -> int | None:
