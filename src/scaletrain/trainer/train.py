@@ -41,8 +41,8 @@ from scaletrain.trainer import data as data_mod
 from scaletrain.trainer.checkpoints import prune_checkpoints, resume_from, save_checkpoint
 from scaletrain.trainer.config import RunConfig, read_run_config
 from scaletrain.trainer.batches import TokenTable, token_table
-from scaletrain.trainer.distributed import (barrier, load_deepspeed_cpu_comm_op, make_accelerator, rank_and_world,
-                                            shutdown, step_stats)
+from scaletrain.trainer.distributed import (all_sum, barrier, load_deepspeed_cpu_comm_op, make_accelerator,
+                                            rank_and_world, shutdown, step_stats)
 from scaletrain.trainer.model import build_model, check_capabilities, make_optimizer, make_tokenizer
 from scaletrain.trainer.telemetry import RankSampler
 
