@@ -112,6 +112,7 @@ class TrainingSetup:
         one_of("ref_model", RefModel)
         one_of("generation", Generation)
         _check_objective(self)
+        _check_loss(self)
         if self.lora_targets is BLOCK_LINEARS and self.model.default_lora_targets != BLOCK_LINEARS:
             object.__setattr__(self, "lora_targets", self.model.default_lora_targets)   # a traced model's own
         if self.objective == "reward" and not self.model.score_head:
@@ -264,3 +265,19 @@ def _check_objective(s: TrainingSetup) -> None:
                               f"{s.generation_memory})")
     if obj != "grpo" and s.generation != "train":
         raise ScaletrainError(f"--generation {s.generation} applies to grpo (got --objective {obj})")
+
+
+def _check_loss(s: TrainingSetup) -> None:
+    """`--loss chunked` where it can run (engine/model/chunked_loss.py, trainer/chunked_loss.py), else one line."""
+    if s.loss != "chunked":
+        return
+    if s.objective != "sft":
+        why = ("a score head has no vocabulary logits" if s.objective == "reward"
+               else "TRL's log-prob head already chunks the vocabulary")
+        raise ScaletrainError(f"--loss chunked applies to --objective sft ({s.objective}: {why}); use --loss standard")
+    if s.strategy in ("zero3", "fsdp"):
+        raise ScaletrainError(f"--loss chunked reads lm_head's weight outside lm_head's forward, where {s.strategy} "
+                              "holds only this rank's shard of it; use --loss standard, or --strategy ddp/zero1/zero2")
+    if s.model.config.get("final_logit_softcapping"):
+        raise ScaletrainError(f"--loss chunked cannot reproduce {s.model.model_type}'s logit soft-capping "
+                              "(final_logit_softcapping); use --loss standard")
