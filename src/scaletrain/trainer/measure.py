@@ -50,7 +50,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from scaletrain.engine.vocabulary import Attention, Method
+from scaletrain.engine.vocabulary import Attention, LossImpl, Method
 from scaletrain.trainer import model as model_lib
 from scaletrain.trainer.memory_timeline import counter_only_reading, read_cpu_timeline
 
@@ -165,12 +165,14 @@ class StepHarness:
     vocab_size: int
     autocast: Any  # zero-arg callable returning a context manager
     lora_targets: tuple[str, ...] | None
+    loss: str = "standard"   # "chunked": trainer/chunked_loss.py through lm_head, never B·S·V logits
 
 
 def build_harness(hf_config: dict, *, method: str = "full", lora_rank: int = 8, lora_alpha: int = 16,
                   lora_targets: tuple[str, ...] | None = None, grad_ckpt: bool = False,
                   attn: str = "sdpa", precision: str = "fp32", optimizer: str = "adamw",
-                  device: str = "cpu", seed: int = 0, optimizer_impl: str = "default") -> StepHarness:
+                  device: str = "cpu", seed: int = 0, optimizer_impl: str = "default",
+                  loss: str = "standard") -> StepHarness:
     """Build model (+LoRA) and optimizer exactly as ``measure_step`` does (exposed for tests)."""
     import warnings
 
@@ -182,11 +184,11 @@ def build_harness(hf_config: dict, *, method: str = "full", lora_rank: int = 8, 
         return _build_harness(hf_config, method=method, lora_rank=lora_rank, lora_alpha=lora_alpha,
                               lora_targets=lora_targets, grad_ckpt=grad_ckpt, attn=attn,
                               precision=precision, optimizer=optimizer, device=device, seed=seed,
-                              optimizer_impl=optimizer_impl)
+                              optimizer_impl=optimizer_impl, loss=loss)
 
 
 def _build_harness(hf_config, *, method, lora_rank, lora_alpha, lora_targets, grad_ckpt, attn,
-                   precision, optimizer, device, seed, optimizer_impl="default") -> StepHarness:
+                   precision, optimizer, device, seed, optimizer_impl="default", loss="standard") -> StepHarness:
     import torch
 
     dev = _resolve_device(device)
@@ -245,7 +247,7 @@ def _build_harness(hf_config, *, method, lora_rank, lora_alpha, lora_targets, gr
             return contextlib.nullcontext()
 
     return StepHarness(model=model, optimizer=opt, device=dev, vocab_size=int(cfg.vocab_size),
-                       autocast=autocast, lora_targets=targets_used)
+                       autocast=autocast, lora_targets=targets_used, loss=LossImpl(loss).value)
 
 
 def make_batches(n: int, micro_batch: int, seq_len: int, vocab: int, device: str, seed: int) -> list:
@@ -261,10 +263,25 @@ def make_batches(n: int, micro_batch: int, seq_len: int, vocab: int, device: str
 
 def _micro_step(setup: StepHarness, ids, grad_accum: int) -> None:
     with setup.autocast():
-        loss = setup.model(input_ids=ids, labels=ids).loss
+        if setup.loss == LossImpl.CHUNKED:
+            loss = _chunked_loss(setup, ids)
+        else:
+            loss = setup.model(input_ids=ids, labels=ids).loss
     if grad_accum > 1:
         loss = loss / grad_accum
     loss.backward()
+
+
+def _chunked_loss(setup: StepHarness, ids):
+    """The chunked loss as the bundled trainer computes it (trainer/chunked_loss.py)."""
+    import torch
+
+    from scaletrain.trainer.chunked_loss import causal_lm_loss, compute_dtype_for, output_head
+
+    head = output_head(setup.model)
+    amp = "bf16" if torch.is_autocast_enabled(torch.device(setup.device).type) else None
+    return causal_lm_loss(setup.model, {"input_ids": ids, "labels": ids}, head,
+                          compute_dtype_for(head.weight, amp))
 
 
 def _finish_step(setup: StepHarness) -> None:
@@ -308,7 +325,7 @@ def measure_step(hf_config: dict, *, method: str = "full", lora_rank: int = 8, l
                  lora_targets: tuple[str, ...] | None = None, micro_batch: int = 1, seq_len: int = 128,
                  grad_ckpt: bool = False, attn: str = "sdpa", precision: str = "fp32",
                  optimizer: str = "adamw", grad_accum: int = 1, device: str = "cpu", seed: int = 0,
-                 warmup_steps: int = 1, optimizer_impl: str = "default",
+                 warmup_steps: int = 1, optimizer_impl: str = "default", loss: str = "standard",
                  _debug: dict | None = None) -> MeasuredStep:
     """Measure the memory (and time) of one steady-state optimizer step; see the module doc.
 
@@ -321,7 +338,8 @@ def measure_step(hf_config: dict, *, method: str = "full", lora_rank: int = 8, l
 
     setup = build_harness(hf_config, method=method, lora_rank=lora_rank, lora_alpha=lora_alpha,
                           lora_targets=lora_targets, grad_ckpt=grad_ckpt, attn=attn, precision=precision,
-                          optimizer=optimizer, device=device, seed=seed, optimizer_impl=optimizer_impl)
+                          optimizer=optimizer, device=device, seed=seed, optimizer_impl=optimizer_impl,
+                          loss=loss)
     dev = setup.device
     model, opt = setup.model, setup.optimizer
 

@@ -38,6 +38,7 @@ from scaletrain.engine.run.layout import RunDir
 from scaletrain.engine.run.metrics import MetricsWriter, StepMetrics, truncate_metrics
 from scaletrain.engine.request.options import LR_SCHEDULES, bundled_demo_dataset
 from scaletrain.trainer import data as data_mod
+from scaletrain.trainer.chunked_loss import causal_lm_loss, compute_dtype_for, output_head
 from scaletrain.trainer.checkpoints import prune_checkpoints, resume_from, save_checkpoint
 from scaletrain.trainer.config import RunConfig, read_run_config
 from scaletrain.trainer.distributed import (all_sum, barrier, load_deepspeed_cpu_comm_op, make_accelerator,
@@ -105,6 +106,8 @@ class Session:
     world: int
     ds: bool                  # DeepSpeed's own engine: it clips, saves and reports the grad norm itself
     dataset_name: str
+    loss_head: Any = None     # --loss chunked: lm_head, read by trainer/chunked_loss.py (None: the model's loss)
+    loss_dtype: Any = None    # the dtype lm_head's matmul runs in under the chunked loss
 
     @property
     def main(self) -> bool:
@@ -174,10 +177,12 @@ def prepare(cfg: RunConfig) -> Session:
     optimizer = make_optimizer(cfg, model)
     scheduler = get_scheduler(LR_SCHEDULES[cfg.train.lr_schedule], optimizer,
                               num_warmup_steps=sched.warmup_steps, num_training_steps=sched.total_steps)
+    head = output_head(model) if cfg.loss == "chunked" else None
     model, optimizer = acc.prepare(model, optimizer)
     KEEP_UNTIL_EXIT.extend((acc, model, optimizer))
     ds = cfg.uses_deepspeed and hasattr(model, "save_checkpoint")
-    return Session(cfg, acc, model, optimizer, scheduler, blocks, sched, rank, world, ds, dataset.name)
+    dtype = compute_dtype_for(head.weight, acc.mixed_precision) if head is not None else None
+    return Session(cfg, acc, model, optimizer, scheduler, blocks, sched, rank, world, ds, dataset.name, head, dtype)
 
 
 def resume_step(s: Session, resume: bool) -> int:
@@ -221,7 +226,9 @@ def report_start(s: Session, step: int, resume: bool) -> None:
               f"({s.blocks.source_samples:,} records, {s.blocks.source_tokens:,} tokens); "
               f"{s.sched.steps_per_epoch} steps/epoch, {s.sched.total_steps} steps; {n_params:,} parameters; "
               f"{_weights(model)}, mixed precision {s.acc.mixed_precision}, {cfg.optimizer} "
-              f"({cfg.optimizer_impl if cfg.optimizer != 'adamw-8bit' else 'bitsandbytes'})", flush=True)
+              f"({cfg.optimizer_impl if cfg.optimizer != 'adamw-8bit' else 'bitsandbytes'})"
+              f"{'; loss chunked (lm_head + cross-entropy in token chunks)' if s.loss_head is not None else ''}",
+              flush=True)
     if resume and s.main:
         dropped = truncate_metrics(cfg.run.metrics, step)      # steps after the checkpoint are logged again
         if dropped:
@@ -267,7 +274,7 @@ def _epoch(s: Session, p: Progress, writer: MetricsWriter | None, tb: Any, resum
         boundary = micro_in_step == cfg.grad_accum
         acc.sync_gradients = boundary
         with contextlib.nullcontext() if boundary else acc.no_sync(model):
-            loss = model(**batch).loss
+            loss = _loss(s, batch)
             acc.backward(loss)
         loss_sum += float(loss.detach())
         tokens += float(batch["attention_mask"].sum())
@@ -286,6 +293,13 @@ def _epoch(s: Session, p: Progress, writer: MetricsWriter | None, tb: Any, resum
         _injected_failure(p.step, s.rank, resume)
         if p.step >= s.sched.total_steps:
             break
+
+
+def _loss(s: Session, batch: dict) -> Any:
+    """The micro-batch's mean loss over its counted tokens: the model's own (B·S·V logits), or the chunked one."""
+    if s.loss_head is None:
+        return s.model(**batch).loss
+    return causal_lm_loss(s.model, batch, s.loss_head, s.loss_dtype)
 
 
 def _optimizer_step(s: Session) -> tuple[float, float | None]:
