@@ -19,7 +19,8 @@ ignored, as transformers' ForCausalLMLoss shifts its labels):
                  compute dtype for the grad_hidden matmul, the chunk's fp32 hidden for the weight gradient.
   liger-kernel (CUDA) computes the gradients during the forward: grad_input (N × h) and grad_weight (V × h, the
       weight's dtype) from the start, one chunk of logits (compute dtype) turned into its gradient in place;
-      backward only scales them. Read from liger's source, not measured here (no GPU lent).
+      backward only scales them. Read from liger's source, not measured here (no GPU lent). A CUDA plan holds
+      for either implementation (the trainer falls back to pure torch, saying so, when liger does not import).
 """
 
 from __future__ import annotations
@@ -57,7 +58,10 @@ def head_weight_bytes(s: Any) -> int:
 
 
 def chunked_head(s: Any, tokens: int) -> dict[str, int]:
-    """The chunked loss over `tokens` positions (see the module doc): the HeadCost fields, in bytes."""
+    """The chunked loss over `tokens` positions (see the module doc): the HeadCost fields, in bytes.
+
+    CUDA plans hold for either implementation the trainer may run: liger when it imports, the pure-torch one
+    otherwise (it says so in one line), whichever needs more at each moment."""
     m = s.model
     nm = numerics(s)
     c, r = nm.compute, nm.residual
@@ -66,12 +70,6 @@ def chunked_head(s: Any, tokens: int) -> dict[str, int]:
     trains = s.method == "full"
     hw = head_weight_bytes(s)
     w_cast = c * V * h if hw != c else 0              # weight.to(compute dtype), or autocast's cast (CUDA)
-    if s.device == "cuda":
-        # liger: grad_input (the input's dtype) and grad_weight (the weight's dtype) filled in forward, kept
-        # until backward scales them; one chunk of logits (compute dtype) turned into its gradient in place
-        saved = r * tokens * h + (hw * V * h if trains else 0) + 4 * tokens
-        return {"forward_transient": c * rows * V + w_cast + c * rows * h, "saved": saved,
-                "backward_transient": 0, "output_grad": 0}
     logits = c * rows * V + (4 * rows * V if c != 4 else 0)       # the chunk's logits and their fp32 copy
     x_cast = c * rows * h if r != c else 0
     fwd = w_cast + x_cast + logits + CPU_LSE_TILES * 4 * rows * V
@@ -82,8 +80,16 @@ def chunked_head(s: Any, tokens: int) -> dict[str, int]:
     bwd_chunk = 4 * rows * V + (c * rows * V if c != 4 else 0) + x_cast + (4 * rows * h if r != 4 and trains else 0)
     back_cast = hw * V * h if (trains and hw != 4) else 0        # grad_weight.to(weight dtype) at return
     bwd = w_cast + grad_hidden + grad_weight + max(bwd_chunk, back_cast)
-    return {"forward_transient": fwd, "saved": 4 * tokens, "backward_transient": bwd, "output_grad": grad_hidden}
-
+    out = {"forward_transient": fwd, "saved": 4 * tokens, "backward_transient": bwd, "output_grad": grad_hidden}
+    if s.device != "cuda":
+        return out
+    # liger: grad_input (the input's dtype: `hidden_saved` stands for it once forward returns) and grad_weight
+    # (the weight's dtype) filled during forward and kept until backward scales them; one chunk of logits
+    # (compute dtype) turned into its gradient in place
+    held = hw * V * h if trains else 0
+    liger_fwd = r * tokens * h + c * rows * V + w_cast + c * rows * h
+    return {"forward_transient": max(fwd, liger_fwd), "saved": 4 * tokens + held,
+            "backward_transient": max(0, bwd - held), "output_grad": grad_hidden}
 
 def chunked(s: Any) -> bool:
     """The plan's loss is the chunked one (sft only: setup.py refuses it elsewhere)."""
@@ -92,8 +98,26 @@ def chunked(s: Any) -> bool:
 
 def hidden_saved(s: Any, tokens: int) -> int:
     """What the chunked loss keeps of lm_head's input instead of lm_head's own saved input and autocast's weight
-    copy: the final hidden states as the norm returns them (the pure-torch function's save_for_backward); liger
-    keeps its gradient instead (in `chunked_head`'s saved)."""
-    if s.device == "cuda":
-        return 0
+    copy: the final hidden states as the norm returns them (the pure-torch function's save_for_backward; liger's
+    grad_input, of the same size and dtype, once its forward returns)."""
     return numerics(s).residual * tokens * s.model.hidden_size
+
+def recomputes_head(s: Any) -> bool:
+    """The pure-torch chunked loss runs lm_head's forward GEMM again in backward (2·t·h·V FLOPs); liger computes the
+    gradients during its forward and recomputes nothing."""
+    return chunked(s) and s.device != "cuda"
+
+
+def bytes_per_logit(s: Any) -> int:
+    """Memory traffic per logit element (B·S·V) of the chunked loss, compute dtype c (the GEMMs' own reads aside).
+
+    liger (CUDA): the projection writes the chunk (c), the cross-entropy kernel reads it and overwrites it with its
+    gradient in place (2c). Pure torch: forward writes the chunk (c), upcasts it (c + 4 when c < 4), logsumexp reads
+    it twice and writes one temporary (12); backward writes it again (c), upcasts it, subtracts, exponentiates and
+    scales in place (three read-writes: 24) and casts the gradient back for the grad_hidden GEMM (4 + c when c < 4).
+    """
+    c = numerics(s).compute
+    if s.device == "cuda":
+        return 3 * c
+    up = c + 4 if c < 4 else 0
+    return (c + up + 12) + (c + up + 24 + up)

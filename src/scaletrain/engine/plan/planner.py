@@ -57,6 +57,7 @@ def solve(req: PlanRequest, base: TrainingSetup) -> Plan:
     fixed = fixed_fields(req)
     target = req.effective_batch
     res = search(base, target=target, fixed=fixed, headroom=req.headroom, name=req.name)
+    res, loss_why = _choose_loss(req, base, res)
     if not res.ranked:
         raise ScaletrainError(_nothing_fits(base, res, req.headroom))
     best = res.ranked[0]
@@ -65,7 +66,35 @@ def solve(req: PlanRequest, base: TrainingSetup) -> Plan:
         evaluated=res.evaluated, fitting=len(res.ranked),
         micro_batch_rule=None if target is not None or "micro_batch" in fixed else
         f"largest micro batch that fits, at most {MAX_MICRO_BATCH_WITHOUT_TARGET}")
-    return finalize(replace(best.plan, explanation=explain(best, res), planner=report), req)
+    return finalize(replace(best.plan, explanation=explain(best, res) + loss_why, planner=report), req)
+
+
+def _choose_loss(req: PlanRequest, base: TrainingSetup, res: SearchResult) -> tuple[SearchResult, str]:
+    """`--loss` left free: the standard loss, unless the chunked one (engine/model/chunked_loss.py) fits where it
+    does not, or lets a larger micro batch, no checkpointing, less offload or a simpler strategy fit and is
+    predicted faster by more than TIE_TOLERANCE. The chosen search, and what the explanation adds."""
+    if req.loss is not None or base.objective != "sft":
+        return res, ""
+    try:
+        chunked = base.with_(loss="chunked")
+    except ScaletrainError:
+        return res, ""
+    alt = search(chunked, target=req.effective_batch, fixed=fixed_fields(req), headroom=req.headroom,
+                 name=req.name)
+    if not alt.ranked:
+        return res, ""
+    ck = alt.ranked[0]
+    if not res.ranked:
+        return alt, " --loss chunked because the standard loss's B·S·V logits fit in no configuration."
+    std = res.ranked[0]
+    a, b = ck.setup, std.setup
+    more = (a.micro_batch > b.micro_batch or (b.grad_ckpt and not a.grad_ckpt) or a.offload.rank < b.offload.rank
+            or STRATEGY_ORDER.index(a.strategy) < STRATEGY_ORDER.index(b.strategy))
+    if more and ck.seconds_per_sample < std.seconds_per_sample * (1 - TIE_TOLERANCE):
+        return alt, (f" --loss chunked because without the B·S·V logits {ck.describe()} fits, predicted "
+                     f"{std.seconds_per_sample / ck.seconds_per_sample - 1:.0%} faster than the standard loss's "
+                     f"best ({std.describe()}).")
+    return res, ""
 
 
 def finalize(plan: Plan, req: PlanRequest) -> Plan:

@@ -56,6 +56,8 @@ def setup_line(plan: Plan) -> Text:
     parts.append("no offload" if s.offload == "none" else f"offload {s.offload}")
     parts.append(f"grad-ckpt {'on' if s.grad_ckpt else 'off'}")
     parts += [s.precision_label, s.optimizer_label, f"attn {s.attn}", f"seq {s.seq_len}"]
+    if s.loss == "chunked":
+        parts.append("loss chunked")
     return Text(" · ".join(parts))
 
 

@@ -64,7 +64,8 @@ def print_plan(plan: Plan, *, alternatives: bool = False, table: str | None = No
     c.print(f"[bold]{hw.describe()}[/]  {hw.gpu.name}, {fmt_bytes(hw.gpu.memory_bytes)} each, "
             f"{hw.gpu.interconnect}{' (detected)' if hw.source == 'detected' else ''}")
     c.print(f"{s.strategy}{'' if s.offload == 'none' else f' + offload {s.offload}'}, {s.precision_label}, "
-            f"{s.optimizer_label}, attn {s.attn}, grad-ckpt {'on' if s.grad_ckpt else 'off'}, seq {s.seq_len}")
+            f"{s.optimizer_label}, attn {s.attn}, grad-ckpt {'on' if s.grad_ckpt else 'off'}, seq {s.seq_len}"
+            f"{', loss chunked' if s.loss == 'chunked' else ''}")
     c.print(f"batch: micro {s.micro_batch} × accum {s.grad_accum} × {s.world_size} GPUs = "
             f"[bold]{s.effective_batch}[/] effective")
     if s.objective != "sft":
