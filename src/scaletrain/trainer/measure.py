@@ -338,8 +338,7 @@ def measure_step(hf_config: dict, *, method: str = "full", lora_rank: int = 8, l
 
     setup = build_harness(hf_config, method=method, lora_rank=lora_rank, lora_alpha=lora_alpha,
                           lora_targets=lora_targets, grad_ckpt=grad_ckpt, attn=attn, precision=precision,
-                          optimizer=optimizer, device=device, seed=seed, optimizer_impl=optimizer_impl,
-                          loss=loss)
+                          optimizer=optimizer, device=device, seed=seed, optimizer_impl=optimizer_impl, loss=loss)
     dev = setup.device
     model, opt = setup.model, setup.optimizer
 
