@@ -130,7 +130,9 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     else:   # the buffers (accumulation, DDP buckets, DeepSpeed) already hold it
         mark("backward", acts, head.output_grad, ms.gradients_backward, opt_extra=head_cast,
              gather=gather_head + head_grad_gather)
-        grads = ms.gradients_backward
+        # tied embeddings: lm_head's gradient waits in autograd's input buffer for the embedding's until the end of
+        # backward (torch/csrc/autograd/input_buffer.cpp), beside the accumulation buffer that already exists
+        grads = ms.gradients_backward + (head_grad if (m.tie_embeddings and m.vocab_head) else 0)
     acts -= final + head.labels
     block_grad = _grad_share(m.block_params() if full else s.trainable_params // max(L, 1), s)
     for _ in range(L):
