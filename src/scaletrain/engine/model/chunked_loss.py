@@ -1,9 +1,9 @@
 """The chunked causal-LM loss (`--loss chunked`): what it keeps instead of B·S·V logits, and its chunk rule.
 
-One rule for the trainer and the model: `chunk_rows` is liger-kernel's (liger_kernel/ops/
-fused_linear_cross_entropy.py `fused_linear_cross_entropy_forward`): inc_factor = ⌈V / h⌉, chunk =
-next_power_of_2(⌈N / inc_factor⌉) token rows, so one chunk's logits (chunk × V) are about the size of the hidden
-states (N × h), at most twice. The bundled trainer's pure-torch function (trainer/chunked_loss.py) uses it on the
+One rule for the trainer and the model: `chunk_rows` is liger-kernel's (0.8.5, liger_kernel/ops/
+fused_linear_cross_entropy.py `fused_linear_cross_entropy_forward` with its default _CHUNK_MEM_CONST = 1):
+inc_factor = ⌈V / h⌉, chunk = min(next_power_of_2(⌈N / inc_factor⌉), N) token rows, so one chunk's logits
+(chunk × V) are about the size of the hidden states (N × h), at most twice. The bundled trainer's pure-torch function (trainer/chunked_loss.py) uses it on the
 CPU and wherever liger-kernel is missing; liger uses it itself on CUDA.
 
 What a step keeps (`chunked_head`), per micro-step of N = B·S positions (every position, the last one's target
@@ -35,10 +35,10 @@ IGNORE_INDEX = -100
 
 
 def chunk_rows(tokens: int, vocab: int, hidden: int) -> int:
-    """Token rows per chunk (liger-kernel's rule, see the module doc); at least 1, at most `tokens`' power of 2."""
+    """Token rows per chunk (liger-kernel's rule, see the module doc); at least 1, at most `tokens`."""
     inc = max(1, -(-vocab // max(hidden, 1)))
     rows = max(1, -(-tokens // inc))
-    return 1 << math.ceil(math.log2(rows))
+    return max(1, min(1 << math.ceil(math.log2(rows)), tokens))
 
 
 def n_chunks(tokens: int, vocab: int, hidden: int) -> int:
@@ -66,7 +66,7 @@ def chunked_head(s: Any, tokens: int) -> dict[str, int]:
     nm = numerics(s)
     c, r = nm.compute, nm.residual
     V, h = m.vocab_size, m.hidden_size
-    rows = min(chunk_rows(tokens, V, h), tokens)
+    rows = chunk_rows(tokens, V, h)
     trains = s.method == "full"
     hw = head_weight_bytes(s)
     w_cast = c * V * h if hw != c else 0              # weight.to(compute dtype), or autocast's cast (CUDA)
