@@ -102,6 +102,10 @@ def test_plan_shows_the_logits_term_shrink_for_seed_003():
     assert std.memory.logits_bytes > 50e9 and ck.memory.logits_bytes < 1e9
     assert ck.memory.total_bytes < std.memory.total_bytes - 40e9
     assert ck.setup.loss == "chunked"
+    # the wizard's what-if key `l` (standard ↔ chunked) re-plans with every other choice pinned
+    from scaletrain.engine.plan.what_if import what_if_changes
+    changes = what_if_changes(std, "loss")
+    assert changes["loss"] == "chunked" and changes["micro_batch"] == std.setup.micro_batch
 
 
 @pytest.mark.parametrize("flags,needle", [
