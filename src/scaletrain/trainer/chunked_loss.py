@@ -32,8 +32,9 @@ def output_head(model: Any) -> Any:
     if cfg is not None and getattr(cfg, "final_logit_softcapping", None):
         raise ScaletrainError("--loss chunked: this model soft-caps its logits (final_logit_softcapping), which "
                               "the chunked loss cannot reproduce; use --loss standard")
-    if head is None or getattr(head, "bias", None) is not None:
-        raise ScaletrainError("--loss chunked needs a bias-free lm_head; use --loss standard")
+    if head is None or getattr(head, "bias", None) is not None or hasattr(head, "base_layer"):
+        raise ScaletrainError("--loss chunked needs a plain bias-free lm_head (not a LoRA-adapted one); use "
+                              "--loss standard")
     return head
 
 
