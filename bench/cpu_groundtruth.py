@@ -39,6 +39,7 @@ class Case:
     lora_targets: tuple[str, ...] | None = None   # None: the model's own (BLOCK_LINEARS, a traced model's linears);
                                                   # `experts`: the fused experts through peft's target_parameters
     loop: str = "trainer"        # the loop that runs the step (trainer/measure.py LOOPS) and that the plan is for
+    loss: str = "standard"             # "chunked": --loss chunked (trainer/chunked_loss.py)
 
     @property
     def measure_precision(self) -> str:
@@ -77,6 +78,8 @@ class Case:
             bits.append("targets=" + ",".join(t.removesuffix("_proj") for t in self.lora_targets))
         if self.loop != "trainer":
             bits.append(f"loop={self.loop}")
+        if self.loss != "standard":
+            bits.append(f"loss={self.loss}")
         return " ".join(bits)
 
 
@@ -221,9 +224,25 @@ LOOP_CASES = [
     Case("scaletrain/tiny-qwen2", loop="accelerate-loop", method="lora", precision="bf16", master_weights="bf16",
          optimizer_impl="fused"),
 ]
-CASES += MOE_CASES + TRACED + LOOP_CASES
+# --loss chunked (issue 21): the vocabulary-dominated tiny models, full fp32, full bf16 autocast, bf16 weights, LoRA
+# (fp32, bf16 base, fp32 base under autocast), with and without checkpointing, tied and untied embeddings
+_WIDE = (("hidden_size", 256), ("intermediate_size", 768), ("num_hidden_layers", 4))
+CHUNKED_CASES = [
+    Case("scaletrain/tiny-llama", loss="chunked"),
+    Case("scaletrain/tiny-qwen2", method="lora", loss="chunked"),
+    Case("scaletrain/tiny-qwen3", grad_ckpt=True, loss="chunked"),
+    Case("scaletrain/tiny-llama", precision="bf16", seq_len=512, micro_batch=1, overrides=_WIDE, loss="chunked"),
+    Case("scaletrain/tiny-qwen2", precision="bf16", attn="eager", loss="chunked"),
+    Case("scaletrain/tiny-olmo2", precision="bf16", master_weights="bf16", optimizer_impl="fused", loss="chunked"),
+    Case("scaletrain/tiny-gemma3", method="lora", precision="bf16", grad_ckpt=True, optimizer_impl="fused",
+         loss="chunked"),
+    Case("scaletrain/tiny-llama", method="lora", precision="bf16", base_bits=32, attn="eager", loss="chunked"),
+    Case("scaletrain/tiny-qwen3", method="lora", grad_ckpt=True, micro_batch=4, loss="chunked"),
+]
+CASES += MOE_CASES + TRACED + LOOP_CASES + CHUNKED_CASES
 QUICK = [CASES[i] for i in (0, 2, 3, 4, 6, 9, 10, 13, 15, 17, 19, 23, 25, 26, 29, 31, 33)] + [
-    MOE_CASES[i] for i in (0, 1, 6, 11)] + [LOOP_CASES[i] for i in (3, 6, 9, 14)]
+    MOE_CASES[i] for i in (0, 1, 6, 11)] + [LOOP_CASES[i] for i in (3, 6, 9, 14)] + [
+    CHUNKED_CASES[i] for i in (0, 1)]
 
 
 def config_for(case: Case) -> dict:
@@ -245,7 +264,7 @@ def setup_for(case: Case) -> TrainingSetup:
         lora_rank=case.lora_rank, lora_targets=case.lora_targets or model.default_lora_targets, strategy="ddp", precision=case.precision,
         master_weights=case.master_weights, base_bits=case.base_bits, optimizer_impl=case.optimizer_impl,
         attn=case.attn, grad_ckpt=case.grad_ckpt, micro_batch=case.micro_batch, grad_accum=case.grad_accum,
-        seq_len=case.seq_len, device="cpu", experts_impl=case.experts_impl, loop=case.loop,
+        seq_len=case.seq_len, device="cpu", experts_impl=case.experts_impl, loop=case.loop, loss=case.loss,
     )
 
 
@@ -259,7 +278,7 @@ def run_case(case: Case) -> dict:
         lora_alpha=2 * case.lora_rank, lora_targets=s.lora_targets, micro_batch=case.micro_batch,
         seq_len=case.seq_len, grad_ckpt=case.grad_ckpt, attn=case.attn, precision=case.measure_precision,
         optimizer="adamw", grad_accum=case.grad_accum, device="cpu", optimizer_impl=case.optimizer_impl,
-        loop=case.loop)
+        loop=case.loop, loss=case.loss)
     return {
         "case": case.label, "model": case.model, "method": case.method, "attn": case.attn,
         "precision": case.precision, "measure_precision": case.measure_precision,

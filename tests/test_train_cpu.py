@@ -38,14 +38,15 @@ def write_dataset(path: Path, n: int = 300, seed: int = 0) -> Path:
 
 
 def make_run(tmp_path: Path, strategy: str, *, micro: int = 2, accum: int = 2, seq_len: int = 64,
-             name: str = "run", **train: object) -> RunDir:
+             name: str = "run", loss: str = "standard", **train: object) -> RunDir:
     """A 2-process CPU run directory of scaletrain/tiny-qwen2 written by the config writers."""
     from scaletrain.engine.request.request import PlanRequest
     from scaletrain.engine.plan.planner import make_plan
     from scaletrain.engine.run.writers import write_run_dir
 
     req = PlanRequest(model="scaletrain/tiny-qwen2", gpus="2xCPU", precision="fp32", strategy=strategy,
-                      micro_batch=micro, grad_accum=accum, grad_ckpt=False, offload="none", seq_len=seq_len)
+                      micro_batch=micro, grad_accum=accum, grad_ckpt=False, offload="none", seq_len=seq_len,
+                      loss=loss)
     return write_run_dir(make_plan(req), req, TrainOptions(**train), tmp_path / name)
 
 
@@ -214,6 +215,22 @@ def test_deepspeed_zero3_two_ranks_loss_falls(tmp_path):
         shards = sorted(p.name for p in (ck / "deepspeed").glob("*optim_states.pt"))
         assert len(shards) == 2, shards                        # one optimizer partition per rank
     assert_checkpoint_size(run, 12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp"])   # "zero2" passes too (DeepSpeed's 16-bit-free fp32 run, ~100 s)
+def test_chunked_loss_two_ranks_loss_falls(tmp_path, strategy):
+    """--loss chunked for real: tiny-qwen2 (tied embeddings, full fine-tuning) on 2 gloo ranks."""
+    from scaletrain.engine.launch.launcher import launch
+
+    data = write_dataset(tmp_path / "data.jsonl")
+    run = make_run(tmp_path, strategy, dataset=str(data), lr=5e-3, max_steps=12, warmup_ratio=0.1,
+                   save_checkpoints=False, loss="chunked")
+    res = launch(run.path, on_tick=deadline_tick())
+    log0 = run.rank_log(0).read_text()
+    assert res.exit_code == 0, log0 + run.rank_log(1).read_text()
+    assert "loss chunked" in log0
+    assert_trained(run, 12)
 
 
 @pytest.mark.slow

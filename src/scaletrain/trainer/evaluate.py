@@ -41,8 +41,9 @@ def rank_rows(n_rows: int, rank: int, world: int) -> list[int]:
 
 
 def evaluate(model: Any, blocks: data_mod.Blocks, micro_batch: int, device: Any, rank: int, world: int,
-             all_sum: Any) -> tuple[float, float]:
-    """(eval loss over the split's trained tokens, seconds it took); every rank calls it."""
+             all_sum: Any, loss_of: Any = None) -> tuple[float, float]:
+    """(eval loss over the split's trained tokens, seconds it took); every rank calls it. `loss_of(batch)`: the
+    training loop's loss (the chunked one under --loss chunked: no B·S·V logits in evaluation either)."""
     import torch
 
     t0 = time.perf_counter()
@@ -58,7 +59,8 @@ def evaluate(model: Any, blocks: data_mod.Blocks, micro_batch: int, device: Any,
                      for k in ("input_ids", "labels", "attention_mask")}
             counted = int((batch["labels"][:, 1:] != data_mod.IGNORE_INDEX).sum())
             if counted:
-                loss_sum += model(**batch).loss.double() * counted
+                loss = loss_of(batch) if loss_of is not None else model(**batch).loss
+                loss_sum += loss.double() * counted
                 tokens += counted
     model.train(was)
     total, n = all_sum([float(loss_sum), float(tokens)])

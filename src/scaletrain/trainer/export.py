@@ -194,6 +194,7 @@ def _tokenizer(cfg: RunConfig) -> Any:
 
 # ---- the end of a run: export the last checkpoint, checked against the trained model ----------------------------
 PROBE_FILE = "probe.safetensors"        # the probe batch and the trained model's logits on it (in the export)
+PROBE_TOKENS = 128                      # one sequence's first tokens: 128 × V fp32 logits (78 MB at V = 152k)
 
 
 def probe_logits(model: Any, input_ids: Any) -> Any:

@@ -50,7 +50,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from scaletrain.engine.vocabulary import Attention, Method
+from scaletrain.engine.vocabulary import Attention, LossImpl, Method
 from scaletrain.trainer import model as model_lib
 from scaletrain.trainer.memory_timeline import counter_only_reading, read_cpu_timeline
 
@@ -176,13 +176,14 @@ class StepHarness:
     accelerator: Any = None      # accelerate-loop: the Accelerator that prepared model and optimizer
     step_optimizer: Any = None   # accelerate-loop: the prepared optimizer the loop steps (`optimizer` stays torch's)
     held: Any = None             # accelerate-loop: the loop's `outputs`, rebound only after the next forward returns
+    loss: str = "standard"   # "chunked": trainer/chunked_loss.py through lm_head, never B·S·V logits
 
 
 def build_harness(hf_config: dict, *, method: str = "full", lora_rank: int = 8, lora_alpha: int = 16,
                   lora_targets: tuple[str, ...] | None = None, grad_ckpt: bool = False,
                   attn: str = "sdpa", precision: str = "fp32", optimizer: str = "adamw",
                   device: str = "cpu", seed: int = 0, optimizer_impl: str = "default", loop: str = "trainer",
-                  grad_accum: int = 1) -> StepHarness:
+                  grad_accum: int = 1, loss: str = "standard") -> StepHarness:
     """Build model (+LoRA) and optimizer exactly as ``measure_step`` does (exposed for tests)."""
     import warnings
 
@@ -194,12 +195,12 @@ def build_harness(hf_config: dict, *, method: str = "full", lora_rank: int = 8, 
         return _build_harness(hf_config, method=method, lora_rank=lora_rank, lora_alpha=lora_alpha,
                               lora_targets=lora_targets, grad_ckpt=grad_ckpt, attn=attn,
                               precision=precision, optimizer=optimizer, device=device, seed=seed,
-                              optimizer_impl=optimizer_impl, loop=loop, grad_accum=grad_accum)
+                              optimizer_impl=optimizer_impl, loop=loop, grad_accum=grad_accum, loss=loss)
 
 
 def _build_harness(hf_config, *, method, lora_rank, lora_alpha, lora_targets, grad_ckpt, attn,
                    precision, optimizer, device, seed, optimizer_impl="default", loop="trainer",
-                   grad_accum=1) -> StepHarness:
+                   grad_accum=1, loss="standard") -> StepHarness:
     import torch
 
     dev = _resolve_device(device)
@@ -258,7 +259,8 @@ def _build_harness(hf_config, *, method, lora_rank, lora_alpha, lora_targets, gr
             return contextlib.nullcontext()
 
     harness = StepHarness(model=model, optimizer=opt, device=dev, vocab_size=int(cfg.vocab_size),
-                          autocast=autocast, lora_targets=targets_used, loop=loop)
+                          autocast=autocast, lora_targets=targets_used, loop=loop,
+                          loss=LossImpl(loss).value)
     if loop == "accelerate-loop":
         _prepare_with_accelerate(harness, autocast_on=precision in ("bf16", "bf16-autocast"), grad_accum=grad_accum)
     return harness
@@ -301,10 +303,25 @@ def _micro_step(setup: StepHarness, ids, grad_accum: int) -> None:
         setup.accelerator.backward(outputs.loss)
         return
     with setup.autocast():
-        loss = setup.model(input_ids=ids, labels=ids).loss
+        if setup.loss == LossImpl.CHUNKED:
+            loss = _chunked_loss(setup, ids)
+        else:
+            loss = setup.model(input_ids=ids, labels=ids).loss
     if grad_accum > 1:
         loss = loss / grad_accum
     loss.backward()
+
+
+def _chunked_loss(setup: StepHarness, ids):
+    """The chunked loss as the bundled trainer computes it (trainer/chunked_loss.py)."""
+    import torch
+
+    from scaletrain.trainer.chunked_loss import causal_lm_loss, compute_dtype_for, output_head
+
+    head = output_head(setup.model)
+    amp = "bf16" if torch.is_autocast_enabled(torch.device(setup.device).type) else None
+    return causal_lm_loss(setup.model, {"input_ids": ids, "labels": ids}, head,
+                          compute_dtype_for(head.weight, amp))
 
 
 def _finish_step(setup: StepHarness) -> None:
@@ -382,6 +399,7 @@ def measure_step(hf_config: dict, *, method: str = "full", lora_rank: int = 8, l
                  grad_ckpt: bool = False, attn: str = "sdpa", precision: str = "fp32",
                  optimizer: str = "adamw", grad_accum: int = 1, device: str = "cpu", seed: int = 0,
                  warmup_steps: int = 1, optimizer_impl: str = "default", loop: str = "trainer",
+                 loss: str = "standard",
                  _debug: dict | None = None) -> MeasuredStep:
     """Measure the memory (and time) of one steady-state optimizer step; see the module doc. `loop` (LOOPS)
     picks the loop that runs it: hf-trainer and trl train through the real library (trainer/measure_loops.py).
@@ -396,10 +414,13 @@ def measure_step(hf_config: dict, *, method: str = "full", lora_rank: int = 8, l
     setup = build_harness(hf_config, method=method, lora_rank=lora_rank, lora_alpha=lora_alpha,
                           lora_targets=lora_targets, grad_ckpt=grad_ckpt, attn=attn, precision=precision,
                           optimizer=optimizer, device=device, seed=seed, optimizer_impl=optimizer_impl,
-                          loop="trainer" if loop in ("hf-trainer", "trl") else loop, grad_accum=grad_accum)
+                          loop="trainer" if loop in ("hf-trainer", "trl") else loop, grad_accum=grad_accum,
+                          loss=loss)
     if loop in ("hf-trainer", "trl"):
         from scaletrain.trainer.measure_loops import measure_library_step
 
+        if loss != "standard":
+            raise ValueError(f"loop {loop!r} is measured with the library's own loss only (got loss {loss!r})")
         if optimizer != "adamw":
             raise ValueError(f"loop {loop!r} is measured with the library's AdamW only (got {optimizer!r})")
 

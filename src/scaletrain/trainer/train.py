@@ -38,6 +38,7 @@ from scaletrain.engine.run.layout import RunDir
 from scaletrain.engine.run.metrics import MetricsWriter, StepMetrics, truncate_metrics
 from scaletrain.engine.request.options import LR_SCHEDULES, bundled_demo_dataset
 from scaletrain.trainer import data as data_mod
+from scaletrain.trainer.chunked_loss import causal_lm_loss, compute_dtype_for, output_head
 from scaletrain.trainer.checkpoints import prune_checkpoints, resume_from, save_checkpoint
 from scaletrain.trainer.config import RunConfig, read_run_config
 from scaletrain.trainer.batches import TokenTable, token_table
@@ -107,6 +108,8 @@ class Session:
     dataset_name: str
     telemetry: RankSampler    # this rank's device and step phases, sent with its peaks (issue 23)
     eval_blocks: Any = None   # the eval split (trainer/evaluate.py), None without one
+    loss_head: Any = None     # --loss chunked: lm_head, read by trainer/chunked_loss.py (None: the model's loss)
+    loss_dtype: Any = None    # the dtype lm_head's matmul runs in under the chunked loss
 
     @property
     def main(self) -> bool:
@@ -179,12 +182,15 @@ def prepare(cfg: RunConfig) -> Session:
     optimizer = make_optimizer(cfg, model)
     scheduler = get_scheduler(LR_SCHEDULES[cfg.train.lr_schedule], optimizer,
                               num_warmup_steps=sched.warmup_steps, num_training_steps=sched.total_steps)
+    head = output_head(model) if cfg.loss == "chunked" else None
     model, optimizer = acc.prepare(model, optimizer)
     KEEP_UNTIL_EXIT.extend((acc, model, optimizer))
     ds = cfg.uses_deepspeed and hasattr(model, "save_checkpoint")
+    dtype = compute_dtype_for(head.weight, acc.mixed_precision) if head is not None else None
     gpu_index = acc.device.index if acc.device.type == "cuda" else None
     return Session(cfg, acc, model, optimizer, scheduler, blocks, sched, rank, world, ds, dataset.name,
-                   RankSampler(0 if gpu_index is None and acc.device.type == "cuda" else gpu_index), eval_blocks)
+                   RankSampler(0 if gpu_index is None and acc.device.type == "cuda" else gpu_index), eval_blocks,
+                   head, dtype)
 
 
 def resume_step(s: Session, resume: bool) -> int:
@@ -228,7 +234,9 @@ def report_start(s: Session, step: int, resume: bool) -> None:
               f"({s.blocks.source_samples:,} records, {s.blocks.source_tokens:,} tokens); "
               f"{s.sched.steps_per_epoch} steps/epoch, {s.sched.total_steps} steps; {n_params:,} parameters; "
               f"{_weights(model)}, mixed precision {s.acc.mixed_precision}, {cfg.optimizer} "
-              f"({cfg.optimizer_impl if cfg.optimizer != 'adamw-8bit' else 'bitsandbytes'})", flush=True)
+              f"({cfg.optimizer_impl if cfg.optimizer != 'adamw-8bit' else 'bitsandbytes'})"
+              f"{'; loss chunked (lm_head + cross-entropy in token chunks)' if s.loss_head is not None else ''}",
+              flush=True)
     if resume and s.main:
         dropped = truncate_metrics(cfg.run.metrics, step)      # steps after the checkpoint are logged again
         if dropped:
@@ -257,7 +265,7 @@ def _maybe_evaluate(s: Session, p: Progress, rec: StepMetrics) -> StepMetrics:
     from scaletrain.trainer.evaluate import evaluate
 
     loss, secs = evaluate(s.model, s.eval_blocks, s.cfg.micro_batch, s.acc.device, s.rank, s.world,
-                          lambda v: all_sum(s.acc, v))
+                          lambda v: all_sum(s.acc, v), loss_of=lambda batch: _loss(s, batch))
     p.t_last = time.perf_counter()            # the next step's time does not include the evaluation
     return replace(rec, eval_loss=loss, eval_seconds=secs)
 
@@ -302,7 +310,7 @@ def _epoch(s: Session, p: Progress, writer: MetricsWriter | None, tb: Any, resum
         boundary = micro_in_step == cfg.grad_accum
         acc.sync_gradients = boundary
         with contextlib.nullcontext() if boundary else acc.no_sync(model):
-            loss = model(**batch).loss
+            loss = _loss(s, batch)
             acc.backward(loss)
         loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
         tokens += s.blocks.tokens(rows)
@@ -322,6 +330,13 @@ def _epoch(s: Session, p: Progress, writer: MetricsWriter | None, tb: Any, resum
         _injected_failure(p.step, s.rank, resume)
         if p.step >= s.sched.total_steps:
             break
+
+
+def _loss(s: Session, batch: dict) -> Any:
+    """The micro-batch's mean loss over its counted tokens: the model's own (B·S·V logits), or the chunked one."""
+    if s.loss_head is None:
+        return s.model(**batch).loss
+    return causal_lm_loss(s.model, batch, s.loss_head, s.loss_dtype)
 
 
 def _optimizer_step(s: Session) -> tuple[float, Any]:
@@ -395,9 +410,10 @@ def _export_at_end(s: Session, step: int) -> None:
     """Every rank computes the trained model's logits on one batch (a collective under ZeRO-3); rank 0 exports the
     last checkpoint and checks the export against them. A failed export is a warning: the run trained, and
     `scaletrain export RUN` can write it again."""
-    from scaletrain.trainer.export import export_and_check, probe_logits
+    from scaletrain.trainer.export import PROBE_TOKENS, export_and_check, probe_logits
 
-    ids = s.blocks.batch(list(range(min(s.cfg.micro_batch, len(s.blocks)))), s.acc.device)["input_ids"]
+    # one sequence's first PROBE_TOKENS tokens: its logits (× vocabulary, fp32) stay small for any model
+    ids = s.blocks.batch([0], s.acc.device)["input_ids"][:, :PROBE_TOKENS]
     logits = probe_logits(s.model, ids)
     barrier()
     if not s.main:

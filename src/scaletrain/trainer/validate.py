@@ -126,7 +126,8 @@ def measure_cpu_memory(plan: Plan) -> tuple[int, Plan, tuple[str, ...]]:
                      lora_targets=s.lora_targets if s.method != "full" else None, micro_batch=s.micro_batch,
                      seq_len=s.seq_len, grad_ckpt=s.grad_ckpt, attn=s.attn, precision=_measure_precision(plan),
                      optimizer=s.optimizer, grad_accum=s.grad_accum, device="cpu",
-                     optimizer_impl=s.optimizer_impl, loop=str(s.loop))   # the loop the plan's numbers are for
+                     optimizer_impl=s.optimizer_impl, loop=str(s.loop),   # the loop the plan's numbers are for
+                     loss=str(s.loss))
     return m.peak_allocated_bytes, target, (note,) if note else ()
 
 

@@ -3,9 +3,10 @@
 Used by the failure doctor after a CUDA OOM and by the wizard when a plan does not fit. Each remedy is one
 change (or one change plus re-splitting the micro batch to keep the effective batch), re-evaluated through the
 same memory and time models as the plan. Order: remedies predicted to fit before those that do not; among
-them, those that keep the effective batch; then by kind in the order people should reach for them (batch
-split, checkpointing, ZeRO stage, offload — then shorter sequences, QLoRA, more GPUs, which change the run
-itself or the hardware bill); then fastest predicted.
+them, those that keep the effective batch; `--loss chunked` first when the OOM was raised in the loss or the
+B·S·V logits are the peak's largest term; then by kind in the order people should reach for them (the chunked
+loss, batch split, checkpointing, ZeRO stage, offload — then shorter sequences, QLoRA, more GPUs, which change
+the run itself or the hardware bill); then fastest predicted.
 
 An observed OOM says the real peak reached the card's capacity: the gap between that and the plan's prediction
 is memory the model did not see, and every remedy's prediction is charged the same gap.
@@ -28,7 +29,7 @@ from scaletrain.engine.vocabulary import Method, Offload, Strategy
 # Cost tiers: systems changes that keep the training identical on the same hardware (ranked among themselves by
 # predicted speed), then shorter sequences (truncate data), then LoRA/QLoRA (change what is trained), then
 # more GPUs (change the bill) — the order of the issue's list.
-KIND_TIER = {"split": 0, "checkpointing": 0, "zero_stage": 0, "offload": 0, "replan": 0, "sequence": 1,
+KIND_TIER = {"loss": 0, "split": 0, "checkpointing": 0, "zero_stage": 0, "offload": 0, "replan": 0, "sequence": 1,
              "method": 2, "gpus": 3}
 ZERO_LADDER = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3)
 SEQ_FRACTIONS = (0.75, 0.5)                # shorter --seq-len candidates, as fractions of the current one
@@ -170,6 +171,10 @@ def rank_remedies(plan: Plan, failure: dict[str, Any] | None = None) -> list[Rem
         out.append(_make(f"micro batch {mb} × accum {per_gpu // mb} (was {s.micro_batch} × {s.grad_accum})",
                          "split", {"micro_batch": mb, "grad_accum": per_gpu // mb},
                          s.with_(micro_batch=mb, grad_accum=per_gpu // mb), plan, gap, capacity))
+    # 1b. the chunked loss, where the B·S·V logits are part of the peak (or the OOM was raised in the loss)
+    chunked = _chunked_loss(plan, failure, gap, capacity)
+    if chunked is not None:
+        out.append(chunked)
     # 2. gradient checkpointing
     if not s.grad_ckpt:
         out.append(_with_split("gradient checkpointing on", "checkpointing", {"grad_ckpt": True},
@@ -234,18 +239,42 @@ def rank_remedies(plan: Plan, failure: dict[str, Any] | None = None) -> list[Rem
         out.append(replan)
 
     helpful = [r for r in out if r.predicted_per_gpu_bytes < current]
-    helpful.sort(key=lambda r: (not r.fits, not r.keeps_effective_batch, KIND_TIER[r.kind],
+    first = "loss" if _logits_bound(plan, failure) else None   # an OOM in the loss: the chunked loss leads
+    helpful.sort(key=lambda r: (not r.fits, not r.keeps_effective_batch, r.kind != first, KIND_TIER[r.kind],
                                 r.predicted_step_seconds / r.effective_batch, r.predicted_per_gpu_bytes))
     seen: set[tuple] = set()
     unique = []
     for r in helpful:   # the re-plan may coincide with a single change: keep the first (better-ranked) one
         ps = r.plan.setup
         key = (ps.strategy, ps.offload, ps.grad_ckpt, ps.micro_batch, ps.grad_accum, ps.seq_len, ps.method,
-               ps.hardware.describe())
+               ps.hardware.describe(), ps.loss)
         if key not in seen:
             seen.add(key)
             unique.append(r)
     return unique
+
+
+def _logits_bound(plan: Plan, failure: dict[str, Any] | None) -> bool:
+    """The OOM was raised inside the loss, or the logits are the largest term of the plan's peak."""
+    m = plan.memory
+    others = (m.weights_bytes, m.gradients_bytes, m.optimizer_bytes, m.activations_bytes)
+    return bool(failure and failure.get("in_loss")) or (m.logits_bytes > 0 and m.logits_bytes >= max(others))
+
+
+def _chunked_loss(plan: Plan, failure: dict[str, Any] | None, gap: int, capacity: int) -> Remedy | None:
+    """`--loss chunked` (engine/model/chunked_loss.py) for a plan whose peak holds the B·S·V logits, or an OOM
+    raised inside the loss; None where it does not apply (refused by the setup: not sft, zero3/fsdp …)."""
+    s = plan.setup
+    in_loss = bool(failure and failure.get("in_loss"))
+    if s.loss != "standard" or not (in_loss or plan.memory.logits_bytes > 0 or plan.memory.peak_phase == "loss"):
+        return None
+    try:
+        cand = s.with_(loss="chunked")
+    except ScaletrainError:
+        return None
+    was = fmt_bytes(plan.memory.logits_bytes)
+    return _with_split(f"--loss chunked (lm_head + cross-entropy in token chunks; the logits were {was} of the "
+                       "peak)", "loss", {"loss": "chunked"}, cand, plan, gap, capacity)
 
 
 def _more_gpus(hw: Hardware) -> list[Hardware]:

@@ -51,6 +51,10 @@ RE_HOST_ALLOC = re.compile(r"DefaultCPUAllocator: can't allocate memory(?:: you 
 RE_KERNEL_OOM = re.compile(r"Out of memory: Killed process (\d+)|oom-kill:|oom_kill")
 RE_ZERO3_FRAME = re.compile(r"partitioned_param_coordinator\.py|__all_gather_params|partition_parameters\.py|"
                             r"fetch_sub_module|all_gather_coalesced|_allgather_params")
+# An OOM raised inside the causal-LM loss: transformers' loss_utils.py (ForCausalLMLoss → fixed_cross_entropy →
+# F.cross_entropy / log_softmax over the B·S·V logits) or the logits' own upcast in the model's forward
+RE_LOSS_FRAME = re.compile(r"loss_utils\.py|ForCausalLMLoss|fixed_cross_entropy|in cross_entropy|log_softmax|"
+                           r"logits\.float\(\)|lm_head\(")
 RE_NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), OpType=(\w+)"
                              r".*?Timeout\(ms\)=(\d+)\) ran for (\d+) milliseconds")
 RE_NCCL_HEARTBEAT = re.compile(r"Heartbeat monitor timed out!|watchdog got stuck for (\d+) seconds")
@@ -199,6 +203,8 @@ def _match_oom(lines: list[LogLine], i: int) -> Event | None:
             return None
     tb = traceback_of(lines, i)
     zero3 = any(RE_ZERO3_FRAME.search(t.body) for t in tb)
+    if any(RE_LOSS_FRAME.search(t.body) for t in tb):
+        d["in_loss"] = True          # the logits' cross-entropy ran out: --loss chunked is the first remedy
     kind = "cuda_oom_zero3_gather" if zero3 else "cuda_oom"
     evidence = [ln]
     if zero3:

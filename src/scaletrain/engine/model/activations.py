@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scaletrain.engine.catalog.moe import peft_converted_names
+from scaletrain.engine.model.chunked_loss import chunked, hidden_saved
 from scaletrain.engine.model.moe_activations import moe_half
 from scaletrain.engine.model.numerics import Numerics, numerics
 from scaletrain.engine.model.setup import TrainingSetup
@@ -369,11 +370,13 @@ def outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> dict[str
     shared = rope_sets * 2 * t * m.head_dim * nm.residual + 8 * t
     window_mask = b * s.seq_len * s.seq_len * nm.compute if (not eager_attention(s) and sliding_layers(s)) else 0
     final = t * _norm_saved(h, 1, nm.residual, full, style)
-    if full and not s.fused_lm_head:       # TRL's fused head saves its own copy (objectives.py)
+    own_head = not (s.fused_lm_head or chunked(s))   # TRL's fused head, the chunked loss: their own saves
+    if full and own_head:
         final += t * _reader_saved(h, nm.residual, 1, 0, nm, True)
     head_out = m.vocab_size if m.vocab_head else 1
-    if (nm.trainable_copies or nm.fp32_head) and not s.fused_lm_head:
+    if (nm.trainable_copies or nm.fp32_head) and own_head:
         final += 2 * head_out * h
+    final += hidden_saved(s, t) if chunked(s) else 0
     moe = m.moe
     if moe is not None and moe.aux_loss:
         # output_router_logits: load_balancing_loss_func keeps each MoE layer's softmax over the router logits (in

@@ -131,7 +131,7 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     else:   # the buffers (accumulation, DDP buckets, DeepSpeed) already hold it
         mark("backward", acts, head.output_grad, ms.gradients_backward, opt_extra=head_cast,
              gather=gather_head + head_grad_gather)
-        grads = ms.gradients_backward
+        grads = ms.gradients_backward + (head_grad if (m.tie_embeddings and m.vocab_head) else 0)   # tied: below
     acts -= final + head.labels
     block_grad = _grad_share(m.block_params() if full else s.trainable_params // max(L, 1), s)
     for _ in range(L):
@@ -148,7 +148,7 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
             grads += block_grad
     grads = max(grads, ms.gradients_backward)
     # the embedding's backward writes a dense V×h gradient; with tied embeddings autograd adds it to lm_head's,
-    # which waits in the engine's input buffer: out of place (a third V×h tensor) unless lm_head's gradient is a
+    # which waits in the engine's input buffer from the head's backward on (beside an accumulation buffer too): out of place (a third V×h tensor) unless lm_head's gradient is a
     # fresh fp32 copy of autocast's 16-bit one, which the engine may add into (torch/csrc/autograd/input_buffer.cpp)
     tied = m.tie_embeddings and m.vocab_head
     embed_bwd = _grad_share(m.vocab_size * h, s) * (1 if nm.trainable_copies else 2) if (full and tied) else 0

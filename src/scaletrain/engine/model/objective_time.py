@@ -1,6 +1,7 @@
 """What each objective adds to a step's time (TRL 1.16 on transformers 5), term by term.
 
-  head        sft: lm_head's three GEMMs over every token and the cross-entropy's passes over B·S·V logits.
+  head        sft: lm_head's three GEMMs over every token and the cross-entropy's passes over B·S·V logits (with
+              `--loss chunked`: chunks of them, and the pure-torch loss's recomputed projection, chunked_loss.py).
               reward: a score head (h×1), nothing over the vocabulary. dpo/grpo: TRL's fused log-prob head over the
               scored tokens (completions only on CUDA): its forward projects tiles of the head, its backward
               recomputes them and turns each into the logits' gradient in place, then the hidden-state and weight
@@ -18,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from scaletrain.engine.model.chunked_loss import bytes_per_logit, chunked, recomputes_head
 from scaletrain.engine.model.numerics import numerics
 from scaletrain.engine.model.objectives import scored_tokens, sequences
 from scaletrain.engine.model.setup import TrainingSetup
@@ -49,6 +51,8 @@ def head_seconds(s: TrainingSetup, t: int, gemm: Gemm, hbm: float) -> HeadTime:
         mm = 2 * gemm(n, V, h) + gemm(n, h, V) + (gemm(V, h, n) if full else 0.0)   # forward, recompute, grads
         return HeadTime(mm, n * V * FUSED_HEAD_PASSES * c / hbm)
     mm = gemm(t, V, h) + gemm(t, h, V) + (gemm(V, h, t) if full else 0.0)
+    if chunked(s):   # --loss chunked: no B·S·V tensor, chunks of it; pure torch recomputes the projection
+        return HeadTime(mm + (gemm(t, V, h) if recomputes_head(s) else 0.0), t * V * bytes_per_logit(s) / hbm)
     per_logit = LOSS_BYTES_PER_LOGIT_FP32 + (2 * (c + 4) if c < 4 else 0)
     return HeadTime(mm, t * V * per_logit / hbm)
 

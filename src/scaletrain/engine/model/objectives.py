@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from scaletrain.engine.model.activations import logits_bytes
+from scaletrain.engine.model.chunked_loss import chunked, chunked_head
 from scaletrain.engine.model.numerics import numerics
 from scaletrain.engine.model.setup import TrainingSetup
 
@@ -83,6 +84,11 @@ def head_cost(s: TrainingSetup, micro_batch: int | None = None) -> HeadCost:
         return fused_log_prob_head(s, micro_batch)
     if s.fused_lm_head:   # SFT under TRL's SFTTrainer: log-probs, entropy and top-1 hits from the fused head
         return sft_fused_head(s, micro_batch)
+    if chunked(s):
+        ck = chunked_head(s, t)
+        return HeadCost("chunked lm_head + cross-entropy (no B·S·V logits)", ck["forward_transient"], ck["saved"],
+                        ck["backward_transient"], ck["output_grad"], m.vocab_size * m.hidden_size, 8 * t,
+                        weight_grad_early=True)
     lg = logits_bytes(s, micro_batch)
     return HeadCost("logits and cross-entropy (B·S·V)", lg["forward_transient"], lg["saved"],
                     lg["backward_transient"], c * t * m.vocab_size, m.vocab_size * m.hidden_size, 8 * t)

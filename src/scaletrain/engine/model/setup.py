@@ -112,6 +112,7 @@ class TrainingSetup:
         one_of("ref_model", RefModel)
         one_of("generation", Generation)
         _check_objective(self)
+        _check_loss(self)
         if self.lora_targets is BLOCK_LINEARS and self.model.default_lora_targets != BLOCK_LINEARS:
             object.__setattr__(self, "lora_targets", self.model.default_lora_targets)   # a traced model's own
         if self.objective == "reward" and not self.model.score_head:
@@ -276,3 +277,22 @@ def _check_objective(s: TrainingSetup) -> None:
     if obj != "sft" and s.loop in ("hf-trainer", "accelerate-loop"):
         raise ScaletrainError(f"--loop {s.loop} applies to sft; --objective {obj} runs TRL's own trainer (use --loop "
                               "trl, or leave --loop out)")
+
+
+def _check_loss(s: TrainingSetup) -> None:
+    """`--loss chunked` where it can run (engine/model/chunked_loss.py, trainer/chunked_loss.py), else one line."""
+    if s.loss != "chunked":
+        return
+    if s.fused_lm_head and s.objective == "sft":
+        raise ScaletrainError("--loss chunked with --loop trl: TRL's SFTTrainer already computes the loss through "
+                              "its fused LM head (no B·S·V logits); use --loss standard")
+    if s.objective != "sft":
+        why = ("a score head has no vocabulary logits" if s.objective == "reward"
+               else "TRL's log-prob head already chunks the vocabulary")
+        raise ScaletrainError(f"--loss chunked applies to --objective sft ({s.objective}: {why}); use --loss standard")
+    if s.strategy in ("zero3", "fsdp"):
+        raise ScaletrainError(f"--loss chunked reads lm_head's weight outside lm_head's forward, where {s.strategy} "
+                              "holds only this rank's shard of it; use --loss standard, or --strategy ddp/zero1/zero2")
+    if s.model.config.get("final_logit_softcapping"):
+        raise ScaletrainError(f"--loss chunked cannot reproduce {s.model.model_type}'s logit soft-capping "
+                              "(final_logit_softcapping); use --loss standard")

@@ -32,6 +32,7 @@ from scaletrain.engine.model.device_time import (MicroStep, block_kernels, cpu_m
                                                  gemm_for, micro_step, optimizer_device_seconds,
                                                  param_bytes_gathered)
 from scaletrain.engine.model.objective_time import GenerationTime, generation_seconds
+from scaletrain.engine.model.chunked_loss import recomputes_head
 from scaletrain.engine.model.moe_time import LOAD_BALANCE_ASSUMPTION, experts_dtype_bytes, routed_sample_flops
 from scaletrain.engine.model.objectives import sequences
 from scaletrain.engine.model.numerics import numerics
@@ -148,6 +149,7 @@ def sample_flops(s: TrainingSetup, tokens: int) -> SampleFlops:
     forward = lin_fwd + head_fwd + attn_fwd + adapter_fwd
     wgrad = (lin_fwd + head_fwd) if full else 0.0
     backward = (lin_fwd + head_fwd) + wgrad + 2 * attn_fwd + 2 * adapter_fwd
+    backward += head_fwd if recomputes_head(s) else 0.0    # --loss chunked (pure torch) re-projects each chunk
     recompute = (lin_fwd + attn_fwd + adapter_fwd) if s.grad_ckpt else 0.0
     moe_fwd, moe_bwd, moe_re = routed_sample_flops(s, tokens)     # the router and the top-k experts: active only
     return SampleFlops(forward + moe_fwd, backward + moe_bwd, recompute + moe_re)

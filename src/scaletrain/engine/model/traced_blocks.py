@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from scaletrain.engine.catalog import traced
+from scaletrain.engine.model.chunked_loss import chunked, hidden_saved
 from scaletrain.engine.model.numerics import numerics
 from scaletrain.engine.model.setup import TrainingSetup
 
@@ -139,9 +140,11 @@ def traced_outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> d
     act = _trace(s)
     shared = traced.at(act["shared"], b, S)
     final = traced.at(act["final_norm"], b, S)
-    if not s.fused_lm_head:       # TRL's fused head saves its own copy (objectives.py)
+    own_head = not (s.fused_lm_head or chunked(s))   # TRL's fused head, the chunked loss: their own saves
+    if own_head:
         final += traced.at([0, *act["head_input"][1:]], b, S)
     head_out = m.vocab_size if m.vocab_head else 1
-    if (nm.trainable_copies or nm.fp32_head) and not s.fused_lm_head:
+    if (nm.trainable_copies or nm.fp32_head) and own_head:
         final += 2 * head_out * m.hidden_size
+    final += hidden_saved(s, t) if chunked(s) else 0
     return {"shared": shared, "final": final, "labels": 8 * t, "window_mask": 0}

@@ -57,6 +57,7 @@ def solve(req: PlanRequest, base: TrainingSetup) -> Plan:
     fixed = fixed_fields(req)
     target = req.effective_batch
     res = search(base, target=target, fixed=fixed, headroom=req.headroom, name=req.name)
+    res, loss_why = _choose_loss(req, base, res)
     if not res.ranked:
         raise ScaletrainError(_nothing_fits(base, res, req.headroom))
     best = res.ranked[0]
@@ -65,8 +66,38 @@ def solve(req: PlanRequest, base: TrainingSetup) -> Plan:
         evaluated=res.evaluated, fitting=len(res.ranked),
         micro_batch_rule=None if target is not None or "micro_batch" in fixed else
         f"largest micro batch that fits, at most {MAX_MICRO_BATCH_WITHOUT_TARGET}")
-    return finalize(replace(best.plan, explanation=explain(best, res), planner=report), req)
+    return finalize(replace(best.plan, explanation=explain(best, res) + loss_why, planner=report), req)
 
+
+def _choose_loss(req: PlanRequest, base: TrainingSetup, res: SearchResult) -> tuple[SearchResult, str]:
+    """`--loss` left free: the standard loss, unless the chunked one (engine/model/chunked_loss.py) fits where it
+    does not, or spares the CPU offload it needs, predicted faster. Where it would only let a larger micro batch or
+    no checkpointing fit, predicted more than TIE_TOLERANCE faster, the plan says so and keeps the standard loss
+    (its liger path is not yet measured on a GPU: the safe side). The chosen search, and what the explanation adds."""
+    if req.loss is not None or base.objective != "sft":
+        return res, ""
+    try:
+        chunked = base.with_(loss="chunked")
+    except ScaletrainError:
+        return res, ""
+    alt = search(chunked, target=req.effective_batch, fixed=fixed_fields(req), headroom=req.headroom,
+                 name=req.name)
+    if not alt.ranked:
+        return res, ""
+    ck = alt.ranked[0]
+    if not res.ranked:
+        return alt, " --loss chunked because the standard loss's B·S·V logits fit in no configuration."
+    std = res.ranked[0]
+    a, b = ck.setup, std.setup
+    gain = std.seconds_per_sample / ck.seconds_per_sample - 1
+    if a.offload.rank < b.offload.rank and gain > 0:
+        return alt, (f" --loss chunked because without the B·S·V logits {ck.describe()} fits without offload, "
+                     f"predicted {gain:.0%} faster than the standard loss's best ({std.describe()}).")
+    more = a.micro_batch > b.micro_batch or (b.grad_ckpt and not a.grad_ckpt)
+    if more and gain > TIE_TOLERANCE:
+        return res, (f" With --loss chunked (no B·S·V logits) {ck.describe()} would fit, predicted {gain:.0%} "
+                     "faster.")
+    return res, ""
 
 def finalize(plan: Plan, req: PlanRequest) -> Plan:
     """Attach what every plan from a request carries: the learning-rate suggestion (when asked for)."""

@@ -1,6 +1,6 @@
 """What-if keys on a plan: each names one change to the choices behind a plan (the next micro batch that divides
 each GPU's share, checkpointing on/off, the next strategy, offload, precision, optimizer, attention, bf16-only
-weights, the next objective) as PlanRequest fields that pin every other choice; the planner then re-plans. Also the
+weights, the next objective, the loss: standard ↔ chunked) as PlanRequest fields that pin every other choice; the planner then re-plans. Also the
 repair a request needs when a what-if leaves it unplannable (bf16-only weights belong to full fine-tuning).
 """
 
@@ -12,20 +12,20 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.search import next_micro_batch
 from scaletrain.engine.request.request import PlanRequest
-from scaletrain.engine.vocabulary import Attention, Objective, Offload, Optimizer, OptimizerImpl, Precision, Strategy
+from scaletrain.engine.vocabulary import Attention, LossImpl, Objective, Offload, Optimizer, OptimizerImpl, Precision, Strategy
 
 # The what-if key cycles the strategy: plain DDP is "stage 0", then the ZeRO stages, then FSDP.
 ZERO_CYCLE = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP)
 # What-if keys that cycle a plan setting through the CLI's vocabulary (engine/vocabulary.py): change → request field
 SETTING_CYCLES = {"precision": ("precision", Precision), "optimizer": ("optimizer", Optimizer),
-                  "impl": ("optimizer_impl", OptimizerImpl), "attn": ("attn", Attention)}
+                  "impl": ("optimizer_impl", OptimizerImpl), "attn": ("attn", Attention), "loss": ("loss", LossImpl)}
 
 
 def fixed_choices(plan: Plan) -> dict[str, Any]:
     """The planner's choices behind `plan`, as PlanRequest fields that pin them."""
     s = plan.setup
     return dict(micro_batch=s.micro_batch, grad_accum=s.grad_accum, strategy=s.strategy, offload=s.offload,
-                grad_ckpt=s.grad_ckpt)
+                grad_ckpt=s.grad_ckpt, loss=str(s.loss))
 
 
 def what_if_changes(plan: Plan, change: str) -> dict[str, Any]:

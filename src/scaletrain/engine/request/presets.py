@@ -403,7 +403,7 @@ def _pinned_request(request: PlanRequest, plan: Any | None) -> dict[str, Any]:
         s = plan.setup
         req = request.with_(gpus=s.hardware.describe(), nodes=None, micro_batch=s.micro_batch,
                             grad_accum=s.grad_accum, effective_batch=s.effective_batch, strategy=s.strategy,
-                            offload=s.offload, grad_ckpt=s.grad_ckpt, device=s.device)
+                            offload=s.offload, grad_ckpt=s.grad_ckpt, device=s.device, loss=str(s.loss))
     defaults = {f.name: f.default for f in dataclasses.fields(PlanRequest)}
     out: dict[str, Any] = {}
     for k, v in req.to_json().items():

@@ -43,7 +43,7 @@ class PlanRequest:
     attn: str = "sdpa"
     experts_impl: str = "grouped_mm"
     loop: str = "trainer"
-    loss: str = "standard"
+    loss: str | None = None          # None: the planner decides (standard unless chunked lets more fit)
     grad_ckpt: bool | None = None
     micro_batch: int | None = None
     grad_accum: int | None = None
@@ -126,7 +126,7 @@ def base_setup(req: PlanRequest, hardware: Hardware | None = None) -> TrainingSe
         lora_targets=tuple(req.lora_targets) if req.lora_targets else model.default_lora_targets, base_bits=base_bits,
         strategy=req.strategy or _default_strategy(req), offload=req.offload or "none", precision=req.precision,
         master_weights=req.master_weights, optimizer=req.optimizer, optimizer_impl=req.optimizer_impl,
-        attn=req.attn, experts_impl=req.experts_impl, loop=req.loop, loss=req.loss, grad_ckpt=bool(req.grad_ckpt),
+        attn=req.attn, experts_impl=req.experts_impl, loop=req.loop, loss=req.loss or "standard", grad_ckpt=bool(req.grad_ckpt),
         micro_batch=req.micro_batch or 1, grad_accum=req.grad_accum or 1, seq_len=seq_len,
         residents=residents, dataset_size=req.dataset_size, epochs=req.epochs,
         tokens_per_sample=req.tokens_per_sample,

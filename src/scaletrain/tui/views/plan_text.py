@@ -60,6 +60,8 @@ def setup_line(plan: Plan) -> Text:
     parts += [s.precision_label, s.optimizer_label, f"attn {s.attn}", f"seq {s.seq_len}"]
     if s.loop != "trainer":   # the numbers are for another loop than the bundled trainer's
         parts.append(f"loop {s.loop}")
+    if s.loss == "chunked":
+        parts.append("loss chunked")
     return Text(" · ".join(parts))
 
 

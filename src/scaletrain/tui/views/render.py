@@ -66,7 +66,7 @@ def print_plan(plan: Plan, *, alternatives: bool = False, table: str | None = No
     c.print(f"threads: {hw.threads_text()}", markup=False)
     c.print(f"{s.strategy}{'' if s.offload == 'none' else f' + offload {s.offload}'}, {s.precision_label}, "
             f"{s.optimizer_label}, attn {s.attn}, grad-ckpt {'on' if s.grad_ckpt else 'off'}, seq {s.seq_len}, "
-            f"{loop_words(s)}")
+            f"{loop_words(s)}{', loss chunked' if s.loss == 'chunked' else ''}")
     c.print(f"batch: micro {s.micro_batch} × accum {s.grad_accum} × {s.world_size} GPUs = "
             f"[bold]{s.effective_batch}[/] effective")
     if s.objective != "sft":

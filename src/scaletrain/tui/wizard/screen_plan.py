@@ -62,6 +62,7 @@ the run trains as the trainer will run it (a `train.max_steps` overrides the epo
         Binding("x", "what_if('optimizer')", "optimizer", show=False),
         Binding("i", "what_if('impl')", "optimizer impl", show=False),
         Binding("a", "what_if('attn')", "attention", show=False),
+        Binding("l", "what_if('loss')", "loss", show=False),               # standard ↔ chunked
     ]
 
     def __init__(self) -> None:

@@ -100,7 +100,8 @@ class WizardState:
 
     def clear_what_ifs(self) -> "WizardState":
         """Forget choices the plan step made, so the planner solves again after an earlier step changed."""
-        return self.with_request(micro_batch=None, grad_accum=None, strategy=None, offload=None, grad_ckpt=None)
+        return self.with_request(micro_batch=None, grad_accum=None, strategy=None, offload=None, grad_ckpt=None,
+                                 loss=None)
 
     def planning_inputs(self) -> PlanRequest:
         """The request minus the plan step's choices, in one spelling (nodes 1 = None, tuples not lists)."""
