@@ -31,8 +31,12 @@ def _split_ok(plan, target: int) -> bool:
 
 # ---- done-when --------------------------------------------------------------------------------------------------
 def test_qwen3_4b_8x4090_target_128(capsys):
+    # the seed's 1257 steps are HF Trainer's count (it keeps the last partial step); the bundled trainer drops it
+    ours = _plan_json(capsys, "--model", QWEN3_4B, "--gpus", "8xRTX4090", "--effective-batch", "128",
+                      "--seq-len", "2048", "--dataset-size", "160791")
+    assert ours["time"]["steps_per_epoch"] == 160791 // 128 == 1256
     out = _plan_json(capsys, "--model", QWEN3_4B, "--gpus", "8xRTX4090", "--effective-batch", "128",
-                     "--seq-len", "2048", "--dataset-size", "160791")
+                     "--seq-len", "2048", "--dataset-size", "160791", "--loop", "hf-trainer")
     b = out["batch"]
     assert b["micro_batch"] * b["grad_accum"] * 8 == 128 == b["effective_batch"]
     assert out["memory"]["fits"] is True
@@ -51,7 +55,7 @@ def test_qwen3_4b_8x4090_target_128(capsys):
 
 def test_16x4090_target_256_gives_629_steps(capsys):
     out = _plan_json(capsys, "--model", QWEN3_4B, "--gpus", "2x8xRTX4090", "--effective-batch", "256",
-                     "--seq-len", "2048", "--dataset-size", "160791")
+                     "--seq-len", "2048", "--dataset-size", "160791", "--loop", "hf-trainer")   # HF Trainer's count
     b = out["batch"]
     assert b["world_size"] == 16 and b["micro_batch"] * b["grad_accum"] * 16 == 256
     assert out["memory"]["fits"] is True
