@@ -84,7 +84,7 @@ def _weights(model: Any) -> str:
     return "weights " + ", ".join(f"{k} {v:,}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-def _tensorboard(run: RunDir, report_to: tuple[str, ...] = ("tensorboard",)) -> Any:
+def _trackers(run: RunDir, report_to: tuple[str, ...] = ("tensorboard",)) -> Any:
     """The trackers rank 0 reports to besides metrics.jsonl (trainer/trackers.py): TensorBoard, W&B, none."""
     from scaletrain.trainer.trackers import open_trackers
 
@@ -273,12 +273,12 @@ def _maybe_evaluate(s: Session, p: Progress, rec: StepMetrics) -> StepMetrics:
 def step_loop(s: Session, step: int, resume: bool) -> int | None:
     """Optimizer steps from `step` to the schedule's end, epoch by epoch; the last step, or None when interrupted."""
     writer = MetricsWriter(s.cfg.run.metrics) if s.main else None
-    tb = _tensorboard(s.cfg.run, s.cfg.train.report_to) if s.main else None
+    trackers = _trackers(s.cfg.run, s.cfg.train.report_to) if s.main else None
     p = Progress(step, step, time.perf_counter(), time.process_time())
     s.model.train()
     try:
         while p.step < s.sched.total_steps:
-            _epoch(s, p, writer, tb, resume)
+            _epoch(s, p, writer, trackers, resume)
     except KeyboardInterrupt:
         if s.main:
             print(f"scaletrain: interrupted at step {p.step} (last checkpoint: step {p.last_saved})", flush=True)
@@ -286,12 +286,12 @@ def step_loop(s: Session, step: int, resume: bool) -> int | None:
     finally:
         if writer is not None:
             writer.close()
-        if tb is not None:
-            tb.close()
+        if trackers is not None:
+            trackers.close()
     return p.step
 
 
-def _epoch(s: Session, p: Progress, writer: MetricsWriter | None, tb: Any, resume: bool) -> None:
+def _epoch(s: Session, p: Progress, writer: MetricsWriter | None, trackers: Any, resume: bool) -> None:
     """The rest of the current epoch's micro-batches (or up to the last step): forward, backward, and at every
     accumulation boundary an optimizer step, its metrics and a checkpoint when due. The loss stays on the device
     through the micro-steps and the tokens are counted on the host: the host waits for the device once per
@@ -321,7 +321,7 @@ def _epoch(s: Session, p: Progress, writer: MetricsWriter | None, tb: Any, resum
         p.step += 1
         rec = _maybe_evaluate(s, p, _step_metrics(s, p, lr, grad_norm, loss_sum, micro_in_step, tokens))
         if s.main:
-            _report_step(s, rec, writer, tb)
+            _report_step(s, rec, writer, trackers)
         loss_sum, tokens = None, 0
         micro_in_step = 0
         if cfg.train.save_checkpoints and (p.step % cfg.train.checkpoint_every == 0
@@ -368,14 +368,14 @@ def _step_metrics(s: Session, p: Progress, lr: float, grad_norm: Any, loss_sum: 
                        peak_memory=st.peaks, cpu_seconds=step_cpu)
 
 
-def _report_step(s: Session, rec: StepMetrics, writer: MetricsWriter | None, tb: Any) -> None:
+def _report_step(s: Session, rec: StepMetrics, writer: MetricsWriter | None, trackers: Any) -> None:
     if writer is not None:
         writer.write(rec)
-    if tb is not None:
+    if trackers is not None:
         for k in ("loss", "lr", "tokens_per_second", "step_seconds"):
-            tb.add_scalar(f"train/{k}", getattr(rec, k), rec.step)
+            trackers.add_scalar(f"train/{k}", getattr(rec, k), rec.step)
         if rec.eval_loss is not None:
-            tb.add_scalar("eval/loss", rec.eval_loss, rec.step)
+            trackers.add_scalar("eval/loss", rec.eval_loss, rec.step)
     ev = (f" eval loss {rec.eval_loss:.4f} ppl {rec.eval_perplexity:.4g} ({rec.eval_seconds:.2f}s)"
           if rec.eval_loss is not None and rec.eval_perplexity is not None else "")
     print(f"step {rec.step}/{s.sched.total_steps} loss {rec.loss:.4f} lr {rec.lr:.3g} "

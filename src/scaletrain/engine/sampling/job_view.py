@@ -9,7 +9,7 @@ computed once, in the engine; the front ends only lay it out.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scaletrain.engine.run.metrics import RankMemory, StepMetrics
 from scaletrain.engine.run.plan_document import PlanDocument
@@ -125,7 +125,6 @@ def _cell(m: RankMemory, doc: PlanDocument, per_node: int | None) -> RankCell:
 
 
 def _mark(c: RankCell) -> RankCell:
-    from dataclasses import replace
     return replace(c, straggler=True)
 
 
