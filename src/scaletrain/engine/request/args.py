@@ -76,7 +76,7 @@ def asked_from_args(args: Any) -> Asked:
         fields["dataset_size"] = resolve_data(data).rows      # the plan's steps and epochs follow the real data
         if getattr(args, "data", None) and fields.get("model"):
             profile = _profile(data, fields, weights, train)
-            if profile.blocks:                                 # the trainer's rows: blocks of seq_len tokens
+            if profile.blocks and not profile.error:           # the trainer's rows: blocks of seq_len tokens
                 held_out = math.ceil(train.eval_fraction * profile.blocks) if train.eval_fraction else 0
                 fields["dataset_size"] = profile.blocks - held_out    # less the eval split (trainer/evaluate.py)
     return Asked(fields, train, data, weights, profile)
@@ -87,9 +87,14 @@ def _profile(data: str, fields: dict[str, Any], weights: str | None, train: Trai
     from scaletrain.engine.request.data_profile import profile_data
     from scaletrain.engine.request.weights import resolve_weights
 
+    from scaletrain.engine.request.data_profile import DataProfile
+
     seq_len = int(fields.get("seq_len") or 2048)
     source = resolve_weights(weights, fields["model"])
-    return profile_data(data, fields["model"], source, seq_len, packing=train.packing, columns=train.data_columns)
+    try:
+        return profile_data(data, fields["model"], source, seq_len, packing=train.packing, columns=train.data_columns)
+    except ScaletrainError as e:      # e.g. the tokenizer is not on this machine: said, and the rows are counted
+        return DataProfile({"error": str(e)})
 
 
 def _train(args: Any, preset: Any, overrides: list[str]) -> TrainOptions:

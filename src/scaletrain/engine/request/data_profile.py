@@ -34,9 +34,16 @@ class DataProfile:
     def blocks(self) -> int | None:
         return self.data.get("blocks")
 
+    @property
+    def error(self) -> str | None:
+        """Why the data could not be profiled (the plan then counts rows, and says so)."""
+        return self.data.get("error")
+
     def lines(self) -> list[str]:
         """`plan`'s words: format and records; token statistics; what the trainer makes of them."""
         d = self.data
+        if self.error:
+            return [f"no token statistics ({self.error[:200]}); the plan counts one sample per row"]
         out = [f"{fmt_count(d['records'])} records ({d['data_format']})"]
         if "tokens" not in d:
             return out + [d.get("note", "")]

@@ -25,7 +25,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         out = plan.to_json()
         out["weights"] = weights
         prof = asked.profile.data if asked.profile is not None else None
-        out["data"] = {"spec": data, "rows": prof["records"] if prof else request.dataset_size,
+        rows = prof["records"] if prof and "records" in prof else request.dataset_size
+        out["data"] = {"spec": data, "rows": rows,
                        "profile": prof} if data else None
         out["disk"] = disk_need(plan, asked.train).to_json()
         print(json.dumps(out, indent=2))
@@ -33,7 +34,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from scaletrain.tui.views.render import print_plan, print_weights
     print_plan(plan, alternatives=getattr(args, "alternatives", False), table=getattr(args, "table", None))
     print(f"disk: {disk_need(plan, asked.train).text()}")
-    rows = asked.profile.data["records"] if asked.profile is not None else request.dataset_size
+    rows = asked.profile.data.get("records", request.dataset_size) if asked.profile is not None else request.dataset_size
     print_weights(weights["source"], [w for w in (weights["warning"], weights["problem"]) if w],
                   data, rows, note=weights["note"])
     for line in (asked.profile.lines() if asked.profile is not None else ()):
