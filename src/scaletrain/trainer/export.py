@@ -29,11 +29,11 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import atomic_write
 from scaletrain.engine.run.layout import RunDir, checkpoint_step
 from scaletrain.trainer.checkpoints import DS_CHECKPOINT_TAG, read_state
+from scaletrain.engine.vocabulary import Precision
 from scaletrain.trainer.config import RunConfig, read_run_config
 
 EXPORT_MANIFEST = "export.json"
-DTYPES = ("bf16", "fp16", "fp32")
-_TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+DTYPES = Precision.values()              # bf16, fp16, fp32: the exported weights' dtype, named as the plan names it
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ def export_run(run_dir: str | Path, step: int | None = None, out: str | Path | N
 def _write(model: Any, cfg: RunConfig, folder: Path, adapter: bool, merge: bool, dtype: str) -> str | None:
     import torch
 
-    torch_dtype = getattr(torch, _TORCH_DTYPE[dtype])
+    torch_dtype = getattr(torch, Precision(dtype).torch_dtype)
     tok = _tokenizer(cfg)
     if not adapter:
         model.to(torch_dtype).save_pretrained(str(folder), safe_serialization=True)
