@@ -121,7 +121,8 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: st
     mlp += _reader_saved(h, r, 2, n_adapted("gate_proj", "up_proj"), nm, full)
     mb = nm.mlp_bytes
     mlp += 3 * mb * i                                    # gate (act input), up, act(gate)
-    mlp += mb * i if full else _reader_saved(i, mb, 1, n_adapted("down_proj"), nm, full)   # act·up for down_proj
+    down_in = mb * i if full else _reader_saved(i, mb, 1, n_adapted("down_proj"), nm, full)
+    mlp += down_in                                       # act·up (or what down_proj's adapter keeps of it)
     mlp += adapter_out("gate_proj", "up_proj", "down_proj")
     if "post_mlp" in fam["norms"]:
         mlp += _norm_saved(h, 1, c, full, style)
@@ -151,13 +152,16 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: st
             const += -(-n_moe * half.const // m.num_layers)
         fwd_t = max(fwd_t, t * half.fwd_transient)
         mlp_bwd_t = max(mlp_bwd_t, t * half.bwd_transient)
-    attn_bwd_t = _attention_backward_transient(s, nm, b)
+    o_proj_saved = _reader_saved(m.q_dim, c, 1, n_adapted("o_proj"), nm, full) + adapter_out("o_proj")
+    attn_bwd_t = _attention_backward_transient(s, nm, b, o_proj_saved)
     if nm.trainable_copies:   # the 16-bit weight gradient of the largest linear before its fp32 conversion
         mlp_bwd_t += c * max(a * o for a, o, _ in m.linear_shapes().values())
     recompute_t = 0
     if m.moe is None:
+        # at gate_proj's / up_proj's adapter add, what down_proj keeps does not exist yet (counted in `saved`)
+        add_t = _adapter_add_transient(s, nm, n_adapted("gate_proj", "up_proj"))
         recompute_t = t * max(_down_proj_transient(s, nm, full, "down_proj" in targets),
-                              _adapter_add_transient(s, nm, n_adapted("gate_proj", "up_proj")))
+                              add_t - down_in if add_t else 0)
     return LayerActivations(t * attn + const, t * mlp, fwd_t, mlp_bwd_t, attn_bwd_t, copies, cached, recompute_t)
 
 
@@ -174,7 +178,8 @@ def _down_proj_transient(s: TrainingSetup, nm: Numerics, full: bool, down_adapte
     m = s.model
     i, h = m.intermediate_size, m.hidden_size
     mb, c, r = nm.mlp_bytes, nm.compute, nm.residual
-    act_up = 0 if full else mb * i
+    # act·up: counted in `saved` already when it is the very tensor lora_A keeps (same dtype, no autocast)
+    act_up = 0 if full or (down_adapted and not nm.autocast and mb == nm.adapter) else mb * i
     upcast = adapter_input_cast(nm, i, mb) if down_adapted else 0
     return act_up + upcast + c * h + c * h + r * h
 
@@ -187,8 +192,8 @@ def _adapter_add_transient(s: TrainingSetup, nm: Numerics, adapted_in_mlp: int) 
     base layer's 16-bit output into an fp32 sum, then casts it back; the CPU's add first copies the 16-bit operand
     to fp32 (TensorIterator's type promotion: torch.profiler shows three fp32 B·S·I `_to_copy`/add tensors alive at
     this add). The projection's own output is not saved yet (−mb·i); the MLP's input and the attention residual are
-    held by their frames (c·h + r·h, as at down_proj). Counted against all of the block's saved tensors, an upper
-    bound (down_proj's are recomputed after this). Zero under autocast, where the branch is 16-bit."""
+    held by their frames (c·h + r·h, as at down_proj). The caller takes off what down_proj keeps (recomputed after
+    this add). Zero under autocast, where the branch is 16-bit."""
     if nm.autocast or nm.adapter == nm.compute or not adapted_in_mlp or not s.grad_ckpt:
         return 0
     i, h = s.model.intermediate_size, s.model.hidden_size
@@ -271,8 +276,9 @@ def _attention_half(s: TrainingSetup, nm: Numerics, targets: set[str]) -> int:
     return attn
 
 
-def _attention_backward_transient(s: TrainingSetup, nm: Numerics, b: int) -> int:
-    """Bytes the attention core's backward allocates beyond the saved tensors, per micro-batch."""
+def _attention_backward_transient(s: TrainingSetup, nm: Numerics, b: int, o_proj_saved: int = 0) -> int:
+    """Bytes the attention core's backward allocates beyond the saved tensors, per micro-batch, net of the saved ones
+    it has freed by then (eager); `o_proj_saved`: per token, what o_proj and its adapter keep."""
     m = s.model
     S, nh, c, r = s.seq_len, m.num_heads, nm.compute, nm.residual
     s2 = b * nh * S * S   # attention score elements
@@ -283,7 +289,11 @@ def _attention_backward_transient(s: TrainingSetup, nm: Numerics, b: int) -> int
         # autocast (an upper bound of the chain in eager_attention_forward, checked against the profiler)
         return 2 * b * nh * S * (S + 1) * r + (s2 * c if c < r else 0)
     elif eager:
-        return 2 * s2 * 4
+        # at softmax's backward (torch.profiler at the peak of a chunked-loss step, eager, bf16 and fp32): the
+        # gradients of its fp32 output and input, and the residual stream's gradient; o_proj's saved input and,
+        # under 16-bit compute, the 16-bit probabilities are gone (their backward ran), and the gradient of the
+        # repeated V stands where the repeated V was
+        return 2 * s2 * 4 - (s2 * c if c < 4 else 0) + b * S * (r * m.hidden_size - o_proj_saved)
     elif s.device == "cuda":
         return b * S * _flash_backward_bytes(s, c)
     else:
