@@ -63,3 +63,14 @@ def test_moe_peaks_err_on_the_safe_side(rows):
     assert statistics.median(abs(r["error"]) for r in moe) <= 0.03, table
     assert max(abs(r["error"]) for r in moe) <= 0.08, table
     assert min(r["error"] for r in moe) >= -0.03, table
+
+
+def test_each_loop_kind_and_the_chunked_loss_within_3pct(rows):
+    """Issue 21: with the matching --loop (accelerate-loop holding its outputs, hf-trainer, trl, LoRA on a bf16 base
+    without autocast) and with --loss chunked, the prediction is within 3 % of the profiler either way."""
+    picked = [r for r in rows if "loop=" in r["case"] or "loss=chunked" in r["case"] or "no autocast" in r["case"]]
+    kinds = {k for r in picked for k in ("accelerate-loop", "hf-trainer", "trl", "loss=chunked", "no autocast")
+             if k in r["case"]}
+    assert kinds == {"accelerate-loop", "hf-trainer", "trl", "loss=chunked", "no autocast"}, kinds
+    table = "\n".join(f"{r['case']}: {100 * r['error']:+.1f}%" for r in picked)
+    assert max(abs(r["error"]) for r in picked) <= 0.03, table

@@ -98,6 +98,10 @@ def make_accelerator(cfg: RunConfig) -> Any:
     # DDP's default keeps a second, flat copy of every gradient in its all-reduce buckets; bucket views make the
     # gradients live inside the buckets instead (torch DDP docs: saves "the total gradients size"). The memory
     # model counts the buckets as persistent gradients (engine/model/memory.py).
+    # broadcast_buffers off: DDP's default broadcasts rank 0's buffers before every forward (a collective per
+    # micro-step, which the host pays on small models: bench/host_overhead.py); the buffers of the models trained
+    # here (rotary inv_freq, position tables) are constants every rank computes identically from the config, as HF
+    # Trainer's ddp_broadcast_buffers also assumes under gradient checkpointing.
     # The plan's mixed precision, also when accelerate_config.yaml was edited: autocast over fp32 weights, or none
     # for fp32 and for bf16-only weights (master_weights bf16: the model is bf16 and AdamW runs on it).
     from accelerate.utils import DistributedDataParallelKwargs
@@ -106,7 +110,8 @@ def make_accelerator(cfg: RunConfig) -> Any:
 
     return Accelerator(cpu=not torch.cuda.is_available(), gradient_accumulation_steps=cfg.grad_accum,
                        mixed_precision=mixed_precision(cfg.precision, cfg.master_weights),
-                       kwargs_handlers=[DistributedDataParallelKwargs(gradient_as_bucket_view=True)])
+                       kwargs_handlers=[DistributedDataParallelKwargs(gradient_as_bucket_view=True,
+                                                                        broadcast_buffers=False)])
 
 
 def _check_ds_config(acc: Any, cfg: RunConfig) -> None:

@@ -273,7 +273,8 @@ def build_model(cfg: RunConfig, device: Any) -> Any:
             raise ScaletrainError(f"cannot load model {src!r} offline ({str(e).splitlines()[0]}); give a local "
                                   "folder or an id already in the HF cache, or model_source random-init") from None
     model.config.use_cache = False
-    if getattr(model.config, "_experts_implementation", None):       # the one transformers resolved and runs
+    # the experts implementation transformers resolved and runs (every config carries the field: MoE models only)
+    if getattr(model.config, "_experts_implementation", None) and moe_block_classes(model):
         print(f"scaletrain: MoE experts implementation {model.config._experts_implementation} "
               f"(planned {cfg.experts_impl})", flush=True)
     if cfg.strategy == "zero3":

@@ -20,17 +20,28 @@ from scaletrain.engine.run.layout import RunDir
 
 
 class Trackers:
-    """The step scalars fanned out to every tracker that started (the loop calls add_scalar and close)."""
+    """The step scalars fanned out to every tracker that started (the loop calls add_scalars and close)."""
 
     def __init__(self, tensorboard: Any = None, wandb_run: Any = None):
         self.tensorboard = tensorboard
         self.wandb_run = wandb_run
 
-    def add_scalar(self, tag: str, value: float, step: int) -> None:
+    def add_scalars(self, scalars: dict[str, float], step: int) -> None:
+        """One step's scalars as one record per tracker: one TensorBoard event (SummaryWriter.add_scalar writes an
+        event per tag, each a wake-up of its writer thread on rank 0 while the other ranks wait at the next
+        collective) and one wandb log call."""
         if self.tensorboard is not None:
-            self.tensorboard.add_scalar(tag, value, step)
+            writer = getattr(self.tensorboard, "_get_file_writer", None)
+            if writer is None:        # another SummaryWriter: an event per tag
+                for tag, x in scalars.items():
+                    self.tensorboard.add_scalar(tag, x, step)
+            else:
+                from tensorboard.compat.proto.summary_pb2 import Summary
+
+                values = [Summary.Value(tag=tag, simple_value=float(x)) for tag, x in scalars.items()]
+                writer().add_summary(Summary(value=values), step)
         if self.wandb_run is not None:
-            self.wandb_run.log({tag: value}, step=step)
+            self.wandb_run.log(dict(scalars), step=step)
 
     def close(self) -> None:
         if self.tensorboard is not None:

@@ -372,10 +372,10 @@ def _report_step(s: Session, rec: StepMetrics, writer: MetricsWriter | None, tra
     if writer is not None:
         writer.write(rec)
     if trackers is not None:
-        for k in ("loss", "lr", "tokens_per_second", "step_seconds"):
-            trackers.add_scalar(f"train/{k}", getattr(rec, k), rec.step)
+        scalars = {f"train/{k}": getattr(rec, k) for k in ("loss", "lr", "tokens_per_second", "step_seconds")}
         if rec.eval_loss is not None:
-            trackers.add_scalar("eval/loss", rec.eval_loss, rec.step)
+            scalars["eval/loss"] = rec.eval_loss
+        trackers.add_scalars(scalars, rec.step)
     ev = (f" eval loss {rec.eval_loss:.4f} ppl {rec.eval_perplexity:.4g} ({rec.eval_seconds:.2f}s)"
           if rec.eval_loss is not None and rec.eval_perplexity is not None else "")
     print(f"step {rec.step}/{s.sched.total_steps} loss {rec.loss:.4f} lr {rec.lr:.3g} "

@@ -30,6 +30,13 @@ from scaletrain.engine.launch.processes import ProcessTree
 from scaletrain.engine.launch.status import StatusWriter, read_status
 
 POLL_SECONDS = 0.25
+# The process table is scanned at every poll while the tree grows (ranks being started) and for SETTLE_SECONDS
+# after it last grew, then every TRACK_SECONDS: a scan reads /proc/<pid>/stat of every process on the machine
+# (2.6 % of a core at every poll on the 2-core VM, py-spy, bench/host_overhead.py's 2-process run), time taken from
+# the ranks. Stopping always scans first (stop_all), so a live descendant is never missed; only one started and
+# orphaned within the same TRACK_SECONDS could be.
+TRACK_SECONDS = 2.0
+SETTLE_SECONDS = 10.0
 TERM_GRACE_SECONDS = 10.0          # after SIGTERM (torchrun forwards it to the ranks), then SIGKILL
 KILL_WAIT_SECONDS = 10.0
 DONE = b"done"
@@ -75,9 +82,14 @@ class Watchdog:
 def _launcher_gone(stdin_fd: int, tree: ProcessTree) -> bool:
     """Wait on the pipe, tracking the tree; True when it closes without "done" (the launcher died)."""
     seen = b""
+    last_scan = last_growth = time.monotonic()
     while True:
         ready, _, _ = select.select([stdin_fd], [], [], POLL_SECONDS)
-        tree.snapshot()
+        now = time.monotonic()
+        if now - last_growth < SETTLE_SECONDS or now - last_scan >= TRACK_SECONDS:
+            last_scan = now
+            if tree.snapshot():
+                last_growth = now
         if not ready:
             continue
         chunk = os.read(stdin_fd, 64)

@@ -29,10 +29,16 @@ def progress_fields(s: MetricsSummary | None) -> dict[str, str]:
             "eta": f"ETA {fmt_seconds(s.eta_seconds)}" if s.step < s.total_steps else "done"}
 
 
+# The bar redraws itself this often on a terminal (rich's default is 10): each redraw builds the whole table on the
+# launcher's thread, CPU taken from the ranks on a machine they fill. Off a terminal nothing redraws until the end.
+REFRESH_PER_SECOND = 2
+
+
 def make_progress(console: Console) -> Progress:
     return Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[loss]}"), TextColumn("{task.fields[speed]}"),
-                    TextColumn("{task.fields[eta]}"), console=console, transient=False)
+                    TextColumn("{task.fields[eta]}"), console=console, transient=False,
+                    auto_refresh=console.is_terminal, refresh_per_second=REFRESH_PER_SECOND)
 
 
 def print_outcome(con: Console, run: RunDir, result: Any, s: MetricsSummary | None, status: Any,
