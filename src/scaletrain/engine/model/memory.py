@@ -140,11 +140,8 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
         below = acts - per_block_saved
         recomputed = per_block_saved + wcopy + out["window_mask"] if recompute else 0
         mark("backward", below + recomputed + layer.bwd_peak, 0, grads, gather=gather_block + grad_gather_block)
-        if recompute:   # the recompute's forward at down_proj, the gradient of the block's output waiting (with
-            # a 16-bit residual, also its fp32 form from the next norm's backward: torch.profiler, bf16 LoRA, no
-            # autocast)
-            waiting = t * h * (nm.residual + (4 if nm.residual < 4 else 0))
-            mark("backward", below + recomputed + layer.saved + layer.recompute_transient + waiting,
+        if recompute:   # the recompute's forward at down_proj, the gradient of the block's output waiting
+            mark("backward", below + recomputed + layer.saved + layer.recompute_transient + _waiting_grad(s, t),
                  0, grads, gather=gather_block)
         acts -= per_block_saved
         if ms.grows_in_backward:
@@ -161,6 +158,14 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     if not gen.peak:
         del peaks.phase_peaks["generation"]
     return {"phase_peaks": peaks.phase_peaks, "parts": peaks.parts, "states": ms, "head": head, "generation": gen}
+
+
+def _waiting_grad(s: TrainingSetup, tokens: int) -> int:
+    """The gradient of a recomputed block's output while the block is recomputed: in the residual dtype, and with a
+    16-bit residual also its fp32 form from the next RMSNorm's backward (torch.profiler, bf16 LoRA without
+    autocast, bench/cpu_groundtruth.py)."""
+    r = numerics(s).residual
+    return tokens * s.model.hidden_size * (r + (4 if r < 4 else 0))
 
 
 class _Peaks:
