@@ -45,7 +45,7 @@ from scaletrain.engine.run.disk import check_room, free_bytes
 from scaletrain.engine.run.layout import LINE_PREFIX, LINE_PREFIX_ENV, RunDir, check_host
 from scaletrain.engine.request.options import TrainOptions, bundled_demo_dataset
 from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
-from scaletrain.engine.launch.processes import ProcessTree, oom_kill_count, process_start
+from scaletrain.engine.launch.processes import TRACK_SECONDS, ProcessTree, oom_kill_count, process_start
 from scaletrain.engine.launch.rank_logs import RankLogs
 from scaletrain.engine.launch.runlock import RunLock
 from scaletrain.engine.run.scripts import cpu_threads, launch_argv, threads_env
@@ -53,10 +53,6 @@ from scaletrain.engine.launch.status import StatusWriter, read_status
 from scaletrain.engine.launch.watchdog import Watchdog
 STOP_GRACE_SECONDS = (20.0, 5.0)   # after SIGINT (torchrun forwards it; its own shutdown waits up to 30 s), after SIGTERM
 POLL_SECONDS = 0.25
-# Once every local rank is known, the process table is scanned this often instead of at
-# every poll: a scan reads /proc/<pid>/stat of every process on the machine (~1.8 % of a core at every poll on the
-# 2-core VM), time taken from the ranks' own threads. Stopping always scans first (_stop), so nothing is missed.
-TRACK_SECONDS = 2.0
 READER_JOIN_SECONDS = 5.0
 EXIT_INTERRUPTED = 130                      # shell convention for SIGINT
 SIGNAL_EXIT_BASE = 128                      # shell convention: killed by signal N → 128 + N

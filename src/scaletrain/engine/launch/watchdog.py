@@ -26,16 +26,12 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from scaletrain.engine.launch.processes import ProcessTree
+from scaletrain.engine.launch.processes import TRACK_SECONDS, ProcessTree
 from scaletrain.engine.launch.status import StatusWriter, read_status
 
 POLL_SECONDS = 0.25
 # The process table is scanned at every poll while the tree grows (ranks being started) and for SETTLE_SECONDS
-# after it last grew, then every TRACK_SECONDS: a scan reads /proc/<pid>/stat of every process on the machine
-# (2.6 % of a core at every poll on the 2-core VM, py-spy, bench/host_overhead.py's 2-process run), time taken from
-# the ranks. Stopping always scans first (stop_all), so a live descendant is never missed; only one started and
-# orphaned within the same TRACK_SECONDS could be.
-TRACK_SECONDS = 2.0
+# after it last grew, then every TRACK_SECONDS (processes.py says why)
 SETTLE_SECONDS = 10.0
 TERM_GRACE_SECONDS = 10.0          # after SIGTERM (torchrun forwards it to the ranks), then SIGKILL
 KILL_WAIT_SECONDS = 10.0
