@@ -276,7 +276,7 @@ def _attention_half(s: TrainingSetup, nm: Numerics, targets: set[str]) -> int:
     return attn
 
 
-def _attention_backward_transient(s: TrainingSetup, nm: Numerics, b: int, o_proj_saved: int = 0) -> int:
+def _attention_backward_transient(s: TrainingSetup, nm: Numerics, b: int, o_proj_saved: int) -> int:
     """Bytes the attention core's backward allocates beyond the saved tensors, per micro-batch, net of the saved ones
     it has freed by then (eager); `o_proj_saved`: per token, what o_proj and its adapter keep."""
     m = s.model
