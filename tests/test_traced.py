@@ -73,11 +73,13 @@ def test_a_traced_family_is_not_llama_and_reads_its_trace(cache):
         assert m.memory_source == "traced" and m.family != _FAMILIES["llama"] and m.family["traced"]
         assert set(m.linear_shapes()) == LINEARS[family] and set(s.lora_targets) == LINEARS[family]
         assert trace_regime(s) == _regime(family, "lora")       # the prefetched answer is the one planning reads
-        blk = traced.activations(m.config, trace_regime(s), "")["blocks"][0]
+        (kind,) = traced.activations(m.config, trace_regime(s), "")["kinds"]
         layer = block_activations(s)
-        assert layer.saved_attn == B * S * blk["attn"][1] and layer.saved_mlp == B * S * blk["mlp"][1]
+        assert kind["count"] == m.num_layers
+        assert layer.saved_attn == B * S * kind["attn"][1] + B * S * S * kind["attn"][2]
+        assert layer.saved_mlp == B * S * kind["mlp"][1] + B * S * S * kind["mlp"][2]
         assert m.to_json()["memory_source"] == "traced"       # this process traced it (the fixture)
-        assert m.memory_source_line() == f"memory: traced from a 2-layer slice of {family}"
+        assert m.memory_source_line() == f"memory: traced from a 2-layer slice of {family} (one layer kind)"
     llama = load_model("scaletrain/tiny-llama")
     assert llama.memory_source == "analytic" and llama.to_json()["memory_source"] == "analytic"
 
@@ -165,28 +167,43 @@ def test_a_layer_too_large_for_the_cpu_is_refused_before_it_is_built():
 
     cfg = dict(_config("glm4"), hidden_size=16384, intermediate_size=65536, num_attention_heads=128,
                num_key_value_heads=8, head_dim=128)
-    with pytest.raises(TraceError, match=r"one decoder layer of glm4 is 1\d\.\d GiB .* over the 2 GiB") as e:
+    with pytest.raises(TraceError, match=r"the 2-layer slice of glm4 .* is \d+\.\d GiB .* over the 4 GiB") as e:
         run({"config": cfg, "regime": _regime("glm4", "full")})
     assert "\n" not in str(e.value) and len(str(e.value)) <= 280
 
 
-def test_a_layer_pattern_is_traced_once_per_position_and_mapped_back_by_type():
-    """A config with a layer_types pattern: the slice holds a first layer plus one layer per pattern position, and
-    the engine gives each real layer the traced block of its own type."""
-    from types import SimpleNamespace
+@pytest.mark.parametrize("model_type, counts, slice_layers", [
+    ("deepseek_v3", [1, 5], 2),          # first_k_dense_replace: one dense layer, then MoE layers
+    ("jamba", [2, 3, 1], 5),             # mamba + dense MLP, mamba + MoE (odd layers), attention at layer 4
+    ("qwen3_next", [5, 1], 4),           # linear attention, full attention every 4th (full_attention_interval)
+])
+def test_layers_are_grouped_by_what_they_are_and_the_slice_holds_each_kind(model_type, counts, slice_layers):
+    """Kinds come from the module tree (classes, plain attributes, parameter shapes), not from a family table; the
+    slice is the shortest prefix whose layers are the real model's first layers, one of each kind."""
+    from scaletrain.trainer.tiny_configs import config_dict
+    from scaletrain.trainer.trace import structure
 
-    from scaletrain.engine.model.traced_blocks import _per_layer
-    from scaletrain.trainer.trace import slice_config
+    st = structure(config_dict(model_type))
+    assert sorted(k["count"] for k in st["kinds"]) == sorted(counts), st["kinds"]
+    assert st["slice_layers"] == slice_layers and len(st["layer_kinds"]) == sum(counts)
+    assert set(st["layer_kinds"][:slice_layers]) == set(range(len(counts)))
+    assert st["block_params"] == max(k["params"] for k in st["kinds"])
 
-    pattern = ["sliding_attention"] * 2 + ["full_attention"]
-    cfg = dict(_config("glm4"), num_hidden_layers=7, layer_types=[pattern[i % 3] for i in range(7)],
-               pad_token_id=151329)
-    sliced, types = slice_config(cfg)
-    assert sliced["num_hidden_layers"] == 4 == len(types) and sliced["layer_types"] == types
-    assert sliced["vocab_size"] < 1024 and sliced["pad_token_id"] < sliced["vocab_size"]
-    blocks = [{"type": types[i], "attn": [0, i, 0]} for i in range(1, 4)]
-    s = SimpleNamespace(model=SimpleNamespace(config=cfg, num_layers=7))
-    assert [b["type"] for b in _per_layer(s, blocks)] == cfg["layer_types"]
+
+def test_three_fresh_caches_trace_the_same_bytes(tmp_path, monkeypatch):
+    """The recorder keeps every saved tensor alive while it counts: no freed address is reused and taken for an
+    earlier tensor, so a trace is a measurement that repeats (qwen3_next gave 527, 956 and 527 MiB before)."""
+    from scaletrain.trainer.tiny_configs import config_dict
+
+    cfg = config_dict("qwen3_next")
+    regime = {"method": "full", "lora_rank": 0, "lora_targets": None, "precision": "fp32", "attn": "sdpa"}
+    answers = []
+    for i in range(3):
+        monkeypatch.setenv("SCALETRAIN_CACHE", str(tmp_path / f"cache{i}"))
+        traced._WORKER.stop()                    # a fresh trace process each time
+        answers.append(traced.trace(cfg, regime, "test")[0]["activations"])
+    assert answers[0] == answers[1] == answers[2]
+    assert all(k["attn"][1] > 0 and k["mlp"][1] > 0 for k in answers[0]["kinds"])
 
 
 def test_the_structure_a_catalog_entry_records_is_what_a_trace_finds():
@@ -200,10 +217,16 @@ def test_the_structure_a_catalog_entry_records_is_what_a_trace_finds():
         assert load_model(f"scaletrain/tiny-{family}").params == entry["traced_structure"]["params"]
 
 
-def test_the_fit_is_exact_or_refuses():
+def test_the_fit_is_exact_non_negative_and_checked_or_refuses():
     from scaletrain.trainer.trace import TraceError, fit
 
     f = lambda S: 4096 + 1234 * S + 64 * S * S          # noqa: E731 - weight copies, per token, eager softmax
-    assert fit([(S, f(S)) for S in (16, 32, 48)]) == [4096, 1234, 64]
-    with pytest.raises(TraceError, match="layer1.mlp: saved bytes .* not a quadratic"):
-        fit([(16, 2052), (32, 4096), (48, 6145)], "layer1.mlp")
+    assert fit([(S, f(S)) for S in (64, 128, 192, 256)]) == [4096, 1234, 64]
+    # three points through a parabola that dips below zero between them: never a negative coefficient
+    pts = [(64, 64 * 100), (128, 128 * 100 + 10_000), (192, 192 * 100 + 10_000), (256, 256 * 100 + 10_000)]
+    c = fit(pts, "layer1.mlp", slack=20_000)
+    assert min(c) >= 0 and all(c[0] + c[1] * x + c[2] * x * x >= 0 for x in range(0, 4096, 64))
+    with pytest.raises(TraceError, match="layer1.mlp: saved bytes .* not c0 \\+ c1·S \\+ c2·S² with c ≥ 0"):
+        fit(pts, "layer1.mlp")
+    with pytest.raises(TraceError, match="off by"):        # the fourth length is not what the first three say
+        fit([(64, 6400), (128, 12800), (192, 19200), (256, 40000)], "x")

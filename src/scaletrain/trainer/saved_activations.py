@@ -105,12 +105,14 @@ def forward_saving(model, autocast, ids, pack, hooks) -> None:
 
 
 def decoder_layers(model) -> list:
-    """The repeated decoder blocks (``...model.layers``) of a (possibly peft-wrapped) causal LM."""
+    """The repeated decoder blocks of a (possibly peft-wrapped) causal LM: the module list that holds the most
+    parameters (``model.layers`` in most families, ``transformer.h`` in GPT-2's, ``blocks`` in MPT's)."""
     import torch
 
-    best = None
+    best, best_key = None, (0, 0)
     for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.ModuleList) and name.endswith("layers"):
-            if best is None or len(mod) > len(best):
-                best = mod
+        if isinstance(mod, torch.nn.ModuleList) and len(mod):
+            key = (sum(p.numel() for p in mod.parameters()), len(mod))
+            if key > best_key:
+                best, best_key = mod, key
     return list(best) if best is not None else []

@@ -181,6 +181,8 @@ class ModelArch:
     def block_params(self, dense: bool | None = None, active: bool = False) -> int:
         """Parameters of one block (`dense=None`: the largest block kind). `active`: those one token runs
         through (the router and top_k of the experts instead of all of them)."""
+        if self.trace is not None:      # the largest layer kind
+            return int(self.trace["block_params"])
         if dense is None:
             return max(self.block_params(d, active) for d, _ in self.block_kinds())
         n = self.block_linear_params(dense) + self.block_norm_params()
@@ -287,13 +289,16 @@ class ModelArch:
     def lora_params(self, rank: int, targets: tuple[str, ...] | None = None) -> int:
         """Exact LoRA trainable count: r·(in+out) per adapted linear, over all blocks. peft adapts every module whose
         name ends in a target, so a target this family's blocks lack (gate_proj on qwen3_moe's MoE blocks) adapts
-        nothing there; a name no family has, or targets of which none exists here, is refused."""
+        nothing there; a name no family has, or targets of which none exists here, is refused. A traced model: peft's
+        own count on the real model (trainer/trace.py), fused experts and every layer kind included."""
         targets = tuple(targets) if targets else self.default_lora_targets
         known = tuple(self.linear_shapes()) if self.trace is not None else KNOWN_TARGETS   # a traced model's own
         unknown = [t for t in targets if t not in known]
         if unknown:
             raise ScaletrainError(
                 f"unknown LoRA target(s) {', '.join(unknown)}; accepted: {', '.join(known)}")
+        if self.trace is not None:
+            return rank * int(self._traced_lora(targets)["per_rank"])
         n = self._per_kind(targets, lambda a, o: rank * (a + o))
         n += self._moe_blocks() * self.expert_lora(rank, targets)[0]
         if n == 0:
@@ -302,19 +307,35 @@ class ModelArch:
                                   f"{self.model_type}'s blocks; it has: {', '.join(have)}")
         return n
 
+    def _traced_lora(self, targets: tuple[str, ...] | None) -> Mapping[str, int]:
+        return _traced.lora(self.config, tuple(sorted(targets or self.default_lora_targets)), analytic_types())
+
     def adapted_linears(self, targets: tuple[str, ...] | None = None) -> int:
         """How many modules LoRA adapts over all blocks (nn.Linear, and peft's wrappers of fused expert weights)."""
+        if self.trace is not None:
+            return int(self._traced_lora(targets)["adapted"])
         _, gu, dn = self.expert_lora(1, targets)
         return self._per_kind(targets, lambda a, o: 1) + self._moe_blocks() * (int(gu) + int(dn))
+
+    def _traced_linear_sum(self, value, targets: tuple[str, ...] | None = None) -> int:
+        """Σ over a traced model's layer kinds (each by its count) of `value(in, out)` over its (targeted) linears."""
+        wanted = set(targets) if targets else None
+        return sum(int(k["count"]) * sum(value(a, o) for name, (a, o, _) in k["linears"].items()
+                                         if wanted is None or name.rsplit(".", 1)[-1] in wanted or name in wanted)
+                   for k in self.trace["kinds"])
 
     def linear_weight_params(self) -> int:
         """Weights (no bias) of every nn.Linear in the blocks: what bitsandbytes quantizes whatever LoRA targets
         (the fused experts and the router are no nn.Linear: they stay 16-bit)."""
+        if self.trace is not None:
+            return self._traced_linear_sum(lambda a, o: a * o)
         return sum(n * sum(a * o for a, o, _ in self.linear_shapes(d).values()) for d, n in self.block_kinds())
 
     def targeted_linear_params(self, targets: tuple[str, ...] | None = None) -> int:
         """Weights (no bias) of the targeted nn.Linear modules: those LoRA adapts (bitsandbytes quantizes every
         block linear whatever the targets: linear_weight_params)."""
+        if self.trace is not None:
+            return self._traced_linear_sum(lambda a, o: a * o, tuple(targets) if targets else None)
         return self._per_kind(targets, lambda a, o: a * o)
 
     def to_json(self) -> dict[str, Any]:
@@ -334,7 +355,9 @@ class ModelArch:
         if self.trace is None:
             return f"memory: analytic layout of {self.model_type}"
         cached = " (cached)" if _traced.source(self.config) == "traced (cached)" else ""
-        return f"memory: traced from a {_traced.slice_layers(self.config)}-layer slice of {self.model_type}{cached}"
+        n, kinds = self.trace.get("slice_layers", 2), len(self.trace.get("kinds", ())) or 1
+        what = f"{kinds} layer kinds" if kinds > 1 else "one layer kind"
+        return f"memory: traced from a {n}-layer slice of {self.model_type} ({what}){cached}"
 
 
 # ---- loading ---------------------------------------------------------------------------------------------------

@@ -14,8 +14,10 @@ This module is torch-free and imports nothing of the engine's model (architectur
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -27,15 +29,21 @@ from typing import Any, Callable, Mapping
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import atomic_write
 
-# Must match trainer/trace.py TRACE_FORMAT: a cached answer of another format is traced again.
-TRACE_FORMAT = 1
+# The answer's format (trainer/trace.py imports it from here): a cached answer of another format is traced again.
+# 2: layer kinds, non-negative fits checked at a fourth length, trace lengths on the kernels' chunks, peft's counts.
+TRACE_FORMAT = 2
 # A trace imports transformers (~10 s on a loaded 2-core machine) and builds a slice at the real widths (a
 # 9B model's two layers: a few seconds more); anything past this is stuck.
 TRACE_TIMEOUT_S = 600
+# A kernel chunk a config names up to this length is a scan's tile the trace lengths are multiples of (mamba2's
+# chunk_size); a longer one is an attention chunk (llama4's attention_chunk_size), traced as a short window when
+# the planned sequences exceed it (trainer/trace.py).
+MAX_GRANULE = 1024
 MAX_ERROR_CHARS = 300
 # model configs traced (a subprocess ran) in this process, by cache key of their structure: `source()` says
 # "traced" for these and "traced (cached)" for the rest
 _RAN: set[str] = set()
+_NO_LORA = object()
 
 
 def cache_dir() -> Path:
@@ -94,34 +102,95 @@ def _describe(regime: Mapping[str, Any]) -> str:
     return f"{regime.get('method')}, {regime.get('precision')}, {regime.get('attn')}{windowed}"
 
 
+class _Worker:
+    """The one `python -m scaletrain.trainer.trace --serve` process of this planning process: transformers is
+    imported once, whatever a plan traces (structure, regimes, LoRA counts). Ended when this process exits."""
+
+    proc: subprocess.Popen | None = None
+    errors: Any = None
+
+    def ask(self, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        import selectors
+
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(body) + "\n")
+        self.proc.stdin.flush()
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        ready = sel.select(timeout_s)
+        sel.close()
+        if not ready:
+            self.stop()
+            raise TimeoutError
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait(timeout=10)
+            raise ChildProcessError(self._last_error() or f"the trace process exited {code}")
+        return json.loads(line)
+
+    def _start(self) -> None:
+        import tempfile
+
+        self.errors = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
+        self.proc = subprocess.Popen([sys.executable, "-m", "scaletrain.trainer.trace", "--serve"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True,
+                                     encoding="utf-8", bufsize=1)
+
+    def _last_error(self) -> str:
+        try:
+            self.errors.seek(0)
+            lines = [x for x in self.errors.read().splitlines() if x.strip()]
+        except (OSError, ValueError):
+            return ""
+        return lines[-1] if lines else ""
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            if proc.stdin:
+                proc.stdin.close()
+            proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+
+
+_WORKER = _Worker()
+atexit.register(_WORKER.stop)
+
+
 def _run_trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, accepted: str,
-               regimes: list | None = None) -> dict[str, Any]:
+               regimes: list | None = None, lora_targets: Any = _NO_LORA) -> dict[str, Any]:
     model_type = str(config.get("model_type", "?"))
     if find_spec("torch") is None or find_spec("transformers") is None:
         raise _fail(model_type, "torch/transformers are not installed: install the 'train' extra", accepted)
     body: dict[str, Any] = {"config": dict(config), "regime": dict(regime) if regime else None}
     if regimes:
         body["regimes"] = [dict(r) for r in regimes]
-    request = json.dumps(body)
+    if lora_targets is not _NO_LORA:
+        body["lora_targets"] = list(lora_targets) if lora_targets else None
     what = "" if regime is None else f" ({_describe(regime)})"
     what += f" ({'; '.join(_describe(r) for r in regimes)})" if regimes else ""
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-m", "scaletrain.trainer.trace"], input=request,
-                              capture_output=True, text=True, timeout=TRACE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
+        answer = _WORKER.ask(body, TRACE_TIMEOUT_S)
+    except TimeoutError:
         raise _fail(model_type, f"the trace ran past {TRACE_TIMEOUT_S} s", accepted) from None
+    except ChildProcessError as e:
+        raise _fail(model_type, str(e), accepted) from None
     except OSError as e:
         raise _fail(model_type, f"cannot start {sys.executable}: {e.strerror or e}", accepted) from None
-    if proc.returncode != 0:
-        lines = [x for x in proc.stderr.strip().splitlines() if x.strip()]
-        raise _fail(model_type, lines[-1] if lines else f"the trace exited {proc.returncode}", accepted)
-    try:
-        data = json.loads(proc.stdout)
     except ValueError:
         raise _fail(model_type, "the trace printed no JSON answer", accepted) from None
+    if not isinstance(answer, dict) or "ok" not in answer:
+        why = answer.get("error") if isinstance(answer, dict) else None
+        raise _fail(model_type, str(why or "the trace answered in another format"), accepted)
     print(f"tracing {model_type}{what} … {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    return data
+    return answer["ok"]
 
 
 def trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, accepted: str) -> tuple[dict, bool]:
@@ -138,6 +207,7 @@ def trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, accepted:
     _store(config, regime, data)
     if regime is not None:           # the structure is in every answer: cache it too
         _store(config, None, {k: data[k] for k in ("format", "model_type", "structure") if k in data})
+        _store_lora(config, regime, data.get("activations") or {})
     return data, False
 
 
@@ -168,7 +238,16 @@ def prefetch(config: Mapping[str, Any], regimes: list[Mapping[str, Any]], accept
     _store(config, None, head)
     for regime, act in zip(missing, answers):
         _store(config, regime, {**head, "activations": act})
+        _store_lora(config, regime, act)
     return len(missing)
+
+
+def _store_lora(config: Mapping[str, Any], regime: Mapping[str, Any] | None, act: Mapping[str, Any]) -> None:
+    """A LoRA regime's answer carries peft's count for its targets: cached as `lora` would cache it."""
+    if regime is not None and isinstance(act.get("lora"), dict):
+        targets = regime.get("lora_targets")
+        _store(config, {"lora_targets": sorted(targets) if targets else None},
+               {"format": TRACE_FORMAT, "model_type": config.get("model_type"), "lora": act["lora"]})
 
 
 def structure(config: Mapping[str, Any], accepted: str) -> dict[str, Any]:
@@ -186,24 +265,27 @@ def source(config: Mapping[str, Any]) -> str:
     return "traced" if cache_key(config, None) in _RAN else "traced (cached)"
 
 
-def pattern_period(types: list) -> int:
-    """Smallest period of a layer_types list (the whole list when it has none shorter)."""
-    n = len(types)
-    for p in range(1, n + 1):
-        if all(types[i] == types[i % p] for i in range(n)):
-            return p
-    return n
+def lora(config: Mapping[str, Any], targets: Any, accepted: str) -> dict[str, int]:
+    """peft's count of LoRA on the real model for `targets` (None: all linears): trainable parameters per unit of
+    rank and adapted modules (trainer/trace.py `lora_count`), cached per target set."""
+    key_regime = {"lora_targets": sorted(targets) if targets else None}
+    path = _cache_path(config, cache_key(config, key_regime))
+    hit = _read(path)
+    if hit is not None and isinstance(hit.get("lora"), dict):
+        return hit["lora"]
+    data = _run_trace(config, None, accepted, lora_targets=key_regime["lora_targets"])
+    if not isinstance(data.get("lora"), dict):
+        raise _fail(str(config.get("model_type")), "the trace answered in another format", accepted)
+    _store(config, key_regime, {"format": TRACE_FORMAT, "model_type": data.get("model_type"), "lora": data["lora"]})
+    return data["lora"]
 
 
-def slice_layers(config: Mapping[str, Any]) -> int:
-    """Decoder layers of the traced slice: a first layer (which also receives the embedding's output and the
-    rotary tables), then one of each position in the layer_types pattern, or one more layer without one."""
-    types = config.get("layer_types")
-    return 1 + pattern_period(list(types)) if isinstance(types, list) and types else 2
-
-
-def at(coeffs: list[int] | tuple[int, ...], batch: int, seq_len: int) -> int:
+def at(coeffs: list[int] | tuple[int, ...], batch: int, seq_len: int, granule: int = 1) -> int:
     """Bytes of a fitted term c0 + c1·S + c2·S² (traced at micro-batch 1) for `batch` sequences of `seq_len`:
-    the per-token and per-S² parts scale with the batch, the constant does not."""
-    c0, c1, c2 = (int(x) for x in coeffs)
-    return c0 + batch * (c1 * seq_len + c2 * seq_len * seq_len)
+    the per-token and per-S² parts scale with the batch, the constant does not. A kernel that pads to its chunk
+    (`granule`) runs the sequence rounded up to it."""
+    c0, c1, c2 = coeffs
+    S = -(-seq_len // max(granule, 1)) * max(granule, 1)
+    if all(isinstance(c, int) for c in coeffs):
+        return c0 + batch * (c1 * S + c2 * S * S)
+    return math.ceil(c0 + batch * (c1 * S + c2 * S * S))

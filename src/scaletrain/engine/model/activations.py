@@ -30,6 +30,8 @@ class LayerActivations:
     weight_copies: int = 0
     cached_copies: int = 0   # the part autocast's cache holds until forward returns (trainable fp32 weights)
     recompute_transient: int = 0   # on top of `saved` while checkpointing recomputes the block, at down_proj
+    # a stack of unlike layers (a traced model's kinds): the largest block's moments, the fields above averaged
+    worst: "LayerActivations | None" = None
 
     @property
     def saved(self) -> int:
@@ -92,7 +94,9 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: st
     average over the model's blocks (dense layers of mlp_only_layers included), rounded up.
     """
     if s.model.memory_source == "traced":
-        return LayerActivations(**traced_block_terms(s, micro_batch, weight_copies_bytes(s), _flash_backward_bytes))
+        terms = traced_block_terms(s, micro_batch, weight_copies_bytes(s), _flash_backward_bytes)
+        worst = terms.pop("worst", None)
+        return LayerActivations(**terms, worst=LayerActivations(**worst) if worst else None)
     m = s.model
     nm = numerics(s)
     b = micro_batch or s.micro_batch

@@ -134,14 +134,15 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
         grads = ms.gradients_backward + (head_grad if (m.tie_embeddings and m.vocab_head) else 0)   # tied: below
     acts -= final + head.labels
     block_grad = _grad_share(m.block_params() if full else s.trainable_params // max(L, 1), s)
+    big = layer.worst or layer      # a stack of unlike layers: each block's moment as its largest kind's
     for _ in range(L):
         # under checkpointing the block's own tensors (and autocast's weight copies) are recomputed on top of
         # its saved input
         below = acts - per_block_saved
-        recomputed = per_block_saved + wcopy + out["window_mask"] if recompute else 0
-        mark("backward", below + recomputed + layer.bwd_peak, 0, grads, gather=gather_block + grad_gather_block)
+        recomputed = per_block_saved + big.weight_copies + out["window_mask"] if recompute else 0
+        mark("backward", below + recomputed + big.bwd_peak, 0, grads, gather=gather_block + grad_gather_block)
         if recompute:   # the recompute's forward at down_proj, the gradient of the block's output waiting
-            mark("backward", below + recomputed + layer.saved + layer.recompute_transient + _waiting_grad(s, t),
+            mark("backward", below + recomputed + big.saved + big.recompute_transient + _waiting_grad(s, t),
                  0, grads, gather=gather_block)
         acts -= per_block_saved
         if ms.grows_in_backward:

@@ -134,7 +134,7 @@ def sample_flops(s: TrainingSetup, tokens: int) -> SampleFlops:
     = input gradients (= forward) + weight gradients of trained weights; checkpointing re-runs block forwards."""
     m = s.model
     L = m.num_layers
-    linear_w = sum(n * sum(i * o for i, o, _ in m.linear_shapes(dense).values()) for dense, n in m.block_kinds())
+    linear_w = m.linear_weight_params()     # every block nn.Linear, each layer kind by its count
     head_w = m.vocab_size * m.hidden_size
     causal = 1.0 if s.attn == "eager" else CAUSAL_ATTENTION_FRACTION
     # QK^T and attention·V: 2 FLOPs × tokens attended × q width, each

@@ -23,6 +23,7 @@ tests/test_traced.py checks whole steps against torch.profiler.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 from scaletrain.engine.catalog import traced
@@ -51,10 +52,17 @@ def trace_regime(s: TrainingSetup) -> dict[str, Any]:
     regime: dict[str, Any] = {"method": "lora" if lora else "full", "lora_rank": s.lora_rank if lora else 0,
                               "lora_targets": sorted(s.lora_targets) if lora else None, "precision": precision,
                               "attn": "eager" if s.attn == "eager" else "sdpa"}
-    window = s.model.config.get("sliding_window")
-    if isinstance(window, int) and not isinstance(window, bool) and 0 < window < s.seq_len:
+    cfg = s.model.config
+    window = cfg.get("sliding_window")
+    if _length(window) and window < s.seq_len:
         regime["windowed"] = True     # traced with a window shorter than its sequences: masks, repeated k/v
+    if any(_length(v) and v > traced.MAX_GRANULE and v < s.seq_len for k, v in cfg.items() if "chunk" in k):
+        regime["chunked"] = True      # an attention chunk (llama4's) the sequences exceed: traced as a short one
     return regime
+
+
+def _length(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
 def prefetch_traces(setups: list[TrainingSetup]) -> None:
@@ -80,54 +88,68 @@ def _trace(s: TrainingSetup) -> dict[str, Any]:
     return traced.activations(s.model.config, trace_regime(s), analytic_types())
 
 
-def _per_layer(s: TrainingSetup, blocks: list[dict]) -> list[dict]:
-    """The traced block standing in for each real layer: by layer type when the config has a pattern."""
-    types = s.model.config.get("layer_types")
-    L = s.model.num_layers
-    if not isinstance(types, list) or len(types) < L:
-        return [blocks[0]] * L
-    by_type = {}
-    for blk in blocks:
-        by_type.setdefault(blk["type"], blk)
-    return [by_type.get(types[j], blocks[0]) for j in range(L)]
-
-
-def _mean(values: list[int]) -> int:
-    """Average over the layers, rounded up (safe side)."""
-    return -(-sum(values) // max(len(values), 1))
+def _total(kinds: list[dict], L: int, value: Callable[[dict], int]) -> int:
+    """Average over the real layers of a per-kind value, each kind weighed by its count, rounded up (safe side)."""
+    return -(-sum(int(k["count"]) * value(k) for k in kinds) // max(L, 1))
 
 
 def traced_block_terms(s: TrainingSetup, micro_batch: int | None, copies: tuple[int, int],
-                       flash_backward: Callable[[TrainingSetup, int], int]) -> dict[str, int]:
-    """LayerActivations' fields for a traced model (see the module doc for what is traced and what derived)."""
+                       flash_backward: Callable[[TrainingSetup, int], int]) -> dict[str, Any]:
+    """LayerActivations' fields for a traced model: the saved bytes averaged over the real layers (each kind by its
+    count, what accumulates through forward), the moments of one block from the largest kind (`worst`: what a block
+    holds while it runs forward, backward or is recomputed; see the module doc)."""
     m = s.model
-    nm = numerics(s)
     b = micro_batch or s.micro_batch
     S = s.seq_len
+    act = _trace(s)
+    kinds = [k for k in act["kinds"] if int(k["count"])]
+    g = int(act.get("granule", 1))
+    per_token = lambda f: [0, *f[1:]]   # noqa: E731 - c1, c2 without the constant
+    attn = [traced.at(per_token(k["attn"]), b, S, g) for k in kinds]
+    mlp = [traced.at(per_token(k["mlp"]), b, S, g) for k in kinds]
+    consts = [math.ceil(k["attn"][0] + k["mlp"][0]) for k in kinds]
+    counts = [int(k["count"]) for k in kinds]
+    L = max(m.num_layers, 1)
+    mean = lambda xs: -(-sum(n * x for n, x in zip(counts, xs)) // L)   # noqa: E731 - rounded up
+    fwd, bwd = _moments(s, kinds, b, S, g, flash_backward)
+    worst_saved = max(a + x for a, x in zip(attn, mlp))
+    worst = {"saved_attn": max(attn), "saved_mlp": worst_saved - max(attn), "fwd_transient": fwd,
+             "mlp_bwd_transient": max(bwd - worst_saved, 0), "attn_bwd_transient": 0,
+             "weight_copies": max(consts), "cached_copies": min(copies[1], max(consts)),
+             "recompute_transient": max(fwd - worst_saved, 0)}
+    out = {"saved_attn": mean(attn), "saved_mlp": mean(mlp), "fwd_transient": fwd,
+           "mlp_bwd_transient": max(bwd - mean(attn) - mean(mlp), 0), "attn_bwd_transient": 0,
+           "weight_copies": mean(consts), "cached_copies": min(copies[1], mean(consts)),
+           "recompute_transient": max(fwd - mean(attn) - mean(mlp), 0)}
+    if len(kinds) > 1:
+        out["worst"] = worst
+    return out
+
+
+def _moments(s: TrainingSetup, kinds: list[dict], b: int, S: int, g: int,
+             flash_backward: Callable[[TrainingSetup, int], int]) -> tuple[int, int]:
+    """The largest kind's (forward, backward) bytes while one block runs: traced as the rise of live bytes in its
+    forward, and its saved bytes plus the rise in its backward, with the gradient of its output waiting. On a GPU
+    the kernel rules of the analytic families stand beside them (FlashAttention-2's workspace, which the CPU trace
+    does not run), the larger of the two kept."""
+    m = s.model
+    nm = numerics(s)
     t = b * S
+    waiting = t * m.hidden_size * nm.residual
+    fwd = max(traced.at(k["fwd"], b, S, g) for k in kinds)
+    bwd = max(traced.at(k["bwd"], b, S, g) for k in kinds) + waiting
+    if s.device != "cuda":
+        return fwd, bwd
     c = nm.compute
-    layers = _per_layer(s, _trace(s)["blocks"])
-    per_token = lambda f: [int(x) for x in f[1:]]   # noqa: E731 - c1, c2 without the constant
-    saved_attn = _mean([traced.at([0, *per_token(blk["attn"])], b, S) for blk in layers])
-    saved_mlp = _mean([traced.at([0, *per_token(blk["mlp"])], b, S) for blk in layers])
-    consts = _mean([int(blk["attn"][0]) + int(blk["mlp"][0]) for blk in layers])
-    largest = max(max(int(blk["largest_mlp"]), int(blk["largest_attn"])) for blk in layers)
-    # a block whose MLP child the trace could not name kept everything in its attention half: use its largest
-    largest_mlp = max(int(blk["largest_mlp"]) for blk in layers) or largest
+    largest = max(max(int(k["largest_mlp"]), int(k["largest_attn"])) for k in kinds)
     s2 = b * m.num_heads * S * S           # attention score elements
-    fwd_t = 2 * s2 * 4 if s.attn == "eager" else t * largest
-    mlp_bwd_t = 2 * t * largest_mlp
-    if s.attn == "eager":
-        attn_bwd_t = 2 * s2 * 4
-    elif s.device == "cuda":
-        attn_bwd_t = t * flash_backward(s, c)
-    else:
-        attn_bwd_t = 3 * t * m.q_dim * c
+    saved = max(traced.at(k["attn"], b, S, g) + traced.at(k["mlp"], b, S, g) for k in kinds)
+    rule_fwd = 2 * s2 * 4 if s.attn == "eager" else t * largest
+    rule_bwd = 2 * s2 * 4 if s.attn == "eager" else t * flash_backward(s, c)
+    rule_bwd = max(rule_bwd, 2 * t * (max(int(k["largest_mlp"]) for k in kinds) or largest))
     if nm.trainable_copies:
-        mlp_bwd_t += c * max(a * o for a, o, _ in m.linear_shapes().values())
-    return {"saved_attn": saved_attn, "saved_mlp": saved_mlp, "fwd_transient": fwd_t,
-            "mlp_bwd_transient": mlp_bwd_t, "attn_bwd_transient": attn_bwd_t, "weight_copies": consts,
-            "cached_copies": min(copies[1], consts)}
+        rule_bwd += c * max(a * o for a, o, _ in m.linear_shapes().values())
+    return max(fwd, saved + rule_fwd), max(bwd, saved + rule_bwd)
 
 
 def traced_outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> dict[str, int]:
@@ -138,11 +160,12 @@ def traced_outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> d
     S = s.seq_len
     t = b * S
     act = _trace(s)
-    shared = traced.at(act["shared"], b, S)
-    final = traced.at(act["final_norm"], b, S)
+    g = int(act.get("granule", 1))
+    shared = traced.at(act["shared"], b, S, g)
+    final = traced.at(act["final_norm"], b, S, g)
     own_head = not (s.fused_lm_head or chunked(s))   # TRL's fused head, the chunked loss: their own saves
     if own_head:
-        final += traced.at([0, *act["head_input"][1:]], b, S)
+        final += traced.at([0, *act["head_input"][1:]], b, S, g)
     head_out = m.vocab_size if m.vocab_head else 1
     if (nm.trainable_copies or nm.fp32_head) and own_head:
         final += 2 * head_out * m.hidden_size

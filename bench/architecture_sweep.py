@@ -1,0 +1,191 @@
+"""Every causal LM the installed transformers ships, planned and measured: the traced path against full builds.
+
+For every model_type in transformers' causal-LM mapping whose tiny config (trainer/tiny_configs.py: the config
+class's defaults, shrunk) builds as a causal LM on CPU: the engine's prediction (analytic where scaletrain knows
+the layout, traced otherwise) against torch.profiler's peak of one real fp32 AdamW step of the full small build
+(trainer/measure.py), full and LoRA, checkpointing on and off; parameters and trainable parameters compared
+exactly. A model_type that does not build, or that the engine refuses, is listed with its one-line reason.
+
+    PYTHONPATH=src .venv/bin/python bench/architecture_sweep.py [--only a,b] [--subset N] [--out FILE]
+
+Each model_type runs in its own process (a hang or a crash is that family's row, not the sweep's end), tracing in
+that process with a fresh trace cache. Results: bench/results/architecture_sweep.json (rows, versions, machine),
+and a summary the README quotes (bench/readme_tables.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "architecture_sweep.json"
+B, S, RANK = 2, 128, 8
+CASES = (("full", False), ("full", True), ("lora", False), ("lora", True))
+FAMILY_TIMEOUT_S = 900
+# a fixed CI subset: one of each layer-stack shape (dense first then MoE, interleaved MoE, mamba/attention/MoE,
+# linear/full attention, sliding pattern, plain) — tests/test_architecture_sweep.py runs it
+CI_SUBSET = ("deepseek_v3", "jamba", "qwen3_next", "llama4_text", "phimoe", "starcoder2")
+
+
+def model_types() -> list[str]:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def one_family(model_type: str, cases=CASES, reuse: dict | None = None) -> dict:
+    """Every case of one model_type, in this process (the trace runs in it too). `reuse`: an earlier row of the same
+    config whose measured peaks stand (the engine's side is planned again; for iterating on the engine)."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    from scaletrain.engine.catalog import traced
+    from scaletrain.engine.catalog.architectures import arch_from_config
+    from scaletrain.engine.catalog.hardware import parse_gpus
+    from scaletrain.engine.errors import ScaletrainError
+    from scaletrain.engine.model.memory import estimate_memory
+    from scaletrain.engine.model.setup import TrainingSetup
+    from scaletrain.engine.model.traced_blocks import prefetch_traces
+    from scaletrain.trainer.measure import measure_step
+    from scaletrain.trainer.tiny_configs import config_dict
+
+    row: dict = {"model_type": model_type}
+    try:
+        cfg = config_dict(model_type)
+    except Exception as e:          # noqa: BLE001 - transformers' own refusal is the row
+        return {**row, "refused": "config: " + _line(e)}
+    row["config"] = cfg
+    try:
+        t0 = time.perf_counter()
+        arch = arch_from_config(cfg, f"tiny-{model_type}")
+        setups = [TrainingSetup(model=arch, hardware=parse_gpus("1xCPU"), method=m, lora_rank=RANK, strategy="ddp",
+                                precision="fp32", optimizer_impl="for-loop", attn="sdpa", grad_ckpt=ck,
+                                micro_batch=B, seq_len=S, device="cpu") for m, ck in cases]
+        prefetch_traces(setups)
+        row["trace_seconds"] = round(time.perf_counter() - t0, 2)
+        row["memory_source"] = arch.memory_source
+        if arch.trace is not None:
+            row["layer_kinds"] = len(arch.trace.get("kinds", ()))
+            row["slice_layers"] = arch.trace.get("slice_layers")
+    except ScaletrainError as e:
+        return {**row, "refused": "engine: " + _line(e)}
+    except Exception as e:          # noqa: BLE001
+        return {**row, "refused": "engine bug: " + _line(e)}
+    row["cases"] = []
+    for (method, ckpt), s in zip(cases, setups):
+        case = {"method": method, "grad_ckpt": ckpt}
+        try:
+            predicted = estimate_memory(s).allocated_peak_bytes
+            trainable = s.trainable_params
+            m = _reused(reuse, cfg, method, ckpt) or measure_step(cfg, method=method, lora_rank=RANK, lora_alpha=2 * RANK,
+                             lora_targets=s.lora_targets if method != "full" else None, micro_batch=B, seq_len=S,
+                             grad_ckpt=ckpt, attn="sdpa", precision="fp32", device="cpu", optimizer_impl="for-loop")
+        except ScaletrainError as e:
+            case["refused"] = "engine: " + _line(e)
+        except Exception as e:      # noqa: BLE001
+            case["refused"] = "measure: " + _line(e)
+        else:
+            lora = trainable if method != "full" else 0
+            case.update(predicted_bytes=predicted, measured_bytes=m.peak_allocated_bytes,
+                        error=round((predicted - m.peak_allocated_bytes) / m.peak_allocated_bytes, 5),
+                        params_exact=(arch.params + lora, trainable) == (m.params, m.trainable_params),
+                        params=[arch.params + lora, m.params], trainable=[trainable, m.trainable_params])
+        row["cases"].append(case)
+    del traced
+    return row
+
+
+def _reused(row: dict | None, cfg: dict, method: str, ckpt: bool):
+    from types import SimpleNamespace
+
+    if not row or row.get("config") != json.loads(json.dumps(cfg)):
+        return None
+    for c in row.get("cases", []):
+        if (c["method"], c["grad_ckpt"]) == (method, ckpt) and "measured_bytes" in c:
+            return SimpleNamespace(peak_allocated_bytes=c["measured_bytes"], params=c["params"][1],
+                                   trainable_params=c["trainable"][1])
+    return None
+
+
+def _line(e: BaseException) -> str:
+    return (" ".join(str(e).split()) or type(e).__name__)[:300]
+
+
+def run_isolated(model_type: str, cache: str, reuse: str | None = None) -> dict:
+    env = dict(os.environ, SCALETRAIN_CACHE=cache, PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", model_type] + (["--reuse", reuse] if reuse else [])
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=FAMILY_TIMEOUT_S, env=env,
+                           stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return {"model_type": model_type, "refused": f"sweep: ran past {FAMILY_TIMEOUT_S} s"}
+    lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
+    if r.returncode != 0 or not lines:
+        err = [x for x in r.stderr.splitlines() if x.strip()]
+        return {"model_type": model_type, "refused": f"sweep: exit {r.returncode}: {(err or [''])[-1][:300]}"}
+    return json.loads(lines[-1])
+
+
+def summary(rows: list[dict]) -> dict:
+    cases = [c for r in rows for c in r.get("cases", []) if "error" in c]
+    errs = [c["error"] for c in cases]
+    refused = [r for r in rows if "refused" in r]
+    traced_rows = [r for r in rows if r.get("memory_source") == "traced"]
+    return {"model_types": len(rows), "planned": len(rows) - len(refused), "traced": len(traced_rows),
+            "refused": len(refused), "cases": len(cases),
+            "median_abs_error": round(statistics.median(abs(e) for e in errs), 5) if errs else None,
+            "max_over": round(max(errs), 5) if errs else None, "max_under": round(min(errs), 5) if errs else None,
+            "under_2pct": sum(1 for e in errs if e < -0.02), "over_5pct": sum(1 for e in errs if e > 0.05),
+            "params_exact": sum(1 for c in cases if c.get("params_exact")),
+            "case_refusals": sum(1 for r in rows for c in r.get("cases", []) if "refused" in c)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--one", help=argparse.SUPPRESS)
+    p.add_argument("--only", help="comma-separated model_types")
+    p.add_argument("--ci", action="store_true", help="the fixed CI subset")
+    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--reuse", help="an earlier results file whose measured peaks stand for unchanged configs")
+    a = p.parse_args(argv)
+    if a.one:
+        old = json.loads(Path(a.reuse).read_text()) if a.reuse else {"rows": []}
+        row = next((r for r in old["rows"] if r["model_type"] == a.one), None)
+        print(json.dumps(one_family(a.one, reuse=row)))
+        return 0
+    sys.path.insert(0, str(HERE))
+    from machine import machine
+
+    types = a.only.split(",") if a.only else (list(CI_SUBSET) if a.ci else model_types())
+    rows = []
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, mt in enumerate(types):
+            row = run_isolated(mt, str(Path(tmp) / mt), a.reuse)
+            rows.append(row)
+            errs = [f"{c['method']}{'+ckpt' if c['grad_ckpt'] else ''} {c['error']:+.1%}" for c in row.get("cases", [])
+                    if "error" in c]
+            print(f"[{i + 1}/{len(types)}] {mt}: {row.get('refused') or ', '.join(errs)}", flush=True)
+    import importlib.metadata as md
+
+    out = {"machine": machine(), "seconds": round(time.time() - t0),
+           "versions": {d: md.version(d) for d in ("torch", "transformers", "peft")},
+           "setup": {"micro_batch": B, "seq_len": S, "lora_rank": RANK, "precision": "fp32", "attn": "sdpa",
+                     "optimizer": "adamw for-loop"},
+           "summary": summary(rows), "rows": rows}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(out["summary"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
