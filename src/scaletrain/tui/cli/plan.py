@@ -5,17 +5,24 @@ from __future__ import annotations
 import argparse
 import json
 
+from scaletrain.engine.errors import EXIT_DOES_NOT_FIT
 from scaletrain.engine.request.args import asked_from_args
-from scaletrain.tui.cli.plan_args import add_plan_options
+from scaletrain.tui.cli.plan_args import add_plan_options, stated
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    """The plan, as text or JSON; exit 0 when it fits every resource it knows, EXIT_DOES_NOT_FIT (3) when not."""
     from scaletrain.engine.plan.planner import make_plan
     from scaletrain.engine.run.disk import disk_need
+    from scaletrain.engine.run.resources import resource_verdict
 
+    if getattr(args, "keys", False):
+        return print_keys(args.json)
     asked = asked_from_args(args)
     request = asked.request()
     plan = make_plan(request)
+    verdict = resource_verdict(plan, asked.train, host_ram_gib=request.host_ram)
+    code = 0 if verdict.fits else EXIT_DOES_NOT_FIT
     weights = asked.weights(request)
     data = asked.data
     if getattr(args, "alternatives", False) or getattr(args, "table", None):
@@ -29,8 +36,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         out["data"] = {"spec": data, "rows": rows,
                        "profile": prof} if data else None
         out["disk"] = disk_need(plan, asked.train).to_json()
+        out["resources"] = verdict.to_json()
         print(json.dumps(out, indent=2))
-        return 0
+        return code
     from scaletrain.tui.views.render import print_plan, print_weights
     print_plan(plan, alternatives=getattr(args, "alternatives", False), table=getattr(args, "table", None))
     print(f"disk: {disk_need(plan, asked.train).text()}")
@@ -41,6 +49,40 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"  {line}")
     for example in (asked.profile.data.get("examples", ()) if asked.profile is not None else ()):
         print("  record as trained («trained tokens»): " + " ".join(example.split())[:300])
+    print_verdict(verdict)
+    return code
+
+
+def print_verdict(verdict: object) -> None:
+    """Each resource's need against what there is, then the one-line verdict naming the binding resource."""
+    from rich.console import Console
+
+    c = Console(highlight=False)
+    for check in verdict.checks:                                      # type: ignore[attr-defined]
+        c.print(f"  {check.line()}", markup=False, soft_wrap=True)
+    ok = verdict.fits                                                 # type: ignore[attr-defined]
+    c.print(f"[bold {'green' if ok else 'red'}]verdict:[/] {verdict.line()}", soft_wrap=True)   # type: ignore[attr-defined]
+
+
+def print_keys(as_json: bool) -> int:
+    """Every key a preset or --set takes, with its meaning and default (engine/request/keys.py)."""
+    from scaletrain.engine.request.keys import plan_keys
+
+    keys = plan_keys()
+    if as_json:
+        print(json.dumps([k.to_json() for k in keys], indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="preset and --set keys (--set KEY=VALUE, request.KEY or train.KEY; in a preset: request:/train:)",
+              show_lines=False, title_justify="left")
+    for col in ("key", "meaning", "default", "flag"):
+        t.add_column(col, no_wrap=col in ("key", "flag"), ratio=2 if col == "meaning" else 1 if col == "default"
+                     else None)
+    for k in keys:
+        t.add_row(f"{k.section}.{k.key}" if k.section else k.key, k.meaning, k.default, k.flag or "")
+    Console(highlight=False).print(t)
     return 0
 
 
@@ -74,10 +116,15 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def configure_plan(p: argparse.ArgumentParser) -> None:
     add_plan_options(p)
-    p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
-    p.add_argument("--alternatives", action="store_true", help="show the planner's ranked alternatives")
-    p.add_argument("--table", choices=["batch", "gpus"], help="micro batch vs memory, or GPU kinds × counts")
+    out = p.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help=stated("print the plan as one JSON object", "off: text"))
+    out.add_argument("--alternatives", action="store_true",
+                     help=stated("show the planner's ranked alternatives", "off"))
+    out.add_argument("--table", choices=["batch", "gpus"],
+                     help=stated("micro batch vs memory, or GPU kinds × counts", "none"))
+    out.add_argument("--keys", action="store_true",
+                     help=stated("list every preset / --set key with its meaning and default, and exit", "off"))
 
 
 def configure_json(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help=stated("print JSON for scripts", "off: a table"))
