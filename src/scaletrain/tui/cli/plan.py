@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from scaletrain.engine.errors import EXIT_DOES_NOT_FIT
 from scaletrain.engine.request.args import asked_from_args
 from scaletrain.tui.cli.plan_args import add_plan_options, stated
+
+if TYPE_CHECKING:
+    from scaletrain.engine.run.resources import ResourceVerdict
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -53,15 +57,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return code
 
 
-def print_verdict(verdict: object) -> None:
+def print_verdict(verdict: ResourceVerdict) -> None:
     """Each resource's need against what there is, then the one-line verdict naming the binding resource."""
     from rich.console import Console
+    from rich.markup import escape
 
     c = Console(highlight=False)
-    for check in verdict.checks:                                      # type: ignore[attr-defined]
+    for check in verdict.checks:
         c.print(f"  {check.line()}", markup=False, soft_wrap=True)
-    ok = verdict.fits                                                 # type: ignore[attr-defined]
-    c.print(f"[bold {'green' if ok else 'red'}]verdict:[/] {verdict.line()}", soft_wrap=True)   # type: ignore[attr-defined]
+    c.print(f"[bold {'green' if verdict.fits else 'red'}]verdict:[/] {escape(verdict.line())}", soft_wrap=True)
 
 
 def print_keys(as_json: bool) -> int:
@@ -72,16 +76,18 @@ def print_keys(as_json: bool) -> int:
     if as_json:
         print(json.dumps([k.to_json() for k in keys], indent=2))
         return 0
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
     t = Table(title="preset and --set keys (--set KEY=VALUE, request.KEY or train.KEY; in a preset: request:/train:)",
-              show_lines=False, title_justify="left")
-    for col in ("key", "meaning", "default", "flag"):
-        t.add_column(col, no_wrap=col in ("key", "flag"), ratio=2 if col == "meaning" else 1 if col == "default"
-                     else None)
+              box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    t.add_column("key (flag)", no_wrap=True)
+    t.add_column("meaning", ratio=3)
+    t.add_column("default", ratio=2)
     for k in keys:
-        t.add_row(f"{k.section}.{k.key}" if k.section else k.key, k.meaning, k.default, k.flag or "")
+        key = f"{k.section}.{k.key}" if k.section else k.key
+        t.add_row(key + (f"\n  {k.flag}" if k.flag else ""), k.meaning, k.default)
     Console(highlight=False).print(t)
     return 0
 
