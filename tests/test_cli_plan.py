@@ -13,8 +13,8 @@ from scaletrain.tui.cli.main import main
 SCALETRAIN = [sys.executable, "-m", "scaletrain.tui.cli"]
 
 
-def _plan_json(capsys, *args):
-    assert main(["plan", *args, "--json"]) == 0
+def _plan_json(capsys, *args, code=0):
+    assert main(["plan", *args, "--json"]) == code
     return json.loads(capsys.readouterr().out)
 
 
@@ -38,7 +38,7 @@ def test_zero3_shards_model_states_compared_to_ddp(capsys):
     common = ["--model", "Qwen/Qwen3-4B", "--gpus", "8xRTX4090", "--micro-batch", "1", "--grad-accum", "16",
               "--seq-len", "1024", "--grad-ckpt", "--offload", "none"]
     z3 = _plan_json(capsys, *common, "--strategy", "zero3")["memory"]
-    ddp = _plan_json(capsys, *common, "--strategy", "ddp")["memory"]
+    ddp = _plan_json(capsys, *common, "--strategy", "ddp", code=3)["memory"]   # nothing fits: exit 3
     assert ddp["fits"] is False  # 16 B/param of a 4B model is 64 GB
     states = lambda m: m["per_gpu_bytes"]["weights"] + m["per_gpu_bytes"]["optimizer"]   # noqa: E731
     assert states(z3) * 6 < states(ddp)   # (2 + 12/8) vs 12 bytes per parameter

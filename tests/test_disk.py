@@ -41,9 +41,10 @@ def test_the_plan_counts_the_checkpoints_kept_and_the_logs(capsys):
 
 def test_a_launch_without_room_is_refused_before_any_rank_starts(small_fs, capsys):
     run = small_fs / "run"
-    assert main(["--preset", "cpu-tiny", "--headless", "--dry-run", "--run-dir", str(run)]) == 0
+    # the dry run writes the folder and already says the disk is short (exit 3: the plan does not fit)
+    assert main(["--preset", "cpu-tiny", "--headless", "--dry-run", "--run-dir", str(run)]) == 3
+    assert "does not fit: needs" in capsys.readouterr().out
     before = sorted(p.relative_to(run) for p in run.rglob("*"))
-    capsys.readouterr()
     assert main(["launch", str(run)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "free on its filesystem but the run needs" in err and "keep_checkpoints" in err

@@ -18,6 +18,7 @@ MAX_EPOCHS = 1e6
 MAX_MODEL_SPEC_CHARS = 4096          # PATH_MAX on Linux; longer is no catalog id, path or cache id
 MAX_NAME_CHARS = 200
 MAX_RESIDENTS = 16
+MAX_HOST_RAM_GIB = float(1 << 20)    # 1 PiB of RAM per node: no machine; a larger number is a typo
 
 
 def _flag(name: str) -> str:
@@ -48,6 +49,12 @@ def check_values(req: Any) -> None:
         lr = _number("base_lr", req.base_lr)
         if not (math.isfinite(lr) and lr > 0):
             raise ScaletrainError(f"--base-lr must be a positive finite number (got {req.base_lr!r})")
+    host_ram = getattr(req, "host_ram", None)
+    if host_ram is not None:
+        gib = _number("host_ram", host_ram)
+        if not (math.isfinite(gib) and 0 < gib <= MAX_HOST_RAM_GIB):
+            raise ScaletrainError(f"--host-ram must be a positive number of GiB per node up to {MAX_HOST_RAM_GIB:,.0f} "
+                                  f"(got {host_ram!r})")
     _check_model_spec("--model", req.model)
     if req.lora_targets is not None and not req.lora_targets:     # "--lora-targets ," names no target
         raise ScaletrainError("--lora-targets names no target; give a comma list such as q_proj,v_proj, or leave it "

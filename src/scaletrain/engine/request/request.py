@@ -66,6 +66,7 @@ class PlanRequest:
     generation: str = "train"        # grpo: train | colocate | server
     generation_memory: float = 0.3   # grpo colocate: vLLM's share of the card
     name: str = "plan"
+    host_ram: float | None = None    # GiB per node the verdict weighs host needs against (None: detected or unknown)
 
     def __post_init__(self) -> None:
         # what the user typed, as text: a Strategy/Offload/... handed back from a setup is stored as its spelling

@@ -10,7 +10,7 @@ import argparse
 import json
 
 from scaletrain.engine.request.args import asked_from_args
-from scaletrain.tui.cli.plan_args import add_plan_options
+from scaletrain.tui.cli.plan_args import PLAN_OPTIONS_USAGE, add_plan_options, stated
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
@@ -69,17 +69,23 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def configure_presets(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print the presets as a JSON list")
+    p.add_argument("--json", action="store_true", help=stated("print the presets as a JSON list", "off: a table"))
 
 
 def configure_config(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="config_command", parser_class=type(p))
     w = sub.add_parser("write", help="write plan.json, accelerate/DeepSpeed configs and launch.sh (no launch)",
-                       description="write plan.json, accelerate/DeepSpeed configs and launch.sh (no launch)")
+                       description="write plan.json, accelerate/DeepSpeed configs and launch.sh (no launch)",
+                       usage=f"scaletrain config write {PLAN_OPTIONS_USAGE} [--run-dir DIR] [--install-default] ...",
+                       formatter_class=p.formatter_class)
     add_plan_options(w)
-    w.add_argument("--run-dir", help="where to write (default runs/<date>-<name>)")
-    w.add_argument("--overwrite", action="store_true",
-                   help="write into a run directory holding a different plan (the old files are moved aside)")
-    w.add_argument("--main-process-ip", help="multi-node: the head node's address")
-    w.add_argument("--install-default", action="store_true",
-                   help="also make the accelerate YAML accelerate's default config (an existing one is backed up)")
+    g = w.add_argument_group("output")
+    g.add_argument("--run-dir", metavar="DIR", help=stated("where to write", "runs/<date>-<name>"))
+    g.add_argument("--overwrite", action="store_true",
+                   help=stated("write into a run directory holding a different plan (the old files are moved aside)",
+                               "off"))
+    g.add_argument("--main-process-ip", metavar="IP", help=stated("multi-node: the head node's address",
+                                                                  "set at launch"))
+    g.add_argument("--install-default", action="store_true",
+                   help=stated("also make the accelerate YAML accelerate's default config (an existing one is "
+                               "backed up)", "off"))

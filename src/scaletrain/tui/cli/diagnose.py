@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.tui.cli.plan_args import stated
 
 if TYPE_CHECKING:
     from scaletrain.engine.doctor.summary import Diagnosis
@@ -19,11 +20,12 @@ if TYPE_CHECKING:
 def configure_diagnose(p: argparse.ArgumentParser) -> None:
     p.add_argument("logs", nargs="+", metavar="LOG", help="log files, or a run directory (uses its logs, "
                                                          "status.json and plan.json)")
-    p.add_argument("--plan", metavar="PLAN_JSON", help="the run's plan.json (or `scaletrain plan --json` output), "
-                                                       "for predicted numbers and remedies")
+    p.add_argument("--plan", metavar="PLAN_JSON",
+                   help=stated("the run's plan.json (or `scaletrain plan --json` output), for predicted numbers and "
+                               "remedies", "a run directory's own; none for log files"))
     p.add_argument("--exit-code", action="append", default=[], metavar="RANK=CODE",
-                   help="a rank's exit code when no status.json has it (e.g. 3=-9)")
-    p.add_argument("--json", action="store_true", help="print the diagnosis as one JSON object")
+                   help=stated("a rank's exit code when no status.json has it (e.g. 3=-9); repeatable", "none"))
+    p.add_argument("--json", action="store_true", help=stated("print the diagnosis as one JSON object", "off"))
 
 
 def _exit_codes(items: list[str]) -> dict[int, int]:

@@ -10,16 +10,18 @@ import json
 import sys
 
 from scaletrain.engine.vocabulary import Precision
+from scaletrain.tui.cli.plan_args import stated
 
 
 def configure_export(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with at least one complete checkpoint")
-    p.add_argument("--step", type=int, metavar="N", help="the checkpoint's step (default: the newest complete one)")
-    p.add_argument("--merge", action="store_true", help="LoRA/QLoRA: also write the base with the adapter merged")
-    p.add_argument("--out", metavar="DIR", help="where the export goes (default: RUN_DIR/export/step-N)")
+    p.add_argument("--step", type=int, metavar="N", help=stated("the checkpoint's step", "the newest complete one"))
+    p.add_argument("--merge", action="store_true",
+                   help=stated("LoRA/QLoRA: also write the base with the adapter merged", "off"))
+    p.add_argument("--out", metavar="DIR", help=stated("where the export goes", "RUN_DIR/export/step-N"))
     p.add_argument("--dtype", choices=Precision.values(),
-                   help="the exported weights' dtype (default: the run's training precision)")
-    p.add_argument("--json", action="store_true")
+                   help=stated("the exported weights' dtype", "the run's training precision"))
+    p.add_argument("--json", action="store_true", help=stated("print the export as one JSON object", "off"))
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -1,8 +1,10 @@
 """`scaletrain --preset NAME --headless [--dry-run] [--run-dir DIR]`: replay a plan without any TUI.
 
 Plan, write the run directory, print a short summary (rich, no Textual), then hand the run to the launcher's live
-progress (monitor/stream.py) unless --dry-run. The exit code is the training's. `--save-preset NEW` writes the
-request (with the planner's choices pinned) as a preset; without --headless it only saves.
+progress (monitor/stream.py) unless --dry-run. The exit code is the training's; a plan that does not fit a resource
+it knows (GPU memory, host RAM, disk: engine/run/resources.py) is written, named in one line and not launched, exit
+3 (EXIT_DOES_NOT_FIT). `--save-preset NEW` writes the request (with the planner's choices pinned) as a preset;
+without --headless it only saves.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ import argparse
 from rich.console import Console
 
 from scaletrain.engine.devices.detect import require_local_gpus
-from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.errors import EXIT_DOES_NOT_FIT, ScaletrainError
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.request.presets import write_preset
 from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.run.layout import RunDir
+from scaletrain.engine.run.resources import resource_verdict
 from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.run.scripts import node_launch_commands
 from scaletrain.engine.run.writers import write_run_dir, written_files
@@ -85,8 +88,10 @@ def run_headless(args: argparse.Namespace) -> int:
                   doc_train.dataset, plan.setup.dataset_size if doc_train.dataset else None,
                   note=weights_note(doc_train.model_source))
     print_written(console, run)
-    if not plan.fits:
-        console.print("[yellow]warning:[/] the plan does not fit in memory; the run will likely run out of memory")
+    verdict = resource_verdict(plan, train, host_ram_gib=request.host_ram, run_dir=run.path)
+    if not verdict.fits:
+        console.print(f"[bold red]{verdict.line()}[/]; nothing launched (exit {EXIT_DOES_NOT_FIT})")
+        return EXIT_DOES_NOT_FIT
     if getattr(args, "dry_run", False):
         print_node_commands(console, plan, run, ip, "dry run: nothing launched.")
         return 0

@@ -10,17 +10,22 @@ import argparse
 from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.tui.cli.plan_args import stated
 
 
 def configure_launch(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by scaletrain (holds plan.json)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in RUN_DIR")
-    p.add_argument("--machine-rank", type=int, help="multi-node: this node's rank (0 on the head node)")
-    p.add_argument("--main-process-ip", help="multi-node: the head node's address")
-    p.add_argument("--logs", action="store_true", help="echo every rank's output above the progress bar")
+    p.add_argument("--resume", action="store_true",
+                   help=stated("continue from the newest checkpoint in RUN_DIR", "off: start fresh"))
+    p.add_argument("--machine-rank", type=int, metavar="R",
+                   help=stated("multi-node: this node's rank (0 on the head node)", "0"))
+    p.add_argument("--main-process-ip", metavar="IP",
+                   help=stated("multi-node: the head node's address", "the one in RUN_DIR's configs"))
+    p.add_argument("--logs", action="store_true",
+                   help=stated("echo every rank's output above the progress bar", "off"))
     p.add_argument("--script", metavar="SCRIPT",
-                   help="run your own training script under the run's accelerate/DeepSpeed configs; its arguments "
-                        "go after --")
+                   help=stated("run your own training script under the run's accelerate/DeepSpeed configs; its "
+                               "arguments go after --", "the bundled trainer"))
     p.epilog = "user-script mode: scaletrain launch RUN_DIR --script train.py -- ARGS"
     p.set_defaults(script_args=())
     _split_at_double_dash(p)

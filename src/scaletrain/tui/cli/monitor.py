@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TextIO
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.units import fmt_bytes, fmt_seconds
 from scaletrain.tui.cli.diagnose import print_diagnosis
+from scaletrain.tui.cli.plan_args import stated
 
 if TYPE_CHECKING:
     from scaletrain.engine.run.metrics import MetricsSummary, StepMetrics
@@ -31,10 +32,12 @@ PROGRESS_BAR_CELLS = 24
 def configure_monitor(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR",
                    help="a run directory (running or finished; one that does not exist yet is waited for)")
-    p.add_argument("--interval", type=float, default=None, metavar="S", help="sampling interval, seconds (default 1)")
-    p.add_argument("--headless", action="store_true", help="plain lines instead of the full-screen monitor")
-    p.add_argument("--replay", metavar="SAMPLES_JSONL", help="show recorded NVML samples instead of live NVML")
-    p.add_argument("--once", action="store_true", help="headless: print one snapshot and exit")
+    p.add_argument("--interval", type=float, default=None, metavar="S", help=stated("sampling interval, seconds", "1"))
+    p.add_argument("--headless", action="store_true",
+                   help=stated("plain lines instead of the full-screen monitor", "off"))
+    p.add_argument("--replay", metavar="SAMPLES_JSONL",
+                   help=stated("show recorded NVML samples instead of live NVML", "live NVML"))
+    p.add_argument("--once", action="store_true", help=stated("headless: print one snapshot and exit", "off"))
 
 
 def cmd_monitor(args: argparse.Namespace) -> int:

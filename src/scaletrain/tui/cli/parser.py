@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.tui.cli import config, diagnose, export, launch, monitor, plan, validate
-from scaletrain.tui.cli.plan_args import add_plan_options
+from scaletrain.tui.cli import completion, config, diagnose, env, export, launch, monitor, plan, validate
+from scaletrain.tui.cli.plan_args import PLAN_OPTIONS_USAGE, add_plan_options, stated
 
 
 @dataclass(frozen=True)
@@ -18,10 +18,13 @@ class Command:
     help: str
     configure: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
+    usage: str | None = None             # None: argparse's; commands with the plan options say "[plan options]"
 
 
 COMMANDS = (
-    Command("plan", "predict per-GPU memory and time for a training setup", plan.configure_plan, plan.cmd_plan),
+    Command("plan", "predict per-GPU memory, host RAM, disk and time for a training setup", plan.configure_plan,
+            plan.cmd_plan, f"scaletrain plan {PLAN_OPTIONS_USAGE} [--json] [--alternatives] [--table {{batch,gpus}}]"
+                           "\n       scaletrain plan --keys [--json]"),
     Command("gpus", "detect local GPUs with NVML", plan.configure_json, plan.cmd_gpus),
     Command("models", "list the bundled model catalog", plan.configure_json, plan.cmd_models),
     Command("presets", "list the bundled and saved presets", config.configure_presets, config.cmd_presets),
@@ -36,8 +39,32 @@ COMMANDS = (
     Command("export", "write a checkpoint as a model folder transformers loads, or a PEFT adapter (--merge: merged)",
             export.configure_export, export.cmd_export),
     Command("validate", "run the planned configuration briefly and compare predicted with measured",
-            validate.configure_validate, validate.cmd_validate),
+            validate.configure_validate, validate.cmd_validate,
+            f"scaletrain validate {PLAN_OPTIONS_USAGE} [--steps N] [--budget-seconds S] [--save] [--json]"),
+    Command("env", "versions, GPUs, driver, CUDA, configs and environment for a bug report", env.configure_env,
+            env.cmd_env),
+    Command("completion", "print a shell completion script (bash, zsh or fish)", completion.configure_completion,
+            lambda args: completion.print_completion(args.shell, build_parser())),
 )
+
+TOP_USAGE = (f"scaletrain [-h] [--version] {PLAN_OPTIONS_USAGE}\n"
+             "                  [--plain | --headless [--dry-run]] [--run-dir DIR] [--save-preset NAME] ...\n"
+             "       scaletrain COMMAND [options]   (scaletrain COMMAND --help)")
+
+EXAMPLES = """\
+examples:
+  scaletrain                                   the wizard: hardware → model → batch → plan → write & launch
+  scaletrain plan --model Qwen/Qwen3-4B --gpus 8xRTX4090 --effective-batch 128 --seq-len 2048
+  scaletrain plan --preset 4090x8 --alternatives
+  scaletrain plan --model meta-llama/Llama-3.1-70B --gpus 8xRTX4090 --host-ram 256
+  scaletrain plan --keys                       every preset / --set key with its meaning
+  scaletrain --preset cpu-tiny --headless      plan, write the run directory, launch, stream progress
+  scaletrain env --json                        for a bug report
+  eval "$(scaletrain completion bash)"         tab completion (zsh, fish: scaletrain completion --help)
+
+exit codes: 0 ok · 1 a scaletrain bug · 2 bad input · 3 the plan does not fit (GPU memory, host RAM or disk)
+            · 130 interrupted; launch and the headless path: the training's own exit code"""
+
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,24 +75,50 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="scaletrain", description="Plan, launch, watch and fix multi-GPU LLM fine-tuning.")
-    p.add_argument("--version", action="version", version="scaletrain 0.1.0")
-    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    p = _Parser(prog="scaletrain", usage=TOP_USAGE, epilog=EXAMPLES, formatter_class=_Formatter,
+                description="Plan, launch, watch and fix multi-GPU LLM fine-tuning.\nWithout a command: the wizard "
+                            "(or --plain questions, or a --headless replay)\nover the plan options below.")
+    p.add_argument("--version", action="version", version=f"scaletrain {package_version()}",
+                   help="print scaletrain's version and exit")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser, title="commands", metavar="COMMAND")
     for c in COMMANDS:
-        sp = sub.add_parser(c.name, help=c.help, description=c.help)
+        sp = sub.add_parser(c.name, help=c.help, description=c.help, usage=c.usage, formatter_class=_Formatter)
         c.configure(sp)
         sp.set_defaults(_run=c.run)
     # top level (no subcommand): the wizard, or a headless preset replay
     add_plan_options(p)
-    p.add_argument("--headless", action="store_true", help="no TUI: plan, write, launch, stream progress")
-    p.add_argument("--dry-run", action="store_true", help="write the run directory but do not launch")
-    p.add_argument("--run-dir", help="where to write plan.json, configs, logs (default runs/<date>-<name>)")
-    p.add_argument("--plain", action="store_true", help="ask the wizard's questions without a full-screen app")
-    p.add_argument("--main-process-ip", help="multi-node: the head node's address")
-    p.add_argument("--save-preset", metavar="NAME", help="save the resulting plan as a preset")
-    p.add_argument("--overwrite", action="store_true",
-                   help="write into a run directory holding a different plan (the old files are moved aside)")
+    g = p.add_argument_group("wizard and headless replay")
+    g.add_argument("--headless", action="store_true",
+                   help=stated("no TUI: plan, write, launch, stream progress; exit 3 if the plan does not fit", "off"))
+    g.add_argument("--dry-run", action="store_true", help=stated("write the run directory but do not launch", "off"))
+    g.add_argument("--run-dir", metavar="DIR", help=stated("where to write plan.json, configs, logs",
+                                                           "runs/<date>-<name>"))
+    g.add_argument("--plain", action="store_true",
+                   help=stated("ask the wizard's questions without a full-screen app", "off"))
+    g.add_argument("--main-process-ip", metavar="IP", help=stated("multi-node: the head node's address",
+                                                                  "set at launch"))
+    g.add_argument("--save-preset", metavar="NAME", help=stated("save the resulting plan as a preset", "none"))
+    g.add_argument("--overwrite", action="store_true",
+                   help=stated("write into a run directory holding a different plan (the old files are moved "
+                               "aside)", "off"))
     return p
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the examples epilog's lines; help columns start at 32 so the long flags keep one line."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=32)
+
+
+def package_version() -> str:
+    """The installed scaletrain's version (importlib.metadata), or the source tree's."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("scaletrain")
+    except PackageNotFoundError:
+        return "0.1.0 (source tree)"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

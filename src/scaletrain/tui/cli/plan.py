@@ -4,18 +4,29 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
+from scaletrain.engine.errors import EXIT_DOES_NOT_FIT
 from scaletrain.engine.request.args import asked_from_args
-from scaletrain.tui.cli.plan_args import add_plan_options
+from scaletrain.tui.cli.plan_args import add_plan_options, stated
+
+if TYPE_CHECKING:
+    from scaletrain.engine.run.resources import ResourceVerdict
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    """The plan, as text or JSON; exit 0 when it fits every resource it knows, EXIT_DOES_NOT_FIT (3) when not."""
     from scaletrain.engine.plan.planner import make_plan
     from scaletrain.engine.run.disk import disk_need
+    from scaletrain.engine.run.resources import resource_verdict
 
+    if getattr(args, "keys", False):
+        return print_keys(args.json)
     asked = asked_from_args(args)
     request = asked.request()
     plan = make_plan(request)
+    verdict = resource_verdict(plan, asked.train, host_ram_gib=request.host_ram)
+    code = 0 if verdict.fits else EXIT_DOES_NOT_FIT
     weights = asked.weights(request)
     data = asked.data
     if getattr(args, "alternatives", False) or getattr(args, "table", None):
@@ -29,8 +40,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         out["data"] = {"spec": data, "rows": rows,
                        "profile": prof} if data else None
         out["disk"] = disk_need(plan, asked.train).to_json()
+        out["resources"] = verdict.to_json()
         print(json.dumps(out, indent=2))
-        return 0
+        return code
     from scaletrain.tui.views.render import print_plan, print_weights
     print_plan(plan, alternatives=getattr(args, "alternatives", False), table=getattr(args, "table", None))
     print(f"disk: {disk_need(plan, asked.train).text()}")
@@ -41,6 +53,42 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"  {line}")
     for example in (asked.profile.data.get("examples", ()) if asked.profile is not None else ()):
         print("  record as trained («trained tokens»): " + " ".join(example.split())[:300])
+    print_verdict(verdict)
+    return code
+
+
+def print_verdict(verdict: ResourceVerdict) -> None:
+    """Each resource's need against what there is, then the one-line verdict naming the binding resource."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    c = Console(highlight=False)
+    for check in verdict.checks:
+        c.print(f"  {check.line()}", markup=False, soft_wrap=True)
+    c.print(f"[bold {'green' if verdict.fits else 'red'}]verdict:[/] {escape(verdict.line())}", soft_wrap=True)
+
+
+def print_keys(as_json: bool) -> int:
+    """Every key a preset or --set takes, with its meaning and default (engine/request/keys.py)."""
+    from scaletrain.engine.request.keys import plan_keys
+
+    keys = plan_keys()
+    if as_json:
+        print(json.dumps([k.to_json() for k in keys], indent=2))
+        return 0
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="preset and --set keys (--set KEY=VALUE, request.KEY or train.KEY; in a preset: request:/train:)",
+              box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    t.add_column("key (flag)", no_wrap=True)
+    t.add_column("meaning", ratio=3)
+    t.add_column("default", ratio=2)
+    for k in keys:
+        key = f"{k.section}.{k.key}" if k.section else k.key
+        t.add_row(key + (f"\n  {k.flag}" if k.flag else ""), k.meaning, k.default)
+    Console(highlight=False).print(t)
     return 0
 
 
@@ -74,10 +122,15 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def configure_plan(p: argparse.ArgumentParser) -> None:
     add_plan_options(p)
-    p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
-    p.add_argument("--alternatives", action="store_true", help="show the planner's ranked alternatives")
-    p.add_argument("--table", choices=["batch", "gpus"], help="micro batch vs memory, or GPU kinds × counts")
+    out = p.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help=stated("print the plan as one JSON object", "off: text"))
+    out.add_argument("--alternatives", action="store_true",
+                     help=stated("show the planner's ranked alternatives", "off"))
+    out.add_argument("--table", choices=["batch", "gpus"],
+                     help=stated("micro batch vs memory, or GPU kinds × counts", "none"))
+    out.add_argument("--keys", action="store_true",
+                     help=stated("list every preset / --set key with its meaning and default, and exit", "off"))
 
 
 def configure_json(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help=stated("print JSON for scripts", "off: a table"))

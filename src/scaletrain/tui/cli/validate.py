@@ -9,17 +9,20 @@ import shlex
 import sys
 
 from scaletrain.engine.request.args import asked_from_args
-from scaletrain.tui.cli.plan_args import add_plan_options
+from scaletrain.tui.cli.plan_args import add_plan_options, stated
 
 
 def configure_validate(p: argparse.ArgumentParser) -> None:
     add_plan_options(p)
-    p.add_argument("--steps", type=int, default=20, help="training steps to run (the first quarter is warm-up)")
-    p.add_argument("--save", action="store_true", help="store a calibration profile for this GPU kind and stack")
-    p.add_argument("--run-dir", help="where the validation run goes (default: a temporary directory)")
-    p.add_argument("--budget-seconds", type=float, metavar="S",
-                   help="stop the run (every rank) if it has not finished after S seconds")
-    p.add_argument("--json", action="store_true")
+    g = p.add_argument_group("validation")
+    g.add_argument("--steps", type=int, default=20, metavar="N",
+                   help=stated("training steps to run (the first quarter is warm-up)", "20"))
+    g.add_argument("--save", action="store_true",
+                   help=stated("store a calibration profile for this GPU kind and stack", "off"))
+    g.add_argument("--run-dir", metavar="DIR", help=stated("where the validation run goes", "a temporary directory"))
+    g.add_argument("--budget-seconds", type=float, metavar="S",
+                   help=stated("stop the run (every rank) if it has not finished after S seconds", "no limit"))
+    g.add_argument("--json", action="store_true", help=stated("print the comparison as one JSON object", "off"))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

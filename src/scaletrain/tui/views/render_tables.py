@@ -3,6 +3,7 @@ scaletrain.engine.plan.tables (the same rows `plan --json` prints)."""
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -35,7 +36,10 @@ def _how(row: Choice) -> str:
 
 
 def _table(title: str, columns: list[tuple[str, str]]) -> Table:
-    t = Table(title=title, show_edge=False, pad_edge=False, collapse_padding=True)
+    """Columns one space apart with a rule under the header: every cell starts (left) or ends (right) where its
+    header does, whatever the widths (no cell glued to a border on one side and padded on the other)."""
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+              padding=(0, 1))
     for col, just in columns:
         t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
     return t
@@ -48,7 +52,7 @@ def print_alternatives(c: Console, rows: tuple[AlternativeRow, ...], plan: Plan)
                 ("per GPU", "right"), ("step", "right"), ("epoch", "right"), ("tokens/s", "right")])
     for r in rows:
         step, epoch = _time_cells(r)
-        t.add_row(str(r.rank) + ("*" if r.chosen else ""), _how(r), f"{r.micro_batch}×{r.grad_accum}",
+        t.add_row(("*" if r.chosen else "") + str(r.rank), _how(r), f"{r.micro_batch}×{r.grad_accum}",
                   "on" if r.grad_ckpt else "off", fmt_bytes(r.per_gpu_bytes), step, epoch,
                   f"{r.tokens_per_second:,.0f}", style="bold" if r.chosen else "")
     c.print(t)
@@ -66,8 +70,8 @@ def print_batch_table(c: Console, rows: list[BatchRow], plan: Plan) -> None:
                [("micro", "right"), ("accum", "right"), ("act+logits", "right"), ("per GPU", "right"),
                 ("fits", "left"), ("step", "right"), ("tokens/s", "right")])
     for r in rows:
-        accum = str(r.grad_accum) + ("" if r.keeps_effective_batch else "!")
-        t.add_row(str(r.micro_batch) + ("*" if r.current else ""), accum,
+        accum = ("" if r.keeps_effective_batch else "!") + str(r.grad_accum)
+        t.add_row(("*" if r.current else "") + str(r.micro_batch), accum,
                   fmt_bytes(r.activations_bytes + r.logits_bytes), fmt_bytes(r.per_gpu_bytes),
                   _FIT[r.fits], fmt_seconds(r.step_seconds), f"{r.tokens_per_second:,.0f}",
                   style="bold" if r.current else "")
