@@ -291,8 +291,8 @@ def _spawn(prep: PreparedLaunch, logs: RankLogs, env: dict[str, str] | None) -> 
         child_env.update(threads_env(prep.threads))
     old_signals = _install_signals()
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env,
-                                cwd=str(prep.run.path), start_new_session=True)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=child_env, cwd=str(prep.run.path), start_new_session=True)
     except OSError as e:
         _restore_signals(old_signals)
         logs.close()
