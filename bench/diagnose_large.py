@@ -70,6 +70,12 @@ def diagnose(path: Path) -> dict:
             "children_max_rss_mib": round(max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024)}
 
 
+def _commit() -> str:
+    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL)
+    return r.stdout.strip() or "unknown"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size-mb", type=int, default=1024)
@@ -80,7 +86,8 @@ def main() -> int:
     size = a.size_mb << 20
     out: dict = {"what": "scaletrain diagnose of one log of --size-mb, single line and many lines, each ending in a "
                          "CUDA OOM traceback; wall seconds of the CLI subprocess", "size_bytes": size,
-                 "machine": machine(), "versions": {"python": sys.version.split()[0]}, "target_seconds": 20,
+                 "machine": machine(), "versions": {"python": sys.version.split()[0], "scaletrain_commit": _commit()},
+                 "target_seconds": 20,
                  "cases": {}}
     with tempfile.TemporaryDirectory(dir=a.dir, prefix="diagnose-large-") as tmp:
         for name, write in (("single_line", write_single_line), ("many_lines", write_many_lines)):

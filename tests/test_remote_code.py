@@ -196,3 +196,18 @@ def test_every_child_the_tool_starts_gets_no_stdin():
     assert len(calls) >= 3
     for name, call in calls:
         assert "stdin=" in call or "input=" in call, f"{name}: {call[:200]}"
+
+
+def test_plain_wizard_refuses_custom_code_weights_and_asks_again(evil):
+    """`--plain`: the weights answer naming custom code is refused (✗, the engine's line) and asked again; the
+    typed `y` lines that follow are answers to the wizard's questions, never to transformers."""
+    run = evil["root"] / "run"
+    answers = ["", "Qwen/Qwen2.5-7B-Instruct", str(evil["folder"]), "", "lora", "8", "", "", "", "128", "",
+               "1000", "2", "", "2e-4@8", "y", str(run)]
+    env = {**os.environ, "HF_MODULES_CACHE": str(evil["root"] / "hf-modules")}
+    r = subprocess.run([sys.executable, "-m", "scaletrain.tui.cli", "--plain", "--gpus", "4xH200"],
+                       input="\n".join(answers) + "\n", capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "✗ --weights" in r.stdout and "custom code" in r.stdout
+    assert json.loads((run / "plan.json").read_text())["train"]["model_source"] == "Qwen/Qwen2.5-7B-Instruct"
+    assert not evil["marker"].exists()
