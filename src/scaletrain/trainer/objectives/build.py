@@ -82,6 +82,7 @@ def _common_args(run: ObjectiveRun) -> dict[str, Any]:
         gradient_checkpointing=run.grad_ckpt, bf16=run.precision == "bf16", fp16=run.precision == "fp16",
         seed=run.seed, data_seed=run.seed, logging_steps=1, save_strategy="no", report_to=[],
         use_cpu=run.use_cpu, dataloader_num_workers=0, disable_tqdm=True, remove_unused_columns=False,
+        trust_remote_code=False,       # TRL's own processor/config loads: never a model folder's code
     )
     if run.optimizer_impl == "for-loop" and run.optimizer == "adamw":
         args["optim_args"] = "foreach=False"
