@@ -95,7 +95,9 @@ def read_lines(path: Path) -> list[LogLine]:
     numbered = list(enumerate(head.decode("utf-8", errors="replace").splitlines(), 1))
     if tail is not None:
         tail_lines = tail.decode("utf-8", errors="replace").splitlines()
-        first = len(numbered) + skipped + 1        # the tail's first line is usually the rest of a cut one
+        # the tail's first line is usually the rest of a cut one; splitlines also breaks at \r (progress bars), so
+        # the tail is numbered after the head's lines at least: the order of events stays the file's
+        first = max(head.count(b"\n") + skipped + 1, len(numbered) + 1)
         if mark_between:
             numbered = []                          # a later launch began in the middle: the head is history
         numbered += list(enumerate(tail_lines, first))
