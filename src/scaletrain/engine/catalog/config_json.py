@@ -65,8 +65,8 @@ def hf_cache_config(model_id: str) -> Path | None:
 def read_config(path: Path, spec: str) -> dict[str, Any]:
     """A config.json as a dict, or one line saying why not (unreadable, too large, not JSON, not an object)."""
     try:
-        cfg = json.loads(read_text_bounded(path, MAX_CONFIG_BYTES, f"{spec}:" if str(path) == spec
-                                           else f"{spec}: {path.name}"))
+        cfg = json.loads(read_text_bounded(path, MAX_CONFIG_BYTES, "config.json" if str(path) == spec
+                                           else f"{spec}:"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         why = e.strerror if isinstance(e, OSError) and e.strerror else e.__class__.__name__
         where = spec if str(path) == spec else f"{spec} ({path})"
