@@ -1,14 +1,18 @@
 """Files written and read while something else uses them: atomic writes (a temp file beside the target, then a
-rename) and incremental reads of a file another process appends to."""
+rename), incremental reads of a file another process appends to, and bounded reads of files a user or a run folder
+hands the tool: regular files only (a FIFO, socket, device or folder is one line, without blocking: the type is
+checked before opening, and the open itself does not wait, O_NONBLOCK), whole-file reads capped in size."""
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 from scaletrain.engine.errors import ScaletrainError
 
@@ -20,6 +24,79 @@ def os_error_reason(e: OSError) -> str:
     if e.errno in DISK_FULL_ERRNOS:
         return "the disk is full (No space left on device)" if e.errno == errno.ENOSPC else "disk quota exceeded"
     return e.strerror or e.__class__.__name__
+
+
+# Whole-file reads of what a user or a run folder hands the tool: a config, plan.json or a status file is KiBs; the
+# caps leave room for the largest real one and refuse what would only fill the memory (a 100 GB file named by mistake).
+MAX_CONFIG_BYTES = 16 << 20              # config.json, tokenizer_config.json, presets, plan.json, status.json
+MAX_DATA_BYTES = 4 << 30                 # one JSON array of records read whole (JSON lines are read line by line)
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def not_regular(path: str | os.PathLike[str], what: str = "file") -> str | None:
+    """One line when `path` exists but is not a regular file (a FIFO, socket, device, folder), else None. Never
+    opens the file, so a FIFO with no writer cannot block it."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None                       # missing or unusable: the caller's open says so in its own words
+    if stat.S_ISREG(st.st_mode):
+        return None
+    return f"{what} {os.fspath(path)} is {_kind(st.st_mode)}, not a regular file; give a regular file"
+
+
+def open_regular(path: str | os.PathLike[str], what: str = "file") -> BinaryIO:
+    """`path` opened for binary reading, refused in one line (ScaletrainError) unless it is a regular file: checked
+    before opening and again on the open descriptor (a file swapped for a FIFO in between cannot block the open:
+    O_NONBLOCK). OSError (missing, no permission) propagates for the caller to word."""
+    problem = not_regular(path, what)
+    if problem:
+        raise ScaletrainError(problem)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ScaletrainError(f"{what} {os.fspath(path)} is {_kind(st.st_mode)}, not a regular file; give a "
+                                  "regular file")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes_bounded(path: str | os.PathLike[str], max_bytes: int, what: str = "file") -> bytes:
+    """A regular file's bytes, at most `max_bytes` (one line when larger: nothing of it is read into memory)."""
+    with open_regular(path, what) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > max_bytes:
+            raise ScaletrainError(f"{what} {os.fspath(path)} is {size:,} bytes, more than the {max_bytes:,} accepted "
+                                  "for it; give the right file")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:             # grew while read
+        raise ScaletrainError(f"{what} {os.fspath(path)} is more than the {max_bytes:,} bytes accepted for it; give "
+                              "the right file")
+    return data
+
+
+def read_text_bounded(path: str | os.PathLike[str], max_bytes: int = MAX_CONFIG_BYTES, what: str = "file",
+                      errors: str = "strict") -> str:
+    """read_bytes_bounded decoded as UTF-8 (UnicodeDecodeError propagates with errors="strict")."""
+    return read_bytes_bounded(path, max_bytes, what).decode("utf-8", errors=errors)
+
+
+def read_tail(path: str | os.PathLike[str], max_bytes: int, what: str = "file") -> bytes:
+    """The last `max_bytes` of a regular file (all of it when smaller): a log's tail without reading its head."""
+    with open_regular(path, what) as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(max(0, size - max_bytes))
+        return f.read(max_bytes)
 
 
 @contextmanager
@@ -37,7 +114,7 @@ def atomic_write(path: Path, text: str, *, mode: int | None = None, backup: bool
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     bak = None
-    if path.exists() and backup:
+    if path.exists() and backup and not_regular(path) is None:       # a FIFO in its place is replaced, never read
         try:
             same = path.read_text() == text
         except (OSError, UnicodeDecodeError):
@@ -93,6 +170,8 @@ class AppendedLines:
         self._inode = st.st_ino
         if st.st_size == self._offset:
             return []
+        if not stat.S_ISREG(st.st_mode):
+            return []                      # a FIFO or a folder in a log's place: nothing appended, nothing blocks
         with self.path.open("rb") as f:
             f.seek(self._offset)
             chunk = f.read()

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.fileio import atomic_write
+from scaletrain.engine.fileio import MAX_CONFIG_BYTES, atomic_write, read_text_bounded
 from scaletrain.engine.run.layout import CHECKPOINT_PREFIX, TRAINER_STATE, RunDir, checkpoint_step
 from scaletrain.trainer.distributed import all_sum, barrier
 
@@ -53,7 +53,7 @@ def save_checkpoint(acc: Any, model: Any, scheduler: Any, run: RunDir, state: di
 def read_state(d: Path) -> dict[str, Any]:
     """trainer_state.json, checked against the files it lists; ScaletrainError naming what is damaged."""
     try:
-        state = json.loads((d / TRAINER_STATE).read_text(encoding="utf-8"))
+        state = json.loads(read_text_bounded(d / TRAINER_STATE, MAX_CONFIG_BYTES, TRAINER_STATE))
     except (OSError, ValueError) as e:
         raise ScaletrainError(f"{d.name}/{TRAINER_STATE} is unreadable ({e.__class__.__name__})") from None
     if not isinstance(state, dict) or not isinstance(state.get("step"), int):

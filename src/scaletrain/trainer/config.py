@@ -66,6 +66,7 @@ def read_run_config(run_dir: str | os.PathLike[str]) -> RunConfig:
     doc = read_plan_document(run.plan)
     req, tr, batch, train = doc.request, doc.training, doc.batch, doc.train
     train.check()
+    doc.check_weights()                            # edited after writing: custom code is refused before any load
     if train.model_source is None:                 # a plan.json written before weights were resolved
         from dataclasses import replace
 

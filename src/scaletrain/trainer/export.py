@@ -218,7 +218,7 @@ def exported_logits(e: Exported, cfg: RunConfig, ck: Path, input_ids: Any) -> di
     out = {}
     with torch.no_grad():
         if e.kind == "model":
-            m = AutoModelForCausalLM.from_pretrained(str(e.path), dtype=torch.float32).eval()
+            m = AutoModelForCausalLM.from_pretrained(str(e.path), dtype=torch.float32, trust_remote_code=False).eval()
             out["model"] = m(input_ids=input_ids).logits.float()
             return out
         from peft import PeftModel
@@ -227,7 +227,7 @@ def exported_logits(e: Exported, cfg: RunConfig, ck: Path, input_ids: Any) -> di
         out["adapter"] = PeftModel.from_pretrained(base, str(e.path / "adapter")).eval()(
             input_ids=input_ids).logits.float()
         if e.merged is not None:
-            m = AutoModelForCausalLM.from_pretrained(str(e.merged), dtype=torch.float32).eval()
+            m = AutoModelForCausalLM.from_pretrained(str(e.merged), dtype=torch.float32, trust_remote_code=False).eval()
             out["merged"] = m(input_ids=input_ids).logits.float()
     return out
 

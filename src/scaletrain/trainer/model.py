@@ -47,7 +47,7 @@ def hf_config(config: Mapping[str, Any]) -> Any:
     model_type = cfg.pop("model_type")
     for k in CHECKPOINT_KEYS:
         cfg.pop(k, None)
-    return AutoConfig.for_model(model_type, **cfg)
+    return AutoConfig.for_model(model_type, **cfg)     # transformers' own classes only: never a folder's code
 
 
 def random_init(config: Mapping[str, Any] | Any, attn_implementation: str, dtype: str = "float32",
@@ -95,7 +95,8 @@ def quantized_random_init(config: Mapping[str, Any] | Any, attn_implementation: 
         del base
         return AutoModelForCausalLM.from_pretrained(tmp, quantization_config=quantization(bits, torch_dtype),
                                                     attn_implementation=attn_implementation, dtype=torch_dtype,
-                                                    device_map={"": device}, local_files_only=True)
+                                                    device_map={"": device}, local_files_only=True,
+                                                    trust_remote_code=False)
 
 
 def _save_weights(model: Any, folder: Path) -> None:
@@ -256,7 +257,7 @@ def build_model(cfg: RunConfig, device: Any) -> Any:
                  else random_init(conf, attn, dtype=dtype, device=where))
     else:
         kwargs: dict[str, Any] = {"local_files_only": True, "attn_implementation": attn,
-                                  "dtype": getattr(torch, dtype)}
+                                  "dtype": getattr(torch, dtype), "trust_remote_code": False}
         if load_config(cfg.model_id).get("model_type") in MOE_TYPES:
             kwargs["experts_implementation"] = cfg.experts_impl
         if cfg.quantized_base:
@@ -301,7 +302,8 @@ def tokenizer_for(model_id: str, source: str | None) -> data_mod.Tokenizer:
     from transformers import AutoTokenizer
 
     try:
-        return data_mod.HFTokenizer(AutoTokenizer.from_pretrained(source, local_files_only=True))
+        return data_mod.HFTokenizer(AutoTokenizer.from_pretrained(source, local_files_only=True,
+                                                                  trust_remote_code=False))
     except OSError as e:
         raise ScaletrainError(f"cannot load the tokenizer of {source!r} offline "
                               f"({str(e).splitlines()[0]})") from None

@@ -16,6 +16,8 @@ import os
 import sys
 from typing import Any
 
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.fileio import MAX_CONFIG_BYTES, read_text_bounded
 from scaletrain.engine.run.layout import RunDir
 
 
@@ -53,8 +55,8 @@ class Trackers:
 def plan_config(run: RunDir) -> dict[str, Any]:
     """The plan's predictions and choices as a tracker's config (plan.json's sections, as written)."""
     try:
-        doc = json.loads(run.plan.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        doc = json.loads(read_text_bounded(run.plan, MAX_CONFIG_BYTES << 2, run.plan.name))
+    except (OSError, ValueError, ScaletrainError):
         return {}
     keep = ("model", "hardware", "training", "batch", "memory", "time", "request", "train", "disk")
     return {k: doc[k] for k in keep if k in doc}

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.fileio import read_text_bounded
 
 
 def text_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -64,10 +65,8 @@ def hf_cache_config(model_id: str) -> Path | None:
 def read_config(path: Path, spec: str) -> dict[str, Any]:
     """A config.json as a dict, or one line saying why not (unreadable, too large, not JSON, not an object)."""
     try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise ScaletrainError(f"{spec}: {path.name} is {path.stat().st_size:,} bytes, not a config.json "
-                                  f"(at most {MAX_CONFIG_BYTES >> 20} MiB)")
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        cfg = json.loads(read_text_bounded(path, MAX_CONFIG_BYTES, "config.json" if str(path) == spec
+                                           else f"{spec}:"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         why = e.strerror if isinstance(e, OSError) and e.strerror else e.__class__.__name__
         where = spec if str(path) == spec else f"{spec} ({path})"

@@ -79,7 +79,7 @@ RE_CONFIG = re.compile(
 # e.g. gpt_oss with sdpa (its attention sinks need the scores; seen on this project's CPU runs, transformers 5.24):
 # "GptOssForCausalLM does not support an attention implementation through torch.nn.functional.scaled_dot_product_
 # attention yet." — the remedy is another --attn.
-RE_ATTN_UNSUPPORTED = re.compile(r"(\w+) does not support an attention implementation through "
+RE_ATTN_UNSUPPORTED = re.compile(r"\b(\w+) does not support an attention implementation through "
                                  r"(torch\.nn\.functional\.scaled_dot_product_attention|Flash Attention|"
                                  r"torch's flex_attention)")
 _ATTN_NAMES = {"torch.nn.functional.scaled_dot_product_attention": "sdpa", "Flash Attention": "flash",

@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 
 from scaletrain.engine.devices.detect import require_local_gpus
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.fileio import os_error_reason, writing
+from scaletrain.engine.fileio import os_error_reason, read_tail, read_text_bounded, writing
 from scaletrain.engine.launch.elastic import parse_failures
 from scaletrain.engine.run.disk import check_room, free_bytes
 from scaletrain.engine.run.layout import LINE_PREFIX, LINE_PREFIX_ENV, RunDir, check_host
@@ -91,9 +91,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     from scaletrain.engine.yamlsafe import MAX_YAML_BYTES, YamlLimitError, load_yaml
 
     try:
-        if path.stat().st_size > MAX_YAML_BYTES:
-            raise ScaletrainError(f"{path} is {path.stat().st_size:,} bytes, not an accelerate config")
-        d = load_yaml(path.read_text(encoding="utf-8"))
+        d = load_yaml(read_text_bounded(path, MAX_YAML_BYTES, "accelerate config"))
     except FileNotFoundError:
         raise ScaletrainError(f"{path} is missing; write the run directory first (scaletrain ... --dry-run)") from None
     except YamlLimitError as e:
@@ -291,8 +289,8 @@ def _spawn(prep: PreparedLaunch, logs: RankLogs, env: dict[str, str] | None) -> 
         child_env.update(threads_env(prep.threads))
     old_signals = _install_signals()
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env,
-                                cwd=str(prep.run.path), start_new_session=True)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=child_env, cwd=str(prep.run.path), start_new_session=True)
     except OSError as e:
         _restore_signals(old_signals)
         logs.close()
@@ -476,13 +474,16 @@ def _restore_signals(old: Any) -> None:
         signal.signal(signal.SIGHUP, old[2])
 
 
+RANK_LOG_TAIL_BYTES = 1 << 20     # a failure report's last lines are in a log's last MiB
+
+
 def rank_log_tail(run_dir: str | os.PathLike[str], rank: int, lines: int = 20) -> list[str]:
     """The last lines of one rank's log (for a failure report)."""
     try:
-        text = RunDir(run_dir).rank_log(rank).read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
+        tail = read_tail(RunDir(run_dir).rank_log(rank), RANK_LOG_TAIL_BYTES, "rank log")
+    except (OSError, ScaletrainError):    # missing, or a FIFO in its place: no tail to show, nothing waited on
         return []
-    return text.splitlines()[-lines:]
+    return tail.decode("utf-8", errors="replace").splitlines()[-lines:]
 
 
 if __name__ == "__main__":       # python -m scaletrain.engine.launch.launcher RUN_DIR (no progress view)

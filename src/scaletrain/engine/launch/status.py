@@ -25,7 +25,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from scaletrain.engine.fileio import DISK_FULL_ERRNOS, atomic_write
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.fileio import DISK_FULL_ERRNOS, MAX_CONFIG_BYTES, atomic_write, read_text_bounded
 from scaletrain.engine.launch.processes import process_start
 
 STATES = ("starting", "running", "finished", "failed", "interrupted", "unknown")
@@ -115,34 +116,61 @@ class RunStatus:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "RunStatus":
-        code = d.get("exit_code")
+        """Total on any JSON object: a field of the wrong type (an exit code "x", a pid 1.5, argv 7) reads as
+        absent, never as an exception, so a "failed" record with junk beside it still says failed (a monitor waits
+        for a final state: it must see one)."""
+        code = _int(d.get("exit_code"))
         state = d.get("state")
         if state not in STATES:
             state = "running" if code is None else ("finished" if code == 0 else "failed")
         pids = d.get("pids") if isinstance(d.get("pids"), dict) else {}
-        rank_pids = {int(k): int(v) for k, v in pids.items() if str(k).lstrip("-").isdigit() and v}
-        rp = d.get("rank_pids")
-        if isinstance(rp, dict):
-            rank_pids.update({int(k): int(v) for k, v in rp.items() if str(k).isdigit() and isinstance(v, int)})
-        raw = d.get("exit_codes")
-        codes = {int(k): int(v) for k, v in raw.items() if v is not None} if isinstance(raw, dict) else {}
-        first = d.get("first_failing_rank")
-
-        def pid(key: str) -> int | None:
-            v = pids.get(key)
-            return v if isinstance(v, int) else None
-
-        return cls(state=state, started=d.get("started"), argv=tuple(d.get("argv") or ()),
-                   machine_rank=d.get("machine_rank"), num_machines=d.get("num_machines"),
-                   local_ranks=tuple(d.get("local_ranks") or ()), launcher_pid=pid("launcher"),
-                   accelerate_pid=pid("accelerate"), rank_pids=rank_pids,
-                   tracked_pids=tuple(d.get("tracked_pids") or ()), ended=d.get("ended"), exit_code=code,
-                   launcher_exit_code=d.get("launcher_exit_code"),
-                   first_failing_rank=int(first) if first is not None else None,
-                   failing_rank_exit_code=d.get("failing_rank_exit_code"), exit_codes=codes,
-                   host=_opt(d, "host", str), launcher_start=_opt(d, "launcher_start", int),
+        rank_pids = _int_map(pids, signed_keys=True)
+        rank_pids.update(_int_map(d.get("rank_pids")))
+        rank_pids = {r: p for r, p in rank_pids.items() if p}
+        return cls(state=state, started=_opt(d, "started", str), argv=_strs(d.get("argv")),
+                   machine_rank=_int(d.get("machine_rank")), num_machines=_int(d.get("num_machines")),
+                   local_ranks=_ints(d.get("local_ranks")), launcher_pid=_int(pids.get("launcher")),
+                   accelerate_pid=_int(pids.get("accelerate")), rank_pids=rank_pids,
+                   tracked_pids=_ints(d.get("tracked_pids")), ended=_opt(d, "ended", str), exit_code=code,
+                   launcher_exit_code=_int(d.get("launcher_exit_code")),
+                   first_failing_rank=_int(d.get("first_failing_rank")),
+                   failing_rank_exit_code=_int(d.get("failing_rank_exit_code")),
+                   exit_codes=_int_map(d.get("exit_codes")),
+                   host=_opt(d, "host", str), launcher_start=_int(d.get("launcher_start")),
                    reason=_opt(d, "reason", str), disk_full=d.get("disk_full") is True,
-                   disk_free_bytes=_opt(d, "disk_free_bytes", int), oom_kills=_opt(d, "oom_kills", int))
+                   disk_free_bytes=_int(d.get("disk_free_bytes")), oom_kills=_int(d.get("oom_kills")))
+
+
+MAX_STATUS_INT = 1 << 63              # a pid, an exit code, a byte count: anything larger is not one
+
+
+def _int(v: Any) -> int | None:
+    """A whole number as status.json writes it (an integral float such as 1.0 too), else None."""
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    return v if isinstance(v, int) and not isinstance(v, bool) and abs(v) < MAX_STATUS_INT else None
+
+
+def _key(k: Any, signed: bool) -> int | None:
+    text = str(k)
+    body = text[1:] if signed and text.startswith("-") else text
+    return int(text) if 0 < len(body) <= 18 and body.isascii() and body.isdigit() else None
+
+
+def _int_map(raw: Any, signed_keys: bool = False) -> dict[int, int]:
+    """{"<rank>": whole number} entries of a JSON object; anything else (a non-numeric key or value) is left out."""
+    if not isinstance(raw, dict):
+        return {}
+    out = {}
+    for k, v in raw.items():
+        key, value = _key(k, signed_keys), _int(v)
+        if key is not None and value is not None:
+            out[key] = value
+    return out
+
+
+def _ints(raw: Any) -> tuple[int, ...]:
+    return tuple(x for x in (_int(v) for v in raw) if x is not None) if isinstance(raw, list) else ()
 
 
 def _opt(d: dict[str, Any], key: str, kind: type) -> Any:
@@ -150,14 +178,20 @@ def _opt(d: dict[str, Any], key: str, kind: type) -> Any:
     return v if isinstance(v, kind) and not isinstance(v, bool) else None
 
 
+def _strs(raw: Any) -> tuple[str, ...]:
+    return tuple(v for v in raw if isinstance(v, str)) if isinstance(raw, list) else ()
+
+
 def read_status(path: str | Path) -> RunStatus:
     """One node's status file: absent → "starting", unreadable → "unknown". A "running" status whose launcher on
     this host is gone (killed together with its watchdog) reads as "interrupted", with the reason (so does a
     "starting" one)."""
     try:
-        d = json.loads(Path(path).read_text(encoding="utf-8"))
+        d = json.loads(read_text_bounded(path, MAX_CONFIG_BYTES, Path(path).name))
     except FileNotFoundError:
         return RunStatus("starting")
+    except ScaletrainError as e:          # a FIFO, a device, a folder or a huge file in its place: never waited on
+        return RunStatus("unknown", reason=str(e))
     except (ValueError, OSError, RecursionError) as e:
         return RunStatus("unknown", reason=f"{Path(path).name} is unreadable ({type(e).__name__})")
     if not isinstance(d, dict):

@@ -85,12 +85,14 @@ def asked_from_args(args: Any) -> Asked:
 def _profile(data: str, fields: dict[str, Any], weights: str | None, train: TrainOptions) -> Any:
     """--data read, tokenized and blocked as the trainer will (engine/request/data_profile.py, a subprocess)."""
     from scaletrain.engine.request.data_profile import profile_data
+    from scaletrain.engine.request.remote_code import check_no_remote_code
     from scaletrain.engine.request.weights import resolve_weights
 
     from scaletrain.engine.request.data_profile import DataProfile
 
     seq_len = int(fields.get("seq_len") or 2048)
     source = resolve_weights(weights, fields["model"])
+    check_no_remote_code(source)          # before the profile's child loads the tokenizer: an error, not a note
     try:
         return profile_data(data, fields["model"], source, seq_len, packing=train.packing, columns=train.data_columns)
     except ScaletrainError as e:      # e.g. the tokenizer is not on this machine: said, and the rows are counted

@@ -18,7 +18,8 @@ from typing import Any
 
 from scaletrain.engine.catalog.traced import cache_dir
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.fileio import atomic_write
+from scaletrain.engine.fileio import MAX_CONFIG_BYTES, atomic_write, read_text_bounded
+from scaletrain.engine.request.remote_code import check_no_remote_code
 from scaletrain.engine.request.data_source import resolve_data
 from scaletrain.engine.units import fmt_count
 
@@ -71,12 +72,13 @@ def _key(spec: str, model: str, weights: str | None, seq_len: int, packing: bool
 def profile_data(spec: str, model: str, weights: str | None, seq_len: int, packing: bool = True,
                  columns: dict[str, str] | None = None) -> DataProfile:
     """The profile of --data for this model's tokenizer (cached; one line on failure)."""
+    check_no_remote_code(weights)            # the child loads the tokenizer: nothing of the folder may run
     path = cache_dir().parent / "data" / f"{_key(spec, model, weights, seq_len, packing, columns)}.json"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_text_bounded(path, MAX_CONFIG_BYTES, "data profile"))
         if data.get("format") == PROFILE_FORMAT:
             return DataProfile(data)
-    except (OSError, ValueError):
+    except (OSError, ValueError, ScaletrainError):
         pass
     argv = [sys.executable, "-m", "scaletrain.trainer.data_profile", "--data", spec, "--model", model,
             "--seq-len", str(seq_len), "--columns", json.dumps(columns or {})]
@@ -85,7 +87,8 @@ def profile_data(spec: str, model: str, weights: str | None, seq_len: int, packi
     if not packing:
         argv.append("--no-packing")
     try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=PROFILE_TIMEOUT_S)
+        r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=PROFILE_TIMEOUT_S)
         data = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
     except (subprocess.TimeoutExpired, ValueError, OSError) as e:
         raise ScaletrainError(f"profiling --data {spec} failed ({e.__class__.__name__})") from None

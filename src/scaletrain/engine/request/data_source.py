@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.fileio import MAX_DATA_BYTES, not_regular, read_text_bounded
 
 DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 ACCEPTED = "a JSONL/JSON/Parquet/CSV file, a folder of them, or an HF dataset id in the local HF cache"
@@ -49,6 +50,9 @@ def count_rows(path: Path) -> int:
         st = path.stat()
     except OSError as e:
         raise ScaletrainError(f"dataset {path} cannot be read ({e.strerror or e.__class__.__name__})") from None
+    problem = not_regular(path, "dataset")           # a FIFO named data.jsonl would block every reader
+    if problem:
+        raise ScaletrainError(problem)
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
     if key not in _ROW_COUNTS:
         _ROW_COUNTS[key] = _count_rows(path)
@@ -69,7 +73,7 @@ def _count_rows(path: Path) -> int:
             with path.open(encoding="utf-8") as f:
                 first = next((c for c in iter(lambda: f.read(1), "") if not c.isspace()), "")
             if first == "[":                             # one JSON array of records (else JSON lines)
-                data = json.loads(path.read_text(encoding="utf-8"))
+                data = json.loads(read_text_bounded(path, MAX_DATA_BYTES, "dataset"))
                 return len(data) if isinstance(data, list) else 0
         with path.open(encoding="utf-8") as f:          # JSON lines
             return sum(1 for line in f if line.strip())

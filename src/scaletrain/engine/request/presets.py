@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.request.request import PlanRequest
-from scaletrain.engine.fileio import atomic_write, writing
+from scaletrain.engine.fileio import atomic_write, not_regular, read_text_bounded, writing
 from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.yamlsafe import MAX_YAML_BYTES, YamlLimitError, load_yaml
 
@@ -242,6 +242,9 @@ def find_preset(spec: str) -> Path:
     if _is_path(spec):
         p = Path(spec).expanduser()
         if not _is_file(p):
+            problem = not_regular(p, "preset file")        # a FIFO, a device: said as such
+            if problem and not p.is_dir():
+                raise ScaletrainError(problem)
             raise ScaletrainError(f"preset file {_short(spec)} " + ("is not a file" if p.is_dir() else
                                                                     "does not exist"))
         return p
@@ -259,7 +262,7 @@ def load_preset_file(path: Path, *, by_name: bool = False) -> Preset:
         if path.stat().st_size > MAX_YAML_BYTES:
             raise ScaletrainError(f"preset file {path} is {path.stat().st_size:,} bytes; a preset is a few KiB "
                                   f"(at most {MAX_YAML_BYTES >> 10} KiB)")
-        text = path.read_text(encoding="utf-8")
+        text = read_text_bounded(path, MAX_YAML_BYTES, "preset file")
     except (OSError, UnicodeDecodeError) as e:
         why = e.strerror if isinstance(e, OSError) and e.strerror else e.__class__.__name__
         raise ScaletrainError(f"cannot read preset file {path} ({why})") from None

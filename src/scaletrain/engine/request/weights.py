@@ -9,7 +9,8 @@ carries a warning. The front ends (CLI, headless, wizard) call these functions; 
     default_weights(model)                        what None (not given) means for this --model
     resolve_weights(model_source, model)          model_source with None replaced by the default
     weights_warning(model_source)                 the red "testing only" line for random-init, else None
-    weights_problem(method, base_bits, source)    one line why these weights cannot be used, else None
+    weights_problem(method, base_bits, source)    one line why these weights cannot be used, else None (custom
+                                                  code included: engine/request/remote_code.py)
     weights_mismatch(source, arch)                one line when local/cached weights are another architecture
     weights_note(model_source)                    a note when HF weights are not in the local cache yet
 """
@@ -20,6 +21,8 @@ import os
 import re
 from pathlib import Path
 from typing import Any
+
+from scaletrain.engine.request.remote_code import remote_code_problem
 
 RANDOM_INIT = "random-init"
 RANDOM_INIT_WARNING = ("random-init weights: testing only, this trains noise (give --weights HF_ID|PATH to start "
@@ -110,11 +113,19 @@ def weights_problem(method: Any, base_bits: int | None, model_source: str | None
         folder = local if local.is_dir() else local.parent
         if not (folder / "config.json").is_file():
             return f"--weights {model_source}: the folder holds no config.json (give a save_pretrained folder)"
-        return None
+        return remote_code_problem(model_source)
     if _looks_like_path(model_source) or not _HF_ID.match(model_source):
         return (f"--weights {model_source[:120]}: no such file or folder, and not an HF id (org/name); give a local "
                 "folder with config.json, an HF id, or random-init")
-    return None
+    return remote_code_problem(model_source)              # an HF id already in the cache: its files are here
+
+
+def launch_weights_problem(method: Any, base_bits: int | None, model_source: str | None) -> str | None:
+    """weights_problem at launch and export, of the weights plan.json names now (it may have been edited after it
+    was written): everything but the random-init rule for a 4/8-bit base, which `validate` relaxes on purpose."""
+    if model_source == RANDOM_INIT:
+        return None
+    return weights_problem(method, base_bits, model_source)
 
 
 def weights_mismatch(model_source: str | None, arch: Any) -> str | None:

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from scaletrain.engine.fileio import AppendedLines, atomic_write
+from scaletrain.engine.fileio import AppendedLines, atomic_write, open_regular
 from scaletrain.engine.run.rank_telemetry import RankTelemetry
 from scaletrain.engine.units import fmt_seconds
 
+MAX_RECORD_BYTES = 1 << 20      # one metrics line; a longer one is no step record (skipped, never held whole)
 TORN_TAIL_SCAN_BYTES = 1 << 20  # a record is a few hundred bytes: its line break is well within the last MiB
 ETA_WINDOW_STEPS = 20          # recent steps averaged for the speed and the ETA (warm-up steps left out)
 WARMUP_FRACTION = 0.25         # the first quarter of the steps (at least MIN_WARMUP_STEPS) is warm-up: allocator,
@@ -125,13 +126,21 @@ def read_metrics(path: str | os.PathLike[str]) -> list[StepMetrics]:
     """All complete records as one monotone series (an unfinished last line is left for the next read)."""
     series: list[StepMetrics] = []
     try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
+        f = open_regular(path, "metrics file")        # a FIFO in its place is one line, not a wait
     except FileNotFoundError:
         return series
-    for line in text.split("\n")[:-1]:
-        rec = _parse(line)
-        if rec is not None:
-            _monotone(series, rec)
+    with f:
+        while True:
+            raw = f.readline(MAX_RECORD_BYTES)
+            if not raw.endswith(b"\n"):
+                if len(raw) < MAX_RECORD_BYTES:
+                    break                               # the end, or an unfinished last line
+                while raw and not raw.endswith(b"\n"):  # a line no step record is this long: skipped
+                    raw = f.readline(MAX_RECORD_BYTES)
+                continue
+            rec = _parse(raw.decode("utf-8", errors="replace"))
+            if rec is not None:
+                _monotone(series, rec)
     return series
 
 
@@ -175,7 +184,8 @@ def truncate_metrics(path: str | os.PathLike[str], through_step: int) -> int:
     number of lines dropped."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        with open_regular(p, "metrics file") as f:
+            raw = f.read()
     except FileNotFoundError:
         return 0
     lines = raw.split(b"\n")

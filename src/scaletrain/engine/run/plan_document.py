@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from scaletrain.engine.catalog.hardware import Hardware, find_gpu
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.fileio import read_text_bounded
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.request.request import PlanRequest
@@ -192,6 +193,17 @@ class PlanDocument:
         """Everything the bundled trainer reads: a bad plan.json or train option fails here, in one line."""
         _ = (self.request, self.training, self.batch)
         self.train.check()
+        self.check_weights()
+
+    def check_weights(self) -> None:
+        """The weights plan.json names now, checked as when it was written (it may have been edited since): custom
+        code (auto_map) or a missing folder is one line before any process loads them."""
+        from scaletrain.engine.request.weights import launch_weights_problem, resolve_weights
+
+        req, tr = self.request, self.training
+        problem = launch_weights_problem(tr.method, tr.base_bits, resolve_weights(self.train.model_source, req.model))
+        if problem:
+            raise ScaletrainError(f"{self.source}: {problem}" if self.source else problem)
 
     @property
     def train(self) -> TrainOptions:
@@ -319,10 +331,9 @@ def read_plan_document(path: str | Path, *, flag: str | None = None) -> PlanDocu
     path = Path(path)
     name = f"{flag} {path}" if flag else str(path)
     try:
-        if path.stat().st_size > MAX_PLAN_BYTES:
-            raise ScaletrainError(f"{name} is {path.stat().st_size:,} bytes; a plan.json is a few KiB (at most "
-                                  f"{MAX_PLAN_BYTES >> 20} MiB)")
-        text = path.read_text(encoding="utf-8")
+        if path.is_dir():
+            raise IsADirectoryError(path)
+        text = read_text_bounded(path, MAX_PLAN_BYTES, path.name if flag is None else flag)
     except FileNotFoundError:
         raise ScaletrainError(f"{flag} {path} does not exist" if flag
                               else f"{path.parent} is not a run directory (no plan.json)") from None
@@ -350,7 +361,7 @@ def read_plan_document(path: str | Path, *, flag: str | None = None) -> PlanDocu
 def holds_plan(path: str | Path, doc: PlanDocument) -> bool | None:
     """Does the plan.json at `path` hold exactly `doc`? None when there is no readable plan.json there."""
     try:
-        old = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):      # UnicodeDecodeError is a ValueError
+        old = json.loads(read_text_bounded(path, MAX_PLAN_BYTES, Path(path).name))
+    except (OSError, ValueError, RecursionError, ScaletrainError):      # UnicodeDecodeError is a ValueError
         return None
     return old == doc.to_json()

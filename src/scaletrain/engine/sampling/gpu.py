@@ -13,8 +13,10 @@ from typing import Any, Callable, Protocol
 from scaletrain.engine.devices.nvml import (GpuSample, MigSample, device_count, device_name, load_nvml, mig_samples,
                                            sample as nvml_sample, shutdown)
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.fileio import read_text_bounded
 
 DEFAULT_INTERVAL_S = 1.0          # the 1 Hz default
+MAX_REPLAY_BYTES = 1 << 30        # a recorded samples file read whole (a day at 1 Hz on 8 GPUs is ~100 MB)
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,8 @@ class ReplaySource:
     def __init__(self, path: str | os.PathLike[str], loop: bool = True):
         p = Path(path)
         try:
-            lines = [ln for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
+            lines = [ln for ln in read_text_bounded(p, MAX_REPLAY_BYTES, "cannot read recorded samples:").splitlines()
+                     if ln.strip()]
         except FileNotFoundError:
             raise ScaletrainError(f"recorded samples {p} do not exist") from None
         except (OSError, UnicodeDecodeError) as e:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterable
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.fileio import AppendedLines
+from scaletrain.engine.fileio import AppendedLines, not_regular
 from scaletrain.engine.run.layout import RUN_DIR_MARKERS, RunDir, log_rank, tensorboard_command
 from scaletrain.engine.run.metrics import (MetricsSummary, MetricsTail, RankMemory, RunSeries, StepMetrics,
                                            run_series, summarize)
@@ -146,6 +146,8 @@ class RunWatcher:
         try:
             self._open()
         except ScaletrainError:
+            if not_regular(self.run.plan, self.run.plan.name):
+                raise                              # a FIFO or a folder in plan.json's place is not being written
             if self.run.path.is_dir() and not self._foreign():
                 return True                        # created, not written yet: keep waiting
             raise

@@ -82,6 +82,7 @@ def _common_args(run: ObjectiveRun) -> dict[str, Any]:
         gradient_checkpointing=run.grad_ckpt, bf16=run.precision == "bf16", fp16=run.precision == "fp16",
         seed=run.seed, data_seed=run.seed, logging_steps=1, save_strategy="no", report_to=[],
         use_cpu=run.use_cpu, dataloader_num_workers=0, disable_tqdm=True, remove_unused_columns=False,
+        trust_remote_code=False,       # TRL's own processor/config loads: never a model folder's code
     )
     if run.optimizer_impl == "for-loop" and run.optimizer == "adamw":
         args["optim_args"] = "foreach=False"
@@ -123,7 +124,7 @@ def model_path(run: ObjectiveRun, rank: int = 0) -> str:
 
 def model_init_kwargs(run: ObjectiveRun) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"dtype": _dtype(run), "attn_implementation": {"flash": "flash_attention_2"}.get(
-        run.attn, run.attn)}
+        run.attn, run.attn), "trust_remote_code": False}     # TRL's from_pretrained: never a folder's code
     if run.model_source != "random-init":
         kwargs["local_files_only"] = True
     return kwargs

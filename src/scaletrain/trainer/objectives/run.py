@@ -71,7 +71,8 @@ def _tokenizer(cfg: RunConfig, vocab: int) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(cfg.train.model_source, local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(cfg.train.model_source, local_files_only=True,
+                                            trust_remote_code=False)
     except OSError as e:
         raise ScaletrainError(f"cannot load the tokenizer of {cfg.train.model_source!r} offline "
                               f"({str(e).splitlines()[0]})") from None
