@@ -155,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ci", action="store_true", help="the fixed CI subset")
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--reuse", help="an earlier results file whose measured peaks stand for unchanged configs")
+    p.add_argument("--resume", action="store_true", help="keep the rows already in --out, run the rest")
+    p.add_argument("--cache", help="keep each family's trace cache under this folder (re-planning reuses it)")
     a = p.parse_args(argv)
     if a.one:
         old = json.loads(Path(a.reuse).read_text()) if a.reuse else {"rows": []}
@@ -165,25 +167,31 @@ def main(argv: list[str] | None = None) -> int:
     from machine import machine
 
     types = a.only.split(",") if a.only else (list(CI_SUBSET) if a.ci else model_types())
-    rows = []
+    import importlib.metadata as md
+
+    done = {}
+    if a.resume and Path(a.out).exists():
+        done = {r["model_type"]: r for r in json.loads(Path(a.out).read_text())["rows"]}
+    rows = [done[t] for t in types if t in done]
     t0 = time.time()
+    out: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         for i, mt in enumerate(types):
-            row = run_isolated(mt, str(Path(tmp) / mt), a.reuse)
+            if mt in done:
+                continue
+            row = run_isolated(mt, str(Path(a.cache or tmp) / mt), a.reuse)
             rows.append(row)
             errs = [f"{c['method']}{'+ckpt' if c['grad_ckpt'] else ''} {c['error']:+.1%}" for c in row.get("cases", [])
                     if "error" in c]
             print(f"[{i + 1}/{len(types)}] {mt}: {row.get('refused') or ', '.join(errs)}", flush=True)
-    import importlib.metadata as md
-
-    out = {"machine": machine(), "seconds": round(time.time() - t0),
-           "versions": {d: md.version(d) for d in ("torch", "transformers", "peft")},
-           "setup": {"micro_batch": B, "seq_len": S, "lora_rank": RANK, "precision": "fp32", "attn": "sdpa",
-                     "optimizer": "adamw for-loop"},
-           "summary": summary(rows), "rows": rows}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps(out["summary"]))
+            out = {"machine": machine(), "seconds": round(time.time() - t0),
+                   "versions": {d: md.version(d) for d in ("torch", "transformers", "peft")},
+                   "setup": {"micro_batch": B, "seq_len": S, "lora_rank": RANK, "precision": "fp32",
+                             "attn": "sdpa", "optimizer": "adamw for-loop"},
+                   "summary": summary(rows), "rows": sorted(rows, key=lambda r: r["model_type"])}
+            Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(a.out).write_text(json.dumps(out, indent=1) + "\n")     # after every family: a partial run counts
+    print(json.dumps(out.get("summary", {})))
     return 0
 
 

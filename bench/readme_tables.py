@@ -42,6 +42,40 @@ def error_summary(rows: list[dict]) -> str:
             f"over {len(rows)} cases.")
 
 
+def architecture_sweep() -> str:
+    data = json.loads((RESULTS / "architecture_sweep.json").read_text())
+    sm = data["summary"]
+    rows = data["rows"]
+    v = data["versions"]
+    cases = [c for r in rows for c in r.get("cases", []) if "error" in c]
+    out = [f"transformers {v['transformers']}, torch {v['torch']}, peft {v['peft']}; micro-batch "
+           f"{data['setup']['micro_batch']} × {data['setup']['seq_len']} tokens, fp32, sdpa, AdamW; full and LoRA "
+           f"(rank {data['setup']['lora_rank']}), checkpointing off and on. Command: "
+           "`PYTHONPATH=src .venv/bin/python bench/architecture_sweep.py`.", "",
+           "| | count |", "|---|---:|",
+           f"| model_types in transformers' causal-LM mapping | {sm['model_types']} |",
+           f"| planned and measured (traced: {sm['traced']}) | {sm['planned']} |",
+           f"| cases (family × method × checkpointing) | {sm['cases']} |",
+           f"| parameters and trainable parameters exact | {sm['params_exact']} of {sm['cases']} |",
+           f"| median \\|error\\| of the allocated peak | {100 * (sm['median_abs_error'] or 0):.1f}% |",
+           f"| largest over / under | {100 * (sm['max_over'] or 0):+.1f}% / {100 * (sm['max_under'] or 0):+.1f}% |",
+           f"| cases under by more than 2 % / over by more than 5 % | {sm['under_2pct']} / {sm['over_5pct']} |",
+           f"| refused (config does not build as a causal LM, or the engine says why) | {sm['refused']} |", ""]
+    worst = sorted(cases, key=lambda c: c["error"])[:3]
+    reasons: dict[str, list[str]] = {}
+    for r in rows:
+        if "refused" in r:
+            reasons.setdefault(r["refused"].split(":")[0], []).append(r["model_type"])
+    out.append("Refused, by who refused: " + "; ".join(f"{k} ({len(x)}): {', '.join(x)}"
+                                                     for k, x in sorted(reasons.items())) + ".")
+    if worst:
+        out.append("")
+        out.append("Lowest three cases: " + ", ".join(
+            f"{next(r['model_type'] for r in rows if c in r.get('cases', []))} {c['method']}"
+            f"{' ckpt' if c['grad_ckpt'] else ''} {100 * c['error']:+.1f}%" for c in worst) + ".")
+    return "\n".join(out)
+
+
 def bench_plan() -> str:
     files = sorted(RESULTS.glob("bench_plan-*.json"))
     if not files:
@@ -127,8 +161,9 @@ def host_overhead() -> str:
     return "\n".join(out)
 
 
-SECTIONS = {"cpu-groundtruth": cpu_groundtruth, "gpu-accuracy": gpu_accuracy, "bench-plan": bench_plan,
-            "bench-ui": bench_ui, "host-overhead": host_overhead}
+SECTIONS = {"architecture-sweep": architecture_sweep, "cpu-groundtruth": cpu_groundtruth,
+            "gpu-accuracy": gpu_accuracy, "bench-plan": bench_plan, "bench-ui": bench_ui,
+            "host-overhead": host_overhead}
 
 
 def main() -> int:

@@ -277,8 +277,9 @@ class _Recorder:
     until the forward ends, so a storage's address stays its own: a freed temporary cannot hand its address to a
     later saved tensor, which would then be taken for the first and go uncounted."""
 
-    def __init__(self, torch, excluded: set):
+    def __init__(self, torch, excluded: set, count_passed: bool = False):
         self.torch, self.excluded = torch, excluded
+        self.count_passed = count_passed   # checkpointing: what a layer receives is held until its recompute
         self.scope = "shared"
         self.shared_keys: set = set()
         self.alive: list = []
@@ -312,6 +313,11 @@ class _Recorder:
                 passed = _tensors_in(list(args[1:])) + _tensors_in({k: v for k, v in kwargs.items()
                                                                     if k != "hidden_states"})
                 self.shared_keys.update(storage_key(t) for t in passed)
+                if self.count_passed:
+                    scope, self.scope = self.scope, "shared"
+                    for t in passed:
+                        self.pack(t)
+                    self.scope = scope
                 self.alive += passed
                 self.scope = f"layer{i}.attn"
             return hook
@@ -429,6 +435,16 @@ def _window_hooks(model, live: _Live) -> list:
     return out
 
 
+def _warm_up(harness, seq_len: int) -> None:
+    import torch
+
+    from scaletrain.trainer.measure import make_batches
+
+    (ids,) = make_batches(1, 1, seq_len, harness.vocab_size, harness.device, 0)
+    with torch.no_grad(), harness.autocast():
+        harness.model(input_ids=ids, labels=ids)
+
+
 def _saved_by_scope(harness, seq_len: int) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
     """One forward + loss + backward at micro-batch 1: saved bytes per scope, the largest per-token tensor per
     scope, and per layer the rise of live bytes in its forward (`fwd{i}`) and in its backward (`bwd{i}`)."""
@@ -438,7 +454,8 @@ def _saved_by_scope(harness, seq_len: int) -> tuple[dict[str, int], dict[str, in
 
     model = harness.model
     excluded = {storage_key(t) for t in list(model.parameters()) + list(model.buffers())}
-    rec = _Recorder(torch, excluded)
+    rec = _Recorder(torch, excluded, count_passed=any(getattr(m, "gradient_checkpointing", False) is True
+                                                        for m in model.modules()))
     live = _Live(torch)
     (ids,) = make_batches(1, 1, seq_len, harness.vocab_size, harness.device, 0)
     rec.scope = "shared"
@@ -550,19 +567,23 @@ def activations(config: dict, regime: dict, struct: dict) -> dict[str, Any]:
         warnings.simplefilter("ignore")
         harness = build_harness(cfg, method=regime["method"], lora_rank=int(regime.get("lora_rank", 8)),
                                 lora_alpha=2 * int(regime.get("lora_rank", 8)), lora_targets=targets,
-                                grad_ckpt=False, attn=regime["attn"], precision=regime["precision"], device="cpu")
-        _saved_by_scope(harness, lengths[0])     # warm-up: lazily built buffers and caches
+                                grad_ckpt=bool(regime.get("grad_ckpt")), attn=regime["attn"],
+                                precision=regime["precision"], device="cpu")
+        _warm_up(harness, lengths[0])            # lazily built buffers and caches, before anything is counted
         runs = [(S, *_saved_by_scope(harness, S)) for S in lengths]
-    out = {"seq_lens": lengths, "granule": g, "slice_layers": n, **_per_kind(runs, struct)}
+    out = {"seq_lens": lengths, "granule": g, "slice_layers": n,
+           **_per_kind(runs, struct, own_saved=not regime.get("grad_ckpt"))}
     if regime["method"] != "full":
         out["lora"] = lora_count(config, targets)
     return out
 
 
-def _per_kind(runs: list, struct: dict) -> dict[str, Any]:
+def _per_kind(runs: list, struct: dict, own_saved: bool = True) -> dict[str, Any]:
     """The runs fitted per scope and per layer window, then taken per kind (the largest coefficients of its layers
     in the slice): saved bytes of each half, and the rise of live bytes in the layer's forward and backward (the
-    backward's counted on top of what is alive below the layer: its rise plus the layer's own saved bytes)."""
+    backward's counted on top of what is alive below the layer: its rise plus the layer's own saved bytes; under
+    checkpointing the layer saved nothing but its input, alive below it, and its backward's rise holds the
+    recompute)."""
     n = struct["slice_layers"]
     slack = int(FIT_TOLERANCE * max(sum(tot.values()) for _, tot, _, _ in runs))
     series: dict[str, list[tuple[int, int]]] = {}
@@ -570,7 +591,7 @@ def _per_kind(runs: list, struct: dict) -> dict[str, Any]:
         for key in {*tot, *(f"layer{i}.{h}" for i in range(n) for h in ("attn", "mlp"))}:
             series.setdefault(key, []).append((S, tot.get(key, 0)))
         for i in range(n):
-            own = tot.get(f"layer{i}.attn", 0) + tot.get(f"layer{i}.mlp", 0)
+            own = tot.get(f"layer{i}.attn", 0) + tot.get(f"layer{i}.mlp", 0) if own_saved else 0
             series.setdefault(f"layer{i}.fwd", []).append((S, rises.get(f"fwd{i}", 0)))
             series.setdefault(f"layer{i}.bwd", []).append((S, rises.get(f"bwd{i}", 0) + own))
     fits = {k: envelope(v) if k.endswith((".fwd", ".bwd")) else fit(v, k, slack) for k, v in series.items()}

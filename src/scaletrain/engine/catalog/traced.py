@@ -1,13 +1,17 @@
 """Traced model families: what the engine knows of a model_type that has no analytic layout, measured once.
 
 A model_type outside the analytic table (catalog/architectures.py `_FAMILIES`) is not assumed to be laid out like
-any other: `python -m scaletrain.trainer.trace` (torch) builds it and answers in JSON (see that module) with
-  - its structure: exact parameter count, embedding/head sizes, one block's nn.Linear shapes, tensors and norms;
-  - per regime (method, LoRA rank/targets, dtypes, attention kernel), what a 2-layer slice at the real widths
-    saves for backward, per block half, fitted as c0 + c1·S + c2·S².
-The answers are cached as JSON, one file per (config, regime, scaletrain/transformers/torch versions), under
-$SCALETRAIN_CACHE, else $XDG_CACHE_HOME/scaletrain/traces, else ~/.cache/scaletrain/traces, written atomically.
-A cache hit runs no subprocess and imports no torch, so planning stays fast after the first trace.
+any other: trainer/trace.py (torch) builds it and answers in JSON (see that module) with
+  - its structure: exact parameter count, embedding/head sizes, its decoder layers grouped into kinds by their
+    module tree (dense or MoE, mamba or attention, sliding or full), each kind's count, parameters and linears;
+  - per regime (method, LoRA rank/targets, dtypes, attention kernel, checkpointing), what a slice holding one layer
+    of each kind saves for backward and how far live memory rises while each kind runs forward and backward,
+    fitted as c0 + c1·S + c2·S² with non-negative coefficients and checked at a fourth length;
+  - peft's own LoRA count for the run's targets.
+All of it comes from one `python -m scaletrain.trainer.trace --serve` process per planning process (transformers
+imported once). The answers are cached as JSON, one file per (config, regime, scaletrain/transformers/torch/peft
+versions), under $SCALETRAIN_CACHE, else $XDG_CACHE_HOME/scaletrain/traces, else ~/.cache/scaletrain/traces, written
+atomically. A cache hit starts no process and imports no torch, so planning stays fast after the first trace.
 
 This module is torch-free and imports nothing of the engine's model (architectures.py imports it).
 """

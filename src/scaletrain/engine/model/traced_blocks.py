@@ -1,24 +1,20 @@
 """The activations term of a traced model (no analytic layout): activations.py's two functions, from the trace.
 
-Traced (trainer/trace.py, a slice of the real model at its real widths, exact to the byte at three lengths):
-  - each block's saved bytes, attention half and MLP half, as c0 + c1·S + c2·S²: c1 the per-token tensors
-    (norm inputs, what the linears keep, q/k/v, MLP intermediates, LoRA's rank-r tensors), c2 what grows with
-    S² (eager attention's softmax), c0 the per-block constants (autocast's 16-bit weight copies), which the memory
-    model keeps as `weight_copies` since checkpointing recomputes them with the block;
+Traced (trainer/trace.py: a slice of the real model at its real widths holding one layer of each kind, measured at
+four lengths, fitted as c0 + c1·S + c2·S² with non-negative coefficients):
+  - each kind's saved bytes, attention half and MLP half: c1 the per-token tensors, c2 what grows with S² (eager
+    attention's softmax), c0 the per-block constants (autocast's 16-bit weight copies, kept as `weight_copies`);
+    averaged over the real layers by each kind's count, since forward keeps every layer's;
+  - each kind's moments: the rise of live bytes while it runs forward, and its saved bytes plus the rise while it
+    runs backward (under checkpointing: the rise from its output's gradient to its input's, the recompute in it);
+    a block's moment is its largest kind's (`worst`), since any layer may be the one running at the peak;
   - outside the blocks: the ids the embedding keeps and the tensors every block receives (rotary cos/sin, masks),
     the final norm's saved tensors and what the output head keeps of its input.
-Derived from the traced block's own widths (kernel-level rules the analytic families use too, none of them a
-family's layout):
-  - forward transient: the block's largest saved per-token tensor alive once more while the next op runs
-    (an MLP intermediate; gate_up's 2·I output for fused MLPs), or eager attention's raw and masked fp32 scores;
-  - MLP backward transient: the gradients of two of the MLP's largest saved tensors (the B·S·I gradients);
-    plus the 16-bit weight gradient of the block's largest linear when autocast trains fp32 weights;
-  - attention backward transient: the gradients of q, k, v at every head (CPU sdpa), FlashAttention-2's
-    workspace (CUDA), or eager's softmax input/output gradients (2 fp32 B·heads·S² tensors);
-  - the autocast cache's share of the weight copies, from the block's real linears (weight_copies_bytes);
-  - the output head's 16-bit copy (a V×h linear; the trace's small vocabulary does not show the real one).
-The logits and cross-entropy are the engine's generic head terms (objectives.py), as for every family.
-tests/test_traced.py checks whole steps against torch.profiler.
+Kernel rules kept from the analytic families: on a GPU, FlashAttention-2's backward workspace and the MLP's
+gradients beside the CPU-traced moments (the larger kept); the output head's 16-bit copy (a V×h linear; the trace's
+small vocabulary does not show the real one). The logits and cross-entropy are the engine's generic head terms
+(objectives.py), as for every family. tests/test_traced.py and bench/architecture_sweep.py check whole steps
+against torch.profiler.
 """
 
 from __future__ import annotations
@@ -35,11 +31,10 @@ from scaletrain.engine.model.setup import TrainingSetup
 def trace_regime(s: TrainingSetup) -> dict[str, Any]:
     """The regime a trace runs in, in trainer/measure.py's names (as trainer/validate.py maps a plan).
 
-    Checkpointing is not part of it: the trace keeps what a block saves when it runs (or is recomputed), and
-    the memory model keeps only block inputs between blocks under checkpointing, as for every family. fp16 is
-    traced as bf16 (same widths); QLoRA as LoRA on an fp32 base under autocast (its frozen weights' 16-bit copies
-    counted: an over-estimate, on the safe side). A sliding window shorter than the planned sequence is traced
-    as one shorter than the trace's sequences, so its masks and repeated k/v are in the fit.
+    Checkpointing is (its recompute's moments are traced as they run). fp16 is traced as bf16 (same widths); QLoRA
+    as LoRA on an fp32 base under autocast (its frozen weights' 16-bit copies counted: an over-estimate, on the safe
+    side). A sliding window or an attention chunk shorter than the planned sequence is traced as one shorter than
+    the trace's sequences, so its masks and repeated k/v are in the fit.
     """
     nm = numerics(s)
     if s.precision == "fp32":
@@ -52,6 +47,8 @@ def trace_regime(s: TrainingSetup) -> dict[str, Any]:
     regime: dict[str, Any] = {"method": "lora" if lora else "full", "lora_rank": s.lora_rank if lora else 0,
                               "lora_targets": sorted(s.lora_targets) if lora else None, "precision": precision,
                               "attn": "eager" if s.attn == "eager" else "sdpa"}
+    if s.grad_ckpt:
+        regime["grad_ckpt"] = True    # the recompute's moments are traced as they run
     cfg = s.model.config
     window = cfg.get("sliding_window")
     if _length(window) and window < s.seq_len:
@@ -112,6 +109,12 @@ def traced_block_terms(s: TrainingSetup, micro_batch: int | None, copies: tuple[
     L = max(m.num_layers, 1)
     mean = lambda xs: -(-sum(n * x for n, x in zip(counts, xs)) // L)   # noqa: E731 - rounded up
     fwd, bwd = _moments(s, kinds, b, S, g, flash_backward)
+    if s.grad_ckpt:     # a block's moments as traced under checkpointing (memory.py adds its input, the waiting grad)
+        moment = {"saved_attn": 0, "saved_mlp": bwd, "fwd_transient": fwd, "mlp_bwd_transient": 0,
+                  "attn_bwd_transient": 0, "weight_copies": 0, "cached_copies": 0, "recompute_transient": 0}
+        return {"saved_attn": mean(attn), "saved_mlp": mean(mlp), "fwd_transient": fwd, "mlp_bwd_transient": 0,
+                "attn_bwd_transient": 0, "weight_copies": mean(consts), "cached_copies": min(copies[1], mean(consts)),
+                "recompute_transient": 0, "worst": moment}
     worst_saved = max(a + x for a, x in zip(attn, mlp))
     worst = {"saved_attn": max(attn), "saved_mlp": worst_saved - max(attn), "fwd_transient": fwd,
              "mlp_bwd_transient": max(bwd - worst_saved, 0), "attn_bwd_transient": 0,
@@ -135,10 +138,10 @@ def _moments(s: TrainingSetup, kinds: list[dict], b: int, S: int, g: int,
     m = s.model
     nm = numerics(s)
     t = b * S
-    waiting = t * m.hidden_size * nm.residual
+    waiting = 0 if s.grad_ckpt else t * m.hidden_size * nm.residual     # memory.py adds it under checkpointing
     fwd = max(traced.at(k["fwd"], b, S, g) for k in kinds)
     bwd = max(traced.at(k["bwd"], b, S, g) for k in kinds) + waiting
-    if s.device != "cuda":
+    if s.device != "cuda" or s.grad_ckpt:
         return fwd, bwd
     c = nm.compute
     largest = max(max(int(k["largest_mlp"]), int(k["largest_attn"])) for k in kinds)

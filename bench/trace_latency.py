@@ -1,0 +1,73 @@
+"""How long the first plan of a traced family takes (a fresh trace cache), and a cached one.
+
+    PYTHONPATH=src .venv/bin/python bench/trace_latency.py [--repeat N]
+
+Runs `scaletrain plan --model M --gpus 1xCPU --json` as a user would, for the tiny traced catalog models and for
+tiny configs of families outside the catalog, first with an empty trace cache, then again with the cache it filled;
+wall time of the whole command (interpreter start, imports, the trace process) each. Records
+bench/results/trace_latency-vm.json with the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MODELS = ("scaletrain/tiny-llama", "scaletrain/tiny-phi3", "scaletrain/tiny-granite", "scaletrain/tiny-glm4")   # llama: analytic
+SWEEP_FAMILIES = ("qwen3_next", "deepseek_v3")
+
+
+def timed_plan(model: str, cache: str) -> tuple[float, int, str]:
+    env = dict(os.environ, SCALETRAIN_CACHE=cache)
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "scaletrain.tui.cli.main", "plan", "--model", model, "--gpus", "1xCPU",
+                        "--json"], capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=600)
+    return time.perf_counter() - t0, r.returncode, (r.stderr.strip().splitlines() or [""])[-1][:200]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeat", type=int, default=3)
+    a = p.parse_args(argv)
+    sys.path.insert(0, str(HERE))
+    from machine import machine
+
+    from scaletrain.trainer.tiny_configs import config_dict
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        models = list(MODELS)
+        for family in SWEEP_FAMILIES:
+            path = Path(tmp) / f"{family}.json"
+            path.write_text(json.dumps(config_dict(family)))
+            models.append(str(path))
+        for model in models:
+            first, cached = [], []
+            for k in range(a.repeat):
+                cache = str(Path(tmp) / f"cache-{len(rows)}-{k}")
+                t1, rc1, err1 = timed_plan(model, cache)
+                t2, rc2, err2 = timed_plan(model, cache)
+                first.append(round(t1, 2))
+                cached.append(round(t2, 2))
+            name = model if model in MODELS else f"tiny {Path(model).stem} (sweep config)"
+            rows.append({"model": name, "first_plan_seconds": first, "cached_plan_seconds": cached,
+                         "first_median": statistics.median(first), "cached_median": statistics.median(cached),
+                         "exit": [rc1, rc2], "last_line": err2})
+            print(json.dumps(rows[-1]), flush=True)
+    out = {"machine": machine(), "rows": rows,
+           "note": "wall time of `scaletrain plan --json` as a subprocess; first: empty trace cache"}
+    path = HERE / "results" / "trace_latency-vm.json"
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
