@@ -1,10 +1,11 @@
 # The two commands the README promises: `make demo` and `make test`. Both build .venv first.
+# `make test` builds the docs site first (`make docs`: the command reference is current, `mkdocs build --strict`).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test docs docs-images bench clean
 
 venv: $(STAMP)
 
@@ -21,11 +22,21 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(VENV)/bin/scaletrain --preset cpu-tiny --headless
 
-test: $(STAMP)
+test: $(STAMP) docs
 	$(PY) -m pytest -q
+
+# Offline: the reference is checked, not fetched or rewritten; the site goes to site/ (not committed).
+docs: $(STAMP)
+	$(PY) docs/gen_reference.py --check
+	$(VENV)/bin/mkdocs build --strict --quiet
+
+# The README's pictures are the test suite's snapshots: copy them after a snapshot update.
+docs-images:
+	cp tests/__snapshots__/test_wizard_snapshots/test_step4_plan.svg docs/images/wizard-plan.svg
+	cp 'tests/__snapshots__/test_monitor_snapshots/test_monitor_8_gpus[120x40].svg' docs/images/monitor.svg
 
 bench: $(STAMP)
 	$(PY) bench/bench_plan.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

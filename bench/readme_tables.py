@@ -1,11 +1,16 @@
-"""Regenerate the README's measured tables from bench/results/*.json (never typed by hand).
+"""Regenerate the measured tables of the docs from bench/results/*.json (never typed by hand).
 
-    .venv/bin/python bench/readme_tables.py        # rewrites the marked sections of README.md in place
+    .venv/bin/python bench/readme_tables.py        # rewrites the marked sections in place
+
+A section is the text between `<!-- BEGIN name -->` and `<!-- END name -->` in README.md or any page under docs/
+(docs/accuracy.md: architecture-sweep, cpu-groundtruth, gpu-accuracy; docs/benchmarks.md: bench-plan, bench-ui,
+host-overhead); each name is in exactly one file (tests/test_docs.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 import sys
@@ -166,18 +171,33 @@ SECTIONS = {"architecture-sweep": architecture_sweep, "cpu-groundtruth": cpu_gro
             "host-overhead": host_overhead}
 
 
+def pages() -> list[Path]:
+    """The files that may hold marked sections: README.md and the docs site's pages."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def section_pattern(name: str) -> re.Pattern[str]:
+    return re.compile(rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", re.S)
+
+
 def main() -> int:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    for name, fn in SECTIONS.items():
-        pat = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", re.S)
-        if pat.search(text):
-            try:
-                body = fn()
-            except FileNotFoundError:
+    bodies: dict[str, str] = {}
+    for page in pages():
+        text = original = page.read_text()
+        for name, fn in SECTIONS.items():
+            pat = section_pattern(name)
+            if not pat.search(text):
                 continue
-            text = pat.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
-    readme.write_text(text)
+            if name not in bodies:
+                try:
+                    bodies[name] = fn()
+                except FileNotFoundError:
+                    continue
+            text = pat.sub(lambda m: m.group(1) + bodies[name] + "\n" + m.group(2), text)
+        if text != original:
+            tmp = page.with_suffix(".md.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, page)
     return 0
 
 
