@@ -10,7 +10,7 @@ exactly. A model_type that does not build, or that the engine refuses, is listed
 
 Each model_type runs in its own process (a hang or a crash is that family's row, not the sweep's end), tracing in
 that process with a fresh trace cache. Results: bench/results/architecture_sweep.json (rows, versions, machine),
-and a summary the README quotes (bench/readme_tables.py).
+and a summary docs/accuracy.md quotes (bench/readme_tables.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 For each case: build the HF model from its config (random init), run a warm-up optimizer step, profile one
 fp32 AdamW step (trainer/measure.py), and compare with the engine's `total - overhead` for the same setup.
 Model-state bytes are compared exactly. Writes bench/results/cpu_groundtruth.json and prints a Markdown table
-(the README's table comes from this script):
+(docs/accuracy.md's table comes from this script):
 
     .venv/bin/python bench/cpu_groundtruth.py [--quick]
 """

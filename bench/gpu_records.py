@@ -9,7 +9,7 @@ so the repository alone can re-predict them; every later run only refreshes the 
 
 Each record keeps what the stack at the measured commit really ran (`as_run`): torch.optim.AdamW left to its
 default (foreach on CUDA), and random-init LoRA bases built in fp32 (transformers' from_config default; the
-trainer loads pretrained bases in bf16, and builds random-init ones in bf16 since issue 12). The README's GPU
+trainer loads pretrained bases in bf16, and builds random-init ones in bf16 since issue 12). docs/accuracy.md's GPU
 table comes from this file (bench/readme_tables.py).
 """
 

@@ -3,7 +3,7 @@
 For each case: TRL's RewardTrainer / DPOTrainer / GRPOTrainer on a random-init tiny model (trainer/objectives),
 one warm-up optimizer step, then one profiled step (GRPO: generation included); compared with the engine's
 allocated peak for the same setup on one CPU process. Parameter and optimizer-state bytes are compared exactly.
-Writes bench/results/objective_groundtruth.json and prints a Markdown table (the README's):
+Writes bench/results/objective_groundtruth.json and prints a Markdown table (docs/accuracy.md's):
 
     .venv/bin/python bench/objective_groundtruth.py [--quick] [--only TEXT]
 """

@@ -2,7 +2,7 @@
 
 Each case builds the architecture from its config, runs a warm-up step, profiles one AdamW step, and compares
 the measured allocated peak with the engine's `total - overhead`. Parameter, trainable and model-state bytes
-must match the real tensors exactly. bench/cpu_groundtruth.py runs the full table for the README.
+must match the real tensors exactly. bench/cpu_groundtruth.py runs the full table for docs/accuracy.md.
 """
 
 from __future__ import annotations

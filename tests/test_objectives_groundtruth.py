@@ -3,7 +3,7 @@
 Each case runs RewardTrainer, DPOTrainer or GRPOTrainer (generation included) on a random-init tiny model, profiles
 one optimizer step after a warm-up step, and compares the measured allocated peak with the engine's. Parameter,
 reference-model and optimizer-state bytes must match the real tensors exactly; the peak within 5 % (median).
-bench/objective_groundtruth.py runs the full table for the README.
+bench/objective_groundtruth.py runs the full table for docs/accuracy.md.
 """
 
 from __future__ import annotations
