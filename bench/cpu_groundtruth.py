@@ -181,6 +181,12 @@ MOE_CASES = [
          lora_targets=BLOCK_LINEARS + ("experts",)),
     Case("scaletrain/tiny-gpt-oss", attn="eager", method="lora", precision="bf16", experts_impl="eager",
          optimizer_impl="fused", overrides=_MOE4, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "experts")),
+    # issue 28: many tokens per expert at a hidden size twice the expert width (the routing multiply's k·h gradients
+    # outgrow the gate/up ones): full, checkpointing, LoRA on the attention projections only
+    *[Case("scaletrain/tiny-qwen3-moe", seq_len=1024, micro_batch=2, optimizer_impl="fused", overrides=(
+        ("hidden_size", 512), ("num_experts", 32), ("num_experts_per_tok", 8), ("moe_intermediate_size", 256)), **kw)
+      for kw in ({}, {"grad_ckpt": True},
+                 {"method": "lora", "lora_targets": ("q_proj", "k_proj", "v_proj", "o_proj")})],
 ]
 # traced families (no analytic layout: engine/catalog/traced.py measures a 2-layer slice once, then plans from it)
 TRACED = [Case(f"scaletrain/tiny-{fam}", method=method, grad_ckpt=ckpt)
