@@ -181,6 +181,12 @@ MOE_CASES = [
          lora_targets=BLOCK_LINEARS + ("experts",)),
     Case("scaletrain/tiny-gpt-oss", attn="eager", method="lora", precision="bf16", experts_impl="eager",
          optimizer_impl="fused", overrides=_MOE4, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "experts")),
+    # issue 28: many tokens per expert at a hidden size twice the expert width (the routing multiply's k·h gradients
+    # outgrow the gate/up ones): full, checkpointing, LoRA on the attention projections only
+    *[Case("scaletrain/tiny-qwen3-moe", seq_len=1024, micro_batch=2, optimizer_impl="fused", overrides=(
+        ("hidden_size", 512), ("num_experts", 32), ("num_experts_per_tok", 8), ("moe_intermediate_size", 256)), **kw)
+      for kw in ({}, {"grad_ckpt": True},
+                 {"method": "lora", "lora_targets": ("q_proj", "k_proj", "v_proj", "o_proj")})],
 ]
 # traced families (no analytic layout: engine/catalog/traced.py measures a 2-layer slice once, then plans from it)
 TRACED = [Case(f"scaletrain/tiny-{fam}", method=method, grad_ckpt=ckpt)
@@ -239,10 +245,19 @@ CHUNKED_CASES = [
     Case("scaletrain/tiny-llama", method="lora", precision="bf16", base_bits=32, attn="eager", loss="chunked"),
     Case("scaletrain/tiny-qwen3", method="lora", grad_ckpt=True, micro_batch=4, loss="chunked"),
 ]
-CASES += MOE_CASES + TRACED + LOOP_CASES + CHUNKED_CASES
+# issue 28: every loop kind under mixed precision (fp32 weights + bf16 autocast), checkpointing on and off, at a
+# vocabulary where the logits are most of the peak (32k × 64 hidden: B·S·V is ~90 % of it) -- what each loop keeps of
+# the logits, in which dtype, decides the plan here
+_BIG_VOCAB = (("vocab_size", 32768),)
+AMP_LOOP_CASES = [Case("scaletrain/tiny-qwen2", loop=loop, precision="bf16", grad_ckpt=ckpt, optimizer_impl="fused",
+                       overrides=_BIG_VOCAB)
+                  for loop in ("trainer", "accelerate-loop", "hf-trainer", "trl") for ckpt in (False, True)]
+CASES += MOE_CASES + TRACED + LOOP_CASES + CHUNKED_CASES + AMP_LOOP_CASES
 QUICK = [CASES[i] for i in (0, 2, 3, 4, 6, 9, 10, 13, 15, 17, 19, 23, 25, 26, 29, 31, 33)] + [
     MOE_CASES[i] for i in (0, 1, 6, 11)] + [LOOP_CASES[i] for i in (3, 6, 9, 14)] + [
     CHUNKED_CASES[i] for i in (0, 1)]
+# CI's subset of AMP_LOOP_CASES (tests/test_memory_groundtruth.py): every loop kind, checkpointing on and off
+AMP_LOOP_QUICK = [AMP_LOOP_CASES[i] for i in (1, 2, 3, 4, 7)]
 
 
 def config_for(case: Case) -> dict:

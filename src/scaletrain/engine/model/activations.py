@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scaletrain.engine.catalog.layer_types import layer_types, windowed_layers
 from scaletrain.engine.catalog.moe import peft_converted_names
 from scaletrain.engine.model.chunked_loss import chunked, hidden_saved
 from scaletrain.engine.model.moe_activations import moe_half
@@ -221,8 +222,8 @@ def eager_attention(s: TrainingSetup) -> bool:
 def eager_masks(s: TrainingSetup) -> int:
     """Additive masks eager attention keeps: one per attention type the layers use. The MoE families build a mask
     per entry of config.layer_types (gpt_oss: sliding and full, modeling_gpt_oss.py GptOssModel.forward)."""
-    types = s.model.config.get("layer_types")
-    return len(set(types)) if (s.model.moe is not None and types) else 1
+    m = s.model
+    return len(set(layer_types(m.config, m.model_type, m.num_layers))) if m.moe is not None else 1
 
 
 
@@ -306,17 +307,11 @@ def _attention_backward_transient(s: TrainingSetup, nm: Numerics, b: int, o_proj
 
 def sliding_layers(s: TrainingSetup) -> int:
     """Blocks whose attention is windowed at this sequence length (Gemma 3's local layers, Mistral v0.1): they
-    need an explicit mask once the sequence is longer than the window."""
-    cfg = s.model.config
-    window = cfg.get("sliding_window")
-    if not window or s.seq_len <= int(window):
-        return 0
-    types = cfg.get("layer_types")
-    if types:
-        return sum(1 for x in types if x == "sliding_attention")
-    if s.model.model_type == "mistral" or cfg.get("use_sliding_window"):
-        return s.model.num_layers
-    return 0
+    need an explicit mask once the sequence is longer than the window. Every spelling of which layers slide
+    (layer_types, sliding_window_pattern, use_sliding_window + max_window_layers, the config classes' defaults) is
+    read as transformers reads it: catalog/layer_types.py."""
+    m = s.model
+    return windowed_layers(m.config, m.model_type, m.num_layers, s.seq_len)
 
 
 def _flash_backward_bytes(s: TrainingSetup, c: int) -> int:

@@ -104,7 +104,7 @@ def moe_half(s: TrainingSetup, nm: Numerics, full: bool, readers_saved) -> MoeHa
         # autocast saves the 16-bit cast of each expert's slice instead, one of weight_copies)
         const += ew * E * h * ((2 * i if gu else 0) + (i if dn else 0))
     fwd = k * ew * 2 * i
-    bwd = 2 * k * ew * 2 * i
+    bwd = max(2 * k * ew * 2 * i, _routing_multiply_backward(impl, k, h, ew, lc, sb))
     copies = cached = 0
     if nm.autocast and ew == 4:                        # fp32 weights under autocast: F.linear casts them
         router = 2 * E * h                             # weights only: a bias is added, not cast and saved
@@ -112,3 +112,20 @@ def moe_half(s: TrainingSetup, nm: Numerics, full: bool, readers_saved) -> MoeHa
         copies = router + experts
         cached = copies if nm.trainable_copies else 0
     return MoeHalf(out, const, fwd, bwd, copies, cached)
+
+
+def _routing_multiply_backward(impl: str, k: int, h: int, ew: int, lc: int, sb: int) -> int:
+    """Per token: the gradients alive while the routing-weight multiply `proj_out * sample_weights` runs backward,
+    on top of the block's saved tensors (torch.profiler's timeline at the peak of qwen3_moe, 32 experts top-8, h 512,
+    expert intermediate 256, seq 1024: IndexBackward0's k·h gradient and MulBackward0's two k·h tensors, the
+    gradient of proj_out and the product with proj_out that sums to the routing weights' gradient). grouped_mm
+    restores the pairs' order with `weighted_out[inv_perm]`, whose backward writes a fresh S×h gradient, so three
+    k·h tensors; batched_mm sums an unpermuted view (its gradient an expanded view of the block's), so two
+    (transformers/integrations/moe.py). k·h exceeds the gate/up gradients whenever h > 4i/3, as in every
+    published MoE (Qwen3-30B-A3B: h 2048, i 768). The product is in the wider of the experts' output and the
+    routing weights' dtype (Mixtral's fp32 scores promote it). Eager's per-expert loop multiplies one expert's rows
+    at a time (not counted here)."""
+    if impl == "eager":
+        return 0
+    mm = lc if impl == "batched_mm" else ew
+    return (3 if impl == "grouped_mm" else 2) * k * h * max(mm, sb)

@@ -131,12 +131,27 @@ def fused_log_prob_head(s: TrainingSetup, micro_batch: int | None = None, entrop
     grad_hidden = 4 * N * h
     grad_weight = 4 * V * h if trains_weight else 0
     bwd = buffer + grad_hidden + (int(CPU_BACKWARD_TILES * tile) if cpu else 0)
-    # a 16-bit head: the weight chunk's cast (autocast over fp32 weights) and the gradients' casts at return
-    if nm.trainable_copies:
-        fwd += c * min(V, FUSED_VOCAB_CHUNK) * h
-    return HeadCost("log-prob tiles (TRL fused LM head, no B·S·V logits)", fwd, saved, bwd + grad_weight,
-                    output_grad=0, weight_params=V * h if trains_weight else 0, labels=8 * N,
+    casts = _fused_head_casts(s, rows)
+    return HeadCost("log-prob tiles (TRL fused LM head, no B·S·V logits)", fwd + casts, saved,
+                    bwd + casts + grad_weight, output_grad=0, weight_params=V * h if trains_weight else 0, labels=8 * N,
                     weight_grad_early=trains_weight)
+
+
+def _fused_head_casts(s: TrainingSetup, rows: int) -> int:
+    """The compute-dtype copies ChunkedLogProbFunction makes of what it reads in another dtype, alive while a tile is
+    folded, in forward and again in backward (trl/kernels/chunked_logprob.py: `weight[start:end].to(compute_dtype)`,
+    `hidden[token_start:token_end].to(compute_dtype)`; `.to` of a tensor already in that dtype copies nothing): the
+    head's weight chunk when the weight is kept wider than the compute dtype (fp32 weights under autocast, a frozen
+    fp32 head of LoRA on an fp32 base) and the hidden rows when the residual is (autocast's fp32 residual). Seen in
+    the profiler's timeline at TRL's backward peak (bench/cpu_groundtruth.py, loop=trl under bf16 autocast: a bf16
+    V×h and a bf16 rows×h temporary beside the fp32 tiles)."""
+    m = s.model
+    nm = numerics(s)
+    c = nm.compute
+    head_dtype = nm.weight if s.method == "full" else nm.frozen
+    weight_cast = c * min(m.vocab_size, FUSED_VOCAB_CHUNK) * m.hidden_size if head_dtype > c else 0
+    hidden_cast = c * rows * m.hidden_size if nm.residual > c else 0
+    return weight_cast + hidden_cast
 
 
 def sft_fused_head(s: TrainingSetup, micro_batch: int | None = None) -> HeadCost:
@@ -159,7 +174,13 @@ def held_outputs_bytes(s: TrainingSetup, micro_batch: int | None = None) -> int:
     Their dtype: accelerate's mixed precision wraps forward in autocast and converts 16-bit outputs to fp32 copies
     (accelerator.py prepare_model → utils/operations.py convert_outputs_to_fp32; native amp is on for bf16/fp16 except
     under DeepSpeed), so 4 bytes; the compute dtype otherwise (fp32, bf16 weights without autocast, DeepSpeed's
-    16-bit model). The other loops drop the object before backward; the chunked loss writes no logits."""
+    16-bit model). The other loops drop the object before backward; the chunked loss writes no logits.
+    The profiler's timeline at the peak (backward through the loss) under fp32 weights + bf16 autocast, qwen2 with a
+    64k vocabulary at 4 × 512 and a 32k one at 2 × 256 (bench/cpu_groundtruth.py AMP_LOOP_CASES), checkpointing on
+    and off: four fp32 B·S·V tensors live -- the held copy (aten::to, accelerate's `.float()`), log_softmax's saved
+    output and the two loss gradients; lm_head's bf16 logits are gone (freed when forward returns: the copy's
+    ToCopyBackward saves nothing, nor does the loss's own `.float()`), so nothing 16-bit is held and the plan is
+    within 0.05 % of the profiler."""
     if not s.loop.holds_outputs or s.objective != "sft" or s.loss == "chunked":
         return 0
     native_amp = s.precision != "fp32" and s.master_weights != "bf16" and not s.strategy.uses_deepspeed
