@@ -22,13 +22,19 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "architecture_sweep.json"
 B, S, RANK = 2, 128, 8
 CASES = (("full", False), ("full", True), ("lora", False), ("lora", True))
+# the broad sweep's default on a 2-core machine: each method and each checkpointing setting once (the grid above
+# for the families the issue names and the CI subset: --cases grid)
+DIAGONAL = (("full", False), ("lora", True))
+NAMED = ("deepseek_v3", "jamba", "qwen3_next", "llama4_text", "glm4_moe", "ernie4_5_moe", "phimoe")
 FAMILY_TIMEOUT_S = 900
 # a fixed CI subset: one of each layer-stack shape (dense first then MoE, interleaved MoE, mamba/attention/MoE,
 # linear/full attention, sliding pattern, plain) — tests/test_architecture_sweep.py runs it
@@ -119,9 +125,10 @@ def _line(e: BaseException) -> str:
     return (" ".join(str(e).split()) or type(e).__name__)[:300]
 
 
-def run_isolated(model_type: str, cache: str, reuse: str | None = None) -> dict:
+def run_isolated(model_type: str, cache: str, reuse: str | None = None, cases: str = "grid") -> dict:
     env = dict(os.environ, SCALETRAIN_CACHE=cache, PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", model_type] + (["--reuse", reuse] if reuse else [])
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", model_type, "--cases", cases]
+    cmd += ["--reuse", reuse] if reuse else []
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=FAMILY_TIMEOUT_S, env=env,
                            stdin=subprocess.DEVNULL)
@@ -157,11 +164,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reuse", help="an earlier results file whose measured peaks stand for unchanged configs")
     p.add_argument("--resume", action="store_true", help="keep the rows already in --out, run the rest")
     p.add_argument("--cache", help="keep each family's trace cache under this folder (re-planning reuses it)")
+    p.add_argument("--cases", choices=("grid", "diagonal"), default="grid",
+                   help="grid: full and LoRA × checkpointing off and on; diagonal: full, and LoRA checkpointed "
+                        "(the named families always run the grid)")
+    p.add_argument("--jobs", type=int, default=1, help="families measured at once")
     a = p.parse_args(argv)
     if a.one:
         old = json.loads(Path(a.reuse).read_text()) if a.reuse else {"rows": []}
         row = next((r for r in old["rows"] if r["model_type"] == a.one), None)
-        print(json.dumps(one_family(a.one, reuse=row)))
+        cases = CASES if a.cases == "grid" or a.one in NAMED else DIAGONAL
+        print(json.dumps(one_family(a.one, cases, reuse=row)))
         return 0
     sys.path.insert(0, str(HERE))
     from machine import machine
@@ -174,23 +186,29 @@ def main(argv: list[str] | None = None) -> int:
         done = {r["model_type"]: r for r in json.loads(Path(a.out).read_text())["rows"]}
     rows = [done[t] for t in types if t in done]
     t0 = time.time()
+    todo = [t for t in sorted(types, key=lambda t: (t not in NAMED, t)) if t not in done]
+    lock = threading.Lock()
     out: dict = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, mt in enumerate(types):
-            if mt in done:
-                continue
-            row = run_isolated(mt, str(Path(a.cache or tmp) / mt), a.reuse)
+
+    def one(mt: str) -> None:
+        row = run_isolated(mt, str(Path(a.cache or tmp) / mt), a.reuse, a.cases)
+        with lock:
             rows.append(row)
-            errs = [f"{c['method']}{'+ckpt' if c['grad_ckpt'] else ''} {c['error']:+.1%}" for c in row.get("cases", [])
-                    if "error" in c]
-            print(f"[{i + 1}/{len(types)}] {mt}: {row.get('refused') or ', '.join(errs)}", flush=True)
-            out = {"machine": machine(), "seconds": round(time.time() - t0),
-                   "versions": {d: md.version(d) for d in ("torch", "transformers", "peft")},
-                   "setup": {"micro_batch": B, "seq_len": S, "lora_rank": RANK, "precision": "fp32",
-                             "attn": "sdpa", "optimizer": "adamw for-loop"},
-                   "summary": summary(rows), "rows": sorted(rows, key=lambda r: r["model_type"])}
+            errs = [f"{c['method']}{'+ckpt' if c['grad_ckpt'] else ''} {c['error']:+.1%}"
+                    for c in row.get("cases", []) if "error" in c]
+            print(f"[{len(rows)}/{len(types)}] {mt}: {row.get('refused') or ', '.join(errs)}", flush=True)
+            out.update({"machine": machine(), "seconds": round(time.time() - t0),
+                        "versions": {d: md.version(d) for d in ("torch", "transformers", "peft")},
+                        "setup": {"micro_batch": B, "seq_len": S, "lora_rank": RANK, "precision": "fp32",
+                                  "attn": "sdpa", "optimizer": "adamw for-loop", "cases": a.cases,
+                                  "grid_for": list(NAMED)},
+                        "summary": summary(rows), "rows": sorted(rows, key=lambda r: r["model_type"]),
+                        "not_run": sorted(set(types) - {r["model_type"] for r in rows})})
             Path(a.out).parent.mkdir(parents=True, exist_ok=True)
             Path(a.out).write_text(json.dumps(out, indent=1) + "\n")     # after every family: a partial run counts
+
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max(a.jobs, 1)) as pool:
+        list(pool.map(one, todo))
     print(json.dumps(out.get("summary", {})))
     return 0
 

@@ -54,7 +54,9 @@ def cache(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("SCALETRAIN_CACHE", str(tmp_path_factory.mktemp("traces")))
     for family in FAMILIES:
-        assert traced.prefetch(_config(family), [_regime(family, m) for m in ("full", "lora")], "test", run) == 2
+        regimes = [_regime(family, m) for m in ("full", "lora")]
+        regimes += [dict(r, grad_ckpt=True) for r in regimes]      # checkpointing's recompute is traced too
+        assert traced.prefetch(_config(family), regimes, "test", run) == 4
     yield
     mp.undo()
 

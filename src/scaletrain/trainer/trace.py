@@ -683,9 +683,25 @@ def one_line(e: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
+def _die_with_parent() -> None:
+    """Linux: end with the planning process that started this one, even mid-trace (prctl PR_SET_PDEATHSIG)."""
+    import signal
+
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)         # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:                     # the parent was gone before the signal was asked for
+        sys.exit(0)
+
+
 def serve() -> int:
     """Answer one JSON request per line until stdin closes; the protocol owns the real stdout (whatever a library
     prints goes to stderr)."""
+    _die_with_parent()
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     for line in sys.stdin:

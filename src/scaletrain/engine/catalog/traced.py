@@ -19,6 +19,7 @@ This module is torch-free and imports nothing of the engine's model (architectur
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import json
 import math
@@ -59,6 +60,7 @@ def cache_dir() -> Path:
     return base / "scaletrain" / "traces"
 
 
+@functools.lru_cache(maxsize=1)
 def _versions() -> dict[str, str | None]:
     from importlib import metadata
 
@@ -83,12 +85,22 @@ def _cache_path(config: Mapping[str, Any], key: str) -> Path:
     return cache_dir() / f"{safe[:60]}-{key}.json"
 
 
+# answers read or written by this process, by cache file: a planner reads the same few thousands of times
+_MEMO: dict[str, dict[str, Any]] = {}
+
+
 def _read(path: Path) -> dict[str, Any] | None:
+    hit = _MEMO.get(str(path))
+    if hit is not None:
+        return hit
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, UnicodeDecodeError):
         return None
-    return data if isinstance(data, dict) and data.get("format") == TRACE_FORMAT else None
+    if not (isinstance(data, dict) and data.get("format") == TRACE_FORMAT):
+        return None
+    _MEMO[str(path)] = data
+    return data
 
 
 def _fail(model_type: str, why: str, accepted: str) -> ScaletrainError:
@@ -143,12 +155,14 @@ class _Worker:
                                      encoding="utf-8", bufsize=1)
 
     def _last_error(self) -> str:
+        """The exception a dead trace process printed last (its warnings are not the reason it died)."""
         try:
             self.errors.seek(0)
             lines = [x for x in self.errors.read().splitlines() if x.strip()]
         except (OSError, ValueError):
             return ""
-        return lines[-1] if lines else ""
+        errors = [x for x in lines if "Error" in x or "Exception" in x or x.startswith("Killed")]
+        return errors[-1] if errors else ""
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
@@ -216,8 +230,10 @@ def trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, accepted:
 
 
 def _store(config: Mapping[str, Any], regime: Mapping[str, Any] | None, data: Mapping[str, Any]) -> None:
+    path = _cache_path(config, cache_key(config, regime))
+    _MEMO[str(path)] = dict(data)
     try:
-        atomic_write(_cache_path(config, cache_key(config, regime)), json.dumps(data, sort_keys=True), backup=False)
+        atomic_write(path, json.dumps(data, sort_keys=True), backup=False)
     except (OSError, ScaletrainError):
         pass      # an unwritable cache costs a trace next time, not this plan
 
