@@ -79,8 +79,13 @@ def decoder_blocks(model: Any) -> list[Any]:
 
 def shard_model(model: Any, cfg: RunConfig, device: Any) -> Any:
     """fully_shard per decoder block, then the root; returns the model (now an FSDPModule, parameters DTensor)."""
+    import torch.distributed as dist
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
+    if not dist.is_initialized():
+        raise ScaletrainError("the plan's strategy is fsdp, but this process has no torch.distributed process group "
+                              "to shard over; nothing was trained. Launch the run directory with `scaletrain launch` "
+                              "(or its launch.sh)")
     kwargs: dict[str, Any] = {"mp_policy": mixed_precision_policy(cfg)}
     if device.type == "cuda" and cfg.offload != "none":
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
@@ -160,7 +165,7 @@ def _planner() -> Any:
         """DCP's planner, its non-tensor items (optimizer hyperparameters) read with weights_only=True."""
 
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-            from scaletrain.trainer.checkpoints import weights_only_loads
+            from scaletrain.trainer.safe_load import weights_only_loads
 
             with weights_only_loads():
                 super().load_bytes(read_item, value)
@@ -191,7 +196,7 @@ def load_sharded(model: Any, optimizer: Any, d: Path) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    from scaletrain.trainer.checkpoints import safe_load
+    from scaletrain.trainer.safe_load import safe_load
 
     if not (d / DCP_DIR / ".metadata").is_file():
         raise ScaletrainError(f"{d} holds no FSDP checkpoint ({DCP_DIR}/); it was written by another strategy")
