@@ -1,5 +1,6 @@
 """Trainer checkpoints: checkpoints/step-<n>/, written by every rank (DeepSpeed's ZeRO partitions, FSDP's DCP shards
-under dcp/ (trainer/fsdp.py), or accelerate's state), completed by trainer_state.json written last by rank 0 (layout.RunDir.complete_checkpoints picks those).
+under dcp/ (trainer/fsdp.py), or accelerate's state), completed by trainer_state.json written last by rank 0
+(layout.RunDir.complete_checkpoints picks those).
 
 Nothing in a checkpoint runs code when it is loaded: the scheduler state and DeepSpeed's partitions are read with
 `torch.load(weights_only=True)` (DeepSpeed's own loader passes weights_only=False; its engine's loader is replaced

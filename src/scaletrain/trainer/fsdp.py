@@ -80,21 +80,31 @@ def decoder_blocks(model: Any) -> list[Any]:
 def shard_model(model: Any, cfg: RunConfig, device: Any) -> Any:
     """fully_shard per decoder block, then the root; returns the model (now an FSDPModule, parameters DTensor)."""
     import torch.distributed as dist
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy
 
     if not dist.is_initialized():
         raise ScaletrainError("the plan's strategy is fsdp, but this process has no torch.distributed process group "
                               "to shard over; nothing was trained. Launch the run directory with `scaletrain launch` "
                               "(or its launch.sh)")
-    kwargs: dict[str, Any] = {"mp_policy": mixed_precision_policy(cfg)}
-    if device.type == "cuda" and cfg.offload != "none":
-        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
+    offload = device.type == "cuda" and cfg.offload != "none"
+    if device.type == "cuda" and not offload:
+        model.to(device)
+    policy = CPUOffloadPolicy(pin_memory=True) if offload else None
+    return fully_shard_blocks(model, mixed_precision_policy(cfg), policy)
+
+
+def fully_shard_blocks(model: Any, mp_policy: Any, offload_policy: Any = None) -> Any:
+    """The wrapping itself, for the trainer and for a measured step (a process group must be up): fully_shard on
+    every decoder block, then the root, with one mixed precision (and offload) policy."""
+    from torch.distributed.fsdp import fully_shard
+
+    kwargs: dict[str, Any] = {"mp_policy": mp_policy}
+    if offload_policy is not None:
+        kwargs["offload_policy"] = offload_policy
     # bitsandbytes' packed 4-bit weights (uint8, frozen) cannot become DTensors: each rank keeps them whole
     ignored = {p for p in model.parameters() if not p.is_floating_point() and not p.requires_grad}
     if ignored:
         kwargs["ignored_params"] = ignored
-    if device.type == "cuda" and cfg.offload == "none":
-        model.to(device)
     for block in decoder_blocks(model):
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)

@@ -4,10 +4,13 @@ Causal-LM fine-tuning (full, LoRA, QLoRA) with accelerate + transformers + peft,
 plan.json: the plan's micro batch, accumulation, sequence length, precision, attention and checkpointing; the
 train options' LR schedule, epochs or max steps, checkpoints and data.
 
-Distribution: DDP/FSDP run as accelerate configures them (`Accelerator(cpu=...)` so two gloo ranks work on a CPU
-host). ZeRO strategies use accelerate's DeepSpeed plugin with ds_config.json; on a CPU host accelerate then reports
-one process on every rank while torch.distributed (and DeepSpeed) see them all, so rank and world size always come
-from torch.distributed / the launcher's environment, and this trainer shards the data itself for every strategy.
+Distribution: DDP runs as accelerate configures it (`Accelerator(cpu=...)` so two gloo ranks work on a CPU host);
+FSDP is torch's fully_shard applied here (trainer/fsdp.py: accelerate drops its FSDP plugin on a CPU host), with
+DCP-sharded checkpoints. What each rank got (distributed type, wrapper) is checked against the plan's strategy
+before the first step, and a mismatch is refused in one line (distributed.check_distribution). ZeRO strategies use
+accelerate's DeepSpeed plugin with ds_config.json; on a CPU host accelerate then reports one process on every rank
+while torch.distributed (and DeepSpeed) see them all, so rank and world size always come from torch.distributed /
+the launcher's environment, and this trainer shards the data itself for every strategy.
 
 Outputs (rank 0): metrics.jsonl (engine.run.metrics), TensorBoard events under tensorboard/, a human line per step on
 stdout. Checkpoints: checkpoints/step-<n>/ every train.checkpoint_every steps and at the end, each completed by
