@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -86,9 +87,9 @@ def shard_model(model: Any, cfg: RunConfig, device: Any) -> Any:
         raise ScaletrainError("the plan's strategy is fsdp, but this process has no torch.distributed process group "
                               "to shard over; nothing was trained. Launch the run directory with `scaletrain launch` "
                               "(or its launch.sh)")
+    # fully_shard moves each unit's parameters to the mesh's device (the rank's GPU) as it shards them: one block
+    # whole there at a time, never the whole model; with offload the shards stay in (pinned) host memory
     offload = device.type == "cuda" and cfg.offload != "none"
-    if device.type == "cuda" and not offload:
-        model.to(device)
     policy = CPUOffloadPolicy(pin_memory=True) if offload else None
     return fully_shard_blocks(model, mixed_precision_policy(cfg), policy)
 
@@ -250,5 +251,7 @@ def full_model_state(ck: Path) -> dict[str, Any]:
               for k, v in meta.state_dict_metadata.items()
               if k.startswith(prefix) and isinstance(v, TensorStorageMetadata)}
     sd = {MODEL_KEY: wanted}
-    dcp.load(sd, storage_reader=_reader(ck / DCP_DIR), planner=_planner(), no_dist=True)
+    with warnings.catch_warnings():        # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load(sd, storage_reader=_reader(ck / DCP_DIR), planner=_planner(), no_dist=True)
     return sd[MODEL_KEY]
