@@ -311,6 +311,12 @@ def test_fsdp_without_a_process_group_and_an_edited_launch_config_are_refused_be
     assert err.count("\n") == 1 and len(err) <= 500, err
     assert "has distributed_type 'MULTI_GPU' but the plan's strategy fsdp on 2 process(es) needs 'FSDP'" in err
     assert not any(run.logs.iterdir()) and not run.status.exists()
+    # TRL's trainers (reward/dpo/grpo) take accelerate's FSDP plugin, which a CPU host drops: refused before launch
+    from scaletrain.engine.run.configs import check_strategy
+
+    with pytest.raises(ScaletrainError, match="runs TRL's trainer, whose accelerate drops FSDP on a CPU host"):
+        check_strategy(run.accelerate_config, "FSDP", "fsdp", 2, "dpo", True)
+    check_strategy(run.accelerate_config, "FSDP", "fsdp", 2, "dpo", False)      # GPUs: accelerate's FSDP plugin
 
 
 @pytest.mark.slow
