@@ -132,12 +132,15 @@ def check_distribution(cfg: RunConfig, acc: Any, model: Any, world: int) -> str:
     elif cfg.strategy == "fsdp":
         from torch.distributed.tensor import DTensor
 
-        from scaletrain.trainer.fsdp import describe, is_fsdp
+        from scaletrain.trainer.fsdp import describe, is_fsdp, mixed_precision_policy
 
         floating = [p for p in model.parameters() if p.is_floating_point()]
         ok = (is_fsdp(model) and dtype not in (DT.FSDP, DT.DEEPSPEED)
               and bool(floating) and all(isinstance(p, DTensor) for p in floating))
-        got = f"{dtype.value}, {describe(model) if is_fsdp(model) else f'the model in {kind} (not sharded)'}"
+        mp = mixed_precision_policy(cfg)
+        cast = (f"; computes in {str(mp.param_dtype).removeprefix('torch.')}, reduces gradients in "
+                f"{str(mp.reduce_dtype).removeprefix('torch.')}" if mp.param_dtype is not None else "")
+        got = f"{dtype.value}, {describe(model) + cast if is_fsdp(model) else f'the model in {kind} (not sharded)'}"
     else:
         from torch.nn.parallel import DistributedDataParallel
 

@@ -75,7 +75,8 @@ def decoder_blocks(model: Any) -> list[Any]:
     if not names:
         raise ScaletrainError(f"{type(model).__name__} names no decoder block class (_no_split_modules); FSDP "
                               "cannot shard it per block: use --strategy zero3 or ddp")
-    return [m for m in model.modules() if type(m).__name__ in names]
+    # bottom-up (fully_shard wants a unit's sub-units sharded first), should one block class nest in another
+    return [m for m in reversed(list(model.modules())) if type(m).__name__ in names]
 
 
 def shard_model(model: Any, cfg: RunConfig, device: Any) -> Any:
