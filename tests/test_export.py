@@ -3,12 +3,14 @@
 Real 2-rank runs of scaletrain/tiny-qwen2 (random init, fp32): DDP full fine-tuning exports its last checkpoint at the
 end and checks it against the trained model's logits (0 difference in fp32), and the folder loads with
 AutoModelForCausalLM.from_pretrained and generates; a ZeRO-3 run's earlier checkpoint exports through DeepSpeed's
-own consolidation; a LoRA run leaves a PEFT adapter and a merged model equal to base + adapter.
+own consolidation; an FSDP run's DCP shards export at the end and on demand; a LoRA run (DDP and FSDP) leaves a PEFT
+adapter and a merged model equal to base + adapter.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -72,7 +74,44 @@ def test_zero3_exports_its_last_and_an_earlier_checkpoint_through_deepspeed(tmp_
 
 
 @pytest.mark.slow
-def test_lora_run_leaves_an_adapter_and_a_merged_model_equal_to_base_plus_adapter(tmp_path):
+def test_fsdp_exports_its_dcp_shards_at_the_end_and_an_earlier_step_on_demand(tmp_path, capsys):
+    """FSDP2 checkpoints are DCP shards; the end-of-run export reads them into whole tensors (rank 0, inside the run)
+    and matches the trained (sharded) model's logits exactly; `scaletrain export --step 2` reads the same way in
+    one plain process, and gives step 2's weights."""
+    import torch
+    from torch.distributed.checkpoint import FileSystemReader
+    from transformers import AutoModelForCausalLM
+
+    from scaletrain.trainer.config import read_run_config
+    from scaletrain.trainer.export import load_trained
+    from test_train_cpu import assert_fsdp_sharded
+
+    run = make_run(tmp_path, "fsdp", lr=5e-3, max_steps=4, checkpoint_every=2)
+    _launch(run)
+    assert_fsdp_sharded(run, 4)
+    checked = json.loads((run.path / "export" / "step-4" / "export.json").read_text())["checked"]
+    assert checked["max_abs_logit_diff"]["model"] <= 1e-5
+    capsys.readouterr()
+    assert main(["export", str(run.path), "--step", "2", "--json"]) == 0
+    e = json.loads(capsys.readouterr().out)
+    assert e["step"] == 2 and e["kind"] == "model"
+    model = AutoModelForCausalLM.from_pretrained(e["path"]).eval()
+    # every weight the export wrote is the checkpoint's, gathered from both ranks' chunks
+    meta = FileSystemReader(str(run.checkpoints / "step-2" / "dcp")).read_metadata()
+    sharded = {k.removeprefix("model.") for k, v in meta.state_dict_metadata.items()
+               if k.startswith("model.") and len(getattr(v, "chunks", ())) == 2}
+    assert set(dict(model.named_parameters())) <= sharded
+    ref = load_trained(read_run_config(run.path), run.checkpoints / "step-2")
+    later = load_trained(read_run_config(run.path), run.checkpoints / "step-4")
+    ids = torch.arange(16).reshape(1, 16)
+    with torch.no_grad():
+        a, b, c = (m(input_ids=ids).logits for m in (model, ref, later))
+    assert torch.equal(a, b) and not torch.allclose(a, c)       # step 2's weights, not the last step's
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_lora_run_leaves_an_adapter_and_a_merged_model_equal_to_base_plus_adapter(tmp_path, strategy):
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -82,10 +121,20 @@ def test_lora_run_leaves_an_adapter_and_a_merged_model_equal_to_base_plus_adapte
     from scaletrain.engine.request.request import PlanRequest
     from scaletrain.engine.run.writers import write_run_dir
 
-    req = PlanRequest(model="scaletrain/tiny-qwen2", gpus="2xCPU", precision="fp32", strategy="ddp", method="lora",
-                      lora_rank=4, micro_batch=2, grad_accum=1, grad_ckpt=False, offload="none", seq_len=64)
+    req = PlanRequest(model="scaletrain/tiny-qwen2", gpus="2xCPU", precision="fp32", strategy=strategy,
+                      method="lora", lora_rank=4, micro_batch=2, grad_accum=1, grad_ckpt=False, offload="none",
+                      seq_len=64)
     run = write_run_dir(make_plan(req), req, TrainOptions(lr=1e-2, max_steps=4, checkpoint_every=4), tmp_path / "run")
     _launch(run)
+    if strategy == "fsdp":       # the frozen base and the adapters sharded alike; only the adapters train
+        from test_train_cpu import FSDP_LINE, assert_fsdp_sharded
+
+        assert_fsdp_sharded(run, 4)
+        header = next(line for line in run.rank_log(0).read_text().splitlines() if "(lora, fsdp, fp32)" in line)
+        trainable, frozen = (int(re.search(rf"{k} float32 ([\d,]+)", header)[1].replace(",", ""))
+                             for k in ("trainable", "frozen"))
+        assert 0 < trainable < frozen / 10, header
+        assert FSDP_LINE.search(run.rank_log(0).read_text())
     out = run.path / "export" / "step-4"
     assert (out / "adapter" / "adapter_config.json").is_file() and (out / "adapter" / "adapter_model.safetensors").is_file()
     diffs = json.loads((out / "export.json").read_text())["checked"]["max_abs_logit_diff"]

@@ -1,6 +1,7 @@
 """The bundled trainer trains mixture-of-experts models for real: tiny qwen3_moe, mixtral, gpt_oss and qwen2_moe
-configs on 2 CPU ranks under DDP, DeepSpeed ZeRO-3 (each MoE block a leaf module) and FSDP, LoRA included, each run
-written by the config writers from a plan and launched through accelerate (tests/test_train_cpu.py's helpers)."""
+configs on 2 CPU ranks under DDP, DeepSpeed ZeRO-3 (each MoE block a leaf module) and FSDP (torch's FSDP2 shards),
+LoRA included, each run written by the config writers from a plan and launched through accelerate
+(tests/test_train_cpu.py's helpers)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,8 @@ def test_moe_trains_on_two_cpu_ranks(tmp_path, model, strategy, method, attn, ex
         # every MoE block is gathered whole (deepspeed.utils.set_z3_leaf_modules), and ZeRO-3 really shards
         assert "ZeRO-3 leaf modules (gathered whole):" in log0 and "DeepSpeed data-parallel over 2" in log0
     assert (run.checkpoints / f"step-{STEPS}" / "trainer_state.json").is_file()
+    if strategy == "fsdp":
+        # FSDP2 for real (torch's fully_shard per decoder block, then the root): DTensor shards, DCP checkpoints
+        from test_train_cpu import assert_fsdp_sharded
+
+        assert_fsdp_sharded(run, STEPS)

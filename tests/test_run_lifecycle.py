@@ -222,6 +222,52 @@ def test_resume_runs_no_pickle_skips_a_damaged_checkpoint_and_keeps_each_step_on
     assert resumed[3] == pytest.approx(losses[3], rel=1e-4)         # from step 2's exact state again
 
 
+@pytest.mark.slow
+def test_fsdp_resume_reads_the_dcp_shards_and_continues_bit_exactly(tmp_path):
+    """FSDP2 (DTensor shards, DCP checkpoints): resumed from step 2 past a truncated step-4 shard, the run repeats
+    steps 3 and 4 bit for bit: the same losses and grad norms, and the same weights in the new step-4 checkpoint."""
+    import torch
+
+    from scaletrain.trainer.fsdp import full_model_state
+    from test_train_cpu import assert_fsdp_sharded
+
+    run = make_run(tmp_path, "fsdp", lr=5e-3, max_steps=4, checkpoint_every=2, export_at_end=False)
+    assert launch(run.path, on_tick=deadline_tick()).exit_code == 0, run.rank_log(0).read_text()[-3000:]
+    assert_fsdp_sharded(run, 2)
+    first = {r.step: r for r in read_metrics(run.metrics)}
+    weights4 = full_model_state(run.checkpoints / "step-4")
+    shard = run.checkpoints / "step-4" / "dcp" / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:1000])          # rank 1's shard of the newest checkpoint, cut short
+
+    res = launch(run.path, resume=True, on_tick=deadline_tick())
+    log = run.rank_log(0).read_text()
+    assert res.exit_code == 0, log[-3000:]
+    assert "checkpoint step-4 cannot be loaded (step-4/dcp/__1_0.distcp has 1,000 bytes" in log
+    assert f"resumed from {run.checkpoints / 'step-2'} at step 2" in log
+    again = {r.step: r for r in read_metrics(run.metrics)}
+    assert sorted(again) == [1, 2, 3, 4]
+    for step in (3, 4):
+        assert (again[step].loss, again[step].grad_norm) == (first[step].loss, first[step].grad_norm), step
+    redone = full_model_state(run.checkpoints / "step-4")
+    assert redone.keys() == weights4.keys() and all(torch.equal(redone[k], weights4[k]) for k in weights4)
+    assert_fsdp_sharded(run, 4)
+
+
+def test_a_dcp_checkpoint_runs_no_pickle_from_its_metadata(tmp_path):
+    """DCP's own reader unpickles .metadata with plain pickle: the trainer's allows DCP's metadata classes only."""
+    from scaletrain.trainer.checkpoints import _why
+    from scaletrain.trainer.fsdp import full_model_state
+
+    marker = tmp_path / "PWNED"
+    ck = tmp_path / "step-2"
+    (ck / "dcp").mkdir(parents=True)
+    (ck / "dcp" / ".metadata").write_bytes(pickle.dumps(_Evil(marker)))
+    with pytest.raises(pickle.UnpicklingError) as e:
+        full_model_state(ck)
+    assert not marker.exists()
+    assert _why(e.value) == "a file in it asks to run posix.system; refused, nothing from it was executed"
+
+
 def test_safe_load_refuses_a_pickle_that_would_run_code(tmp_path):
     import torch
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import random
+import re
 import time
 from pathlib import Path
 
@@ -85,6 +86,33 @@ def assert_checkpoint_size(run: RunDir, step: int) -> None:
     actual = sum(p.stat().st_size for p in ck.rglob("*") if p.is_file())
     predicted = checkpoint_bytes(read_plan_document(run.plan).replan()[1].setup)
     assert actual <= predicted <= 1.15 * actual, (actual, predicted)
+
+
+FSDP_LINE = re.compile(r"strategy fsdp: MULTI_CPU, FSDP2 fully_shard: (\d+) units \((\d+) decoder blocks \+ root\), "
+                       r"(\d+) of (\d+) parameters DTensor shards \(S\(0\)\)")
+
+
+def assert_fsdp_sharded(run: RunDir, step: int, world: int = 2) -> None:
+    """The run trained under FSDP2 for real: rank 0's log names the fully_shard units (a decoder block each, then the
+    root) with every parameter a DTensor shard; the checkpoint is DCP shards (one file per rank, every model weight
+    and optimizer state in `world` chunks), not a whole model.safetensors."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    log = run.rank_log(0).read_text()
+    m = FSDP_LINE.search(log)
+    assert m and m[3] == m[4] and int(m[2]) >= 2 and int(m[1]) == int(m[2]) + 1, log[-3000:]
+    assert "DistributedDataParallel" not in log
+    ck = run.checkpoints / f"step-{step}"
+    assert not list(ck.glob("model*.safetensors")) and not list(ck.glob("optimizer*"))
+    assert sorted(p.name for p in (ck / "dcp").iterdir()) == [".metadata", *(f"__{r}_0.distcp" for r in range(world))]
+    meta = FileSystemReader(str(ck / "dcp")).read_metadata()        # our own test's file: plain pickle is fine here
+    tensors = {k: v for k, v in meta.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
+    weights = [k for k in tensors if k.startswith("model.")]
+    moments = [k for k in tensors if k.startswith("optim.state.") and k.endswith("exp_avg")]
+    assert weights and moments
+    assert all(len(tensors[k].chunks) == world for k in weights + moments), \
+        {k: len(tensors[k].chunks) for k in weights + moments}
 
 
 # ---- data (no torch) -------------------------------------------------------------------------------------------
@@ -215,6 +243,80 @@ def test_deepspeed_zero3_two_ranks_loss_falls(tmp_path):
         shards = sorted(p.name for p in (ck / "deepspeed").glob("*optim_states.pt"))
         assert len(shards) == 2, shards                        # one optimizer partition per rank
     assert_checkpoint_size(run, 12)
+
+
+@pytest.mark.slow
+def test_fsdp_two_ranks_train_sharded_with_dcp_checkpoints(tmp_path):
+    """--strategy fsdp on 2 gloo ranks is FSDP2 (torch's fully_shard, applied by the trainer), not DDP."""
+    from scaletrain.engine.launch.launcher import launch
+
+    data = write_dataset(tmp_path / "data.jsonl")
+    run = make_run(tmp_path, "fsdp", dataset=str(data), lr=5e-3, max_steps=12, checkpoint_every=6,
+                   warmup_ratio=0.1, export_at_end=False)
+    res = launch(run.path, on_tick=deadline_tick())
+    log0 = run.rank_log(0).read_text()
+    assert res.exit_code == 0, log0 + run.rank_log(1).read_text()
+    assert "(full, fsdp, fp32) on 2 process(es)" in log0
+    assert_trained(run, 12)
+    for step in (6, 12):
+        assert_fsdp_sharded(run, step)
+
+
+def test_a_run_that_is_not_its_plans_strategy_is_refused_in_one_line(tmp_path):
+    """The trainer's check against what accelerate and the wrapper gave (distributed.check_distribution), with a real
+    Accelerator in this one process (accelerate's NO) and an unwrapped model."""
+    import torch
+    from accelerate.state import AcceleratorState
+
+    from scaletrain.trainer.config import read_run_config
+    from scaletrain.trainer.distributed import check_distribution, make_accelerator
+
+    cfgs = {s: read_run_config(make_run(tmp_path, s, name=s).path) for s in ("ddp", "fsdp", "zero3")}
+    AcceleratorState._reset_state(True)
+    try:
+        acc = make_accelerator(cfgs["ddp"])
+        model = torch.nn.Linear(4, 4)
+        for strategy, needle in (("fsdp", "NO, the model in Linear (not sharded)"),
+                                 ("zero3", "NO with the model in Linear"), ("ddp", "NO with the model in Linear")):
+            with pytest.raises(ScaletrainError) as e:
+                check_distribution(cfgs[strategy], acc, model, 2)
+            msg = str(e.value)
+            assert msg.startswith(f"the plan's strategy is {strategy} on 2 process(es), but this run got {needle}")
+            assert "nothing was trained" in msg and "\n" not in msg and len(msg) <= 500
+        assert check_distribution(cfgs["ddp"], acc, model, 1) == "strategy ddp: NO with the model in Linear"
+    finally:
+        AcceleratorState._reset_state(True)
+
+
+def test_fsdp_without_a_process_group_and_an_edited_launch_config_are_refused_before_training(tmp_path, capsys):
+    """`python -m scaletrain.trainer.train` on an FSDP run (no process group to shard over), and `scaletrain launch`
+    of a run whose accelerate_config.yaml was edited to another distributed_type: one line, exit 2, no step."""
+    import subprocess
+    import sys
+
+    run = make_run(tmp_path, "fsdp")
+    r = subprocess.run([sys.executable, "-m", "scaletrain.trainer.train", "--run-dir", str(run.path)],
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("scaletrain: error:")]
+    assert r.returncode == 2 and len(errors) == 1, r.stderr[-2000:]
+    assert "strategy is fsdp, but this process has no torch.distributed process group" in errors[0]
+    assert not run.metrics.exists()
+    yaml_text = run.accelerate_config.read_text()
+    run.accelerate_config.write_text(yaml_text.replace("distributed_type: FSDP", "distributed_type: MULTI_GPU"))
+    from scaletrain.tui.cli.main import main
+
+    capsys.readouterr()
+    assert main(["launch", str(run.path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and len(err) <= 500, err
+    assert "has distributed_type 'MULTI_GPU' but the plan's strategy fsdp on 2 process(es) needs 'FSDP'" in err
+    assert not any(run.logs.iterdir()) and not run.status.exists()
+    # TRL's trainers (reward/dpo/grpo) take accelerate's FSDP plugin, which a CPU host drops: refused before launch
+    from scaletrain.engine.run.configs import check_strategy
+
+    with pytest.raises(ScaletrainError, match="runs TRL's trainer, whose accelerate drops FSDP on a CPU host"):
+        check_strategy(run.accelerate_config, "FSDP", "fsdp", 2, "dpo", True)
+    check_strategy(run.accelerate_config, "FSDP", "fsdp", 2, "dpo", False)      # GPUs: accelerate's FSDP plugin
 
 
 @pytest.mark.slow

@@ -177,11 +177,16 @@ def test_qlora_from_random_init_trains_on_two_cpu_ranks(tmp_path):
 
 @pytest.mark.slow
 def test_bf16_master_weights_under_fsdp_shard_bf16_weights_on_two_cpu_ranks(tmp_path):
-    """FSDP (accelerate's FSDP2) keeps the plan's bf16-only weights: no fp32 copy, no autocast."""
+    """FSDP (torch's FSDP2, applied by the trainer) keeps the plan's bf16-only weights: no fp32 copy, no autocast,
+    and the shards are bf16 DTensors."""
     run = write_plan(tmp_path, method="full", setup_changes={"master_weights": "bf16", "strategy": "fsdp"},
                      train=TrainOptions(max_steps=6, lr=5e-3, save_checkpoints=False))
     series, log = _run(run)
     assert "(full, fsdp, bf16) on 2 process(es)" in log
+    from test_train_cpu import FSDP_LINE
+
+    m = FSDP_LINE.search(log)
+    assert m and m[3] == m[4], log[-3000:]
     assert "trainable bfloat16" in log and "mixed precision no" in log
     assert series[-1].loss < series[0].loss
 

@@ -1,5 +1,6 @@
-"""Trainer checkpoints: checkpoints/step-<n>/, written by every rank (DeepSpeed's ZeRO partitions, or accelerate's
-state), completed by trainer_state.json written last by rank 0 (layout.RunDir.complete_checkpoints picks those).
+"""Trainer checkpoints: checkpoints/step-<n>/, written by every rank (DeepSpeed's ZeRO partitions, FSDP's DCP shards
+under dcp/ (trainer/fsdp.py), or accelerate's state), completed by trainer_state.json written last by rank 0
+(layout.RunDir.complete_checkpoints picks those).
 
 Nothing in a checkpoint runs code when it is loaded: the scheduler state and DeepSpeed's partitions are read with
 `torch.load(weights_only=True)` (DeepSpeed's own loader passes weights_only=False; its engine's loader is replaced
@@ -10,18 +11,18 @@ resume falls back to the newest intact checkpoint (resume_from).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import MAX_CONFIG_BYTES, atomic_write, read_text_bounded
 from scaletrain.engine.run.layout import CHECKPOINT_PREFIX, TRAINER_STATE, RunDir, checkpoint_step
 from scaletrain.trainer.distributed import all_sum, barrier
+from scaletrain.trainer.safe_load import safe_load, weights_only_loads  # noqa: F401 (used here and by export)
 
 SCHEDULER_STATE = "scheduler.pt"
 DS_CHECKPOINT_TAG = "deepspeed"
@@ -29,13 +30,17 @@ MANIFEST_KEY = "files"          # trainer_state.json: relative path → size in 
 
 
 def save_checkpoint(acc: Any, model: Any, scheduler: Any, run: RunDir, state: dict[str, Any], rank: int,
-                    deepspeed: bool) -> Path:
+                    deepspeed: bool, optimizer: Any = None) -> Path:
     import torch
+
+    from scaletrain.trainer.fsdp import is_fsdp, save_sharded
 
     d = run.checkpoints / f"{CHECKPOINT_PREFIX}{state['step']}"
     d.mkdir(parents=True, exist_ok=True)
     if deepspeed:
         model.save_checkpoint(str(d), tag=DS_CHECKPOINT_TAG)    # every rank writes its ZeRO partition
+    elif is_fsdp(model):
+        save_sharded(model, optimizer, d)                       # every rank writes its DCP shards
     else:
         acc.save_state(str(d))
     if rank == 0:
@@ -70,51 +75,14 @@ def read_state(d: Path) -> dict[str, Any]:
     return state
 
 
-# DeepSpeed classes its optimizer partitions pickle (0.19: the loss scaler, the ZeRO stage enum, bf16 fragment
-# addresses); weights_only loading accepts these and plain tensors/containers, nothing that runs code.
-def _deepspeed_safe_globals() -> list[Any]:
-    out: list[Any] = []
-    for module, names in (("deepspeed.runtime.fp16.loss_scaler", ("LossScaler", "DynamicLossScaler")),
-                          ("deepspeed.runtime.zero.config", ("ZeroStageEnum",)),
-                          ("deepspeed.utils.tensor_fragment", ("fragment_address",))):
-        try:
-            mod = __import__(module, fromlist=list(names))
-        except ImportError:
-            continue
-        out += [getattr(mod, n) for n in names if hasattr(mod, n)]
-    return out
+def load_checkpoint(acc: Any, model: Any, scheduler: Any, d: Path, deepspeed: bool,
+                    optimizer: Any = None) -> dict[str, Any]:
+    from scaletrain.trainer.fsdp import is_fsdp, load_sharded
 
-
-def safe_load(path: str | Path, map_location: Any = None) -> Any:
-    """torch.load that runs no code from the file (weights_only=True; DeepSpeed's state classes allowed)."""
-    import torch
-
-    with torch.serialization.safe_globals(_deepspeed_safe_globals()):
-        return torch.load(path, map_location=map_location, weights_only=True)
-
-
-@contextlib.contextmanager
-def weights_only_loads() -> Iterator[None]:
-    """Every torch.load inside runs no code from the file (for library code that loads with weights_only=False,
-    e.g. DeepSpeed's zero_to_fp32 consolidation): weights_only=True, DeepSpeed's state classes allowed."""
-    import torch
-
-    original = torch.load
-
-    def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
-        with torch.serialization.safe_globals(_deepspeed_safe_globals()):
-            return original(f, map_location=map_location, weights_only=True)
-
-    torch.load = load
-    try:
-        yield
-    finally:
-        torch.load = original
-
-
-def load_checkpoint(acc: Any, model: Any, scheduler: Any, d: Path, deepspeed: bool) -> dict[str, Any]:
     state = read_state(d)
-    if deepspeed:
+    if is_fsdp(model):
+        load_sharded(model, optimizer, d)
+    elif deepspeed:
         engine = getattr(model, "checkpoint_engine", None)
         if engine is not None:
             engine.load = lambda path, map_location=None: safe_load(path, map_location)
@@ -127,21 +95,22 @@ def load_checkpoint(acc: Any, model: Any, scheduler: Any, d: Path, deepspeed: bo
             raise ScaletrainError(f"{d} has no DeepSpeed checkpoint; it was written by another strategy")
     else:
         if not any(d.glob("model*")):
-            raise ScaletrainError(f"{d} holds no accelerate checkpoint; it was written by another strategy")
+            raise ScaletrainError(f"{d} holds no accelerate checkpoint (model*.safetensors); it was written by "
+                                  "another strategy")
         acc.load_state(str(d))
     scheduler.load_state_dict(safe_load(d / SCHEDULER_STATE))
     return state
 
 
 def resume_from(acc: Any, model: Any, scheduler: Any, run: RunDir, deepspeed: bool,
-                main: bool) -> tuple[Path, dict[str, Any]] | None:
+                main: bool, optimizer: Any = None) -> tuple[Path, dict[str, Any]] | None:
     """Load the newest checkpoint every rank can load, falling back to older ones past a damaged one; None when
     there is none. The ranks agree on each attempt (a sum of failures), so all of them resume from the same step."""
     damaged: list[str] = []
     for d in run.complete_checkpoints():
         why = ""
         try:
-            state = load_checkpoint(acc, model, scheduler, d, deepspeed)
+            state = load_checkpoint(acc, model, scheduler, d, deepspeed, optimizer)
         except Exception as e:            # a damaged file: truncated, missing, not a checkpoint, a refused pickle
             why = _why(e)
         if all_sum(acc, [1.0 if why else 0.0])[0] == 0:

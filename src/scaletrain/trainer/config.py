@@ -44,6 +44,7 @@ class RunConfig:
     experts_impl: str = "grouped_mm"  # MoE: transformers' experts_implementation the plan counted
     loop: str = "trainer"             # the loop the plan's numbers are for (the bundled trainer runs its own)
     loss: str = "standard"            # standard: B·S·V logits; chunked: lm_head + cross-entropy in token chunks
+    offload: str = "none"             # none / optimizer / all (FSDP: "all" is fully_shard's CPUOffloadPolicy)
 
     @property
     def uses_deepspeed(self) -> bool:
@@ -86,7 +87,7 @@ def _objective_fields(doc) -> dict:
     """The objective and its knobs as the plan resolved them (plan.json "training"); sft when absent."""
     rec = doc.recorded
     out = {"objective": rec("objective") or "sft", "prompt_len": rec("prompt_len"),
-           "ref_model": rec("ref_model") or "none"}
+           "ref_model": rec("ref_model") or "none", "offload": str(rec("offload") or "none")}
     if rec("num_generations"):
         out["num_generations"] = int(rec("num_generations"))
     return out

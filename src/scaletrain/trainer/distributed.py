@@ -89,10 +89,7 @@ def make_accelerator(cfg: RunConfig) -> Any:
         raise ScaletrainError("precision fp16 needs a CUDA GPU; on CPU use --precision bf16 or fp32")
     if cfg.uses_deepspeed:
         acc = Accelerator(gradient_accumulation_steps=cfg.grad_accum)
-        if acc.distributed_type != DistributedType.DEEPSPEED:
-            print(f"scaletrain: warning: the plan's strategy is {cfg.strategy} but accelerate runs "
-                  f"{acc.distributed_type.value}; launch with `scaletrain launch` or launch.sh", file=sys.stderr)
-        else:
+        if acc.distributed_type == DistributedType.DEEPSPEED:       # else check_distribution refuses the run
             _check_ds_config(acc, cfg)
         return acc
     # DDP's default keeps a second, flat copy of every gradient in its all-reduce buckets; bucket views make the
@@ -108,10 +105,52 @@ def make_accelerator(cfg: RunConfig) -> Any:
 
     from scaletrain.engine.run.configs import mixed_precision
 
+    if cfg.strategy == "fsdp":
+        # the trainer shards with fully_shard itself (trainer/fsdp.py): accelerate's own FSDP plugin, which
+        # `accelerate launch` turns on from the YAML's distributed_type FSDP, must not wrap the model a second time
+        os.environ.pop("ACCELERATE_USE_FSDP", None)
+
     return Accelerator(cpu=not torch.cuda.is_available(), gradient_accumulation_steps=cfg.grad_accum,
                        mixed_precision=mixed_precision(cfg.precision, cfg.master_weights),
                        kwargs_handlers=[DistributedDataParallelKwargs(gradient_as_bucket_view=True,
                                                                         broadcast_buffers=False)])
+
+
+def check_distribution(cfg: RunConfig, acc: Any, model: Any, world: int) -> str:
+    """What this rank got (accelerate's distributed type and the model's wrapper) against the plan's strategy: a
+    run that would silently be another strategy (accelerate dropping FSDP or DeepSpeed on a CPU host, an edited
+    accelerate_config.yaml, a plain `python -m` start) is refused in one line before the first step. Returns what
+    it got, for the log."""
+    from accelerate.utils import DistributedType as DT
+
+    dtype, kind = acc.distributed_type, type(model).__name__
+    got = f"{dtype.value} with the model in {kind}"
+    if cfg.uses_deepspeed:
+        stage = model.zero_optimization_stage() if hasattr(model, "zero_optimization_stage") else None
+        ok = dtype == DT.DEEPSPEED and stage == cfg.strategy.zero_stage
+        got += f" (ZeRO stage {stage})" if stage is not None else ""
+    elif cfg.strategy == "fsdp":
+        from torch.distributed.tensor import DTensor
+
+        from scaletrain.trainer.fsdp import describe, is_fsdp, mixed_precision_policy
+
+        floating = [p for p in model.parameters() if p.is_floating_point()]
+        ok = (is_fsdp(model) and dtype not in (DT.FSDP, DT.DEEPSPEED)
+              and bool(floating) and all(isinstance(p, DTensor) for p in floating))
+        mp = mixed_precision_policy(cfg)
+        cast = (f"; computes in {str(mp.param_dtype).removeprefix('torch.')}, reduces gradients in "
+                f"{str(mp.reduce_dtype).removeprefix('torch.')}" if mp.param_dtype is not None else "")
+        got = f"{dtype.value}, {describe(model) + cast if is_fsdp(model) else f'the model in {kind} (not sharded)'}"
+    else:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ok = (isinstance(model, DistributedDataParallel) and dtype in (DT.MULTI_CPU, DT.MULTI_GPU) if world > 1
+              else dtype == DT.NO and not hasattr(model, "zero_optimization_stage"))
+    if not ok:
+        raise ScaletrainError(f"the plan's strategy is {cfg.strategy} on {world} process(es), but this run got "
+                              f"{got}; nothing was trained. Launch the run directory with `scaletrain launch` (or "
+                              "its launch.sh) and the accelerate_config.yaml scaletrain wrote for it")
+    return f"strategy {cfg.strategy}: {got}"
 
 
 def _check_ds_config(acc: Any, cfg: RunConfig) -> None:

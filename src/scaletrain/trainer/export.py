@@ -2,7 +2,8 @@
 
 `scaletrain export RUN [--step N] [--merge] [--out DIR] [--dtype D]`, and the trainer at the end of every run
 (rank 0, after the last checkpoint). The weights are consolidated with the libraries' own code: accelerate's
-checkpoint holds the whole state dict (`model.safetensors`, written by `Accelerator.save_state`); a DeepSpeed
+checkpoint holds the whole state dict (`model.safetensors`, written by `Accelerator.save_state`); an FSDP
+checkpoint's DCP shards are read into whole tensors by torch.distributed.checkpoint (trainer/fsdp.py); a DeepSpeed
 checkpoint (ZeRO-1/2/3, every rank's partition) is gathered by DeepSpeed's `get_fp32_state_dict_from_zero_checkpoint`
 on the CPU, in one process. They are loaded into the model the run trained, built as the trainer builds it (the same
 starting weights and seed, so frozen weights a checkpoint leaves out are the ones the run had), then written:
@@ -72,10 +73,14 @@ def state_dict(ck: Path, cfg: RunConfig) -> dict[str, Any]:
 
         with weights_only_loads():
             return dict(get_fp32_state_dict_from_zero_checkpoint(str(ck), tag=DS_CHECKPOINT_TAG))
+    from scaletrain.trainer.fsdp import DCP_DIR, full_model_state, is_sharded_checkpoint
+
+    if is_sharded_checkpoint(ck):
+        return full_model_state(ck)             # FSDP: every rank's DCP shards read into whole tensors
     files = sorted(ck.glob("model*.safetensors"))
     if not files:
-        raise ScaletrainError(f"{ck} holds no model*.safetensors (an accelerate checkpoint) nor a DeepSpeed "
-                              f"{DS_CHECKPOINT_TAG}/ folder: nothing to export")
+        raise ScaletrainError(f"{ck} holds no model*.safetensors (an accelerate checkpoint), no FSDP {DCP_DIR}/ "
+                              f"shards and no DeepSpeed {DS_CHECKPOINT_TAG}/ folder: nothing to export")
     from safetensors.torch import load_file
 
     out: dict[str, Any] = {}

@@ -445,7 +445,7 @@ def _warm_up(harness, seq_len: int) -> None:
         harness.model(input_ids=ids, labels=ids)
 
 
-def _saved_by_scope(harness, seq_len: int) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+def _saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
     """One forward + loss + backward at micro-batch 1: saved bytes per scope, the largest per-token tensor per
     scope, and per layer the rise of live bytes in its forward (`fwd{i}`) and in its backward (`bwd{i}`)."""
     import torch
@@ -457,7 +457,7 @@ def _saved_by_scope(harness, seq_len: int) -> tuple[dict[str, int], dict[str, in
     rec = _Recorder(torch, excluded, count_passed=any(getattr(m, "gradient_checkpointing", False) is True
                                                         for m in model.modules()))
     live = _Live(torch)
-    (ids,) = make_batches(1, 1, seq_len, harness.vocab_size, harness.device, 0)
+    (ids,) = make_batches(1, batch, seq_len, harness.vocab_size, harness.device, 0)
     rec.scope = "shared"
     hooks = rec.hooks(model) + _window_hooks(model, live)
     try:
@@ -478,7 +478,7 @@ def _saved_by_scope(harness, seq_len: int) -> tuple[dict[str, int], dict[str, in
             continue              # logits, log-softmax, labels: the engine's cross-entropy terms
         total[scope] = total.get(scope, 0) + nb
         if list(shape).count(seq_len) == 1:
-            largest[scope] = max(largest.get(scope, 0), nb // seq_len)
+            largest[scope] = max(largest.get(scope, 0), nb // (seq_len * batch))
     return total, largest, live.close_all()
 
 
@@ -509,11 +509,11 @@ def _up(x: Fraction) -> int | float:
     return int(x) if x.denominator == 1 else math.ceil(x * 1000) / 1000
 
 
-def envelope(points: list[tuple[int, int]]) -> list[int | float]:
+def envelope(points: list[tuple[int, int]], quadratic: bool = True) -> list[int | float]:
     """c0, c1, c2 ≥ 0 over every point: the best non-negative fit through the first three, raised by the largest
     shortfall at any point. For the rise of live bytes in a layer's forward or backward, which MoE routing of a
     random init moves from one length to the next: never under what was measured."""
-    c = fit(points[:3], "rise", slack=1 << 62)
+    c = fit(points[:3], "rise", slack=1 << 62, quadratic=quadratic)
     at = lambda x: c[0] + c[1] * x + c[2] * x * x      # noqa: E731
     short = max((Fraction(y) / Fraction(at(x)) for x, y in points if y > 0 and at(x) > 0), default=Fraction(1))
     extra = max((y - at(x) for x, y in points if at(x) <= 0), default=0)
@@ -524,14 +524,14 @@ def envelope(points: list[tuple[int, int]]) -> list[int | float]:
     return c
 
 
-def fit(points: list[tuple[int, int]], what: str = "bytes", slack: int = 0) -> list[int]:
+def fit(points: list[tuple[int, int]], what: str = "bytes", slack: int = 0, quadratic: bool = True) -> list[int]:
     """c0, c1, c2 ≥ 0 of bytes = c0 + c1·S + c2·S² through the first three (S, bytes) points (exact where the bytes
     are a quadratic with non-negative coefficients, else the best non-negative least-squares fit), rounded up; every
     point must then be within `slack` bytes, or the trace refuses."""
     pts = [(Fraction(a), Fraction(b)) for a, b in points]
     fitting, check = pts[:3], pts[3:]
     best = None
-    for free in ((0, 1, 2), (0, 1), (1, 2), (0, 2), (1,), (2,), (0,)):
+    for free in ((0, 1, 2), (0, 1), (1, 2), (0, 2), (1,), (2,), (0,)) if quadratic else ((0, 1), (1,), (0,)):
         c = _solve(fitting, free)
         if c is None or any(x < 0 for x in c):
             continue
@@ -571,14 +571,27 @@ def activations(config: dict, regime: dict, struct: dict) -> dict[str, Any]:
                                 precision=regime["precision"], device="cpu")
         _warm_up(harness, lengths[0])            # lazily built buffers and caches, before anything is counted
         runs = [(S, *_saved_by_scope(harness, S)) for S in lengths]
+        pair = _saved_by_scope(harness, lengths[1], batch=2)    # the last length's tokens as two sequences
     out = {"seq_lens": lengths, "granule": g, "slice_layers": n,
-           **_per_kind(runs, struct, own_saved=not regime.get("grad_ckpt"))}
+           **_per_kind(runs, struct, own_saved=not regime.get("grad_ckpt"), pair=pair)}
     if regime["method"] != "full":
         out["lora"] = lora_count(config, targets)
     return out
 
 
-def _per_kind(runs: list, struct: dict, own_saved: bool = True) -> dict[str, Any]:
+def _series(S: int, tot: dict, rises: dict, n: int, own_saved: bool) -> dict[str, int]:
+    """One run's numbers by series: each layer half's saved bytes, each layer's forward and backward rise."""
+    out = dict(tot)
+    for i in range(n):
+        own = tot.get(f"layer{i}.attn", 0) + tot.get(f"layer{i}.mlp", 0) if own_saved else 0
+        out.setdefault(f"layer{i}.attn", 0)
+        out.setdefault(f"layer{i}.mlp", 0)
+        out[f"layer{i}.fwd"] = rises.get(f"fwd{i}", 0)
+        out[f"layer{i}.bwd"] = rises.get(f"bwd{i}", 0) + own
+    return out
+
+
+def _per_kind(runs: list, struct: dict, own_saved: bool = True, pair: tuple | None = None) -> dict[str, Any]:
     """The runs fitted per scope and per layer window, then taken per kind (the largest coefficients of its layers
     in the slice): saved bytes of each half, and the rise of live bytes in the layer's forward and backward (the
     backward's counted on top of what is alive below the layer: its rise plus the layer's own saved bytes; under
@@ -588,13 +601,15 @@ def _per_kind(runs: list, struct: dict, own_saved: bool = True) -> dict[str, Any
     slack = int(FIT_TOLERANCE * max(sum(tot.values()) for _, tot, _, _ in runs))
     series: dict[str, list[tuple[int, int]]] = {}
     for S, tot, _, rises in runs:
-        for key in {*tot, *(f"layer{i}.{h}" for i in range(n) for h in ("attn", "mlp"))}:
-            series.setdefault(key, []).append((S, tot.get(key, 0)))
-        for i in range(n):
-            own = tot.get(f"layer{i}.attn", 0) + tot.get(f"layer{i}.mlp", 0) if own_saved else 0
-            series.setdefault(f"layer{i}.fwd", []).append((S, rises.get(f"fwd{i}", 0)))
-            series.setdefault(f"layer{i}.bwd", []).append((S, rises.get(f"bwd{i}", 0) + own))
-    fits = {k: envelope(v) if k.endswith((".fwd", ".bwd")) else fit(v, k, slack) for k, v in series.items()}
+        for key, v in _series(S, tot, rises, n, own_saved).items():
+            series.setdefault(key, []).append((S, v))
+    # the last length's tokens as two sequences: a series that does not change is per token (an S² coefficient would
+    # be routing noise that a larger micro-batch divides, under-counting it); one that halves its S² part is not
+    as_two = _series(runs[1][0], pair[0], pair[2], n, own_saved) if pair else {}
+    last = {k: v[-1][1] for k, v in series.items()}
+    per_token = {k: abs(as_two.get(k, 0) - last[k]) <= slack for k in series} if pair else {}
+    fits = {k: envelope(v, not per_token.get(k)) if k.endswith((".fwd", ".bwd"))
+            else fit(v, k, slack, quadratic=not per_token.get(k)) for k, v in series.items()}
     largest = {k: max(lg.get(k, 0) for _, _, lg, _ in runs) for k in series}
     zero = [0, 0, 0]
     kinds = [{"count": k["count"], "attn": zero, "mlp": zero, "fwd": zero, "bwd": zero,

@@ -4,10 +4,13 @@ Causal-LM fine-tuning (full, LoRA, QLoRA) with accelerate + transformers + peft,
 plan.json: the plan's micro batch, accumulation, sequence length, precision, attention and checkpointing; the
 train options' LR schedule, epochs or max steps, checkpoints and data.
 
-Distribution: DDP/FSDP run as accelerate configures them (`Accelerator(cpu=...)` so two gloo ranks work on a CPU
-host). ZeRO strategies use accelerate's DeepSpeed plugin with ds_config.json; on a CPU host accelerate then reports
-one process on every rank while torch.distributed (and DeepSpeed) see them all, so rank and world size always come
-from torch.distributed / the launcher's environment, and this trainer shards the data itself for every strategy.
+Distribution: DDP runs as accelerate configures it (`Accelerator(cpu=...)` so two gloo ranks work on a CPU host);
+FSDP is torch's fully_shard applied here (trainer/fsdp.py: accelerate drops its FSDP plugin on a CPU host), with
+DCP-sharded checkpoints. What each rank got (distributed type, wrapper) is checked against the plan's strategy
+before the first step, and a mismatch is refused in one line (distributed.check_distribution). ZeRO strategies use
+accelerate's DeepSpeed plugin with ds_config.json; on a CPU host accelerate then reports one process on every rank
+while torch.distributed (and DeepSpeed) see them all, so rank and world size always come from torch.distributed /
+the launcher's environment, and this trainer shards the data itself for every strategy.
 
 Outputs (rank 0): metrics.jsonl (engine.run.metrics), TensorBoard events under tensorboard/, a human line per step on
 stdout. Checkpoints: checkpoints/step-<n>/ every train.checkpoint_every steps and at the end, each completed by
@@ -42,8 +45,8 @@ from scaletrain.trainer.chunked_loss import causal_lm_loss, compute_dtype_for, o
 from scaletrain.trainer.checkpoints import prune_checkpoints, resume_from, save_checkpoint
 from scaletrain.trainer.config import RunConfig, read_run_config
 from scaletrain.trainer.batches import TokenTable, token_table
-from scaletrain.trainer.distributed import (all_sum, barrier, load_deepspeed_cpu_comm_op, make_accelerator,
-                                            rank_and_world, shutdown, step_stats)
+from scaletrain.trainer.distributed import (all_sum, barrier, check_distribution, load_deepspeed_cpu_comm_op,
+                                            make_accelerator, rank_and_world, shutdown, step_stats)
 from scaletrain.trainer.model import build_model, check_capabilities, make_optimizer, make_tokenizer
 from scaletrain.trainer.telemetry import RankSampler
 
@@ -179,12 +182,23 @@ def prepare(cfg: RunConfig) -> Session:
         # the peaks the metrics report start here
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(acc.device)
-    optimizer = make_optimizer(cfg, model)
+    fsdp = cfg.strategy == "fsdp"
+    if fsdp:              # the trainer shards (trainer/fsdp.py says why); accelerate wraps the optimizer only
+        from scaletrain.trainer.fsdp import shard_model
+
+        model = shard_model(model, cfg, acc.device)
+    optimizer = make_optimizer(cfg, model)               # under FSDP: over the DTensor shards
     scheduler = get_scheduler(LR_SCHEDULES[cfg.train.lr_schedule], optimizer,
                               num_warmup_steps=sched.warmup_steps, num_training_steps=sched.total_steps)
     head = output_head(model) if cfg.loss == "chunked" else None
-    model, optimizer = acc.prepare(model, optimizer)
+    if fsdp:
+        optimizer = acc.prepare(optimizer)
+    else:
+        model, optimizer = acc.prepare(model, optimizer)
     KEEP_UNTIL_EXIT.extend((acc, model, optimizer))
+    wrapped = check_distribution(cfg, acc, model, world)      # the run is what the plan says, or nothing runs
+    if main:
+        print(f"scaletrain: {wrapped}", flush=True)
     ds = cfg.uses_deepspeed and hasattr(model, "save_checkpoint")
     dtype = compute_dtype_for(head.weight, acc.mixed_precision) if head is not None else None
     gpu_index = acc.device.index if acc.device.type == "cuda" else None
@@ -201,7 +215,7 @@ def resume_step(s: Session, resume: bool) -> int:
             print(f"scaletrain: note: starting at step 0 although {old} exists; --resume continues from it",
                   flush=True)
         return 0
-    found = resume_from(s.acc, s.model, s.scheduler, cfg.run, s.ds, s.main)
+    found = resume_from(s.acc, s.model, s.scheduler, cfg.run, s.ds, s.main, s.optimizer)
     if found is None:
         if s.main:
             print("scaletrain: no checkpoint to resume from; starting at step 0", flush=True)
@@ -345,6 +359,10 @@ def _optimizer_step(s: Session) -> tuple[float, Any]:
     grad_norm = None
     if not s.ds and s.cfg.train.max_grad_norm > 0:
         grad_norm = s.acc.clip_grad_norm_(s.model.parameters(), s.cfg.train.max_grad_norm)
+        if s.cfg.strategy == "fsdp":
+            from scaletrain.trainer.fsdp import full_norm
+
+            grad_norm = full_norm(grad_norm)         # a DTensor over the shards: its whole value
     lr = float(s.scheduler.get_last_lr()[0])
     s.optimizer.step()
     s.scheduler.step()
@@ -388,7 +406,7 @@ def _checkpoint(s: Session, p: Progress, rec: StepMetrics) -> None:
                     {"step": p.step, "total_steps": s.sched.total_steps, "epoch": rec.epoch,
                      "micro_batch": cfg.micro_batch, "grad_accum": cfg.grad_accum,
                      "world_size": s.world, "rows": len(s.blocks), "strategy": cfg.strategy,
-                     "time": time.time()}, s.rank, s.ds)
+                     "time": time.time()}, s.rank, s.ds, s.optimizer)
     prune_checkpoints(cfg.run, cfg.train.keep_checkpoints, s.rank)
     p.last_saved = p.step
     p.t_last, p.cpu_last = time.perf_counter(), time.process_time()     # saving is not step time

@@ -41,6 +41,7 @@ from scaletrain.engine.devices.detect import require_local_gpus
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import os_error_reason, read_tail, read_text_bounded, writing
 from scaletrain.engine.launch.elastic import parse_failures
+from scaletrain.engine.run.configs import check_strategy
 from scaletrain.engine.run.disk import check_room, free_bytes
 from scaletrain.engine.run.layout import LINE_PREFIX, LINE_PREFIX_ENV, RunDir, check_host
 from scaletrain.engine.request.options import TrainOptions, bundled_demo_dataset
@@ -124,6 +125,8 @@ def preflight(run: RunDir, doc: PlanDocument, train: TrainOptions,
             raise ScaletrainError(f"script {train.script} does not exist")
         return cfg
     doc.check_trainable()                 # what the trainer reads of plan.json: bad options fail here, once
+    check_strategy(run.accelerate_config, cfg.get("distributed_type"), doc.training.strategy, doc.batch.world_size,
+                   doc.recorded("objective") or "sft", doc.on_cpu)
     if train.dataset is not None and not Path(train.dataset).expanduser().is_file():
         raise ScaletrainError(f"dataset {train.dataset} does not exist; give a JSONL file (text, prompt/response or "
                               "messages per line)")

@@ -14,6 +14,7 @@ import yaml
 
 from scaletrain.engine.model.states import (DS_ALLGATHER_BUCKET_ELEMS, DS_PREFETCH_BUCKET_ELEMS,
                                             DS_REDUCE_BUCKET_ELEMS, DS_SUB_GROUP_ELEMS)
+from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.run.layout import RunDir
 from scaletrain.engine.request.options import TrainOptions
@@ -54,14 +55,34 @@ def main_process_port(run: RunDir) -> int:
 
 
 def distributed_type(plan: Plan) -> str:
-    s = plan.setup
-    if s.strategy.uses_deepspeed:
+    return distributed_type_for(plan.setup.strategy, plan.setup.world_size)
+
+
+def distributed_type_for(strategy: str, world_size: int) -> str:
+    """accelerate's distributed_type for a strategy. FSDP: accelerate's launcher starts the ranks with torchrun
+    (as for DDP) and the bundled trainer shards with torch's fully_shard itself (trainer/fsdp.py), on a CPU host
+    too, where accelerate's own FSDP plugin would silently become DDP."""
+    if strategy in ("zero1", "zero2", "zero3"):
         return "DEEPSPEED"
-    if s.strategy == "fsdp":
+    if strategy == "fsdp":
         return "FSDP"
     # DDP. On CPU too: accelerate's MULTI_GPU launcher (torchrun) starts N ranks and the trainer's
     # Accelerator(cpu=True) turns the state into MULTI_CPU over gloo (shared/reference/cpu-distributed-notes.md §2).
-    return "MULTI_GPU" if s.world_size > 1 else "NO"
+    return "MULTI_GPU" if world_size > 1 else "NO"
+
+
+def check_strategy(path: Any, got: Any, strategy: str, world_size: int, objective: str, on_cpu: bool) -> None:
+    """A launch's accelerate_config.yaml (distributed_type `got`) must start the plan's strategy: an edited one would
+    run another strategy than the plan (the trainer refuses that too, after the ranks start; here it costs
+    nothing). TRL's trainers (reward/dpo/grpo) take accelerate's FSDP plugin, which a CPU host drops."""
+    want = distributed_type_for(strategy, world_size)
+    if got != want:
+        raise ScaletrainError(f"{path} has distributed_type {got!r} but the plan's strategy {strategy} on "
+                              f"{world_size} process(es) needs {want!r}; restore it, or write the run directory "
+                              "again for another strategy")
+    if strategy == "fsdp" and objective != "sft" and on_cpu:
+        raise ScaletrainError(f"--objective {objective} runs TRL's trainer, whose accelerate drops FSDP on a CPU "
+                              "host and would train DDP instead; use --strategy ddp or zero3 on CPU")
 
 
 def _zero3_init(plan: Plan, train: TrainOptions) -> bool:

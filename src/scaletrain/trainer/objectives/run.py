@@ -131,6 +131,19 @@ def objective_run(cfg: RunConfig, max_steps: int) -> ObjectiveRun:
         model_source=cfg.train.model_source)
 
 
+def _check_strategy(cfg: RunConfig, acc: Any, world: int) -> None:
+    """TRL wraps the model inside train(); what accelerate will wrap it with is its distributed type, checked here
+    against the plan's strategy before any step (a CPU host drops accelerate's FSDP plugin: DDP instead)."""
+    from accelerate.utils import DistributedType as DT
+
+    want = ((DT.DEEPSPEED,) if cfg.uses_deepspeed else (DT.FSDP,) if cfg.strategy == "fsdp"
+            else (DT.MULTI_CPU, DT.MULTI_GPU) if world > 1 else (DT.NO,))
+    if acc.distributed_type not in want:
+        raise ScaletrainError(f"the plan's strategy is {cfg.strategy} on {world} process(es), but TRL's accelerator "
+                              f"runs {acc.distributed_type.value}; nothing was trained (on a CPU host use --strategy "
+                              "ddp or zero3 for reward/dpo/grpo)")
+
+
 def _on_cpu() -> bool:
     import torch
 
@@ -173,6 +186,7 @@ def train_objective(cfg: RunConfig, resume: bool) -> int:
         if acc.num_processes != world:
             raise ScaletrainError(f"TRL's accelerator sees {acc.num_processes} process(es) of the {world} launched "
                                   f"({acc.distributed_type}); the ranks would train apart")
+        _check_strategy(cfg, acc, world)
         if main:
             n_params = sum(p.numel() for p in trainer.model.parameters())
             print(f"scaletrain: {cfg.model_id} ({cfg.objective} with TRL, {cfg.method}, {cfg.strategy}, "
