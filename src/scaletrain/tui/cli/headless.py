@@ -81,7 +81,8 @@ def run_headless(args: argparse.Namespace) -> int:
             return 0
     ip = getattr(args, "main_process_ip", None)
     run = write_run_dir(plan, request, train, getattr(args, "run_dir", None),
-                        overwrite=bool(getattr(args, "overwrite", False)), main_process_ip=ip)
+                        overwrite=bool(getattr(args, "overwrite", False)), main_process_ip=ip,
+                        job_specs=getattr(args, "job_spec", None) or ())
     print_plan(plan)
     doc_train = run.train
     print_weights(str(doc_train.model_source), [w for w in (weights_warning(doc_train.model_source),) if w],
