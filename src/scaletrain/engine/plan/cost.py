@@ -179,8 +179,10 @@ def read_user_prices(path: Path) -> dict[str, Price]:
         raise ScaletrainError(f"cannot read the price file {path}: {e.strerror or e}") from None
     except UnicodeDecodeError:
         raise ScaletrainError(f"the price file {path} is not UTF-8 text") from None
-    except (yaml.YAMLError, YamlLimitError) as e:
+    except yaml.YAMLError as e:
         raise ScaletrainError(f"the price file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    except YamlLimitError as e:
+        raise ScaletrainError(f"the price file {path} is refused: {e}") from None
     return _parse_table(doc, str(path), bundled=False)
 
 

@@ -22,6 +22,7 @@ PersistentVolumeClaim under /runs/<folder name>.
 from __future__ import annotations
 
 import math
+import os
 import re
 import shlex
 from typing import TYPE_CHECKING, Any
@@ -92,11 +93,11 @@ def job_spec_files(plan: Plan, run: RunDir, train: TrainOptions,
     sizes = NodeSizes.of(plan, train)
     out: dict[str, tuple[str, int | None]] = {}
     if "skypilot" in kinds:
-        out[SKYPILOT_YAML] = (skypilot_yaml(plan, sizes, managed=False), None)
-        out[SKYPILOT_MANAGED_YAML] = (skypilot_yaml(plan, sizes, managed=True), None)
+        out[SKYPILOT_YAML] = (skypilot_yaml(plan, train, sizes, managed=False), None)
+        out[SKYPILOT_MANAGED_YAML] = (skypilot_yaml(plan, train, sizes, managed=True), None)
     if "kubeflow" in kinds:
-        out[TRAINJOB_YAML] = (trainjob_yaml(plan, run, sizes), None)
-        out[PYTORCHJOB_YAML] = (pytorchjob_yaml(plan, run, sizes), None)
+        out[TRAINJOB_YAML] = (trainjob_yaml(plan, run, train, sizes), None)
+        out[PYTORCHJOB_YAML] = (pytorchjob_yaml(plan, run, train, sizes), None)
     assert set(out) <= set(JOB_SPECS)
     return out
 
@@ -169,6 +170,39 @@ def _what(plan: Plan) -> str:
     return f"scaletrain plan {plan.name!r}: {s.model.name} on {s.hardware.describe()} ({s.strategy}, {s.precision})"
 
 
+def _hub_id(train: "TrainOptions") -> str | None:
+    """The HF hub id the run's weights come from (None: random init, or a local folder)."""
+    from scaletrain.engine.request.weights import RANDOM_INIT
+
+    src = train.model_source
+    if not src or src == RANDOM_INIT or src.startswith(("/", ".", "~")) or os.path.isabs(src):
+        return None
+    return src
+
+
+def _fetch_weights(train: "TrainOptions") -> str:
+    """Shell lines downloading the weights into the node's HF cache (the trainer loads them offline), or none."""
+    hub = _hub_id(train)
+    if hub is None:
+        return ""
+    return ("# the trainer loads the weights offline (local_files_only): fetch them into this node's HF cache\n"
+            "python -c 'import sys; from huggingface_hub import snapshot_download; snapshot_download(sys.argv[1])' "
+            f"{shlex.quote(hub)}\n")
+
+
+def _paths_note(train: "TrainOptions") -> list[str]:
+    """Header lines for what the spec cannot carry: a local weights folder or data file, by their paths here."""
+    notes = []
+    if train.model_source and _hub_id(train) is None and os.path.isabs(train.model_source):
+        notes.append(f"The weights are a local folder ({train.model_source}): it must exist at that path on every "
+                     "node (or plan with an HF id).")
+    for what, spec in (("data", train.dataset), ("eval data", train.eval_data)):
+        if spec and os.path.isabs(spec):
+            notes.append(f"The {what} is a local file ({spec}): it must exist at that path on every node (or give "
+                         "an HF dataset id).")
+    return notes
+
+
 def _size_check(engine: str, nodes_var: str, gpus_var: str | None, plan: Plan) -> str:
     """Shell lines: stop in one line unless the engine gave this node the plan's node (and GPU) counts."""
     hw = plan.setup.hardware
@@ -191,7 +225,7 @@ def _launch(rank: str, head: str, plan: Plan, *, resume: bool = False, where: st
 
 
 # ---- SkyPilot ------------------------------------------------------------------------------------------------------
-def skypilot_yaml(plan: Plan, sizes: NodeSizes, *, managed: bool) -> str:
+def skypilot_yaml(plan: Plan, train: TrainOptions, sizes: NodeSizes, *, managed: bool) -> str:
     """skypilot.yaml (`cd RUN_DIR && sky launch -c NAME skypilot.yaml --secret HF_TOKEN`) or its managed-jobs
     variant (`sky jobs launch skypilot-managed.yaml --secret HF_TOKEN`: spot allowed, recovered on preemption)."""
     s = plan.setup
@@ -219,7 +253,8 @@ def skypilot_yaml(plan: Plan, sizes: NodeSizes, *, managed: bool) -> str:
               "process(es); the run folder is the workdir (synced to every node).",
               f"Sizes from the plan: {sizes.parts}.",
               "setup installs this scaletrain version with the train extra (override: --env "
-              "SCALETRAIN_PIP_SPEC=/path/or/spec); HF_TOKEN is passed as a secret."]
+              "SCALETRAIN_PIP_SPEC=/path/or/spec) and fetches the weights; HF_TOKEN is passed as a secret.",
+              *_paths_note(train)]
     if managed:
         resources["use_spot"] = True
         resources["job_recovery"] = {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 3}
@@ -239,7 +274,7 @@ def skypilot_yaml(plan: Plan, sizes: NodeSizes, *, managed: bool) -> str:
     else:
         run += _launch("$SKYPILOT_NODE_RANK", "$HEAD_IP", plan)
         header.append("Start: cd RUN_DIR && sky launch -c NAME skypilot.yaml --secret HF_TOKEN")
-    doc["setup"] = 'set -euo pipefail\npip install "$SCALETRAIN_PIP_SPEC"\n'
+    doc["setup"] = 'set -euo pipefail\npip install "$SCALETRAIN_PIP_SPEC"\n' + _fetch_weights(train)
     doc["run"] = run
     return _render(header, doc)
 
@@ -268,14 +303,15 @@ def _kube_mounts() -> list[dict[str, Any]]:
     return [{"name": "runs", "mountPath": KUBE_RUNS_MOUNT}, {"name": "dshm", "mountPath": "/dev/shm"}]
 
 
-def _kube_command(plan: Plan, run: RunDir, rank: str, head: str, nodes: str) -> list[str]:
+def _kube_command(plan: Plan, run: RunDir, train: TrainOptions, rank: str, head: str, nodes: str) -> list[str]:
     where = f"{KUBE_RUNS_MOUNT}/{run.path.name}"
-    script = ("set -euo pipefail\n" + _size_check("Kubeflow", nodes, None, plan)
+    script = ("set -euo pipefail\n" + _size_check("Kubeflow", nodes, None, plan) + _fetch_weights(train)
               + f"cd {shlex.quote(where)}\n" + _launch(rank, head, plan, where=where))
     return ["bash", "-c", script]
 
 
-def _kube_header(plan: Plan, run: RunDir, sizes: NodeSizes, what: str, apply: str) -> list[str]:
+def _kube_header(plan: Plan, run: RunDir, train: TrainOptions, sizes: NodeSizes, what: str,
+                 apply: str) -> list[str]:
     version = scaletrain_version()
     return [_what(plan) + ".",
             what,
@@ -287,10 +323,12 @@ def _kube_header(plan: Plan, run: RunDir, sizes: NodeSizes, what: str, apply: st
             f"HF_TOKEN from the secret {KUBE_HF_SECRET!r}: kubectl create secret generic {KUBE_HF_SECRET} "
             "--from-literal=HF_TOKEN=hf_…",
             f"Sizes from the plan: {sizes.parts}.",
+            f"The image's HF cache is on the claim too (HF_HOME={KUBE_RUNS_MOUNT}/.cache/huggingface).",
+            *_paths_note(train),
             f"Start: {apply}"]
 
 
-def trainjob_yaml(plan: Plan, run: RunDir, sizes: NodeSizes) -> str:
+def trainjob_yaml(plan: Plan, run: RunDir, train: TrainOptions, sizes: NodeSizes) -> str:
     """trainjob.yaml: a Kubeflow Trainer TrainJob on the torch runtime, the volumes through a runtime patch."""
     hw = plan.setup.hardware
     pod = {"volumes": _kube_volumes(), "containers": [{"name": "node", "volumeMounts": _kube_mounts()}]}
@@ -302,7 +340,7 @@ def trainjob_yaml(plan: Plan, run: RunDir, sizes: NodeSizes) -> str:
             "runtimeRef": {"name": KUBE_TORCH_RUNTIME},
             "trainer": {
                 "image": f"{KUBE_IMAGE}:{scaletrain_version()}",
-                "command": _kube_command(plan, run, "$PET_NODE_RANK", "$PET_MASTER_ADDR", "PET_NNODES"),
+                "command": _kube_command(plan, run, train, "$PET_NODE_RANK", "$PET_MASTER_ADDR", "PET_NNODES"),
                 "env": _kube_env(),
                 "numNodes": hw.nodes,
                 "numProcPerNode": sizes.processes,
@@ -312,18 +350,18 @@ def trainjob_yaml(plan: Plan, run: RunDir, sizes: NodeSizes) -> str:
                 "replicatedJobs": [{"name": "node", "template": {"spec": {"template": {"spec": pod}}}}]}}}}],
         },
     }
-    header = _kube_header(plan, run, sizes, f"Kubeflow Trainer TrainJob ({KUBE_TORCH_RUNTIME} runtime; Trainer 2.3 "
-                          "runtimePatches carry the volumes): each node runs `scaletrain launch` with PET_NODE_RANK "
-                          "and PET_MASTER_ADDR.", "kubectl apply -f trainjob.yaml")
+    header = _kube_header(plan, run, train, sizes, f"Kubeflow Trainer TrainJob ({KUBE_TORCH_RUNTIME} runtime; "
+                          "Trainer 2.3 runtimePatches carry the volumes): each node runs `scaletrain launch` with "
+                          "PET_NODE_RANK and PET_MASTER_ADDR.", "kubectl apply -f trainjob.yaml")
     return _render(header, doc)
 
 
-def pytorchjob_yaml(plan: Plan, run: RunDir, sizes: NodeSizes) -> str:
+def pytorchjob_yaml(plan: Plan, run: RunDir, train: TrainOptions, sizes: NodeSizes) -> str:
     """pytorchjob.yaml: the same run as a training-operator PyTorchJob (kubeflow.org/v1): Master + Workers."""
     hw = plan.setup.hardware
     container = {"name": "pytorch", "image": f"{KUBE_IMAGE}:{scaletrain_version()}",
-                 "command": _kube_command(plan, run, "${PET_NODE_RANK:-$RANK}", "${PET_MASTER_ADDR:-$MASTER_ADDR}",
-                                          f"PET_NNODES:-{hw.nodes}"),
+                 "command": _kube_command(plan, run, train, "${PET_NODE_RANK:-$RANK}",
+                                          "${PET_MASTER_ADDR:-$MASTER_ADDR}", f"PET_NNODES:-{hw.nodes}"),
                  "env": _kube_env(), "resources": _kube_resources(sizes), "volumeMounts": _kube_mounts()}
 
     def replicas(n: int) -> dict[str, Any]:
@@ -336,7 +374,7 @@ def pytorchjob_yaml(plan: Plan, run: RunDir, sizes: NodeSizes) -> str:
     doc = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": k8s_name(plan.name)},
            "spec": {"nprocPerNode": str(sizes.processes), "runPolicy": {"backoffLimit": 0, "cleanPodPolicy": "None"},
                     "pytorchReplicaSpecs": specs}}
-    header = _kube_header(plan, run, sizes, "Kubeflow training-operator PyTorchJob v1 (older clusters): one Master "
-                          "and nodes-1 Workers, each running `scaletrain launch` with its node rank.",
+    header = _kube_header(plan, run, train, sizes, "Kubeflow training-operator PyTorchJob v1 (older clusters): one "
+                          "Master and nodes-1 Workers, each running `scaletrain launch` with its node rank.",
                           "kubectl apply -f pytorchjob.yaml")
     return _render(header, doc)
