@@ -315,3 +315,19 @@ def test_k8s_names_are_dns_labels_starting_with_a_letter():
     assert k8s_name("4090x16-bs256") == "st-4090x16-bs256"
     assert k8s_name("My Plan: Qwen/Qwen3") == "my-plan-qwen-qwen3"
     assert len(k8s_name("a" * 200)) <= 40
+
+
+def test_the_wizards_write_step_writes_and_lists_the_asked_specs(tmp_path):
+    """`scaletrain --preset … --job-spec skypilot` (the wizard): its write step writes the specs and lists them
+    among the written files (tui/wizard/run_files.py, no Textual)."""
+    from scaletrain.tui.wizard import run_files
+    from scaletrain.tui.wizard.state import state_from_args
+
+    state = state_from_args(parse_args(["--preset", PRESET, "--job-spec", "skypilot"]))
+    asked = asked_from_args(parse_args(["--preset", PRESET]))
+    plan = make_plan(asked.request())
+    assert {"skypilot.yaml", "skypilot-managed.yaml"} <= set(run_files.preview(plan, state, str(tmp_path / "w")))
+    run = run_files.write(plan, state, str(tmp_path / "w"))
+    listed = list(run_files.written_files(run))
+    assert listed.index("sbatch.sh") < listed.index("skypilot.yaml") < listed.index("skypilot-managed.yaml")
+    assert "trainjob.yaml" not in listed
