@@ -34,6 +34,8 @@ from scaletrain.engine.request.fields import JOB_SPEC_KINDS
 from scaletrain.engine.run.layout import (JOB_SPECS, PYTORCHJOB_YAML, SBATCH_SH, SKYPILOT_MANAGED_YAML, SKYPILOT_YAML,
                                          TRAINJOB_YAML, RunDir)
 
+from scaletrain.engine.run.scripts import SBATCH_CPUS_PER_PROCESS      # cores per process, as sbatch.sh asks
+
 if TYPE_CHECKING:
     from scaletrain.engine.plan.plan import Plan
     from scaletrain.engine.request.options import TrainOptions
@@ -56,7 +58,6 @@ LOAD_BYTES_PER_PARAM = 2
 # CUDA libraries: ~15 GB) and pip's cache; SkyPilot's default disk is 256 GB and is never asked smaller.
 SYSTEM_DISK_BYTES = 64 * GB
 SKYPILOT_MIN_DISK_GB = 256
-CPUS_PER_PROCESS = 4              # as sbatch.sh's --cpus-per-task (scripts.SBATCH_CPUS_PER_PROCESS)
 KUBE_RUNS_MOUNT = "/runs"
 KUBE_RUNS_CLAIM = "scaletrain-runs"
 KUBE_HF_SECRET = "hf-token"
@@ -121,15 +122,14 @@ class NodeSizes:
         host = checks["host_ram"].need_bytes if "host_ram" in checks else plan.memory.total_bytes * per_node
         process = PROCESS_RUNTIME_BYTES + LOAD_BYTES_PER_PARAM * s.model.params
         memory = math.ceil((host + per_node * process) / GiB) * GiB
-        disk = disk_need(plan, train)
+        run_bytes = disk_need(plan, train).total_bytes
         weights = LOAD_BYTES_PER_PARAM * s.model.params
-        parts = (f"host RAM {math.ceil(memory / GiB):,} GiB per node = the plan's {host / GiB:,.1f} GiB + {per_node} × "
-                 f"{process / GiB:,.1f} GiB per process (runtime + 16-bit weights as loaded); disk "
-                 f"{math.ceil((disk.total_bytes + weights + SYSTEM_DISK_BYTES) / GB):,} GB = run {disk.total_bytes / GB:,.1f} "
-                 f"+ weights {weights / GB:,.1f} + system {SYSTEM_DISK_BYTES / GB:,.0f}")
+        disk = math.ceil((run_bytes + weights + SYSTEM_DISK_BYTES) / GB) * GB
+        parts = (f"host RAM {memory // GiB:,} GiB per node = the plan's {host / GiB:,.1f} GiB + {per_node} × "
+                 f"{process / GiB:,.1f} GiB per process (runtime + 16-bit weights as loaded); disk {disk // GB:,} GB = "
+                 f"run {run_bytes / GB:,.1f} + weights {weights / GB:,.1f} + system {SYSTEM_DISK_BYTES / GB:,.0f}")
         gpus = per_node if s.device == "cuda" else 0
-        disk_total = math.ceil((disk.total_bytes + weights + SYSTEM_DISK_BYTES) / GB) * GB
-        return cls(per_node, gpus, CPUS_PER_PROCESS * per_node, memory, disk_total, parts)
+        return cls(per_node, gpus, SBATCH_CPUS_PER_PROCESS * per_node, memory, disk, parts)
 
 
 # ---- YAML ----------------------------------------------------------------------------------------------------------
