@@ -10,9 +10,7 @@ the real model instead (engine/catalog/traced.py), never from another family's l
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -22,8 +20,8 @@ from scaletrain.engine.catalog.config_json import (MAX_SPEC_CHARS, REQUIRED_KEYS
 from scaletrain.engine.catalog.moe import MoeSpec, moe_from_config, peft_converted_names, peft_expert_lora
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog import traced as _traced
+from scaletrain.engine.catalog.entries import CATALOG_DIR, catalog_entry, catalog_ids, did_you_mean  # noqa: F401 - re-exported
 
-CATALOG_DIR = Path(__file__).parent / "models"
 
 # Decoder-block layouts of the families counted analytically. A model_type not listed is traced instead
 # (engine/catalog/traced.py: its real modules and saved bytes measured once by trainer/trace.py, then cached);
@@ -413,46 +411,6 @@ def _with_trace(arch: ModelArch, structure: Mapping[str, Any] | None = None) -> 
                    tie_embeddings=bool(struct["tied"]))
 
 
-@lru_cache(maxsize=None)
-def _catalog_index() -> dict[str, Path]:
-    out = {}
-    for p in sorted(CATALOG_DIR.glob("*.json")):
-        out[p.stem.replace("--", "/").lower()] = p
-    return out
-
-
-def catalog_ids() -> list[str]:
-    return [json.loads(p.read_text())["id"] for p in _catalog_index().values()]
-
-
-@lru_cache(maxsize=None)
-def catalog_entry(model_id: str) -> dict[str, Any] | None:
-    key = model_id.lower().strip()
-    idx = _catalog_index()
-    path = idx.get(key)
-    if path is None:  # forgiving: "Qwen3-4B" without the org
-        hits = [p for k, p in idx.items() if k.split("/")[-1] == key]
-        path = hits[0] if len(hits) == 1 else None
-    return json.loads(path.read_text()) if path else None
-
-
-def did_you_mean(spec: str) -> str | None:
-    """The nearest catalog id to a mistyped or newer-version id (difflib on the id, then on the name alone)."""
-    import difflib
-
-    ids = catalog_ids()
-    name = spec.split("/")[-1].lower()
-    prefixed = [i for i in ids if name.startswith(i.split("/")[-1].lower())]    # Qwen3-4B-Instruct → Qwen3-4B
-    if prefixed:
-        return max(prefixed, key=len)
-    hit = difflib.get_close_matches(spec, ids, n=1, cutoff=0.6)
-    if not hit:
-        names = {i.split("/")[-1].lower(): i for i in ids}
-        near = difflib.get_close_matches(spec.split("/")[-1].lower(), list(names), n=1, cutoff=0.6)
-        hit = [names[near[0]]] if near else []
-    return hit[0] if hit else None
-
-
 def load_model(spec: str, *, offline_only: bool = False) -> ModelArch:
     """Resolve --model: catalog id, config.json path, folder with config.json, an HF cache id, or (unless
     offline_only) an HF id whose config.json alone is fetched from the hub (catalog/hub.py)."""
@@ -504,6 +462,6 @@ def _resolve_config(spec: str, offline_only: bool) -> tuple[dict[str, Any], str,
             return read_config(fetched, spec), spec, None
     near = did_you_mean(spec)
     raise ScaletrainError(
-        f"unknown model {short(spec, 100)}: not in the catalog ({len(_catalog_index())} models, `scaletrain "
+        f"unknown model {short(spec, 100)}: not in the catalog ({len(catalog_ids())} models, `scaletrain "
         f"models`), not a path, not in the HF cache at {cache_roots()[0]}, and {why}; pass a config.json path"
         + (f" (did you mean {near}?)" if near else ""))

@@ -80,9 +80,8 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
 
     # what checkpointing keeps per block, and what recomputing one block costs in backward
     mask = seqs * s.seq_len * s.seq_len * nm.residual * eager_masks(s) if eager_attention(s) else 0
-    wcopy = layer.weight_copies
     recompute = s.grad_ckpt
-    per_block_saved = t * h * nm.residual if recompute else layer.saved + wcopy
+    per_block_saved = t * h * nm.residual if recompute else layer.saved + layer.weight_copies
 
     # eager attention: transformers builds one additive causal mask (B×1×S×S, residual dtype) for all blocks;
     # it lives through backward only when checkpointing saves it as a block input, else until forward returns

@@ -98,6 +98,7 @@ class GpuRow:
     reason: str | None = None
     searched: bool = False            # the search ran and nothing fitted (then needs_bytes is its leanest total)
     needs_bytes: int | None = None
+    cost: Any = None                  # engine/plan/cost.RunCost of the choice (its GPUs over the plan's steps)
 
     @property
     def fits(self) -> bool:
@@ -110,6 +111,8 @@ class GpuRow:
             row.update(self.choice.to_json())
             row["fits"] = True
             row["description"] = self.choice.description
+            if self.cost is not None:
+                row["cost"] = self.cost.to_json()
             return row
         row["reason"] = self.reason
         if self.searched:

@@ -2,15 +2,18 @@
 
     alternatives  the ranked fitting options at the plan's effective batch (what the user fixed stays fixed)
     batch         micro batch 1, 2, 4, … against per-GPU memory and fit at the plan's strategy (seed 004's table)
-    gpus          every catalog GPU × count: does it fit, the planner's choice there, its time
+    gpus          every catalog GPU × count: does it fit, the planner's choice there, its time and cost (--sort
+                  time|cost ranks them)
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from scaletrain.engine.catalog.hardware import GPU_CATALOG, Hardware
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.plan.cost import PriceTable, hardware_cost
 from scaletrain.engine.plan.plan import Plan, evaluate
 from scaletrain.engine.plan.rows import AlternativeRow, BatchRow, GpuRow, PlanTable
 from scaletrain.engine.plan.search import SEARCH_FIELDS, search, search_key
@@ -20,6 +23,7 @@ TOP_ALTERNATIVES = 5
 # --table gpus: GPUs per node tried for each catalog GPU, then two full nodes (inter-node link in play).
 TABLE_GPU_COUNTS = ((1, 1), (1, 2), (1, 4), (1, 8), (2, 8))
 TABLE_KINDS = ("batch", "gpus")
+TABLE_SORTS = ("time", "cost")        # --table gpus --sort: fastest or cheapest first
 
 
 def rank_alternatives(plan: Plan, top: int = TOP_ALTERNATIVES) -> tuple[AlternativeRow, ...]:
@@ -61,12 +65,39 @@ def batch_table(plan: Plan, max_rows: int = 12) -> tuple[BatchRow, ...]:
     return tuple(rows)
 
 
-def gpus_table(plan: Plan, counts: tuple[tuple[int, int], ...] = TABLE_GPU_COUNTS) -> tuple[GpuRow, ...]:
-    """Each catalog GPU × count at this plan's effective batch: fits?, the planner's choice, its time."""
+def gpus_table(plan: Plan, counts: tuple[tuple[int, int], ...] = TABLE_GPU_COUNTS,
+               prices: PriceTable | None = None, sort: str | None = None) -> tuple[GpuRow, ...]:
+    """Each catalog GPU × count at this plan's effective batch: fits?, the planner's choice, its time and (with
+    `prices`) its cost over the plan's steps; `sort` "time" or "cost" ranks the fitting rows (the others follow in
+    catalog order)."""
     s = plan.setup
-    return tuple(_gpus_row(plan, Hardware(gpu=gpu, gpus_per_node=per_node, nodes=nodes,
+    rows = tuple(_gpus_row(plan, Hardware(gpu=gpu, gpus_per_node=per_node, nodes=nodes,
                                           inter_node_gbit_s=s.hardware.inter_node_gbit_s))
                  for gpu in GPU_CATALOG for nodes, per_node in counts)
+    if prices is not None:
+        steps = plan.time.total_steps if plan.time is not None else None
+        rows = tuple(replace(r, cost=hardware_cost(r.gpu, r.world_size, r.choice.step_seconds * steps
+                                                   if steps is not None else None, r.choice.step_seconds, prices))
+                     if r.choice is not None else r for r in rows)
+    return sort_gpu_rows(rows, sort) if sort else rows
+
+
+def sort_gpu_rows(rows: tuple[GpuRow, ...], by: str) -> tuple[GpuRow, ...]:
+    """Fitting rows fastest first ("time": seconds per optimizer step, the same steps on every row) or cheapest
+    first ("cost": the cost of a step; rows without a price after the priced ones); the rest keep their order."""
+    if by not in TABLE_SORTS:
+        raise ScaletrainError(f"--sort {by!r} is not accepted; use {' or '.join(TABLE_SORTS)}")
+
+    def key(r: GpuRow) -> tuple[float, float]:
+        assert r.choice is not None
+        step = r.choice.step_seconds
+        if by == "time":
+            return (step, 0.0)
+        per_step = r.cost.per_step if r.cost is not None else None
+        return (math.inf, step) if per_step is None else (per_step, step)
+
+    fitting = sorted((r for r in rows if r.choice is not None), key=key)
+    return tuple(fitting) + tuple(r for r in rows if r.choice is None)
 
 
 def _gpus_row(plan: Plan, hw: Hardware) -> GpuRow:
@@ -92,13 +123,20 @@ def _gpus_row(plan: Plan, hw: Hardware) -> GpuRow:
     return replace(row, choice=res.ranked[0].choice())
 
 
-def with_tables(plan: Plan, *, alternatives: bool = False, table: str | None = None) -> Plan:
-    """The plan with its ranked `alternatives` and/or a `table` (and so `plan --json` with them)."""
-    tables = {"batch": batch_table, "gpus": gpus_table}
-    if table is not None and table not in tables:   # refuse before any search runs
+def with_tables(plan: Plan, *, alternatives: bool = False, table: str | None = None,
+                prices: PriceTable | None = None, sort: str | None = None) -> Plan:
+    """The plan with its ranked `alternatives` and/or a `table` (and so `plan --json` with them); `prices` and
+    `sort` for the gpus table (cost per row, ranked by time or cost)."""
+    if table is not None and table not in TABLE_KINDS:   # refuse before any search runs
         raise ScaletrainError(f"--table {table!r} is not accepted; use batch or gpus")
+    if sort is not None and table != "gpus":
+        raise ScaletrainError(f"--sort {sort} ranks the rows of --table gpus; give --table gpus too")
+    if sort is not None and sort not in TABLE_SORTS:
+        raise ScaletrainError(f"--sort {sort!r} is not accepted; use {' or '.join(TABLE_SORTS)}")
     if alternatives:
         plan = replace(plan, alternatives=rank_alternatives(plan))
-    if table is not None:
-        plan = replace(plan, table=PlanTable(table, tables[table](plan)))
+    if table == "batch":
+        plan = replace(plan, table=PlanTable(table, batch_table(plan)))
+    elif table == "gpus":
+        plan = replace(plan, table=PlanTable(table, gpus_table(plan, prices=prices, sort=sort)))
     return plan

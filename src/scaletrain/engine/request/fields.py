@@ -10,10 +10,12 @@ PlanRequest field (`request.py`), and what it changes in the setup and the model
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from scaletrain.engine.catalog.hardware import inter_node_gbit_s
+from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.vocabulary import (Attention, ExpertsImpl, Generation, Loop, LossImpl, MasterWeights, Method,
                                           Objective, Offload, Optimizer, OptimizerImpl, Precision, RefModel, Strategy)
 
@@ -44,6 +46,35 @@ def parse_resident(text: str) -> tuple[str, int]:
     """--resident MODEL[:BITS] (bits 16, 8 or 4; default 16)."""
     model, _, bits = text.rpartition(":") if text.rsplit(":", 1)[-1] in RESIDENT_BITS else (text, "", "16")
     return (model, int(bits))
+
+
+# --job-spec: what engine/run/jobspecs.py writes for each kind.
+JOB_SPEC_KINDS = ("slurm", "skypilot", "kubeflow")
+
+
+def parse_job_specs(text: str) -> tuple[str, ...]:
+    """--job-spec slurm,skypilot,kubeflow: the kinds in the order given, each once."""
+    kinds = [k.strip().lower() for k in str(text).split(",") if k.strip()]
+    if not kinds or any(k not in JOB_SPEC_KINDS for k in kinds):
+        raise ScaletrainError(f"--job-spec {str(text)[:60]!r} is not accepted; give a comma list of "
+                              f"{', '.join(JOB_SPEC_KINDS)}")
+    return tuple(dict.fromkeys(kinds))
+
+
+GPU_PRICE_FLAG = "--gpu-price"
+MAX_GPU_PRICE = 1000.0            # per GPU-hour: far above any offer; a larger number is a typo (cents for dollars)
+
+
+def parse_gpu_price(text: str) -> float:
+    """--gpu-price: a positive number of USD per GPU-hour, at most MAX_GPU_PRICE."""
+    accepted = f"a price in USD per GPU-hour, more than 0 and at most {MAX_GPU_PRICE:,.0f} (e.g. 2.49)"
+    try:
+        value = float(str(text).strip().lstrip("$"))
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= MAX_GPU_PRICE):
+        raise ScaletrainError(f"{GPU_PRICE_FLAG} {str(text)[:40]!r} is not accepted; give {accepted}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -89,6 +120,7 @@ class PlanField:
 
 _WHAT, _OBJ, _HW, _HOW, _BATCH = ("what to train", "objective (TRL: reward, dpo, grpo)", "hardware", "how",
                                   "batch and data")
+_RUN = "run directory"
 
 FIELDS: tuple[PlanField, ...] = (
     PlanField("model", _WHAT, help="catalog id (scaletrain models), config.json path or folder, or HF cache id",
@@ -168,6 +200,14 @@ FIELDS: tuple[PlanField, ...] = (
               help="host RAM per node, GiB, that the verdict weighs offloaded states and the end-of-run export "
                    "against",
               default="this node's RAM for --gpus auto and CPU plans; not checked for named GPUs"),
+    PlanField("gpu_price", _HW, owner="args", parse=parse_gpu_price, metavar="USD_PER_GPU_HOUR",
+              help="on-demand price of one of the plan's GPUs per hour, for the plan's cost",
+              default="the bundled price table (engine/catalog/prices.yaml, dated), or your "
+                      "$XDG_CONFIG_HOME/scaletrain/prices.yaml"),
+    PlanField("job_spec", _RUN, owner="args", parse=parse_job_specs, metavar="slurm,skypilot,kubeflow",
+              help="job specs written into the run directory: slurm (sbatch.sh), skypilot (skypilot.yaml, "
+                   "skypilot-managed.yaml), kubeflow (trainjob.yaml, pytorchjob.yaml)",
+              default="slurm for multi-node plans, none for one node"),
     PlanField("strategy", _HOW, choices=Strategy.values(),
               help="data parallel, DeepSpeed ZeRO stage 1/2/3, or PyTorch FSDP", default="the planner chooses"),
     PlanField("offload", _HOW, choices=Offload.values(),

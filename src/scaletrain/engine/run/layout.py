@@ -6,6 +6,8 @@
       ds_config.json          DeepSpeed strategies (zero1/2/3)
       launch.sh               the exact command, runnable by hand (same argv the launcher runs)
       sbatch.sh               multi-node plans
+      skypilot.yaml, skypilot-managed.yaml   --job-spec skypilot (jobspecs.py): `sky launch` / `sky jobs launch`
+      trainjob.yaml, pytorchjob.yaml         --job-spec kubeflow: Kubeflow Trainer TrainJob, PyTorchJob v1
       logs/rank-<i>.log       one file per rank, numbered by global rank (disjoint across nodes)
       logs/launcher.log       the launcher's own output (node R > 0 of a multi-node run: launcher-node-<R>.log)
       metrics.jsonl           one JSON line per optimizer step (trainer, global rank 0 only)
@@ -32,10 +34,14 @@ from scaletrain.engine.errors import ScaletrainError
 # them (plan_document, configs and scripts write what RunDir names here).
 PLAN, ACCELERATE_CONFIG, DS_CONFIG = "plan.json", "accelerate_config.yaml", "ds_config.json"
 LAUNCH_SH, SBATCH_SH = "launch.sh", "sbatch.sh"
+# Job specs for other schedulers, written on request (--job-spec; engine/run/jobspecs.py).
+SKYPILOT_YAML, SKYPILOT_MANAGED_YAML = "skypilot.yaml", "skypilot-managed.yaml"
+TRAINJOB_YAML, PYTORCHJOB_YAML = "trainjob.yaml", "pytorchjob.yaml"
+JOB_SPECS = (SKYPILOT_YAML, SKYPILOT_MANAGED_YAML, TRAINJOB_YAML, PYTORCHJOB_YAML)
 LOGS, METRICS, CHECKPOINTS, STATUS, TENSORBOARD = "logs", "metrics.jsonl", "checkpoints", "status.json", "tensorboard"
 EXPORTS = "export"                # scaletrain export's folders (export/step-<n>/), the trainer's at the end of a run
 # What writing a run directory writes, in the order a reader meets the files.
-WRITTEN = (PLAN, ACCELERATE_CONFIG, DS_CONFIG, LAUNCH_SH, SBATCH_SH)
+WRITTEN = (PLAN, ACCELERATE_CONFIG, DS_CONFIG, LAUNCH_SH, SBATCH_SH) + JOB_SPECS
 # Every name of the layout, in layout order: a previous run's are moved aside before a different plan is written.
 LAYOUT_NAMES = WRITTEN + (LOGS, METRICS, CHECKPOINTS, STATUS, TENSORBOARD, EXPORTS)
 # What a relaunch copies into attempts/<n>/ before it rewrites the folder (logs/ are copied as a tree).

@@ -23,6 +23,7 @@ from scaletrain.engine.run.configs import accelerate_config, deepspeed_config, r
 from scaletrain.engine.run.layout import (LAYOUT_NAMES, NODE_STATUS_PREFIX, RunDir, check_host, check_run_dir_path,
                                          default_run_dir)
 from scaletrain.engine.request.options import TrainOptions
+from scaletrain.engine.run.jobspecs import job_spec_files, present_job_specs
 from scaletrain.engine.run.plan_document import PlanDocument, holds_plan
 from scaletrain.engine.run.scripts import launch_script, sbatch_script
 
@@ -84,8 +85,10 @@ def _is_file(p: Path) -> bool:
 
 
 def render_run_files(plan: Plan, request: PlanRequest, train: TrainOptions, run: RunDir, *,
-                     main_process_ip: str | None = None) -> dict[str, tuple[str, int | None]]:
-    """File name → (text, mode) for everything the run directory holds before launch."""
+                     main_process_ip: str | None = None,
+                     job_specs: tuple[str, ...] | None = None) -> dict[str, tuple[str, int | None]]:
+    """File name → (text, mode) for everything the run directory holds before launch. `job_specs`: the kinds of
+    --job-spec (jobspecs.py); None: those whose files the folder already holds (a relaunch keeps them current)."""
     if main_process_ip is not None:
         main_process_ip = check_host(main_process_ip)
     if train.model_source is None:
@@ -104,6 +107,8 @@ def render_run_files(plan: Plan, request: PlanRequest, train: TrainOptions, run:
     sb = sbatch_script(plan, run, train, deepspeed=ds is not None)
     if sb is not None:
         files[run.sbatch_sh.name] = (sb, 0o755)
+    kinds = job_specs if job_specs is not None else present_job_specs(run)
+    files.update(job_spec_files(plan, run, train, kinds))
     return files
 
 
@@ -126,19 +131,20 @@ def _supersede(run: RunDir) -> Path | None:
 
 def write_run_dir(plan: Plan, request: PlanRequest, train: TrainOptions, run_dir: str | os.PathLike[str] | None = None,
                   *, overwrite: bool = False, main_process_ip: str | None = None,
-                  random_quantized_ok: bool = False) -> WrittenRun:
+                  random_quantized_ok: bool = False, job_specs: tuple[str, ...] = ()) -> WrittenRun:
     """Write plan.json, the configs and the scripts; refuse a directory holding a different plan. Returns the run
     directory with the train options as checked and written.
 
     A new directory appears whole (written beside it, then renamed); an existing one that holds the same plan is
     rewritten file by file (atomic, with .bak of anything that differs); with overwrite, a different previous run
     is moved to superseded-<stamp>/ first. random_quantized_ok: a 4/8-bit base from random init is written too
-    (validation and tests measure it; a real run is refused at checked_train).
+    (validation and tests measure it; a real run is refused at checked_train). job_specs: --job-spec's kinds
+    (slurm, skypilot, kubeflow: engine/run/jobspecs.py).
     """
     train = checked_train(train, request, plan, random_quantized_ok=random_quantized_ok)
     run = RunDir(check_run_dir_path(run_dir) if run_dir is not None else default_run_dir(plan.name))
     check_run_dir_path(run.path)        # a sane path (the scripts find it at run time)
-    files = render_run_files(plan, request, train, run, main_process_ip=main_process_ip)
+    files = render_run_files(plan, request, train, run, main_process_ip=main_process_ip, job_specs=tuple(job_specs))
     with writing(f"the run directory {run.path}"):
         _write(run, plan, request, train, files, overwrite)
     return WrittenRun(run.path, train)

@@ -51,7 +51,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     if args.install_default:
         check_installable()
     run = write_run_dir(plan, request, train, args.run_dir, overwrite=args.overwrite,
-                        main_process_ip=args.main_process_ip)
+                        main_process_ip=args.main_process_ip, job_specs=getattr(args, "job_spec", None) or ())
     print_written(console, run)
     if args.install_default:
         target, backup = install_accelerate_default(run)

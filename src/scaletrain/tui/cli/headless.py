@@ -15,6 +15,7 @@ from rich.console import Console
 
 from scaletrain.engine.devices.detect import require_local_gpus
 from scaletrain.engine.errors import EXIT_DOES_NOT_FIT, ScaletrainError
+from scaletrain.engine.plan.cost import plan_cost, price_table
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.request.presets import write_preset
@@ -80,9 +81,13 @@ def run_headless(args: argparse.Namespace) -> int:
         if not getattr(args, "headless", False):
             return 0
     ip = getattr(args, "main_process_ip", None)
+    # the prices (a bad prices.yaml, one line) before anything is written
+    cost = plan_cost(plan, price_table(plan.setup.hardware.gpu.key, getattr(args, "gpu_price", None)))
     run = write_run_dir(plan, request, train, getattr(args, "run_dir", None),
-                        overwrite=bool(getattr(args, "overwrite", False)), main_process_ip=ip)
+                        overwrite=bool(getattr(args, "overwrite", False)), main_process_ip=ip,
+                        job_specs=getattr(args, "job_spec", None) or ())
     print_plan(plan)
+    console.print(cost.line(), markup=False, highlight=False, soft_wrap=True)
     doc_train = run.train
     print_weights(str(doc_train.model_source), [w for w in (weights_warning(doc_train.model_source),) if w],
                   doc_train.dataset, plan.setup.dataset_size if doc_train.dataset else None,

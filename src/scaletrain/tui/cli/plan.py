@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """The plan, as text or JSON; exit 0 when it fits every resource it knows, EXIT_DOES_NOT_FIT (3) when not."""
+    from scaletrain.engine.plan.cost import plan_cost, price_table
     from scaletrain.engine.plan.planner import make_plan
     from scaletrain.engine.run.disk import disk_need
     from scaletrain.engine.run.resources import resource_verdict
@@ -29,9 +30,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     code = 0 if verdict.fits else EXIT_DOES_NOT_FIT
     weights = asked.weights(request)
     data = asked.data
-    if getattr(args, "alternatives", False) or getattr(args, "table", None):
+    prices = price_table(plan.setup.hardware.gpu.key, getattr(args, "gpu_price", None))
+    cost = plan_cost(plan, prices)
+    if getattr(args, "alternatives", False) or getattr(args, "table", None) or getattr(args, "sort", None):
         from scaletrain.engine.plan.tables import with_tables
-        plan = with_tables(plan, alternatives=getattr(args, "alternatives", False), table=getattr(args, "table", None))
+        plan = with_tables(plan, alternatives=getattr(args, "alternatives", False), table=getattr(args, "table", None),
+                           prices=prices, sort=getattr(args, "sort", None))
     if args.json:
         out = plan.to_json()
         out["weights"] = weights
@@ -41,11 +45,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
                        "profile": prof} if data else None
         out["disk"] = disk_need(plan, asked.train).to_json()
         out["resources"] = verdict.to_json()
+        out["cost"] = cost.to_json()
         print(json.dumps(out, indent=2))
         return code
     from scaletrain.tui.views.render import print_plan, print_weights
     print_plan(plan, alternatives=getattr(args, "alternatives", False), table=getattr(args, "table", None))
     print(f"disk: {disk_need(plan, asked.train).text()}")
+    print(cost.line())
     rows = asked.profile.data.get("records", request.dataset_size) if asked.profile is not None else request.dataset_size
     print_weights(weights["source"], [w for w in (weights["warning"], weights["problem"]) if w],
                   data, rows, note=weights["note"])
@@ -127,7 +133,9 @@ def configure_plan(p: argparse.ArgumentParser) -> None:
     out.add_argument("--alternatives", action="store_true",
                      help=stated("show the planner's ranked alternatives", "off"))
     out.add_argument("--table", choices=["batch", "gpus"],
-                     help=stated("micro batch vs memory, or GPU kinds × counts", "none"))
+                     help=stated("micro batch vs memory, or GPU kinds × counts with time and cost", "none"))
+    out.add_argument("--sort", choices=["time", "cost"],
+                     help=stated("--table gpus: fastest or cheapest first (the rows that fit)", "catalog order"))
     out.add_argument("--keys", action="store_true",
                      help=stated("list every preset / --set key with its meaning and default, and exit", "off"))
 

@@ -87,7 +87,7 @@ def print_gpus_table(c: Console, rows: list[GpuRow], plan: Plan) -> None:
     s = plan.setup
     t = _table(f"GPUs × count at effective batch {s.effective_batch} ({s.model.name} {s.method}, seq {s.seq_len})",
                [("GPU", "left"), ("memory", "right"), ("GPUs", "right"), ("fit", "left"), ("plan", "left"),
-                ("per GPU", "right"), ("step", "right"), ("epoch", "right")])
+                ("per GPU", "right"), ("step", "right"), ("epoch", "right"), ("price/h", "right"), ("cost", "right")])
     t.columns[4].max_width = 18
     t.columns[4].overflow = "ellipsis"
     for r in rows:
@@ -98,9 +98,22 @@ def print_gpus_table(c: Console, rows: list[GpuRow], plan: Plan) -> None:
             step, epoch = _time_cells(ch)
             how = f"{_how(ch)} {ch.micro_batch}×{ch.grad_accum}{' gc' if ch.grad_ckpt else ''}"
             t.add_row(r.gpu, memory, count, Text("yes", style="green"), how, fmt_bytes(ch.per_gpu_bytes),
-                      step, epoch)
+                      step, epoch, *_cost_cells(r))
         else:
             t.add_row(r.gpu, memory, count, Text("no", style="red"), Text(r.reason or "", style="grey50"),
-                      "", "", "")
+                      "", "", "", "", "")
     c.print(t)
-    c.print("[grey50]plan: strategy(+opt/+all offload) micro×accum, gc = gradient checkpointing[/]")
+    c.print("[grey50]plan: strategy(+opt/+all offload) micro×accum, gc = gradient checkpointing; price/h: the GPUs' "
+            "on-demand price per hour; cost: the plan's steps at that pace (per step without --dataset-size)[/]")
+
+
+def _cost_cells(r: GpuRow) -> tuple[str, str]:
+    """The row's price per hour and its total (or per-step) cost, in the price's currency; '-' without a price."""
+    from scaletrain.engine.plan.cost import money
+
+    cost = r.cost
+    if cost is None or cost.per_hour is None:
+        return ("-", "-")
+    if cost.total is not None:
+        return (money(cost.per_hour), money(cost.total))
+    return (money(cost.per_hour), f"{money(cost.per_step)}/step")

@@ -29,7 +29,8 @@ def _ordered(files: dict[str, str]) -> dict[str, str]:
 def preview(plan: Plan, state: WizardState, run_dir: str) -> dict[str, str]:
     """The files `write` would create in `run_dir`, name → text, rendered by the writers without touching disk."""
     train = writers.checked_train(state.train)
-    files = writers.render_run_files(plan, state.request, train, RunDir(Path(run_dir or ".").expanduser()))
+    files = writers.render_run_files(plan, state.request, train, RunDir(Path(run_dir or ".").expanduser()),
+                                     job_specs=state.job_specs)
     return _ordered({name: text for name, (text, _mode) in files.items()})
 
 
@@ -38,7 +39,8 @@ def write(plan: Plan, state: WizardState, run_dir: str, *, overwrite: bool = Fal
     if not run_dir.strip():
         raise ScaletrainError("the run directory is empty; give a folder to write the run into")
     try:
-        return writers.write_run_dir(plan, state.request, state.train, Path(run_dir).expanduser(), overwrite=overwrite)
+        return writers.write_run_dir(plan, state.request, state.train, Path(run_dir).expanduser(), overwrite=overwrite,
+                                     job_specs=state.job_specs)
     except OSError as e:
         raise ScaletrainError(f"cannot write {run_dir}: {e.strerror or e}; choose another run directory") from None
 

@@ -62,6 +62,7 @@ class WizardState:
     preset: str | None = None
     method_chosen: bool = True          # False until the user picks full / LoRA / QLoRA (a fresh wizard asks)
     weights_chosen: bool = False        # the model step set train.model_source (a preset's counts as chosen)
+    job_specs: tuple[str, ...] = ()     # --job-spec: the write step writes (and lists) these specs too
 
     def with_request(self, **changes: Any) -> "WizardState":
         return replace(self, request=self.request.with_(**changes))
@@ -156,7 +157,8 @@ def state_from_args(args: argparse.Namespace) -> WizardState:
         parse_gpus(gpus, nodes=request.nodes, inter_node_gbps=request.inter_node_gbps)  # bad --gpus: one line, now
     return WizardState(request=request.with_(gpus=gpus), train=train, hw_source=source,
                        run_dir=getattr(args, "run_dir", None), preset=preset,
-                       method_chosen=bool(preset or getattr(args, "method", None)), weights_chosen=bool(preset))
+                       method_chosen=bool(preset or getattr(args, "method", None)), weights_chosen=bool(preset),
+                       job_specs=tuple(getattr(args, "job_spec", None) or ()))
 
 
 # ---- hardware and plan (engine calls) ----------------------------------------------------------------------------
