@@ -72,8 +72,10 @@ def one_family(model_type: str, cases=CASES, reuse: dict | None = None) -> dict:
     try:
         t0 = time.perf_counter()
         arch = arch_from_config(cfg, f"tiny-{model_type}")
+        attn = "sdpa" if "sdpa" in arch.attention_implementations else "eager"   # the model class's own kernels
+        row["attn"] = attn
         setups = [TrainingSetup(model=arch, hardware=parse_gpus("1xCPU"), method=m, lora_rank=RANK, strategy="ddp",
-                                precision="fp32", optimizer_impl="for-loop", attn="sdpa", grad_ckpt=ck,
+                                precision="fp32", optimizer_impl="for-loop", attn=attn, grad_ckpt=ck,
                                 micro_batch=B, seq_len=S, device="cpu") for m, ck in cases]
         prefetch_traces(setups)
         row["trace_seconds"] = round(time.perf_counter() - t0, 2)
@@ -91,9 +93,10 @@ def one_family(model_type: str, cases=CASES, reuse: dict | None = None) -> dict:
         try:
             predicted = estimate_memory(s).allocated_peak_bytes
             trainable = s.trainable_params
-            m = _reused(reuse, cfg, method, ckpt) or measure_step(cfg, method=method, lora_rank=RANK, lora_alpha=2 * RANK,
+            m = _reused(reuse, cfg, method, ckpt, row["attn"]) or measure_step(cfg, method=method, lora_rank=RANK, lora_alpha=2 * RANK,
                              lora_targets=s.lora_targets if method != "full" else None, micro_batch=B, seq_len=S,
-                             grad_ckpt=ckpt, attn="sdpa", precision="fp32", device="cpu", optimizer_impl="for-loop")
+                             grad_ckpt=ckpt, attn=row["attn"], precision="fp32", device="cpu",
+                             optimizer_impl="for-loop")
         except ScaletrainError as e:
             case["refused"] = "engine: " + _line(e)
         except Exception as e:      # noqa: BLE001
@@ -109,10 +112,10 @@ def one_family(model_type: str, cases=CASES, reuse: dict | None = None) -> dict:
     return row
 
 
-def _reused(row: dict | None, cfg: dict, method: str, ckpt: bool):
+def _reused(row: dict | None, cfg: dict, method: str, ckpt: bool, attn: str):
     from types import SimpleNamespace
 
-    if not row or row.get("config") != json.loads(json.dumps(cfg)):
+    if not row or row.get("config") != json.loads(json.dumps(cfg)) or row.get("attn", "sdpa") != attn:
         return None
     for c in row.get("cases", []):
         if (c["method"], c["grad_ckpt"]) == (method, ckpt) and "measured_bytes" in c:
@@ -200,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             out.update({"machine": machine(), "seconds": round(time.time() - t0),
                         "versions": {d: md.version(d) for d in ("torch", "transformers", "peft")},
                         "setup": {"micro_batch": B, "seq_len": S, "lora_rank": RANK, "precision": "fp32",
-                                  "attn": "sdpa", "optimizer": "adamw for-loop", "cases": a.cases,
+                                  "attn": "sdpa (eager where the model class has no sdpa)", "optimizer": "adamw for-loop",
+                                  "cases": a.cases,
                                   "grid_for": list(NAMED)},
                         "summary": summary(rows), "rows": sorted(rows, key=lambda r: r["model_type"]),
                         "not_run": sorted(set(types) - {r["model_type"] for r in rows})})

@@ -134,7 +134,29 @@ def structure(config: dict) -> dict[str, Any]:
         "block_params": largest["params"], "block_tensors": largest["tensors"], "linears": linears,
         "block_norms": largest["norms"], "tensor_count": len(unique),
         "kinds": kinds, "layer_kinds": layer_kinds, "slice_layers": _slice_depth(config, sigs),
+        "attn_implementations": [a for a, flag in (("eager", True), ("sdpa", "_supports_sdpa"),
+                                                   ("flash", "_supports_flash_attn"))
+                                 if flag is True or getattr(type(model), flag, False)],
+        "sizes": config_sizes(model.config),
     }
+
+
+SIZE_NAMES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "intermediate_size", "vocab_size")
+
+
+def config_sizes(conf) -> dict[str, int]:
+    """The sizes the engine reads, as transformers' config object answers them (its attribute_map turns GPT-2's
+    n_embd, n_layer, n_head into hidden_size, num_hidden_layers, num_attention_heads)."""
+    out = {}
+    for name in SIZE_NAMES:
+        try:
+            v = getattr(conf, name)
+        except (AttributeError, KeyError, TypeError, ValueError):
+            continue
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            out[name] = v
+    return out
 
 
 # ---- the slice ------------------------------------------------------------------------------------------------

@@ -116,6 +116,8 @@ class ModelArch:
     def attention_implementations(self) -> tuple[str, ...]:
         """The --attn values transformers runs for this family: gpt_oss has no sdpa path (its attention sinks need
         the scores; GptOssPreTrainedModel._supports_sdpa = False), only eager and flash kernels with sinks."""
+        if self.trace is not None and self.trace.get("attn_implementations"):   # the model class's own flags
+            return tuple(self.trace["attn_implementations"])
         return ("eager", "flash") if self.model_type in _NO_SDPA else ("eager", "sdpa", "flash")
 
     @property
@@ -363,7 +365,11 @@ def arch_from_config(cfg: Mapping[str, Any], name: str, structure: Mapping[str, 
     """Build a ModelArch from a config.json dict; raise ScaletrainError for anything that is not a causal LM.
     `structure`: a traced model's structure recorded with its catalog entry (else traced or read from the cache)."""
     cfg = text_config(cfg)
+    config = dict(cfg)
     missing = [k for k in REQUIRED_KEYS if k not in cfg]
+    if missing and str(cfg.get("model_type")) not in _FAMILIES and "model_type" in cfg:
+        cfg, structure = _sizes_from_trace(cfg, structure)      # GPT-2's n_embd, n_layer, n_head …
+        missing = [k for k in REQUIRED_KEYS if k not in cfg]
     if missing:
         raise ScaletrainError(
             f"{name} is not a causal-LM config.json (missing {', '.join(missing)}); "
@@ -387,12 +393,23 @@ def arch_from_config(cfg: Mapping[str, Any], name: str, structure: Mapping[str, 
         tie_embeddings=bool(cfg.get("tie_word_embeddings", model_type in ("gemma3_text", "gemma2"))),
         attention_bias=bool(cfg.get("qkv_bias", True) if model_type == "qwen2_moe" else
                             cfg.get("attention_bias", _ATTENTION_BIAS_DEFAULT.get(model_type, False))),
-        mlp_bias=bool(cfg.get("mlp_bias", False)), config=MappingProxyType(dict(cfg)),
+        mlp_bias=bool(cfg.get("mlp_bias", False)), config=MappingProxyType(config),
         moe=moe_from_config(model_type, cfg, size_field(cfg, "num_hidden_layers", name), name),
     )
     if model_type not in _FAMILIES:
         arch = _with_trace(arch, structure)
     return arch
+
+
+def _sizes_from_trace(cfg: dict[str, Any], structure: Mapping[str, Any] | None) -> tuple[dict, Mapping[str, Any]]:
+    """A traced family whose config.json spells its sizes its own way: the sizes as transformers' config object
+    answers them (its attribute_map), from the trace's structure; a model without attention heads (a state-space
+    stack) counts one head as wide as the model."""
+    struct = structure if structure is not None else _traced.structure(cfg, analytic_types())
+    sizes = dict(struct.get("sizes") or {})
+    if "hidden_size" in sizes and "num_attention_heads" not in sizes and "num_attention_heads" not in cfg:
+        sizes.update(num_attention_heads=1, num_key_value_heads=1, head_dim=sizes["hidden_size"])
+    return {**sizes, **cfg}, struct
 
 
 def analytic_types() -> str:
