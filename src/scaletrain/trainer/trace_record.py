@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from scaletrain.trainer.saved_activations import decoder_layers
+from scaletrain.trainer.trace_fit import TraceError
 from scaletrain.trainer.trace_structure import ATTN_NAMES, MLP_NAMES, SLICE_VOCAB
 
 
@@ -119,6 +120,7 @@ class _Live:
         self.keys: dict = {}
         self.windows: dict[str, list[int]] = {}     # name → [live at start, peak], while open
         self.rises: dict[str, int] = {}
+        self.calls: dict[int, int] = {}               # layer → forwards it ran
         live = self
 
         class Mode(TorchDispatchMode):
@@ -174,6 +176,7 @@ def _window_hooks(model, live: _Live) -> list:
     out = []
     for i, layer in enumerate(decoder_layers(model)):
         def pre(module, args, kwargs, i=i):
+            live.calls[i] = live.calls.get(i, 0) + 1
             live.open(f"fwd{i}")
             x = _first_tensor(list(args[:1])) if args else _first_tensor(kwargs.get("hidden_states"))
             if x is not None and x.requires_grad:
@@ -233,4 +236,9 @@ def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int
         total[scope] = total.get(scope, 0) + nb
         if list(shape).count(seq_len) == 1:
             largest[scope] = max(largest.get(scope, 0), nb // (seq_len * batch))
+    looped = {i: n for i, n in live.calls.items() if n > 1}
+    if looped:
+        i, n = next(iter(looped.items()))
+        raise TraceError(f"its decoder layer {i} ran {n} times in one forward (a looped or recurrent stack): the "
+                         "traced layer model counts each layer once, so it is not planned rather than under-counted")
     return total, largest, live.close_all()
