@@ -30,8 +30,9 @@ PROGRESS_BAR_CELLS = 24
 
 
 def configure_monitor(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", metavar="RUN_DIR",
-                   help="a run directory (running or finished; one that does not exist yet is waited for)")
+    p.add_argument("run_dir", metavar="RUN_DIR", nargs="?",
+                   help="a run directory (running or finished; one that does not exist yet is waited for); "
+                        "default: the newest running run launched on this machine (scaletrain runs)")
     p.add_argument("--interval", type=float, default=None, metavar="S", help=stated("sampling interval, seconds", "1"))
     p.add_argument("--headless", action="store_true",
                    help=stated("plain lines instead of the full-screen monitor", "off"))
@@ -45,6 +46,8 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     from scaletrain.engine.sampling.sampler import make_sampler
 
     interval = DEFAULT_INTERVAL_S if args.interval is None else args.interval
+    if args.run_dir is None:
+        args.run_dir = newest_running_dir(sys.stderr)
     # one snapshot reads what is there now: a folder that does not exist (yet) is an error, not waited for
     sampler = make_sampler(args.run_dir, interval, replay=args.replay, wait=not args.once)
     if args.headless or args.once:
@@ -53,7 +56,31 @@ def cmd_monitor(args: argparse.Namespace) -> int:
 
     app = create_monitor_app(args.run_dir, sampler=sampler)
     app.run()
+    say_detached(args.run_dir, sys.stdout)
     return int(app.return_code or 0)
+
+
+def newest_running_dir(out: TextIO) -> str:
+    """`scaletrain monitor` without a folder: the newest running run launched on this machine (one line if none)."""
+    from scaletrain.engine.launch.registry import newest_running
+
+    row = newest_running()
+    if row is None:
+        raise ScaletrainError("no run is running on this machine; give a run directory (`scaletrain runs` lists "
+                              "every run launched here)")
+    out.write(f"attaching to {row.path} (the newest running run)\n")
+    return str(row.path)
+
+
+def say_detached(run_dir: str, out: TextIO) -> None:
+    """After the monitor closes: a run that is still going is said to keep training, with how to get back."""
+    from scaletrain.engine.launch.status import read_status
+    from scaletrain.engine.run.layout import RunDir
+
+    st = read_status(RunDir(run_dir).status)
+    if st.state in ("starting", "running") and not st.stale:
+        out.write(f"detached: {run_dir} keeps training (launcher pid {st.launcher_pid}); `scaletrain monitor "
+                  f"{run_dir}` attaches again, `scaletrain stop {run_dir}` stops it\n")
 
 
 class HeadlessPrinter:
