@@ -74,13 +74,11 @@ def newest_running_dir(out: TextIO) -> str:
 
 def say_detached(run_dir: str, out: TextIO) -> None:
     """After the monitor closes: a run that is still going is said to keep training, with how to get back."""
-    from scaletrain.engine.launch.status import read_status
-    from scaletrain.engine.run.layout import RunDir
+    from scaletrain.tui.monitor.app import detached_note
 
-    st = read_status(RunDir(run_dir).status)
-    if st.state in ("starting", "running") and not st.stale:
-        out.write(f"detached: {run_dir} keeps training (launcher pid {st.launcher_pid}); `scaletrain monitor "
-                  f"{run_dir}` attaches again, `scaletrain stop {run_dir}` stops it\n")
+    note = detached_note(run_dir)
+    if note:
+        out.write(note + "\n")
 
 
 class HeadlessPrinter:
