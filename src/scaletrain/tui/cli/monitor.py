@@ -11,12 +11,13 @@ import argparse
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.units import fmt_bytes, fmt_seconds
 from scaletrain.tui.cli.diagnose import print_diagnosis
 from scaletrain.tui.cli.plan_args import stated
+from scaletrain.tui.views.progress import export_line
 
 if TYPE_CHECKING:
     from scaletrain.engine.run.metrics import MetricsSummary, StepMetrics
@@ -98,6 +99,7 @@ class HeadlessPrinter:
         self.procs: tuple = ()
         self.waiting: str | None = None
         self.tensorboard: str | None = None
+        self.run: Any = None                   # the run directory (RunDir): its export is named once it finished
 
     def __call__(self, t: Tick) -> None:
         job = t.job
@@ -132,6 +134,9 @@ class HeadlessPrinter:
                 code = job.status.exit_code
                 self.out.write(f"run {self.state}" + (f": exit code {code}" if code is not None else "")
                                + (f" ({job.status.reason})" if job.status.reason else "") + "\n")
+                line = export_line(self.run) if self.state == "finished" and self.run is not None else None
+                if line:
+                    self.out.write(line + "\n")
         self.out.flush()
 
 
@@ -221,6 +226,7 @@ def stream_run(sampler: Sampler, out: TextIO, *, once: bool = False, diagnose_fa
 
     job = sampler.job
     printer = HeadlessPrinter(out, once=once)
+    printer.run = job.run if job is not None else None
     stop = threading.Event()
     last: list[Tick] = []
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.tui.cli import completion, config, diagnose, env, export, launch, monitor, plan, runs, validate
+from scaletrain.tui.cli import chat, completion, config, diagnose, env, export, launch, monitor, plan, runs, validate
 from scaletrain.tui.cli.plan_args import PLAN_OPTIONS_USAGE, add_plan_options, stated
 
 
@@ -41,6 +41,8 @@ COMMANDS = (
             monitor.cmd_monitor),
     Command("export", "write a checkpoint as a model folder transformers loads, or a PEFT adapter (--merge: merged)",
             export.configure_export, export.cmd_export),
+    Command("chat", "generate with a run's exported model (one-shot with --prompt, a conversation on a terminal)",
+            chat.configure_chat, chat.cmd_chat),
     Command("validate", "run the planned configuration briefly and compare predicted with measured",
             validate.configure_validate, validate.cmd_validate,
             f"scaletrain validate {PLAN_OPTIONS_USAGE} [--steps N] [--budget-seconds S] [--save] [--json]"),
