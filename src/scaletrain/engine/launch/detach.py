@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -148,12 +149,10 @@ def stop_run(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None
     while st.state == "starting" and _launcher_alive(st) and time.monotonic() < deadline:
         time.sleep(POLL_SECONDS)          # its signal handlers are installed once it says running
         st = read_status(path)
+    if st.state in ("starting", "running") and st.host is not None and st.host != socket.gethostname():
+        raise ScaletrainError(f"{run.path} runs on {st.host}, not on this machine; stop it there")
     if not _launcher_alive(st) or st.state not in ("starting", "running"):
         return st, False
-    import socket
-
-    if st.host is not None and st.host != socket.gethostname():
-        raise ScaletrainError(f"{run.path} runs on {st.host}, not on this machine; stop it there")
     for sig, wait_s in waits:
         try:
             os.kill(st.launcher_pid, sig)       # type: ignore[arg-type]
