@@ -8,6 +8,8 @@ import pytest
 
 _CONFIG = tempfile.mkdtemp(prefix="scaletrain-test-config-")
 os.environ["SCALETRAIN_CONFIG_DIR"] = _CONFIG
+# the run registry (engine/launch/registry.py: every launch writes an entry) never lands in the user's state dir
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="scaletrain-test-state-")
 # traced model families (engine/catalog/traced.py) cache here, never in the user's ~/.cache
 os.environ["SCALETRAIN_CACHE"] = tempfile.mkdtemp(prefix="scaletrain-test-traces-")
 

@@ -143,3 +143,48 @@ def test_lora_run_leaves_an_adapter_and_a_merged_model_equal_to_base_plus_adapte
     merged = AutoModelForCausalLM.from_pretrained(str(out / "merged")).eval()
     with torch.no_grad():
         assert torch.allclose(merged(input_ids=probe["input_ids"]).logits, probe["logits"], atol=1e-4)
+
+
+@pytest.mark.slow
+def test_the_demo_names_its_export_and_its_model_generates_text_with_transformers_alone(tmp_path, capsys):
+    """Issue 30, item 7: the demo (`make demo`: the cpu-tiny preset, headless; a few steps here) names its export
+    on its finish line and in `monitor --headless`; a second export of that step says where it is; the export holds
+    the byte tokenizer as a transformers tokenizer, so AutoTokenizer + AutoModelForCausalLM generate text, and so
+    does `scaletrain chat RUN --prompt hello --max-new-tokens 8`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from scaletrain.trainer.data import ByteTokenizer
+
+    run_dir = tmp_path / "demo"
+    assert main(["--preset", "cpu-tiny", "--headless", "--run-dir", str(run_dir), "--set", "train.max_steps=6",
+                 "--set", "train.checkpoint_every=6"]) == 0
+    export = run_dir / "export" / "step-6"
+    finish = capsys.readouterr().out
+    assert f"export (step 6): {export}" in finish and "max |logit − trained| model 0" in finish
+
+    assert main(["monitor", str(run_dir), "--headless"]) == 0
+    assert f"export (step 6): {export}" in capsys.readouterr().out
+    assert main(["export", str(run_dir)]) == 0                           # already exported: where it is, no error
+    said = capsys.readouterr()
+    assert f"step 6 is already exported: {export}" in said.out and said.err == ""
+
+    tok = AutoTokenizer.from_pretrained(str(export), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(str(export), local_files_only=True).eval()
+    byte = ByteTokenizer(model.config.vocab_size)
+    for text in ("hello", "Grüße, 世界!\n\tok <s>"):
+        assert tok(text)["input_ids"] == byte.encode(text)                # the ids the run trained on
+        assert tok.decode(byte.encode(text)) == text
+    ids = tok("hello", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    new = out[0, ids.shape[1]:].tolist()
+    assert 1 <= len(new) <= 8
+    text = tok.decode(new, skip_special_tokens=True)
+    assert text == byte.decode(new) and text.strip()
+
+    assert main(["chat", str(run_dir), "--prompt", "hello", "--max-new-tokens", "8"]) == 0
+    assert capsys.readouterr().out == text + "\n"                       # the same greedy text, through the CLI
+    assert main(["chat", str(run_dir), "--prompt", "hello", "--max-new-tokens", "0"]) == 2
+    assert main(["chat", str(tmp_path), "--prompt", "hello"]) == 2

@@ -170,7 +170,9 @@ def test_cpu_run_live_then_killed_rank_diagnosed_then_fixed_and_resumed(tmp_path
 
     async def go():
         s = Sampler(None, HostSource(), RunWatcher(rd.path), 0.3)
-        app = create_monitor_app(rd.path, sampler=s, start=True)
+        # in this process: the OOM-kill count patched above is the launcher's own (a background launch is another
+        # process; tests/test_detach.py covers it)
+        app = create_monitor_app(rd.path, sampler=s, start=True, detach=False)
         async with app.run_test(size=(170, 60)) as pilot:
             scr = app.screen
             jp = scr.query_one(JobPanel)

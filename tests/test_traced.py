@@ -232,3 +232,15 @@ def test_the_fit_is_exact_non_negative_and_checked_or_refuses():
         fit(pts, "layer1.mlp")
     with pytest.raises(TraceError, match="off by"):        # the fourth length is not what the first three say
         fit([(64, 6400), (128, 12800), (192, 19200), (256, 40000)], "x")
+
+
+def test_a_looped_stack_is_refused_in_one_line():
+    """hrm_text runs its layers several times per forward: counting each layer once would under-count it, so the
+    trace says so instead of planning it."""
+    from scaletrain.trainer.tiny_configs import config_dict
+    from scaletrain.trainer.trace import TraceError, run
+
+    regime = {"method": "full", "lora_rank": 0, "lora_targets": None, "precision": "fp32", "attn": "sdpa"}
+    with pytest.raises(TraceError, match=r"decoder layer \d+ ran \d+ times in one forward") as e:
+        run({"config": config_dict("hrm_text"), "regime": regime})
+    assert "\n" not in str(e.value)

@@ -189,12 +189,16 @@ def _write(model: Any, cfg: RunConfig, folder: Path, adapter: bool, merge: bool,
 
 
 def _tokenizer(cfg: RunConfig) -> Any:
-    """The run's tokenizer when it is a transformers one (a random-init run tokenizes bytes: nothing to save)."""
-    if cfg.train.model_source == "random-init":
-        return None
+    """The run's tokenizer: its transformers one, or a random-init run's byte tokenizer as a transformers
+    tokenizer with the same ids (byte_tokenizer.py; None where the vocabulary folds bytes)."""
     from scaletrain.trainer.model import make_tokenizer
 
-    return getattr(make_tokenizer(cfg), "tok", None)
+    tok = make_tokenizer(cfg)
+    if cfg.train.model_source == "random-init":
+        from scaletrain.trainer.byte_tokenizer import byte_tokenizer_fast
+
+        return byte_tokenizer_fast(tok.vocab_size)
+    return getattr(tok, "tok", None)
 
 
 # ---- the end of a run: export the last checkpoint, checked against the trained model ----------------------------

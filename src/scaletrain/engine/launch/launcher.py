@@ -29,7 +29,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -48,6 +47,7 @@ from scaletrain.engine.request.options import TrainOptions, bundled_demo_dataset
 from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
 from scaletrain.engine.launch.processes import TRACK_SECONDS, ProcessTree, oom_kill_count, process_start
 from scaletrain.engine.launch.rank_logs import RankLogs
+from scaletrain.engine.launch.registry import register_quietly
 from scaletrain.engine.launch.runlock import RunLock
 from scaletrain.engine.run.scripts import cpu_threads, launch_argv, threads_env
 from scaletrain.engine.launch.status import StatusWriter, read_status
@@ -278,6 +278,9 @@ def _starting(prep: PreparedLaunch, logs: RankLogs) -> StatusWriter:
     if status.failed is not None:
         logs.close()
         raise ScaletrainError(f"cannot write {prep.status}: {os_error_reason(status.failed)}")
+    note = register_quietly(prep.run.path)            # `scaletrain runs` lists it, wherever the folder is
+    if note:
+        logs.feed_raw(prep.launcher_log.name, note)
     return status
 
 
@@ -487,11 +490,3 @@ def rank_log_tail(run_dir: str | os.PathLike[str], rank: int, lines: int = 20) -
     except (OSError, ScaletrainError):    # missing, or a FIFO in its place: no tail to show, nothing waited on
         return []
     return tail.decode("utf-8", errors="replace").splitlines()[-lines:]
-
-
-if __name__ == "__main__":       # python -m scaletrain.engine.launch.launcher RUN_DIR (no progress view)
-    try:
-        sys.exit(launch(sys.argv[1]).exit_code)
-    except ScaletrainError as e:
-        print(f"scaletrain: error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)

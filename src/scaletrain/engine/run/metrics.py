@@ -144,6 +144,16 @@ def read_metrics(path: str | os.PathLike[str]) -> list[StepMetrics]:
     return series
 
 
+def read_metrics_tail(path: str | os.PathLike[str], limit_bytes: int) -> list[StepMetrics]:
+    """The newest records only: at most the file's last `limit_bytes` are read (a long run's list view)."""
+    series: list[StepMetrics] = []
+    for raw in AppendedLines(Path(path), first_read_limit=limit_bytes).poll():
+        rec = _parse(raw.decode("utf-8", errors="replace"))
+        if rec is not None:
+            _monotone(series, rec)
+    return series
+
+
 class MetricsTail:
     """Incremental reader: poll() returns the records appended since the last call (handles partial lines)."""
 

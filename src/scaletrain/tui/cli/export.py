@@ -30,6 +30,17 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     if args.step is not None and args.step < 1:
         raise ScaletrainError(f"--step must be a checkpoint's step, a whole number ≥ 1 (got {args.step})")
+    done = already_exported(args)
+    if done is not None:
+        if args.json:
+            print(json.dumps({"path": str(done.path), "step": done.step, "kind": done.kind, "dtype": done.dtype,
+                              "merged": str(done.merged) if done.merged else None, "already_exported": True},
+                             indent=2))
+        else:
+            print(f"step {done.step} is already exported: {done.path} ({done.check_text()}); load it with "
+                  f"AutoModelForCausalLM.from_pretrained({str(done.loadable)!r}) or try it: scaletrain chat "
+                  f"{args.run_dir}")
+        return 0
     with contextlib.redirect_stdout(sys.stderr):      # DeepSpeed's and transformers' prints are not the answer
         e = export_run(args.run_dir, step=args.step, out=args.out, merge=args.merge, dtype=args.dtype)
     if args.json:
@@ -39,3 +50,24 @@ def cmd_export(args: argparse.Namespace) -> int:
         else "model (transformers from_pretrained)"
     print(f"exported step {e.step} ({e.dtype}): {e.path} — {what}")
     return 0
+
+
+def already_exported(args: argparse.Namespace):
+    """The default export folder of the asked step (the newest checkpoint's when none), when it already holds an
+    export that answers the request (same dtype when one is asked, merged when --merge); None otherwise."""
+    from scaletrain.engine.run.exports import read_export
+    from scaletrain.engine.run.layout import RunDir, checkpoint_step
+
+    if args.out is not None:
+        return None
+    run = RunDir(args.run_dir)
+    step = args.step
+    if step is None:
+        newest = run.newest_checkpoint()
+        step = checkpoint_step(newest) if newest is not None else None
+    if step is None:
+        return None
+    e = read_export(run.export_dir(step))
+    if e is None or (args.dtype is not None and e.dtype != args.dtype) or (args.merge and e.merged is None):
+        return None
+    return e

@@ -1,7 +1,8 @@
-"""`scaletrain --preset NAME --headless [--dry-run] [--run-dir DIR]`: replay a plan without any TUI.
+"""`scaletrain --preset NAME --headless [--dry-run | --detach] [--run-dir DIR]`: replay a plan without any TUI.
 
 Plan, write the run directory, print a short summary (rich, no Textual), then hand the run to the launcher's live
-progress (monitor/stream.py) unless --dry-run. The exit code is the training's; a plan that does not fit a resource
+progress (monitor/stream.py) unless --dry-run; --detach starts it in the background (engine/launch/detach.py) and
+returns. The exit code is the training's; a plan that does not fit a resource
 it knows (GPU memory, host RAM, disk: engine/run/resources.py) is written, named in one line and not launched, exit
 3 (EXIT_DOES_NOT_FIT). `--save-preset NEW` writes the request (with the planner's choices pinned) as a preset;
 without --headless it only saves.
@@ -103,4 +104,11 @@ def run_headless(args: argparse.Namespace) -> int:
     if plan.setup.hardware.nodes > 1:
         print_node_commands(console, plan, run, ip, "this machine starts node 0, the head node.")
     check_local_gpus(plan, run)
+    if getattr(args, "detach", False):
+        from scaletrain.engine.launch.detach import start_detached
+        from scaletrain.tui.cli.runs import print_detached
+
+        d = start_detached(run.path, main_process_ip=ip)
+        print_detached(d.run_dir, d.pid, d.state)
+        return 0
     return stream_run(run.path, main_process_ip=ip)

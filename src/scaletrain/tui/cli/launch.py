@@ -1,4 +1,4 @@
-"""`scaletrain launch RUN_DIR [--resume] [--machine-rank R --main-process-ip IP] [--script train.py -- ARGS]`.
+"""`scaletrain launch RUN_DIR [--resume] [--detach] [--machine-rank R --main-process-ip IP] [--script S -- ARGS]`.
 
 Argument parsing only: engine.launch.launcher runs the processes, tui.monitor.stream shows them. User-script mode runs
 `accelerate launch --config_file RUN_DIR/accelerate_config.yaml train.py ARGS` under the run's configs.
@@ -21,6 +21,9 @@ def configure_launch(p: argparse.ArgumentParser) -> None:
                    help=stated("multi-node: this node's rank (0 on the head node)", "0"))
     p.add_argument("--main-process-ip", metavar="IP",
                    help=stated("multi-node: the head node's address", "the one in RUN_DIR's configs"))
+    p.add_argument("--detach", action="store_true",
+                   help=stated("start the run in the background and return; it outlives this terminal "
+                               "(scaletrain monitor / runs / stop)", "off: progress until it ends, Ctrl-C stops it"))
     p.add_argument("--logs", action="store_true",
                    help=stated("echo every rank's output above the progress bar", "off"))
     p.add_argument("--script", metavar="SCRIPT",
@@ -53,6 +56,16 @@ def cmd_launch(args: argparse.Namespace) -> int:
         raise ScaletrainError("arguments after -- are for a user script; give it with --script train.py")
     if args.machine_rank is not None and args.machine_rank < 0:
         raise ScaletrainError(f"--machine-rank must be ≥ 0 (got {args.machine_rank})")
+    if args.detach:
+        if args.logs:
+            raise ScaletrainError("--logs echoes output in the foreground; a --detach run's output is in RUN_DIR/logs")
+        from scaletrain.engine.launch.detach import start_detached
+        from scaletrain.tui.cli.runs import print_detached
+
+        d = start_detached(args.run_dir, machine_rank=args.machine_rank, main_process_ip=args.main_process_ip,
+                           resume=args.resume, script=args.script, script_args=tuple(args.script_args))
+        print_detached(d.run_dir, d.pid, d.state)
+        return 0
     from scaletrain.tui.monitor.stream import stream_run
 
     return stream_run(args.run_dir, machine_rank=args.machine_rank, main_process_ip=args.main_process_ip,

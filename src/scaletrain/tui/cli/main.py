@@ -28,6 +28,11 @@ def _run_top_level(args: argparse.Namespace) -> int:
     if args.plain and args.headless:
         raise ScaletrainError("--plain asks the plan's questions on the terminal and --headless replays a preset "
                               "without asking: give one of them")
+    if args.detach and not args.headless:
+        raise ScaletrainError("--detach starts a headless run in the background: give --headless too (the wizard "
+                              "always launches in the background)")
+    if args.detach and args.dry_run:
+        raise ScaletrainError("--dry-run launches nothing and --detach launches in the background: give one of them")
     if args.headless or args.save_preset:
         from scaletrain.tui.cli.headless import run_headless
         return run_headless(args)

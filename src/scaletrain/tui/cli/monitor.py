@@ -11,12 +11,13 @@ import argparse
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.units import fmt_bytes, fmt_seconds
 from scaletrain.tui.cli.diagnose import print_diagnosis
 from scaletrain.tui.cli.plan_args import stated
+from scaletrain.tui.views.progress import export_line
 
 if TYPE_CHECKING:
     from scaletrain.engine.run.metrics import MetricsSummary, StepMetrics
@@ -30,8 +31,9 @@ PROGRESS_BAR_CELLS = 24
 
 
 def configure_monitor(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", metavar="RUN_DIR",
-                   help="a run directory (running or finished; one that does not exist yet is waited for)")
+    p.add_argument("run_dir", metavar="RUN_DIR", nargs="?",
+                   help="a run directory (running or finished; one that does not exist yet is waited for); "
+                        "default: the newest running run launched on this machine (scaletrain runs)")
     p.add_argument("--interval", type=float, default=None, metavar="S", help=stated("sampling interval, seconds", "1"))
     p.add_argument("--headless", action="store_true",
                    help=stated("plain lines instead of the full-screen monitor", "off"))
@@ -45,6 +47,8 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     from scaletrain.engine.sampling.sampler import make_sampler
 
     interval = DEFAULT_INTERVAL_S if args.interval is None else args.interval
+    if args.run_dir is None:
+        args.run_dir = newest_running_dir(sys.stderr)
     # one snapshot reads what is there now: a folder that does not exist (yet) is an error, not waited for
     sampler = make_sampler(args.run_dir, interval, replay=args.replay, wait=not args.once)
     if args.headless or args.once:
@@ -53,7 +57,29 @@ def cmd_monitor(args: argparse.Namespace) -> int:
 
     app = create_monitor_app(args.run_dir, sampler=sampler)
     app.run()
+    say_detached(args.run_dir, sys.stdout)
     return int(app.return_code or 0)
+
+
+def newest_running_dir(out: TextIO) -> str:
+    """`scaletrain monitor` without a folder: the newest running run launched on this machine (one line if none)."""
+    from scaletrain.engine.launch.registry import newest_running
+
+    row = newest_running()
+    if row is None:
+        raise ScaletrainError("no run is running on this machine; give a run directory (`scaletrain runs` lists "
+                              "every run launched here)")
+    out.write(f"attaching to {row.path} (the newest running run)\n")
+    return str(row.path)
+
+
+def say_detached(run_dir: str, out: TextIO) -> None:
+    """After the monitor closes: a run that is still going is said to keep training, with how to get back."""
+    from scaletrain.tui.monitor.app import detached_note
+
+    note = detached_note(run_dir)
+    if note:
+        out.write(note + "\n")
 
 
 class HeadlessPrinter:
@@ -73,6 +99,7 @@ class HeadlessPrinter:
         self.procs: tuple = ()
         self.waiting: str | None = None
         self.tensorboard: str | None = None
+        self.run: Any = None                   # the run directory (RunDir): its export is named once it finished
 
     def __call__(self, t: Tick) -> None:
         job = t.job
@@ -107,6 +134,9 @@ class HeadlessPrinter:
                 code = job.status.exit_code
                 self.out.write(f"run {self.state}" + (f": exit code {code}" if code is not None else "")
                                + (f" ({job.status.reason})" if job.status.reason else "") + "\n")
+                line = export_line(self.run) if self.state == "finished" and self.run is not None else None
+                if line:
+                    self.out.write(line + "\n")
         self.out.flush()
 
 
@@ -196,6 +226,7 @@ def stream_run(sampler: Sampler, out: TextIO, *, once: bool = False, diagnose_fa
 
     job = sampler.job
     printer = HeadlessPrinter(out, once=once)
+    printer.run = job.run if job is not None else None
     stop = threading.Event()
     last: list[Tick] = []
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.tui.cli import completion, config, diagnose, env, export, launch, monitor, plan, validate
+from scaletrain.tui.cli import chat, completion, config, diagnose, env, export, launch, monitor, plan, runs, validate
 from scaletrain.tui.cli.plan_args import PLAN_OPTIONS_USAGE, add_plan_options, stated
 
 
@@ -32,12 +32,17 @@ COMMANDS = (
             config.cmd_config),
     Command("launch", "run a written run directory (accelerate launch), with live progress", launch.configure_launch,
             launch.cmd_launch),
+    Command("runs", "list the runs launched on this machine: state, step, loss, ETA, peak memory, folder",
+            runs.configure_runs, runs.cmd_runs),
+    Command("stop", "stop a run (every rank) and wait for its final status", runs.configure_stop, runs.cmd_stop),
     Command("diagnose", "classify a failed run from its logs and suggest fixes with predicted numbers",
             diagnose.configure_diagnose, diagnose.cmd_diagnose),
     Command("monitor", "watch a run: per-GPU panels, job progress, failure doctor", monitor.configure_monitor,
             monitor.cmd_monitor),
     Command("export", "write a checkpoint as a model folder transformers loads, or a PEFT adapter (--merge: merged)",
             export.configure_export, export.cmd_export),
+    Command("chat", "generate with a run's exported model (one-shot with --prompt, a conversation on a terminal)",
+            chat.configure_chat, chat.cmd_chat),
     Command("validate", "run the planned configuration briefly and compare predicted with measured",
             validate.configure_validate, validate.cmd_validate,
             f"scaletrain validate {PLAN_OPTIONS_USAGE} [--steps N] [--budget-seconds S] [--save] [--json]"),
@@ -48,7 +53,7 @@ COMMANDS = (
 )
 
 TOP_USAGE = (f"scaletrain [-h] [--version] {PLAN_OPTIONS_USAGE}\n"
-             "                  [--plain | --headless [--dry-run]] [--run-dir DIR] [--save-preset NAME] ...\n"
+             "                  [--plain | --headless [--dry-run | --detach]] [--run-dir DIR] [--save-preset NAME] ...\n"
              "       scaletrain COMMAND [options]   (scaletrain COMMAND --help)")
 
 EXAMPLES = """\
@@ -59,6 +64,7 @@ examples:
   scaletrain plan --model meta-llama/Llama-3.1-70B --gpus 8xRTX4090 --host-ram 256
   scaletrain plan --keys                       every preset / --set key with its meaning
   scaletrain --preset cpu-tiny --headless      plan, write the run directory, launch, stream progress
+  scaletrain --preset cpu-tiny --headless --detach   the same, training in the background (runs, monitor, stop)
   scaletrain env --json                        for a bug report
   eval "$(scaletrain completion bash)"         tab completion (zsh, fish: scaletrain completion --help)
 
@@ -91,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--headless", action="store_true",
                    help=stated("no TUI: plan, write, launch, stream progress; exit 3 if the plan does not fit", "off"))
     g.add_argument("--dry-run", action="store_true", help=stated("write the run directory but do not launch", "off"))
+    g.add_argument("--detach", action="store_true",
+                   help=stated("with --headless: start the run in the background and return (scaletrain monitor, "
+                               "runs, stop)", "off: show progress until it ends"))
     g.add_argument("--run-dir", metavar="DIR", help=stated("where to write plan.json, configs, logs",
                                                            "runs/<date>-<name>"))
     g.add_argument("--plain", action="store_true",

@@ -27,9 +27,10 @@ class MonitorApp(App[int]):
     ]
 
     def __init__(self, run_dir: str | Path, *, sampler: Any = None, start: bool = False,
-                 interval_s: float | None = None, replay: str | None = None) -> None:
+                 interval_s: float | None = None, replay: str | None = None, detach: bool = True) -> None:
         super().__init__()
-        self.monitor = MonitorScreen(run_dir, start=start, sampler=sampler, interval_s=interval_s, replay=replay)
+        self.monitor = MonitorScreen(run_dir, start=start, sampler=sampler, interval_s=interval_s, replay=replay,
+                                     detach=detach)
 
     def on_mount(self) -> None:
         self.push_screen(self.monitor)
@@ -44,5 +45,18 @@ class MonitorApp(App[int]):
 
 
 def create_monitor_app(run_dir: str | Path, *, sampler: Any = None, start: bool = False,
-                       interval_s: float | None = None, replay: str | None = None) -> MonitorApp:
-    return MonitorApp(run_dir, sampler=sampler, start=start, interval_s=interval_s, replay=replay)
+                       interval_s: float | None = None, replay: str | None = None, detach: bool = True) -> MonitorApp:
+    return MonitorApp(run_dir, sampler=sampler, start=start, interval_s=interval_s, replay=replay, detach=detach)
+
+
+def detached_note(run_dir: str | Path) -> str | None:
+    """After a view closes: a run still going is said to keep training, with how to get back to it or stop it."""
+    from scaletrain.engine.launch.status import read_status
+    from scaletrain.engine.run.layout import RunDir
+
+    run = RunDir(run_dir)
+    st = read_status(run.status)
+    if st.state not in ("starting", "running"):
+        return None
+    return (f"detached: {run.path} keeps training (launcher pid {st.launcher_pid}); `scaletrain monitor {run.path}` "
+            f"attaches again, `scaletrain stop {run.path}` stops it")

@@ -75,6 +75,7 @@ class MonitorScreen(Screen):
         Binding("d", "diagnose", "Diagnose"),
         Binding("a", "apply", "Apply remedy"),
         Binding("A", "apply_restart", "Apply, restart", show=False),
+        Binding("s", "stop_run", "Stop run", show=False),
         Binding("escape", "back", "Back"),
         Binding("f1", "app.help", "Help", show=False, priority=True),
     ]
@@ -92,13 +93,17 @@ than the headroom. `r` cycles the log tail's rank. When the run fails, the docto
 lists remedies with predicted memory and step time: `↑/↓` choose, `a` applies one (rewrites the run's files, keeps
 the old plan as a backup) and relaunches from the last checkpoint; a change the checkpoint cannot survive (ZeRO
 stage, precision, sequence length) is refused, and `A` applies it from step 0 instead. `d` diagnoses on demand.
+A run launched here runs in the background: `q` detaches (the run keeps training; `scaletrain monitor` attaches
+again, `scaletrain runs` lists it); `s` stops it (every rank) after a second `s` to confirm.
 """
 
     def __init__(self, run: RunDir | str | Path, *, start: bool = False, sampler: Sampler | None = None,
-                 interval_s: float | None = None, replay: str | None = None) -> None:
+                 interval_s: float | None = None, replay: str | None = None, detach: bool = True) -> None:
         super().__init__()
         self.run = run if isinstance(run, RunDir) else RunDir(run)
         self.start = start
+        self.detach = detach                       # launches run in the background (False: in this process)
+        self.confirm_stop = False
         self._sampler = sampler
         self._interval_s = interval_s
         self._replay = replay
@@ -227,12 +232,25 @@ stage, precision, sequence length) is refused, and `A` applies it from step 0 in
         self._launch_blocking(resume, env)
 
     def _launch_blocking(self, resume: bool, env: dict[str, str] | None) -> None:
-        """Run the launcher to the end (in a worker thread) and say how it ended."""
+        """Start the launcher in its own session (it outlives this screen) and say so; or, with detach off, run
+        it here to the end (in a worker thread) and say how it ended."""
         from scaletrain.engine.errors import ScaletrainError
+        from scaletrain.engine.launch.detach import start_detached
         from scaletrain.engine.launch.launcher import launch
 
         self.launching = True
         self.app.call_from_thread(self.set_status, "resuming from the last checkpoint…" if resume else "launching…")
+        if self.detach:
+            try:
+                d = start_detached(self.run.path, resume=resume, env=env)
+            except ScaletrainError as e:
+                self.app.call_from_thread(self.set_status, f"launch failed: {e}", "bold red")
+                return
+            finally:
+                self.launching = False
+            self.app.call_from_thread(self.set_status, f"{'resumed' if resume else 'launched'} in the background "
+                                      f"(launcher pid {d.pid}): q detaches and it keeps training, s stops it", "bold")
+            return
         try:
             # the screen going away (ctrl+q, app exit, a failed test) stops every rank: no orphans
             result = launch(self.run.path, resume=resume, env=env, stop=self._stop)
@@ -323,7 +341,41 @@ stage, precision, sequence length) is refused, and `A` applies it from step 0 in
         self.diagnosed_state = None
         self.set_status(applied.summary, "bold")
 
+    def action_stop_run(self) -> None:
+        """`s` asks, a second `s` stops every rank of the run (engine/launch/detach.stop_run); esc cancels."""
+        from scaletrain.engine.launch.status import read_status
+
+        st = read_status(self.run.status)
+        if st.state not in ("starting", "running"):
+            self.set_status(f"the run is not running ({st.state}); nothing to stop", "yellow")
+            return
+        if not self.confirm_stop:
+            self.confirm_stop = True
+            self.set_status("stop the run? every rank ends (it resumes from its last checkpoint with `scaletrain "
+                            "launch RUN --resume`): press s again to stop, esc to keep it running", "bold yellow")
+            return
+        self.confirm_stop = False
+        self.set_status("stopping every rank…", "bold")
+        self.stop_run()
+
+    @work(thread=True, exclusive=True, group="stop", exit_on_error=False)
+    def stop_run(self) -> None:
+        from scaletrain.engine.errors import ScaletrainError
+        from scaletrain.engine.launch.detach import stop_run
+
+        try:
+            st, _ = stop_run(self.run.path)
+        except ScaletrainError as e:
+            self.app.call_from_thread(self.set_status, f"not stopped: {e}", "bold red")
+            return
+        self.app.call_from_thread(self.set_status, f"stopped: every rank ended; status {st.state}"
+                                  + (f", exit code {st.exit_code}" if st.exit_code is not None else ""), "bold")
+
     def action_back(self) -> None:
+        if self.confirm_stop:
+            self.confirm_stop = False
+            self.set_status("kept running", "")
+            return
         if len(self.app.screen_stack) > 1:
             self.dismiss()
         else:

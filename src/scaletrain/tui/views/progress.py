@@ -57,6 +57,9 @@ def print_outcome(con: Console, run: RunDir, result: Any, s: MetricsSummary | No
                   f"scaletrain launch {run.path} --resume")
     elif result.ok:
         con.print(f"[green]finished[/]; metrics {run.metrics}, checkpoints {run.checkpoints}")
+        line = export_line(run)
+        if line:
+            con.print(line, markup=False, highlight=False, soft_wrap=True)
     else:
         where = (f"rank {result.first_failing_rank} failed first (exit {result.failing_rank_exit_code})"
                  if result.first_failing_rank is not None else f"accelerate exited {result.launcher_exit_code}")
@@ -66,3 +69,14 @@ def print_outcome(con: Console, run: RunDir, result: Any, s: MetricsSummary | No
             con.rule(f"last lines of {run.rank_log(rank).name}")
             for line in lines:
                 con.print(line, markup=False, highlight=False)
+
+
+def export_line(run: RunDir) -> str | None:
+    """Where the run's model is (its newest export, engine/run/exports.py), its check, and how to try it."""
+    from scaletrain.engine.run.exports import newest_export
+
+    e = newest_export(run)
+    if e is None:
+        return None
+    return (f"export (step {e.step}): {e.loadable} ({e.check_text()}); try it: scaletrain chat {run.path} "
+            f"--prompt TEXT")

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
 from functools import partial
+from pathlib import Path
 from typing import Callable
 
 from textual.app import App
@@ -20,8 +20,9 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.architectures import ModelArch
 from scaletrain.engine.devices.nvml import DetectionResult, detect
 from scaletrain.engine.plan.plan import Plan
-from scaletrain.engine.launch.launcher import LaunchResult
+from scaletrain.engine.launch.detach import Detached
 from scaletrain.engine.run.layout import RunDir
+from scaletrain.tui.monitor.app import detached_note
 from scaletrain.tui.wizard.state import WizardOptions, WizardState, plannable, state_from_args
 
 
@@ -52,9 +53,9 @@ class WizardApp(App[int]):
         self.detection: DetectionResult | None = None
         self.plan: Plan | None = None
         self.catalog_arch: dict[str, ModelArch] = {}      # filled by a thread worker after the first paint
-        self.launch_result: LaunchResult | None = None     # the run started here, once it ended
+        self.launched: Detached | None = None              # the run started here (in the background)
+        self.launched_dir: Path | None = None
         self.launch_error: str | None = None
-        self.stop_requested = threading.Event()            # set on quit: a run started here is stopped
 
     def on_mount(self) -> None:
         from scaletrain.tui.wizard.screen_hardware import HardwareScreen
@@ -123,36 +124,37 @@ class WizardApp(App[int]):
 
     # ---- app-wide actions ----------------------------------------------------------------------------------------
     async def action_quit(self) -> None:
-        """ctrl+q at any step: exit 0. A run launched from here is stopped by its launcher (every rank, no
-        orphans) before the process ends: start long runs with `scaletrain launch` to outlive the wizard."""
-        self.stop_requested.set()
+        """ctrl+q at any step: exit 0. A run launched from here runs in the background and keeps training (its
+        launcher has its own session); run_wizard says so, with how to attach again or stop it."""
         self.exit(0)
 
     # ---- launching (the write step asks; the monitor watches) -----------------------------------------------------
     def launch_run(self, run: RunDir) -> None:
-        """Run engine.launch.launcher.launch for a written run in a thread worker; its outcome lands in launch_result."""
-        self.launch_result = None
+        """Start the written run in the background (engine/launch/detach.py) from a thread worker; the launcher's
+        handle lands in `launched`, a refusal in launch_error."""
+        self.launched = None
         self.launch_error = None
+        self.launched_dir = run.path
         self.run_worker(partial(self._launch, run), thread=True, group="launch", exclusive=True,
                         exit_on_error=False, name="launch")
 
     @property
     def launching(self) -> bool:
-        return any(w.group == "launch" and not w.is_finished for w in self.workers)
+        """A launch is starting, or the run started here is still going (the monitor watches it, `l` again
+        must not start a second one)."""
+        if any(w.group == "launch" and not w.is_finished for w in self.workers):
+            return True
+        if self.launched_dir is None:
+            return False
+        from scaletrain.engine.launch.status import read_status
+
+        return read_status(RunDir(self.launched_dir).status).state in ("starting", "running")
 
     def _launch(self, run: RunDir) -> None:
-        from scaletrain.engine.launch.launcher import launch
-
-        interrupted = threading.Event()
-
-        def on_tick() -> None:
-            # once: the launcher's own Ctrl-C path (SIGINT, SIGTERM, SIGKILL, no orphans), then its final tick
-            if self.stop_requested.is_set() and not interrupted.is_set():
-                interrupted.set()
-                raise KeyboardInterrupt
+        from scaletrain.engine.launch.detach import start_detached
 
         try:
-            self.launch_result = launch(run.path, on_tick=on_tick)
+            self.launched = start_detached(run.path)
         except Exception as e:      # shown by the monitor, never a traceback
             self.launch_error = f"launch failed: {e}"
 
@@ -197,6 +199,9 @@ def run_wizard(args: argparse.Namespace) -> int:
         return run_plain(args, options.state)
     app = create_app(options)
     code = app.run()
+    note = detached_note(app.launched_dir) if app.launched_dir is not None else None
+    if note:
+        print(note)
     if isinstance(code, int):
         return code
     return int(app.return_code or 0)
