@@ -121,6 +121,7 @@ class _Live:
         self.windows: dict[str, list[int]] = {}     # name → [live at start, peak], while open
         self.rises: dict[str, int] = {}
         self.calls: dict[int, int] = {}               # layer → forwards it ran
+        self.backward = False                          # the backward pass runs (its recomputes are no forward)
         live = self
 
         class Mode(TorchDispatchMode):
@@ -176,6 +177,8 @@ def _window_hooks(model, live: _Live) -> list:
     out = []
     for i, layer in enumerate(decoder_layers(model)):
         def pre(module, args, kwargs, i=i):
+            if live.backward:          # a checkpoint's recompute: its rise is in the layer's backward window
+                return
             live.calls[i] = live.calls.get(i, 0) + 1
             live.open(f"fwd{i}")
             x = _first_tensor(list(args[:1])) if args else _first_tensor(kwargs.get("hidden_states"))
@@ -183,6 +186,8 @@ def _window_hooks(model, live: _Live) -> list:
                 x.register_hook(lambda g, i=i: live.close(f"bwd{i}"))
 
         def post(module, args, output, i=i):
+            if live.backward:
+                return
             live.close(f"fwd{i}")
             y = _first_tensor(output)
             if y is not None and y.requires_grad:
@@ -221,6 +226,7 @@ def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int
         with live.mode, torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t), harness.autocast():
             loss = model(input_ids=ids, labels=ids).loss
         rec.alive.clear()
+        live.backward = True
         with live.mode:
             loss.backward()
     finally:
