@@ -88,7 +88,10 @@ def _check_records(data: str | None, train: TrainOptions, fields: dict[str, Any]
     the trainer's reader): a malformed record is the trainer's own line here, at plan time."""
     from scaletrain.engine.request.records import check_data
 
+    from scaletrain.engine.request.options import check_seed
+
     objective = str(fields.get("objective") or "sft")
+    check_seed(train.seed, objective)
     for spec in (data, train.eval_data):
         if spec is not None:
             check_data(spec, objective, train.data_columns)

@@ -74,6 +74,9 @@ def checked_train(train: TrainOptions, request: PlanRequest | None = None, plan:
     if objective is None:
         objective = plan.setup.objective if plan is not None and plan.setup is not None else (
             request.objective if request is not None else "sft")
+    from scaletrain.engine.request.options import check_seed
+
+    check_seed(train.seed, str(getattr(objective, "value", objective)))
     for spec in (train.dataset, train.eval_data):   # read and checked as the trainer will: its own line, now
         if spec is not None:
             check_data(spec, str(getattr(objective, "value", objective)), train.data_columns)
