@@ -82,7 +82,9 @@ def _count_rows(path: Path) -> int:
                 return len(data) if isinstance(data, list) else 0
         with path.open(encoding="utf-8") as f:          # JSON lines
             return sum(1 for line in f if line.strip())
-    except (OSError, UnicodeDecodeError, ValueError, csv.Error) as e:
+    except UnicodeDecodeError:
+        raise ScaletrainError(f"dataset {path} is not UTF-8 text; give UTF-8 records") from None
+    except (OSError, ValueError, csv.Error) as e:
         raise ScaletrainError(f"dataset {path} cannot be read ({getattr(e, 'strerror', None) or e.__class__.__name__})"
                               ) from None
     except Exception as e:                               # pyarrow's own errors: not a Parquet file
