@@ -168,3 +168,30 @@ def test_a_valid_csv_with_a_field_over_128_kib_is_accepted(tmp_path, capsys):
     assert main(["plan", "--model", TINY, "--weights", "random-init", "--gpus", "2xCPU", "--dataset-size", "10",
                  "--data", str(p), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["data"]["spec"].endswith("big.csv")
+
+
+@pytest.mark.parametrize("kind", ["jsonl_line_is_array", "preference_pairs_for_sft", "csv_broken_quote"])
+def test_the_wizard_refuses_malformed_data_at_its_field_and_at_the_write_step(kind, tmp_path):
+    """The Textual wizard's batch form (the field shows the trainer's line) and its write step (preview and write,
+    for data that reached the state another way: a preset, --data): the same line, nothing written."""
+    from scaletrain.tui.cli.parser import build_parser
+    from scaletrain.tui.wizard import run_files
+    from scaletrain.tui.wizard.state import FieldError, apply_batch_fields, plan_for, state_from_args
+
+    _, name, content, columns, objective, _needle = next(k for k in KINDS if k[0] == kind)
+    path = _write(tmp_path, name, content)
+    expected = _trainer_line(path, columns, objective)
+    state = state_from_args(build_parser().parse_args(["--preset", "cpu-tiny"]))
+    values = {"effective_batch": "16", "seq_len": "64", "data": str(path), "dataset": "", "epochs": "1",
+              "lr": "1e-4", "base_lr": "", "base_batch": ""}
+    with pytest.raises(FieldError) as e:
+        apply_batch_fields(state, values)
+    assert e.value.field_name == "data" and ERROR_PREFIX + one_line(str(e.value), MAX_ERROR_CHARS - len(ERROR_PREFIX)) == expected
+    state = state.with_train(dataset=str(path))
+    plan = plan_for(state, None)
+    for attempt in (lambda: run_files.preview(plan, state, str(tmp_path / "run")),
+                    lambda: run_files.write(plan, state, str(tmp_path / "run"))):
+        with pytest.raises(ScaletrainError) as e:
+            attempt()
+        assert ERROR_PREFIX + one_line(str(e.value), MAX_ERROR_CHARS - len(ERROR_PREFIX)) == expected
+    assert not (tmp_path / "run").exists()
