@@ -85,6 +85,7 @@ def main() -> int:
                 test()
             except BaseException as e:                      # a failure: recorded, and on to the next property
                 entry["found"] = {"error": f"{e.__class__.__name__}: {str(e)[:2000]}",
+                                  "example": "\n".join(getattr(e, "__notes__", []))[:4000],
                                   "traceback_tail": traceback.format_exc()[-3000:]}
                 break
         entry.update(examples=counter["n"], rounds=rounds, seconds=round(time.time() - t0, 1))

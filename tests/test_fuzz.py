@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import psutil
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from scaletrain.engine.catalog.architectures import catalog_entry
@@ -287,8 +287,17 @@ def test_fuzz_plan_flags(argv):
     prop_plan_flags(argv)
 
 
+def _tiny_with(**changes: Any) -> bytes:
+    return json.dumps({**_tiny_config(), **changes}).encode()
+
+
 @ci_settings
 @given(config_json())
+@example(_tiny_with(sliding_window={"a": 1}))           # found by bench/fuzz_long.py: a TypeError in the planner
+@example(_tiny_with(model_type=None))                   # found: started the trace process (50 s under load)
+@example(_tiny_with(model_type="x\u0013y"))
+@example(_tiny_with(layer_types="sliding_attention", sliding_window=8))
+@example(_tiny_with(tie_word_embeddings="yes", rope_theta=float("inf")))
 def test_fuzz_config_json(content):
     prop_config_json(content)
 
