@@ -36,6 +36,7 @@ def main() -> int:
     p.add_argument("--out", default=str(HERE / "results" / "fuzz_long-vm.json"))
     a = p.parse_args()
     os.environ.setdefault("SCALETRAIN_CACHE", "/tmp/scaletrain-fuzz-long-cache")
+    os.environ.setdefault("SCALETRAIN_FUZZ_DEADLINE_S", "60")     # a trace process's start under load: not a hang
     os.environ.setdefault("SCALETRAIN_CONFIG_DIR", "/tmp/scaletrain-fuzz-long-config")
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
@@ -49,6 +50,7 @@ def main() -> int:
         assert cli(["--preset", "cpu-tiny", "--headless", "--dry-run", "--run-dir", str(run)]) == 0
     props = {
         "plan_flags": (F.prop_plan_flags, [F.plan_argv()]),
+        "dry_run": (F.prop_dry_run, [F.dry_run_argv().map(lambda t: t[0]), st.none() | F.data_file()]),
         "config_json": (F.prop_config_json, [F.config_json()]),
         "preset_yaml": (F.prop_preset_yaml, [F.preset_yaml()]),
         "data_files": (F.prop_data, [F.data_file(), st.sampled_from(["sft", "dpo", "grpo"])]),
@@ -59,7 +61,8 @@ def main() -> int:
     record = {"what": "tests/test_fuzz.py's properties (the CLI contract: exit 0 with a result, or one line ≤ 500 "
                       "characters and exit 2/3; no traceback, hang, write outside the example's folder or child left), "
                       "each run in turn with a large max_examples until the time is up",
-              "machine": machine(), "versions": _versions(), "minutes": a.minutes, "properties": {}}
+              "machine": machine(), "versions": _versions(), "minutes": a.minutes,
+              "deadline_per_example_s": float(os.environ["SCALETRAIN_FUZZ_DEADLINE_S"]), "properties": {}}
     per_prop_s = a.minutes * 60 / len(props)
     for name, (fn, strategies) in props.items():
         counter = {"n": 0}
