@@ -34,6 +34,7 @@ def main() -> int:
     p.add_argument("--minutes", type=float, default=30.0)
     p.add_argument("--examples", type=int, default=500, help="max_examples per round (rounds repeat until the time is up)")
     p.add_argument("--out", default=str(HERE / "results" / "fuzz_long-vm.json"))
+    p.add_argument("--only", nargs="*", help="run only these properties (all by default)")
     a = p.parse_args()
     os.environ.setdefault("SCALETRAIN_CACHE", "/tmp/scaletrain-fuzz-long-cache")
     os.environ.setdefault("SCALETRAIN_FUZZ_DEADLINE_S", "60")     # a trace process's start under load: not a hang
@@ -57,6 +58,8 @@ def main() -> int:
         "run_files": (lambda n, c: F.prop_run_file(run, n, c), [F.RUN_FILES, F.RUN_CONTENT]),
         "diagnose_logs": (lambda c, w: F.prop_diagnose(c, w, run), [F.log_text(), st.booleans()]),
     }
+    if a.only:
+        props = {k: v for k, v in props.items() if k in a.only}
     started = time.time()
     record = {"what": "tests/test_fuzz.py's properties (the CLI contract: exit 0 with a result, or one line ≤ 500 "
                       "characters and exit 2/3; no traceback, hang, write outside the example's folder or child left), "

@@ -195,3 +195,39 @@ def test_the_wizard_refuses_malformed_data_at_its_field_and_at_the_write_step(ki
             attempt()
         assert ERROR_PREFIX + one_line(str(e.value), MAX_ERROR_CHARS - len(ERROR_PREFIX)) == expected
     assert not (tmp_path / "run").exists()
+
+
+def test_data_shorter_than_one_block_is_the_trainers_refusal_at_plan_time(tmp_path, capsys):
+    """The profile's blocks are the trainer's: none at this --seq-len is its refusal, by plan and --dry-run alike."""
+    from scaletrain.trainer.data import ByteTokenizer, load_blocks
+
+    p = tmp_path / "short.jsonl"
+    p.write_text('{"text": "tiny"}\n')
+    with pytest.raises(ScaletrainError) as e:
+        load_blocks(p, ByteTokenizer(1024), 512, packing=True)
+    expected = ERROR_PREFIX + one_line(str(e.value), MAX_ERROR_CHARS - len(ERROR_PREFIX))
+    for argv in (["plan", "--model", TINY, "--weights", "random-init", "--gpus", "2xCPU", "--seq-len", "512"],
+                 ["--preset", "cpu-tiny", "--seq-len", "512", "--headless", "--dry-run", "--run-dir",
+                  str(tmp_path / "run")]):
+        capsys.readouterr()
+        assert main([*argv, "--data", str(p)]) == 2
+        assert capsys.readouterr().err.strip() == expected
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_tokenizer_missing_on_this_machine_stays_a_note(tmp_path, monkeypatch, capsys):
+    """HF weights not in this machine's (empty) cache: no tokenizer to count with. The records are still checked;
+    the plan counts rows, says why there are no token statistics, and exits 0."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    data = tmp_path / "d.jsonl"
+    data.write_text(GOOD * 3)
+    code = main(["plan", "--model", "Qwen/Qwen2.5-0.5B-Instruct", "--gpus", "1xH100", "--data", str(data), "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    prof = json.loads(out.out)["data"]["profile"]
+    assert prof["no_tokenizer"] and "no token statistics" in prof["note"] and prof["records"] == 3
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(GOOD + "[1]\n")
+    assert main(["plan", "--model", "Qwen/Qwen2.5-0.5B-Instruct", "--gpus", "1xH100", "--data", str(bad)]) == 2
+    assert "a JSON object is needed" in capsys.readouterr().err

@@ -223,8 +223,7 @@ def load_blocks(path: str | Path, tok: Tokenizer, seq_len: int, *, packing: bool
     if len(blocks) < min_blocks and any(lab != IGNORE_INDEX for s in samples for lab in s.labels):
         blocks = _repeated(samples, seq_len, packing, tok.pad_id, min_blocks)
     if len(blocks) == 0:
-        how = "use padding (packing off) or a shorter --seq-len" if packing else "check the records"
-        raise ScaletrainError(f"dataset {path} yields no training block of {seq_len} tokens; {how}")
+        raise ScaletrainError(R.no_blocks(path, seq_len, packing))
     from dataclasses import replace
 
     return replace(blocks, source_tokens=sum(len(s.input_ids) for s in samples))

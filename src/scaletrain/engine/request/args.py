@@ -77,6 +77,10 @@ def asked_from_args(args: Any) -> Asked:
         fields["dataset_size"] = resolve_data(data).rows      # the plan's steps and epochs follow the real data
         if getattr(args, "data", None) and fields.get("model"):
             profile = _profile(data, fields, weights, train)
+            if profile.blocks == 0 and "tokens" in profile.data:       # the trainer's refusal, said now
+                from scaletrain.engine.request.records import no_blocks
+
+                raise ScaletrainError(no_blocks(resolve_data(data).spec, profile.data["seq_len"], train.packing))
             if profile.blocks and not profile.error:           # the trainer's rows: blocks of seq_len tokens
                 held_out = math.ceil(train.eval_fraction * profile.blocks) if train.eval_fraction else 0
                 fields["dataset_size"] = profile.blocks - held_out    # less the eval split (trainer/evaluate.py)

@@ -297,6 +297,12 @@ def sft_records(spec: str | Path, columns: dict[str, str] | None = None) -> list
     return records
 
 
+def no_blocks(spec: str | Path, seq_len: int, packing: bool) -> str:
+    """The trainer's line for data that makes no block of seq_len tokens (`plan` says the same from the profile)."""
+    how = "use padding (packing off) or a shorter --seq-len" if packing else "check the records"
+    return f"dataset {spec} yields no training block of {seq_len} tokens; {how}"
+
+
 _CHECKED: dict[str, int] = {}
 
 
