@@ -31,7 +31,7 @@ from scaletrain.engine.request.fields import FIELDS
 from scaletrain.tui.cli.main import main
 
 TINY = "scaletrain/tiny-qwen2"
-FUZZ_EXAMPLES = int(os.environ.get("SCALETRAIN_FUZZ_EXAMPLES", "12"))
+FUZZ_EXAMPLES = int(os.environ.get("SCALETRAIN_FUZZ_EXAMPLES", "25"))
 # one example (a plan, a monitor snapshot, a diagnosis): longer is a hang. A config.json of a model type without an
 # analytic layout starts the trace process (torch's import: 10-50 s on the 2-core VM under a load of 8), so the long
 # run allows more.
