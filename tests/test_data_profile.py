@@ -62,9 +62,9 @@ def test_the_trainer_counts_the_blocks_the_plan_planned(chat, tmp_path, capsys):
 def test_data_columns_map_other_names_onto_trls(tmp_path, capsys):
     qa = tmp_path / "qa.jsonl"
     qa.write_text("".join(json.dumps({"question": f"what is {i}?", "answer": f"it is {i}"}) + "\n" for i in range(40)))
-    assert main([*PLAN, "--data", str(qa)]) == 0
-    prof = json.loads(capsys.readouterr().out)["data"]["profile"]
-    assert "tokens" not in prof and "--data-columns" in prof["note"] and "question" in prof["note"]
+    assert main([*PLAN, "--data", str(qa)]) == 2            # the trainer's refusal, at plan time (issue 29)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--data-columns" in err and "question" in err and "qa.jsonl:1" in err
     assert main([*PLAN, "--data", str(qa), "--data-columns", "prompt=question,completion=answer"]) == 0
     prof = json.loads(capsys.readouterr().out)["data"]["profile"]
     assert prof["data_format"] == "prompt-completion" and prof["examples"][0] == "what is 0?\n«it is 0»"

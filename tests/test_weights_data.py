@@ -160,9 +160,11 @@ def test_data_rows_are_the_plans_dataset_size_in_every_format(tmp_path, offline_
                      "data/test.jsonl": json.dumps({"text": "z"}) + "\n"})
     for spec, rows in ((jsonl, 37), (tmp_path / "pc.parquet", 53), (tmp_path / "t.csv", 11), (folder, 15),
                        ("acme/chat", 29)):
-        out = _json(capsys, *TINY, "--data", str(spec), "--effective-batch", "2")
-        # shorter than one 2048-token block: the plan keeps the rows (and says the trainer will refuse them); the
-        # bundled trainer shards rows per rank and drops a last partial step
+        # shorter than one 2048-token block: packed, the trainer refuses it, and so does the plan (issue 29)
+        _fails(capsys, ["plan", *TINY, "--data", str(spec)], "yields no training block of 2048 tokens")
+        # padded, one block per record: the bundled trainer shards rows per rank and drops a last partial step
+        out = _json(capsys, "--preset", "cpu-tiny", *TINY, "--set", "train.packing=false", "--data", str(spec),
+                    "--effective-batch", "2", "--micro-batch", "1", "--grad-accum", "1", "--epochs", "1")
         assert out["data"]["rows"] == rows and out["time"]["total_steps"] == rows // 2, spec
     out = _json(capsys, *TINY, "--data", str(jsonl), "--dataset-size", "1000", "--effective-batch", "2")
     assert out["time"]["total_steps"] == 500                      # --dataset-size overrides the count

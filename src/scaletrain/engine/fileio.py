@@ -26,6 +26,56 @@ def os_error_reason(e: OSError) -> str:
     return e.strerror or e.__class__.__name__
 
 
+MAX_PATH_SHOWN = 160                     # a path in an error line, cut in the middle beyond this
+
+_WHAT_TO_DO = {
+    errno.ENOSPC: "free some space or choose a place on another disk",
+    errno.EDQUOT: "free some space or choose a place on another disk",
+    errno.ELOOP: "a symbolic link there points back at itself; give the real folder",
+    errno.ENAMETOOLONG: "a name in it is longer than the filesystem allows; choose a shorter name",
+    errno.EACCES: "choose a place you may read and write",
+    errno.EPERM: "choose a place you may read and write",
+    errno.EROFS: "the filesystem is read-only; choose a writable place",
+    errno.ENOTDIR: "a part of the path is a file, not a folder; choose another path",
+    errno.EISDIR: "it is a folder where a file is needed; choose another path",
+    errno.EEXIST: "something is already there; choose a new path or remove it",
+    errno.ENOENT: "it does not exist; check the path",
+    errno.EIO: "the device reported an I/O error; check the disk",
+}
+
+
+def short_path(path: object, limit: int = MAX_PATH_SHOWN) -> str:
+    """A path for an error line: as typed, cut in the middle past `limit` characters, escapes for control bytes."""
+    s = os.fspath(path) if isinstance(path, (str, bytes, os.PathLike)) else str(path)
+    s = s.decode("utf-8", "replace") if isinstance(s, bytes) else s
+    s = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in s)
+    return s if len(s) <= limit else s[: limit // 2 - 1] + "…" + s[-(limit // 2):]
+
+
+def io_problem(e: BaseException, path: object = None, what: str = "") -> str | None:
+    """One line for an error the operating system or a file library raised (OSError; pathlib's RuntimeError for a
+    symlink loop; safetensors' SafetensorError, whose I/O errors are no OSError): the path, why and what to do.
+    None for anything else (a bug, left to the caller)."""
+    where = f"{what} " if what else ""
+    if isinstance(e, OSError):
+        p = path if path is not None else (e.filename if e.filename is not None else None)
+        at = f"{where}{short_path(p)}: " if p is not None else (f"{where.strip()}: " if where else "")
+        todo = _WHAT_TO_DO.get(e.errno or 0, "check the path and its permissions")
+        return f"{at}{os_error_reason(e)}; {todo}"
+    if isinstance(e, RuntimeError) and str(e).startswith("Symlink loop"):     # pathlib.Path.resolve
+        p = path if path is not None else str(e).partition("from ")[2].strip("'\"")
+        return f"{where}{short_path(p)}: a symbolic link there points back at itself; give the real folder"
+    if type(e).__name__ == "SafetensorError":
+        text = str(e)
+        at = f"{where}{short_path(path)}: " if path is not None else (f"{where.strip()}: " if where else "")
+        if "code: 28" in text or "StorageFull" in text or "No space left" in text:
+            return f"{at}the disk is full (No space left on device); {_WHAT_TO_DO[errno.ENOSPC]}"
+        if "code: 122" in text or "QuotaExceeded" in text:
+            return f"{at}disk quota exceeded; {_WHAT_TO_DO[errno.EDQUOT]}"
+        return f"{at}safetensors could not write or read the weights ({short_path(text, 200)}); check the disk"
+    return None
+
+
 # Whole-file reads of what a user or a run folder hands the tool: a config, plan.json or a status file is KiBs; the
 # caps leave room for the largest real one and refuse what would only fill the memory (a 100 GB file named by mistake).
 MAX_CONFIG_BYTES = 16 << 20              # config.json, tokenizer_config.json, presets, plan.json, status.json
@@ -105,8 +155,10 @@ def writing(what: str) -> Iterator[None]:
     try:
         yield
     except OSError as e:
-        where = f" ({e.filename})" if e.filename and str(e.filename) not in what else ""
-        raise ScaletrainError(f"cannot write {what}{where}: {os_error_reason(e)}") from None
+        where = f" ({short_path(e.filename)})" if e.filename and str(e.filename) not in what else ""
+        todo = _WHAT_TO_DO.get(e.errno or 0, "check the path and its permissions")
+        raise ScaletrainError(f"cannot write {short_path(what, MAX_PATH_SHOWN + 40)}{where}: {os_error_reason(e)}; "
+                              f"{todo}") from None
 
 
 def atomic_write(path: Path, text: str, *, mode: int | None = None, backup: bool = True) -> Path | None:

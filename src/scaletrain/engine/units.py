@@ -33,3 +33,11 @@ def fmt_seconds(s: float) -> str:
 
 def fmt_count(n: int) -> str:
     return f"{n:,}"
+
+
+def printable(text: object) -> str:
+    """Text safe to print on a terminal: every control, format (bidi) or other non-printable character shown as its
+    escape (\\x1b, \\u202e), so a log's or a file's bytes cannot set the title, clear the screen or reach the
+    clipboard (OSC 52)."""
+    s = str(text)
+    return s if s.isprintable() else "".join(c if c.isprintable() else ascii(c)[1:-1] for c in s)

@@ -1,7 +1,7 @@
 """Training data for the bundled trainer: JSONL records → token blocks of exactly seq_len.
 
-Accepted record shapes (JSONL, or any --data the `datasets` library reads: JSON, Parquet, CSV, a folder, a cached
-HF dataset; engine/request/data_source.py resolves it):
+Accepted record shapes (JSONL, JSON, Parquet, CSV, a folder, a cached HF dataset; engine/request/data_source.py
+resolves it, engine/request/records.py reads and checks it for the planner and the trainer alike):
   {"text": "..."}                                  every token is trained on
   {"prompt": "...", "completion": "..."}           only the completion (and its end token) is trained on (TRL's
                                                    naming; "response" is accepted for "completion")
@@ -20,16 +20,15 @@ No torch here: the trainer turns the blocks into tensors.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Protocol, Sequence
 
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.request import records as R
+from scaletrain.engine.request.records import CHAT_ROLES, RECORD_SHAPES  # noqa: F401  (the trainer's names)
 
 IGNORE_INDEX = -100          # transformers' CrossEntropyLoss ignore_index for causal-LM labels
-RECORD_SHAPES = '"text", "prompt"+"completion" (or "response"), or "messages" (a list of {"role", "content"})'
-CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
 class Tokenizer(Protocol):
@@ -111,108 +110,25 @@ class Blocks:
         return sum(self.attention_mask[index])
 
 
-# ---- reading ---------------------------------------------------------------------------------------------------
+# ---- reading: engine/request/records.py, the planner's reader too (issue 29: they cannot disagree) ----------------
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Every record of a JSONL file; a bad line is one error naming the file and line."""
-    records = []
-    for where, rec in jsonl_objects(path):
-        _check_record(rec, where)
-        records.append(rec)
-    return records
+    return R.sft_records(path)
 
 
 def jsonl_objects(path: str | Path, shapes: str = RECORD_SHAPES) -> list[tuple[str, dict[str, Any]]]:
-    """(file:line, object) for every non-blank line of a JSONL file; a line that is not a JSON object, a missing
-    file or no object at all is one error saying what each line must hold (`shapes`)."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise ScaletrainError(f"dataset {path} does not exist (give a JSONL file with {shapes} per line)")
-    out: list[tuple[str, dict[str, Any]]] = []
-    try:
-        with p.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ScaletrainError(f"{p}:{lineno}: not valid JSON ({e.msg}); each line must be one object "
-                                          f"with {shapes}") from None
-                if not isinstance(rec, dict):
-                    raise ScaletrainError(f"{p}:{lineno}: a JSON object is needed, with {shapes}")
-                out.append((f"{p}:{lineno}", rec))
-    except UnicodeDecodeError:
-        raise ScaletrainError(f"dataset {p} is not UTF-8 text") from None
-    if not out:
-        raise ScaletrainError(f"dataset {p} holds no records (one JSON object per line with {shapes})")
-    return out
+    """(file:line, object) for every non-blank line of a JSONL file (one error per bad line, naming it)."""
+    return R.located_records(path, shapes)
 
 
-def located_records(spec: str | Path, shapes: str = RECORD_SHAPES) -> list[tuple[str, dict[str, Any]]]:
-    """(where, record) for everything --data names: a JSONL file read line by line here (errors name the line),
-    anything else through the `datasets` library (where = "row N")."""
-    from scaletrain.engine.request.data_source import resolve_data
-
-    src = resolve_data(str(spec))
-    if len(src.files) == 1 and src.files[0].suffix == ".jsonl":
-        return jsonl_objects(src.files[0], shapes)
-    return [(f"{spec} row {i}", rec) for i, rec in enumerate(load_rows(src))]
-
-
-def _check_record(rec: dict[str, Any], where: str) -> None:
-    if isinstance(rec.get("text"), str):
-        return
-    if isinstance(rec.get("prompt"), str) and isinstance(_completion(rec), str):
-        return
-    msgs = rec.get("messages")
-    if isinstance(msgs, list) and msgs:
-        for i, m in enumerate(msgs):
-            if not (isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") in CHAT_ROLES):
-                raise ScaletrainError(f"{where}: messages[{i}] must be {{\"role\": one of {', '.join(CHAT_ROLES)}, "
-                                      "\"content\": text}")
-        return
-    raise ScaletrainError(f"{where}: no usable fields (found {', '.join(sorted(rec)) or 'none'}); "
-                          f"accepted: {RECORD_SHAPES}")
-
-
-def _completion(rec: dict[str, Any]) -> Any:
-    return rec["completion"] if rec.get("completion") is not None else rec.get("response")
-
-
-def with_columns(rec: dict[str, Any], columns: dict[str, str] | None) -> dict[str, Any]:
-    """A record with its columns renamed to TRL's names (`--data-columns prompt=question,completion=answer`)."""
-    if not columns:
-        return rec
-    out = dict(rec)
-    for ours, theirs in columns.items():
-        if theirs in rec and ours not in rec:
-            out[ours] = out.pop(theirs)
-    return out
+located_records = R.located_records
+with_columns = R.with_columns
 
 
 def read_records(spec: str | Path, columns: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Every record --data names (columns renamed by `columns`), each checked for one of the accepted shapes
     (errors name the line or row)."""
-    records = []
-    for where, rec in located_records(spec):
-        rec = with_columns(rec, columns)
-        _check_record(rec, where)
-        records.append(rec)
-    return records
-
-
-def load_rows(src: Any) -> list[dict[str, Any]]:
-    """The rows of a resolved --data (engine/request/data_source.DataSource) through the `datasets` library, unchecked:
-    each objective checks the columns it needs."""
-    import datasets
-
-    datasets.disable_progress_bars()
-    try:
-        table = datasets.load_dataset(src.builder, data_files=[str(f) for f in src.files], split="train")
-    except Exception as e:           # the library's own errors (a malformed file): one line
-        raise ScaletrainError(f"dataset {src.spec} cannot be read by datasets "
-                              f"({str(e).splitlines()[0][:160]})") from None
-    return [dict(r) for r in table]
+    return R.sft_records(spec, columns)
 
 
 # ---- tokenizing ------------------------------------------------------------------------------------------------
@@ -231,10 +147,11 @@ def tokenize_record(rec: dict[str, Any], tok: Tokenizer) -> Sample:
         ids.extend(t)
         labels.extend(t if train else [IGNORE_INDEX] * len(t))
 
-    if isinstance(rec.get("text"), str):
+    shape = R.record_shape(rec, "a record")
+    if shape == "text":
         add(rec["text"], True)
         trained_end = True
-    elif isinstance(rec.get("messages"), list):
+    elif shape == "messages":
         msgs = rec["messages"]
         if isinstance(tok, HFTokenizer) and tok.has_chat_template:
             _chat_template_sample(msgs, tok, ids, labels)
@@ -244,7 +161,7 @@ def tokenize_record(rec: dict[str, Any], tok: Tokenizer) -> Sample:
         trained_end = msgs[-1]["role"] == "assistant"
     else:
         add(rec["prompt"] + "\n", False)
-        add(_completion(rec), True)
+        add(rec["completion"] if rec.get("completion") is not None else rec["response"], True)
         trained_end = True
     ids.append(tok.eos_id)
     labels.append(tok.eos_id if trained_end else IGNORE_INDEX)
@@ -306,8 +223,7 @@ def load_blocks(path: str | Path, tok: Tokenizer, seq_len: int, *, packing: bool
     if len(blocks) < min_blocks and any(lab != IGNORE_INDEX for s in samples for lab in s.labels):
         blocks = _repeated(samples, seq_len, packing, tok.pad_id, min_blocks)
     if len(blocks) == 0:
-        how = "use padding (packing off) or a shorter --seq-len" if packing else "check the records"
-        raise ScaletrainError(f"dataset {path} yields no training block of {seq_len} tokens; {how}")
+        raise ScaletrainError(R.no_blocks(path, seq_len, packing))
     from dataclasses import replace
 
     return replace(blocks, source_tokens=sum(len(s.input_ids) for s in samples))

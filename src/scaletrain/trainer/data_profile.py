@@ -17,7 +17,7 @@ from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
 
-PROFILE_FORMAT = 1
+PROFILE_FORMAT = 2
 EXAMPLES = 2                 # records rendered
 EXAMPLE_CHARS = 600          # each cut to this many characters
 
@@ -66,7 +66,7 @@ def profile(spec: str, model_id: str, weights: str | None, seq_len: int, packing
     from scaletrain.trainer import data as D
     from scaletrain.trainer.model import tokenizer_for
 
-    raw = [D.with_columns(r, columns) for _, r in D.located_records(spec)]
+    raw = [D.with_columns(r, columns, where) for where, r in D.located_records(spec)]
     formats = sorted({detect_format(r) for r in raw})
     out: dict[str, Any] = {"format": PROFILE_FORMAT, "records": len(raw), "data_format": "/".join(formats),
                            "seq_len": seq_len, "packing": packing}
@@ -79,7 +79,12 @@ def profile(spec: str, model_id: str, weights: str | None, seq_len: int, packing
         out["note"] = ("token statistics are for supervised records (text, prompt-completion, messages); "
                        f"these are {out['data_format']}: TRL's objective trainers read them")
         return out
-    tok = tokenizer_for(model_id, weights)
+    try:
+        tok = tokenizer_for(model_id, weights)
+    except ScaletrainError as e:          # the only note: no tokenizer on this machine (the records are checked)
+        out.update(no_tokenizer=True, note=f"no token statistics ({str(e)[:200]}); the plan counts one sample per "
+                                           "record")
+        return out
     records = D.read_records(spec, columns)
     samples = [D.tokenize_record(r, tok) for r in records]
     lengths = [len(s.input_ids) for s in samples]

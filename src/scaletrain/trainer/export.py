@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.fileio import atomic_write
+from scaletrain.engine.fileio import atomic_write, io_problem, short_path
 from scaletrain.engine.run.layout import RunDir, checkpoint_step
 from scaletrain.trainer.checkpoints import DS_CHECKPOINT_TAG, read_state
 from scaletrain.engine.vocabulary import Precision
@@ -139,18 +139,19 @@ def export_run(run_dir: str | Path, step: int | None = None, out: str | Path | N
     dtype = dtype or str(cfg.precision)
     if dtype not in DTYPES:
         raise ScaletrainError(f"--dtype {dtype!r} is not accepted; use one of: {', '.join(DTYPES)}")
-    target = Path(out).expanduser().resolve() if out is not None else run.export_dir(n)
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise ScaletrainError(f"{target} exists and is not empty; give --out a new folder, or remove it")
     adapter = cfg.method.is_adapter
     if merge and not adapter:
         raise ScaletrainError("--merge merges a LoRA adapter into its base; this run trained every weight "
                               "(its export is the whole model already)")
-    model = load_trained(cfg, ck)
+    target = _target(out, run.export_dir(n))
     partial = target.with_name(f".{target.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    try:                                             # where it goes is checked before the model is loaded
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    except (OSError, RuntimeError) as e:
+        raise ScaletrainError(io_problem(e, target, "cannot write the export at") or str(e)) from None
     try:
+        model = load_trained(cfg, ck)
         merged = _write(model, cfg, partial, adapter, merge, dtype)
         atomic_write(partial / EXPORT_MANIFEST, json.dumps(
             {"step": n, "checkpoint": str(ck), "kind": "adapter" if adapter else "model", "dtype": dtype,
@@ -159,11 +160,28 @@ def export_run(run_dir: str | Path, step: int | None = None, out: str | Path | N
         if target.exists():
             target.rmdir()
         partial.rename(target)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(partial, ignore_errors=True)
+        problem = io_problem(e, target, "cannot write the export at") if isinstance(e, Exception) else None
+        if problem is not None and not isinstance(e, ScaletrainError):      # a full disk, SafetensorError's too
+            raise ScaletrainError(problem) from None
         raise
     return Exported(target, n, "adapter" if adapter else "model", dtype,
                     target / "merged" if merge else None)
+
+
+def _target(out: str | Path | None, default: Path) -> Path:
+    """The export's folder: --out (made absolute) or RUN/export/step-N; it must be new or empty, and its path
+    usable (a symlink loop, a name too long, a file in the way: one line)."""
+    try:
+        target = Path(out).expanduser().resolve() if out is not None else default
+        if target.exists() and (not target.is_dir() or any(target.iterdir())):
+            raise ScaletrainError(f"{short_path(target)} exists and is not an empty folder; give --out a new folder, "
+                                  "or remove it")
+    except (OSError, RuntimeError) as e:
+        raise ScaletrainError(io_problem(e, out if out is not None else default, "cannot write the export at")
+                              or str(e)) from None
+    return target
 
 
 def _write(model: Any, cfg: RunConfig, folder: Path, adapter: bool, merge: bool, dtype: str) -> str | None:

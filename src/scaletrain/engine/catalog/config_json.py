@@ -74,4 +74,46 @@ def read_config(path: Path, spec: str) -> dict[str, Any]:
     if not isinstance(cfg, dict):
         raise ScaletrainError(f"{spec} is not a config.json object" if str(path) == spec
                               else f"{spec} ({path}) is not a config.json object")
+    check_field_types(cfg, spec)
+    if isinstance(cfg.get("text_config"), dict):
+        check_field_types(cfg["text_config"], spec)
     return cfg
+
+
+# Optional config.json fields the planner reads, by the type transformers gives them (null: unset). A value of
+# another type (a dict as sliding_window) is refused here, in one line, not met later as a TypeError.
+WHOLE_KEYS = ("sliding_window", "max_window_layers", "head_dim", "decoder_sparse_step", "num_experts",
+              "num_local_experts", "num_experts_per_tok", "num_experts_per_token")
+REAL_KEYS = ("final_logit_softcapping", "attn_logit_softcapping", "rope_theta", "rms_norm_eps")
+BOOL_KEYS = ("tie_word_embeddings", "use_sliding_window", "attention_bias", "mlp_bias",
+             "output_router_logits")
+LIST_KEYS = {"layer_types": str, "mlp_only_layers": int, "architectures": str}
+
+
+def _whole(v: Any) -> bool:
+    return (isinstance(v, int) and not isinstance(v, bool) and v >= 0) or (
+        isinstance(v, float) and math.isfinite(v) and v.is_integer() and v >= 0)
+
+
+def check_field_types(cfg: Mapping[str, Any], spec: str) -> None:
+    """One line for an optional field of the wrong type (whole numbers, finite numbers, booleans, lists)."""
+    def bad(key: str, want: str) -> ScaletrainError:
+        return ScaletrainError(f"{spec}: config.json's {key} is {short(cfg[key])}; it must be {want} (or null)")
+
+    for key in WHOLE_KEYS:
+        if cfg.get(key) is not None and not _whole(cfg[key]):
+            raise bad(key, "a whole number ≥ 0")
+    for key in REAL_KEYS:
+        v = cfg.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            raise bad(key, "a finite number")
+    for key in BOOL_KEYS:
+        if cfg.get(key) is not None and not isinstance(cfg[key], bool):
+            raise bad(key, "true or false")
+    for key, kind in LIST_KEYS.items():
+        v = cfg.get(key)
+        if v is not None and not (isinstance(v, list) and all(isinstance(x, kind) and not isinstance(x, bool)
+                                                              for x in v)):
+            raise bad(key, f"a list of {'text' if kind is str else 'whole numbers'}")
+    if cfg.get("model_type") is not None and not isinstance(cfg["model_type"], str):
+        raise bad("model_type", "text")

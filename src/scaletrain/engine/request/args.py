@@ -69,6 +69,7 @@ def asked_from_args(args: Any) -> Asked:
         fields["loop"] = Loop.ACCELERATE_LOOP.value
     data = str(args.data) if getattr(args, "data", None) else (train.dataset if preset_name else None)
     weights = str(args.weights) if getattr(args, "weights", None) else (train.model_source if preset_name else None)
+    _check_records(data, train, fields)
     profile = None
     if data is not None and fields.get("dataset_size") is None:
         from scaletrain.engine.request.data_source import resolve_data
@@ -76,27 +77,41 @@ def asked_from_args(args: Any) -> Asked:
         fields["dataset_size"] = resolve_data(data).rows      # the plan's steps and epochs follow the real data
         if getattr(args, "data", None) and fields.get("model"):
             profile = _profile(data, fields, weights, train)
+            if profile.blocks == 0 and "tokens" in profile.data:       # the trainer's refusal, said now
+                from scaletrain.engine.request.records import no_blocks
+
+                raise ScaletrainError(no_blocks(resolve_data(data).spec, profile.data["seq_len"], train.packing))
             if profile.blocks and not profile.error:           # the trainer's rows: blocks of seq_len tokens
                 held_out = math.ceil(train.eval_fraction * profile.blocks) if train.eval_fraction else 0
                 fields["dataset_size"] = profile.blocks - held_out    # less the eval split (trainer/evaluate.py)
     return Asked(fields, train, data, weights, profile)
 
 
+def _check_records(data: str | None, train: TrainOptions, fields: dict[str, Any]) -> None:
+    """--data and --eval-data read and checked as the trainer will for this objective (engine/request/records.py,
+    the trainer's reader): a malformed record is the trainer's own line here, at plan time."""
+    from scaletrain.engine.request.records import check_data
+
+    from scaletrain.engine.request.options import check_seed
+
+    objective = str(fields.get("objective") or "sft")
+    check_seed(train.seed, objective)
+    for spec in (data, train.eval_data):
+        if spec is not None:
+            check_data(spec, objective, train.data_columns)
+
+
 def _profile(data: str, fields: dict[str, Any], weights: str | None, train: TrainOptions) -> Any:
-    """--data read, tokenized and blocked as the trainer will (engine/request/data_profile.py, a subprocess)."""
+    """--data read, tokenized and blocked as the trainer will (engine/request/data_profile.py, a subprocess); its
+    errors are errors (only a tokenizer missing on this machine is a note, said by the profile)."""
     from scaletrain.engine.request.data_profile import profile_data
     from scaletrain.engine.request.remote_code import check_no_remote_code
     from scaletrain.engine.request.weights import resolve_weights
 
-    from scaletrain.engine.request.data_profile import DataProfile
-
     seq_len = int(fields.get("seq_len") or 2048)
     source = resolve_weights(weights, fields["model"])
     check_no_remote_code(source)          # before the profile's child loads the tokenizer: an error, not a note
-    try:
-        return profile_data(data, fields["model"], source, seq_len, packing=train.packing, columns=train.data_columns)
-    except ScaletrainError as e:      # e.g. the tokenizer is not on this machine: said, and the rows are counted
-        return DataProfile({"error": str(e)})
+    return profile_data(data, fields["model"], source, seq_len, packing=train.packing, columns=train.data_columns)
 
 
 def _train(args: Any, preset: Any, overrides: list[str]) -> TrainOptions:

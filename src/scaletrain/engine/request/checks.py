@@ -61,6 +61,16 @@ def check_values(req: Any) -> None:
                               "out for every block linear")
     for resident in req.residents or ():
         _check_model_spec("--resident", resident[0] if isinstance(resident, (tuple, list)) and resident else resident)
+    if isinstance(req.gpus, str) and not req.gpus.isprintable():     # a bidi or control character is no GPU name
+        raise ScaletrainError(f"--gpus holds a control or direction character ({ascii(req.gpus)[:80]}); give plain "
+                              "text such as auto, 4xH200 or 2x8xH100")
+    for t in req.lora_targets or ():
+        if not isinstance(t, str) or not t.isprintable() or len(t) > MAX_NAME_CHARS:
+            raise ScaletrainError(f"--lora-targets: {ascii(t)[:80]} is no module name; give names such as q_proj,v_proj")
+    if req.method == "qlora" and req.base_bits is not None and req.base_bits not in (4, 8):
+        raise ScaletrainError(f"--method qlora quantizes the frozen base to 4 or 8 bits (got --base-bits "
+                              f"{req.base_bits}); use --base-bits 4 or 8, or --method lora for a {req.base_bits}-bit "
+                              "base")
     if not isinstance(req.gpus, str) or len(req.gpus) > MAX_NAME_CHARS:
         raise ScaletrainError(f"--gpus must be short text such as auto, 4xH200 or 2x8xH100 (got "
                               f"{str(req.gpus)[:40]!r}{'…' if len(str(req.gpus)) > 40 else ''})")

@@ -23,7 +23,7 @@ from scaletrain.engine.request.remote_code import check_no_remote_code
 from scaletrain.engine.request.data_source import resolve_data
 from scaletrain.engine.units import fmt_count
 
-PROFILE_FORMAT = 1          # must match trainer/data_profile.py
+PROFILE_FORMAT = 2          # must match trainer/data_profile.py
 PROFILE_TIMEOUT_S = 600     # a tokenizer load and a large file on a busy machine
 
 

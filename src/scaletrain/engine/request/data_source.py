@@ -67,8 +67,13 @@ def _count_rows(path: Path) -> int:
 
             return int(pq.ParquetFile(path).metadata.num_rows)
         if kind == "csv":
-            with path.open(newline="", encoding="utf-8") as f:
-                return max(0, sum(1 for _ in csv.reader(f)) - 1)
+            old = csv.field_size_limit()
+            csv.field_size_limit(max(old, MAX_DATA_BYTES))      # a long text field is data (records.py reads it)
+            try:
+                with path.open(newline="", encoding="utf-8-sig") as f:
+                    return max(0, sum(1 for row in csv.reader(f) if row) - 1)
+            finally:
+                csv.field_size_limit(old)
         if path.suffix == ".json":
             with path.open(encoding="utf-8") as f:
                 first = next((c for c in iter(lambda: f.read(1), "") if not c.isspace()), "")
@@ -77,7 +82,9 @@ def _count_rows(path: Path) -> int:
                 return len(data) if isinstance(data, list) else 0
         with path.open(encoding="utf-8") as f:          # JSON lines
             return sum(1 for line in f if line.strip())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+    except UnicodeDecodeError:
+        raise ScaletrainError(f"dataset {path} is not UTF-8 text; give UTF-8 records") from None
+    except (OSError, ValueError, csv.Error) as e:
         raise ScaletrainError(f"dataset {path} cannot be read ({getattr(e, 'strerror', None) or e.__class__.__name__})"
                               ) from None
     except Exception as e:                               # pyarrow's own errors: not a Parquet file

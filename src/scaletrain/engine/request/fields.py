@@ -36,6 +36,11 @@ def parse_columns(text: str) -> dict[str, str]:
         ours, eq, theirs = item.partition("=")
         if not eq or ours.strip() not in DATA_COLUMN_NAMES or not theirs.strip():
             raise ValueError(f"{item!r}: give NAME=COLUMN with NAME one of {', '.join(DATA_COLUMN_NAMES)}")
+        if ours.strip() in out:
+            raise ValueError(f"{ours.strip()} is mapped twice ({ours.strip()}={out[ours.strip()]} and {item}); map "
+                             "each name once")
+        if not theirs.strip().isprintable():
+            raise ValueError(f"{ascii(theirs)[:80]}: a column name holds a control character")
         out[ours.strip()] = theirs.strip()
     if not out:
         raise ValueError("no NAME=COLUMN pair")

@@ -24,6 +24,16 @@ def check_report_to(names: Any) -> None:
         raise ScaletrainError(f"report_to {_short(names)} is not accepted; give a comma list of tensorboard, wandb, "
                               "or none alone")
 
+MAX_SEED = 2**64 - 1                      # torch.manual_seed accepts 0 … 2**64-1
+MAX_TRL_SEED = 2**32 - 1                  # TRL's runs seed numpy too (transformers.set_seed): 0 … 2**32-1
+
+
+def check_seed(seed: int, objective: str) -> None:
+    """The seed against what the objective's libraries accept (TrainOptions.check has refused the rest)."""
+    if objective in ("reward", "dpo", "grpo") and isinstance(seed, int) and seed > MAX_TRL_SEED:
+        raise ScaletrainError(f"seed must be from 0 to 2**32-1 = {MAX_TRL_SEED} for --objective {objective} (TRL "
+                              f"seeds numpy, which accepts no more; got {seed})")
+
 
 @dataclass(frozen=True)
 class TrainOptions:
@@ -95,6 +105,9 @@ class TrainOptions:
             raise ScaletrainError("give an eval split either as eval_data (--eval-data) or as eval_fraction of the "
                                   "data, not both")
         _whole("seed", self.seed, 0)
+        if self.seed > MAX_SEED:
+            raise ScaletrainError(f"seed must be from 0 to 2**64-1 = {MAX_SEED} (torch.manual_seed's range; got "
+                                  f"{_short(self.seed)})")
         if self.max_steps is not None:
             _whole("max_steps", self.max_steps, 1, "or unset")
         if self.lora_alpha is not None:

@@ -43,12 +43,13 @@ class WrittenRun(RunDir):
 
 
 def checked_train(train: TrainOptions, request: PlanRequest | None = None, plan: Plan | None = None, *,
-                  random_quantized_ok: bool = False) -> TrainOptions:
+                  random_quantized_ok: bool = False, objective: str | None = None) -> TrainOptions:
     """The trainer's options, checked as launch would (so --dry-run refuses what launch would). With the request:
     the weights resolved (None → the model's own, a local folder made absolute) and checked against the method
     and the planned architecture; a 4/8-bit base from random init only where asked for (validation measures it).
     A given dataset must be readable and is recorded as an absolute path or an HF id (the trainer runs from
-    anywhere)."""
+    anywhere). The data and eval data are read and checked for the objective (the plan's, else the request's, else
+    `objective`, else sft) exactly as the trainer will (engine/request/records.check_data)."""
     from scaletrain.engine.request.weights import resolve_weights, weights_mismatch, weights_problem
 
     train.check()
@@ -69,7 +70,17 @@ def checked_train(train: TrainOptions, request: PlanRequest | None = None, plan:
                                   "of the targets")
         train = replace(train, model_source=source)
     from scaletrain.engine.request.data_source import resolve_data
+    from scaletrain.engine.request.records import check_data
 
+    if objective is None:
+        objective = plan.setup.objective if plan is not None and plan.setup is not None else (
+            request.objective if request is not None else "sft")
+    from scaletrain.engine.request.options import check_seed
+
+    check_seed(train.seed, str(getattr(objective, "value", objective)))
+    for spec in (train.dataset, train.eval_data):   # read and checked as the trainer will: its own line, now
+        if spec is not None:
+            check_data(spec, str(getattr(objective, "value", objective)), train.data_columns)
     if train.eval_data is not None:                 # the trainer runs in the run directory: an absolute path
         train = replace(train, eval_data=resolve_data(train.eval_data).spec)
     if train.dataset is None:

@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterable
 
 RANK_DISCOVERY_EVERY_S = 5.0      # re-walk the launcher's process tree this often (ranks appear after start-up)
 MIN_INTERVAL_S = 0.1              # gpustat's minimum watch interval: CPU % before it has no interval to average
+MAX_INTERVAL_S = 3600.0           # an hour between samples: longer is a typo (and inf, 1e309, would never sample)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Callable
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.sampling.gpu import DEFAULT_INTERVAL_S, GpuSnapshot, GpuSource, NvmlSource, ReplaySource
-from scaletrain.engine.sampling.host import MIN_INTERVAL_S, HostSnapshot, HostSource
+from scaletrain.engine.sampling.host import MAX_INTERVAL_S, MIN_INTERVAL_S, HostSnapshot, HostSource
 from scaletrain.engine.sampling.watcher import JobSnapshot, RunWatcher
 
 HISTORY_SAMPLES = 180             # sparkline history: 3 minutes at 1 Hz ("the last minutes")
@@ -36,8 +36,8 @@ class Sampler:
 
     def __init__(self, gpu: GpuSource | None, host: HostSource | None, job: RunWatcher | None,
                  interval_s: float = DEFAULT_INTERVAL_S):
-        if not interval_s >= MIN_INTERVAL_S:
-            raise ScaletrainError(f"--interval must be at least {MIN_INTERVAL_S} s (got {interval_s})")
+        if not MIN_INTERVAL_S <= interval_s <= MAX_INTERVAL_S:       # nan and inf (1e309) too
+            raise ScaletrainError(f"--interval must be from {MIN_INTERVAL_S} to {MAX_INTERVAL_S:g} s (got {interval_s})")
         self.gpu, self.host, self.job = gpu, host, job
         self.interval_s = float(interval_s)
 

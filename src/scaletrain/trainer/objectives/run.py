@@ -33,20 +33,11 @@ def bundled_dataset(objective: str) -> Path:
 
 
 def read_rows(path: Path | str, objective: str) -> list[dict[str, Any]]:
-    """Rows with the columns the objective needs, each problem in one line naming the line or row (any --data:
-    trainer/data.py located_records)."""
-    from scaletrain.trainer.data import located_records
+    """Rows with the columns the objective needs, each problem in one line naming the line or row (the planner's
+    reader and check: engine/request/records.objective_rows)."""
+    from scaletrain.engine.request.records import objective_rows
 
-    need = ("prompt",) if objective == "grpo" else ("chosen", "rejected")
-    shapes = " and ".join(f'"{k}"' for k in need)
-    rows = []
-    for where, row in located_records(path, shapes):
-        missing = [k for k in need if k not in row]
-        if missing:
-            raise ScaletrainError(f"{where} lacks {', '.join(missing)} ({objective} rows need "
-                                  f"{' and '.join(need)})")
-        rows.append(row)
-    return rows
+    return objective_rows(path, objective)
 
 
 def answer_overlap(completions: list[str], answer: list[str] | None = None, **_: Any) -> list[float]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.units import printable
 from scaletrain.tui.cli.plan_args import stated
 
 if TYPE_CHECKING:
@@ -58,24 +59,24 @@ def print_diagnosis(diag: Diagnosis, out: TextIO) -> None:
     """Plain text: kind, summary, evidence, remedies with their predicted numbers (all from the Diagnosis)."""
     where = "".join(f" {k} {v}" for k, v in (("rank", diag.rank), ("node", diag.node), ("gpu", diag.gpu))
                     if v is not None)
-    print(f"{diag.kind}{where}: {diag.summary}", file=out)
+    print(printable(f"{diag.kind}{where}: {diag.summary}"), file=out)
     if diag.evidence:
         print("evidence:", file=out)
         for line in diag.evidence:
-            print(f"  {line}", file=out)
+            print(f"  {printable(line)}", file=out)
     for s in diag.secondary:
-        print(f"  also: {s}", file=out)
+        print(f"  also: {printable(s)}", file=out)
     if diag.peers:
-        print(f"peers: {diag.peers}", file=out)
+        print(f"peers: {printable(diag.peers)}", file=out)
     if diag.remedies:
         print("remedies:", file=out)
     for note in diag.notes:
-        print(f"  note: {note}", file=out)
+        print(f"  note: {printable(note)}", file=out)
     for i, r in enumerate(diag.remedies, 1):
         nums = r.numbers()
         if r.predicted_per_gpu_bytes is not None and r.fits is not None:
             nums[0] += " fits" if r.fits else " still over"
         manual = "" if r.applicable else " [manual]"
-        print(f"  {i}. {r.title}{manual}" + (f"  ({', '.join(nums)})" if nums else ""), file=out)
+        print(printable(f"  {i}. {r.title}{manual}" + (f"  ({', '.join(nums)})" if nums else "")), file=out)
         if r.changes:
-            print("     " + ", ".join(f"{k}={v}" for k, v in r.changes.items()), file=out)
+            print(printable("     " + ", ".join(f"{k}={v}" for k, v in r.changes.items())), file=out)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import sys
 
@@ -41,8 +42,12 @@ def cmd_export(args: argparse.Namespace) -> int:
                   f"AutoModelForCausalLM.from_pretrained({str(done.loadable)!r}) or try it: scaletrain chat "
                   f"{args.run_dir}")
         return 0
-    with contextlib.redirect_stdout(sys.stderr):      # DeepSpeed's and transformers' prints are not the answer
+    # DeepSpeed's and transformers' prints and warnings are not the answer: kept aside, shown on stderr after a
+    # success, dropped after a refusal (whose one line is the answer)
+    noise = io.StringIO()
+    with contextlib.redirect_stdout(noise), contextlib.redirect_stderr(noise):
         e = export_run(args.run_dir, step=args.step, out=args.out, merge=args.merge, dtype=args.dtype)
+    sys.stderr.write(noise.getvalue())
     if args.json:
         print(json.dumps(e.to_json(), indent=2))
         return 0

@@ -15,13 +15,15 @@ import sys
 from typing import Sequence
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.fileio import DISK_FULL_ERRNOS, os_error_reason
+from scaletrain.engine.fileio import io_problem
+from scaletrain.engine.units import printable
 from scaletrain.tui.cli.parser import build_parser
 
 EXIT_INTERRUPTED = 130
 EXIT_UNEXPECTED = 1
 DEBUG_ENV = "SCALETRAIN_DEBUG"          # set: an unexpected exception shows its traceback
-MAX_ERROR_CHARS = 600                  # an error line fits a few terminal rows; a longer message is cut
+MAX_ERROR_CHARS = 500                  # an error line, prefix included, fits a few rows; a longer message is cut
+ERROR_PREFIX = "scaletrain: error: "
 
 
 def _run_top_level(args: argparse.Namespace) -> int:
@@ -61,11 +63,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as e:              # a case no check foresaw: one line, the traceback on request
+        answer = io_problem(e)          # the system said no (a full disk, a symlink loop, a long name): an answer
+        if answer is not None:
+            _error_line(answer)
+            return 2
         if os.environ.get(DEBUG_ENV):
             raise
-        if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
-            _error_line(f"{os_error_reason(e)}" + (f" writing {e.filename}" if e.filename else ""))
-            return 2
         _error_line(f"unexpected {e.__class__.__name__}: {e} (this is a scaletrain bug; set {DEBUG_ENV}=1 for the "
                     "traceback)")
         return EXIT_UNEXPECTED
@@ -73,14 +76,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def one_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
-    """A message as one line of at most `limit` characters (line breaks become spaces, the rest is cut)."""
-    flat = " ".join(str(text).split())
+    """A message as one line of at most `limit` characters (line breaks become spaces, control and direction
+    characters their escapes, the rest is cut)."""
+    flat = printable(" ".join(str(text).split()))
     return flat if len(flat) <= limit else flat[:limit - 1] + "…"
 
 
 def _error_line(message: str) -> None:
     try:
-        print(f"scaletrain: error: {one_line(message)}", file=sys.stderr)
+        print(ERROR_PREFIX + one_line(message, MAX_ERROR_CHARS - len(ERROR_PREFIX)), file=sys.stderr)
     except (OSError, ValueError):       # stderr closed (a hung-up terminal): the exit code still says it
         pass
 

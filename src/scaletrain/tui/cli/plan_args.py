@@ -35,6 +35,22 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
                    help=stated("override a preset field, repeatable (keys: scaletrain plan --keys)", "none"))
 
 
+def _explained(parse: Any) -> Any:
+    """A PlanField's parse function as argparse's type, its ValueError's words kept (argparse would say only
+    "invalid parse_columns value"); int and float keep argparse's own wording."""
+    if parse is None or parse in (int, float):
+        return parse
+
+    def typed(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e) or f"invalid value {text!r}") from None
+
+    typed.__name__ = parse.__name__
+    return typed
+
+
 def _add(g: Any, f: PlanField) -> None:
     if f.kind == "flag":                      # --X / --no-X, unset (None) unless one is given
         ck = g.add_mutually_exclusive_group()
@@ -43,7 +59,7 @@ def _add(g: Any, f: PlanField) -> None:
                         help=stated(f"turn {f.flag} off", "the planner chooses"))
         return
     kw: dict[str, Any] = {"action": "append", "default": None} if f.kind == "append" else {}
-    for key, value in (("type", f.parse), ("choices", f.choices), ("metavar", f.metavar)):
+    for key, value in (("type", _explained(f.parse)), ("choices", f.choices), ("metavar", f.metavar)):
         if value is not None:
             kw[key] = value
     g.add_argument(f.flag, help=flag_help(f), **kw)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 
+from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.request.args import asked_from_args
 from scaletrain.tui.cli.plan_args import add_plan_options, stated
 
@@ -34,6 +36,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from scaletrain.trainer.validate import check_steps, derive_calibration, validate
 
     console = Console(highlight=False, stderr=args.json)
+    budget = args.budget_seconds
+    if budget is not None and not (math.isfinite(budget) and budget > 0):    # before any folder is made
+        raise ScaletrainError(f"--budget-seconds must be a positive finite number of seconds (got {budget!r})")
     asked = asked_from_args(args)
     request, train = asked.request(), asked.train
     check_steps(args.steps)                      # before the first line is printed

@@ -17,6 +17,7 @@ from scaletrain.engine.catalog.hardware import GPU_CATALOG, parse_gpus
 from scaletrain.engine.catalog.architectures import catalog_ids, load_model
 from scaletrain.engine.model.setup import check_num_generations, check_prompt_len
 from scaletrain.engine.request.fields import FIELD
+from scaletrain.engine.request.records import check_data
 from scaletrain.engine.request.request import objective_lengths
 from scaletrain.engine.vocabulary import Method, Objective, RefModel
 from scaletrain.tui.wizard.sources import model_weights, parse_weights
@@ -236,9 +237,14 @@ def ask_batch(ask: Any, state: WizardState, detection: Any) -> WizardState:
     eb = ask.text(_prompt("effective_batch"), str(req.effective_batch or ""), effective)
     state = state.with_request(effective_batch=eb)
     sl = ask.text(_prompt("seq_len"), str(req.seq_len), _int("seq_len"))
+    def dataset(t: str) -> Any:
+        choice = parse_dataset("" if t.strip().lower() == "none" else t)
+        if choice.source is not None:         # read and checked as the trainer will: its line, and asked again
+            check_data(choice.source.spec, req.objective, state.train.data_columns)
+        return choice
+
     ds = ask.text("Dataset (JSONL path, a sample count, or none for the demo data)",
-                  state.train.dataset or dataset_text(state) or "none",
-                  lambda t: parse_dataset("" if t.strip().lower() == "none" else t))
+                  state.train.dataset or dataset_text(state) or "none", dataset)
     ep = ask.text(_prompt("epochs"), f"{req.epochs:g}", _float("epochs"))
     lr = ask.text(_prompt("lr"), f"{state.train.lr:g}", _float("lr"))
     ref = ask.text("LR reference for the scaling rules, BASE_LR@BASE_BATCH (e.g. 2e-4@8), or none",

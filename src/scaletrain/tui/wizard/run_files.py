@@ -28,7 +28,7 @@ def _ordered(files: dict[str, str]) -> dict[str, str]:
 
 def preview(plan: Plan, state: WizardState, run_dir: str) -> dict[str, str]:
     """The files `write` would create in `run_dir`, name → text, rendered by the writers without touching disk."""
-    train = writers.checked_train(state.train)
+    train = writers.checked_train(state.train, objective=state.request.objective)
     files = writers.render_run_files(plan, state.request, train, RunDir(Path(run_dir or ".").expanduser()),
                                      job_specs=state.job_specs)
     return _ordered({name: text for name, (text, _mode) in files.items()})

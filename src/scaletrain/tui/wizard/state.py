@@ -25,6 +25,7 @@ from scaletrain.engine.plan.search import search_key
 from scaletrain.engine.plan.what_if import repaired, what_if_changes
 from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.request.data_source import DataSource, resolve_data
+from scaletrain.engine.request.records import check_data
 from scaletrain.engine.request.weights import resolve_weights, weights_problem, weights_warning
 from scaletrain.tui.wizard.sources import parse_data
 from scaletrain.engine.request.args import asked_from_args
@@ -360,6 +361,12 @@ def apply_batch_fields(state: WizardState, values: dict[str, str]) -> WizardStat
     ds: DatasetChoice = got["dataset"]
     source: DataSource | None = got["data"] or ds.source   # a data path typed as the samples is the data, counted
     data = source.spec if source is not None else None
+    if source is not None:                 # read and checked as the trainer will: its line next to the field
+        field = "data" if got["data"] is not None else "dataset"
+        try:
+            check_data(source.spec, state.request.objective, state.train.data_columns)
+        except ScaletrainError as e:
+            raise FieldError(field, str(e)) from None
     samples = ds.samples if ds.samples is not None else (source.rows if source is not None else None)
     return state.with_request(
         effective_batch=got["effective_batch"], seq_len=got["seq_len"], dataset_size=samples,
