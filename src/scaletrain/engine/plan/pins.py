@@ -33,9 +33,16 @@ def _choice_words(s: Any) -> list[str]:
             f"loss {s.loss}"]
 
 
-def _differing(pinned: Any, best: Any) -> tuple[list[str], list[str]]:
+def _short_words(s: Any) -> list[str]:
+    """_choice_words for a table cell: 'ZeRO-3', 'off:all', '2×8', 'ckpt on', 'loss chunked'."""
+    return [s.strategy.label, "no offload" if str(s.offload) == "none" else f"off:{s.offload}",
+            f"{s.micro_batch}×{s.grad_accum}", f"ckpt {'on' if s.grad_ckpt else 'off'}", f"loss {s.loss}"]
+
+
+def _differing(pinned: Any, best: Any, *, short: bool = False) -> tuple[list[str], list[str]]:
     """The words of the choices that differ between two setups: (pinned's, best's), in PIN_FIELDS order."""
-    a, b = _choice_words(pinned), _choice_words(best)
+    words = _short_words if short else _choice_words
+    a, b = words(pinned), words(best)
     keys = [(pinned.strategy, best.strategy), (pinned.offload, best.offload),
             ((pinned.micro_batch, pinned.grad_accum), (best.micro_batch, best.grad_accum)),
             (pinned.grad_ckpt, best.grad_ckpt), (str(pinned.loss), str(best.loss))]
@@ -121,16 +128,16 @@ def pin_cost(request: PlanRequest, plan: Plan, hardware: Hardware | None = None)
 
 def row_versus(row: Any, plan: Plan) -> str:
     """What an alternatives row (engine.plan.rows.AlternativeRow) differs in from the plan on screen, and what that
-    changes: "−8.9 s, +3.0 GiB: FSDP, micro 4 × accum 4" ('same' for the plan's own choices)."""
+    changes: "−8.9 s +3.00 GiB: FSDP, 4×4" ('the plan above' for the plan's own choices)."""
     s = plan.setup
-    mine, _theirs = _differing(row_setup_view(row, s), s)
+    mine, _theirs = _differing(row_setup_view(row, s), s, short=True)
     if not mine:
         return "the plan above"
     dt = row.step_seconds - (plan.time.step_seconds if plan.time is not None else row.step_seconds)
     dm = row.per_gpu_bytes - plan.memory.total_bytes
     sign_t = "+" if dt >= 0 else "−"
     sign_m = "+" if dm >= 0 else "−"
-    return f"{sign_t}{fmt_seconds(abs(dt))}, {sign_m}{fmt_bytes(abs(dm))}: {', '.join(mine)}"
+    return f"{sign_t}{fmt_seconds(abs(dt))} {sign_m}{fmt_bytes(abs(dm))}: {', '.join(mine)}"
 
 
 @dataclass(frozen=True)

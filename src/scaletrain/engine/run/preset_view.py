@@ -26,7 +26,7 @@ class PresetView:
     objective: str                # "sft", "reward", ...
     description: str
     seed: str | None              # what the seed guide claimed
-    predicted: str                # "scaletrain: 89.00 GiB per GPU, 8.8 s/step, 4.6 min in all" or why not
+    predicted: str                # "scaletrain: 89.00 GiB per GPU, 8.8 s/step, 2.1 min in all" or why not
     bundled: bool                 # shipped with scaletrain (else the user's own, ./presets-local)
 
     def setup_words(self) -> str:
@@ -44,15 +44,15 @@ def predicted_words(preset: Preset) -> str:
         plan = make_plan(with_known_length(request, train))
     except ScaletrainError as e:
         return f"scaletrain: does not plan ({e})"
-    parts = [f"{fmt_bytes(plan.memory.total_bytes)} per GPU" + ("" if plan.fits else " (does not fit)")]
+    per = "per GPU" if plan.setup.device == "cuda" else "per process"
+    parts = [f"{fmt_bytes(plan.memory.total_bytes)} {per}" + ("" if plan.fits else " (does not fit)")]
     rt = run_time(plan, train)
     if rt is not None:
         parts.append(f"{fmt_seconds(rt.step_seconds)}/step")
         if rt.total_seconds is not None:
             counted = known_length(request, train).source
-            where = "" if counted == "given" else " on the bundled data" if "bundled" in counted else ""
+            where = " on the bundled data" if "bundled" in counted else ""
             parts.append(f"{fmt_seconds(rt.total_seconds)} in all{where}")
-        parts.append(f"{rt.hours_per_1000_samples:.3g} h per 1,000 samples")
     return "scaletrain: " + ", ".join(parts)
 
 

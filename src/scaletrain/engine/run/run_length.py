@@ -22,7 +22,8 @@ class RunLength:
             return head + (f" = {self.epochs:.3g} epochs" if self.epochs is not None else
                            " (epochs: give a dataset size)")
         ep = f"{self.epochs:g} epoch{'s' if self.epochs != 1 else ''}"
-        return ep + (f" = {self.steps:,} steps" if self.steps is not None else " (steps: give a dataset size)")
+        return ep + (f" = {self.steps:,} step{'s' if self.steps != 1 else ''}" if self.steps is not None
+                     else " (steps: give a dataset size)")
 
 
 def run_length(plan: Any, train: Any) -> RunLength:
