@@ -231,6 +231,8 @@ def test_no_gpu_and_no_flag_says_so_and_offers_the_catalog():
     async def look():
         async with app.run_test(size=(100, 32)) as pilot:
             await settle(pilot, app)
+            assert screen_name(app) == "StartScreen"      # no arguments: the presets first
+            await press(pilot, app, "enter")              # "start from scratch" is the first row
             detected = text_of(app, "#detected")
             assert "No GPU detected" in detected and NO_GPU_REASON in detected
             assert app.screen.query_one("#src-detected").disabled
@@ -250,6 +252,8 @@ def test_detected_gpus_are_used_by_default():
     async def look():
         async with app.run_test(size=(100, 32)) as pilot:
             await settle(pilot, app)
+            assert screen_name(app) == "StartScreen"      # no arguments: the presets first
+            await press(pilot, app, "enter")              # "start from scratch" is the first row
             detected = text_of(app, "#detected")
             assert "Detected 4 GPU(s)" in detected and "NVLink ×18" in detected and "550.54.15" in detected
             assert app.screen.query_one("#src-detected").value

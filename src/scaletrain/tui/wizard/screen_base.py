@@ -53,7 +53,7 @@ class WizardStep(Screen):
         Binding("ctrl+n", "next", "Next", priority=True),
         Binding("escape", "back", "Back"),
         Binding("question_mark", "app.help", "Keys", key_display="?"),
-        Binding("f1", "app.help", "Help", show=False),
+        Binding("f1", "app.help", "Keys"),     # in the footer while a text field takes `?` as a character
         Binding("ctrl+s", "app.save_preset", "Save preset", priority=True),
     ]
 

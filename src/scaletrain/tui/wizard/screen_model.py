@@ -14,7 +14,7 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.architectures import ModelArch, load_model
 from scaletrain.engine.request.fields import FORM_FIELD
 from scaletrain.engine.request.request import base_setup
-from scaletrain.engine.vocabulary import Method
+from scaletrain.engine.vocabulary import Method, Objective
 from scaletrain.engine.units import fmt_count
 from scaletrain.tui.wizard.screen_base import WizardStep
 from scaletrain.tui.widgets.field import Field
@@ -23,6 +23,10 @@ from scaletrain.tui.wizard.state import (FieldError, WizardState, field_value, f
                                          parse_int, parse_named, parse_residents, parse_targets, weights_text)
 
 BASE_BITS_CHOICES = (16, 8, 4)
+# The chosen method in words beside its radio buttons (a pressed button is otherwise only a coloured dot).
+METHOD_WORDS = {"full": "→ full fine-tuning", "lora": "→ LoRA adapters", "qlora": "→ LoRA on a 4-bit base"}
+# The objective's radio labels: what each trains (engine.vocabulary.Objective), short enough for 80 columns.
+OBJECTIVE_WORDS = {"sft": "sft", "reward": "reward model", "dpo": "dpo", "grpo": "grpo"}
 
 
 def _field(name: str, value: str, *, placeholder: str = "") -> Field:
@@ -52,7 +56,8 @@ config.json (or a folder holding one) or a **Hugging Face cache id** (read offli
 **Weights**: where training starts — an HF id (org/name), a local model folder, or `random-init` (testing only:
 the write step says so in red, and QLoRA cannot quantize random weights); they follow the model until you change
 them. **Method** (asked, never assumed): full fine-tuning, LoRA (rank, target modules; empty targets = every block linear; frozen base in 16 or
-8 bits) or QLoRA (4-bit NF4 base). **Extra resident models** are inference-only models kept on every GPU next to the
+8 bits) or QLoRA (4-bit NF4 base). **Objective**: sft (next-token loss), a reward model (a score head on
+chosen/rejected pairs), dpo or grpo (TRL's trainers); `t` on the plan step cycles it too. **Extra resident models** are inference-only models kept on every GPU next to the
 trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with bits 16, 8 or 4.
 """
 
@@ -69,6 +74,13 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
                     for m in Method.values():
                         yield RadioButton(m, id=f"method-{m}",
                                           value=self.wizard.state.method_chosen and req.method == m)
+                yield Static("", id="method-said")
+            with Horizontal(classes="field-row", id="objective-row"):
+                yield Label("objective", classes="field-label")
+                with RadioSet(id="objective"):
+                    for o in Objective.values():
+                        yield RadioButton(OBJECTIVE_WORDS.get(o, o), id=f"objective-{o}",
+                                          value=(req.objective or "sft") == o)
             with Vertical(id="lora-box"):
                 yield _field("lora_rank", str(req.lora_rank))
                 yield _field("lora_targets", ",".join(req.lora_targets or ()), placeholder="all block linears")
@@ -149,9 +161,18 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
         pressed = self.query_one("#method", RadioSet).pressed_button
         return pressed.id.removeprefix("method-") if pressed and pressed.id else None
 
+    def _objective(self) -> str:
+        """The pressed objective (sft unless another is chosen)."""
+        pressed = self.query_one("#objective", RadioSet).pressed_button
+        return pressed.id.removeprefix("objective-") if pressed and pressed.id else "sft"
+
     def _sync_method(self) -> None:
         box = self.query_one("#lora-box")
-        full = self._method() in ("full", None)
+        method = self._method()
+        self.query_one("#method-said", Static).update(
+            Text(METHOD_WORDS.get(method or "", "none chosen yet: ←/→ and space pick one"),
+                 style="bold" if method else "yellow"))
+        full = method in ("full", None)
         box.set_class(full, "-disabled")
         for inp in box.query(Input):
             inp.disabled = full
@@ -185,7 +206,7 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
             raise ScaletrainError(f"choose a method: {', '.join(Method.values())} (full fine-tuning, LoRA adapters, "
                                   "or LoRA on a 4-bit base)")
         weights = self._weights(model)
-        changes: dict = dict(model=model, method=method)
+        changes: dict = dict(model=model, method=method, objective=self._objective())
         if method != "full":
             changes["lora_rank"] = field_value(self.query_one("#field-lora_rank", Field),
                                                lambda t: parse_int(t, "LoRA rank"))

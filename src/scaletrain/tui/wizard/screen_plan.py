@@ -175,8 +175,13 @@ the run trains as the trainer will run it (a `train.max_steps` overrides the epo
         from scaletrain.tui.wizard.state import unpin
 
         plan = self.wizard.plan
-        if plan is not None:
-            self.recompute(unpin(self.wizard.state, plan))
+        if plan is None:
+            return
+        state = unpin(self.wizard.state, plan)
+        if state == self.wizard.state:
+            self.show_message("nothing is pinned: the plan above is the planner's own pick")
+            return
+        self.recompute(state)
 
     # ---- alternatives ------------------------------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="alternatives")
