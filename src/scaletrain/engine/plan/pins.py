@@ -111,11 +111,13 @@ def unpinned(request: PlanRequest, plan: Plan) -> PlanRequest:
 def pin_cost(request: PlanRequest, plan: Plan, hardware: Hardware | None = None) -> PinCost | None:
     """The cost of `request`'s pins in `plan` (its plan) against the planner's best with them free; None when the
     request pins nothing or the free request cannot be planned."""
-    pinned = tuple(f for f in PIN_FIELDS if getattr(request, f) is not None)
+    free = unpinned(request, plan)
+    # a field the request fills in by itself (a TRL objective's gradient checkpointing) is not a pin
+    pinned = tuple(f for f in PIN_FIELDS if getattr(request, f) is not None and getattr(free, f) is None)
     if not pinned:
         return None
     try:
-        best = make_plan(unpinned(request, plan), hardware)
+        best = make_plan(free, hardware)
     except ScaletrainError:
         return None
     if best.time is None or plan.time is None:

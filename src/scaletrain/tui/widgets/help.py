@@ -25,11 +25,11 @@ def key_rows(screen: Screen) -> list[tuple[str, str]]:
     action once (several keys for one action are joined: '+/-', '? / f1')."""
     app = screen.app
     rows: dict[str, tuple[list[str], str]] = {}
-    for active in screen.active_bindings.values():
-        node, binding = active.node, active.binding
-        if node is not screen and node is not app:
-            continue             # a focused widget's own keys (a table's arrows) are its business
-        _add(rows, binding, app.get_key_display(binding))
+    active = list(screen.active_bindings.values())
+    for owner in (screen, app):       # the step's own keys first, then the app's (tab, copy)
+        for a in active:
+            if a.node is owner:       # a focused widget's own keys (a table's arrows) are its business
+                _add(rows, a.binding, app.get_key_display(a.binding))
     return [(" / ".join(dict.fromkeys(keys)), what) for keys, what in rows.values()]
 
 
@@ -42,9 +42,8 @@ def _add(rows: dict[str, tuple[list[str], str]], binding: Binding, shown: str) -
 
 
 def cheat_sheet(rows: Iterable[tuple[str, str]]) -> str:
-    lines = ["| key | what it does |", "|---|---|"]
-    lines += [f"| `{k.replace('|', '¦')}` | {w.replace('|', '¦')} |" for k, w in rows]
-    return "\n".join(lines)
+    """One Markdown list line per key: '- `^n` Next'."""
+    return "\n".join(f"- `{k.replace('`', chr(39))}` {w}" for k, w in rows)
 
 
 class HelpScreen(ModalScreen[None]):
