@@ -56,8 +56,9 @@ def app_for(args=ARGS):
     return create_app(parse_args(list(args)), detect=no_gpu, launch=False)
 
 
-def test_step1_hardware_no_gpu(snap_compare):
-    assert snap_compare(app_for(["--run-dir", RUN_DIR]), terminal_size=SIZE, run_before=walk_to(1))
+def test_step1_hardware_no_gpu(snap_compare, no_local_presets):
+    """No arguments: the start screen, then "start from scratch" (its first row) opens step 1."""
+    assert snap_compare(app_for(["--run-dir", RUN_DIR]), terminal_size=SIZE, run_before=walk_to(1, "enter"))
 
 
 def test_step1_hardware_4xh200(snap_compare):
