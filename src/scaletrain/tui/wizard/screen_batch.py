@@ -32,7 +32,7 @@ class BatchScreen(WizardStep):
 ## Step 3 · Batch & data
 Give the **effective batch** (samples per optimizer step over all GPUs), the sequence length, the **data** the run
 trains on (a JSONL file or an HF dataset id; empty: the bundled demo data), the **samples** the estimate counts
-(empty: counted from a local data file) and epochs. The panel on the right is the engine's solver,
+(empty: the rows of the data file, or of the bundled data the run then trains on) and epochs. The panel on the right is the engine's solver,
 recomputed as you type: micro batch × gradient accumulation × GPUs = effective batch, the strategy, whether it fits,
 and the time. With a **base LR** tuned at a **base batch**, it shows what the square-root and linear rules suggest.
 """

@@ -97,13 +97,14 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
             self.load_info(self.wizard.state.request.model)
 
     # ---- catalog search --------------------------------------------------------------------------------------
-    def fill_catalog(self) -> None:
+    def fill_catalog(self) -> list[str]:
         query = self.query_one("#in-model", Input).value
         ol = self.query_one("#models", OptionList)
         ids = [mid for mid in self.wizard.catalog_ids if matches(mid, query)]
         ol.set_options(Option(self._label(mid), id=mid) for mid in ids)
         if ids:
             ol.highlighted = ids.index(query) if query in ids else 0
+        return ids
 
     def _label(self, mid: str) -> Text:
         arch = self.wizard.catalog_arch[mid]
@@ -115,9 +116,17 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
 
     @on(Input.Changed, "#in-model")
     def _model_typed(self, event: Input.Changed) -> None:
-        self._follow_model(event.value)
-        self.fill_catalog()
+        found = self.fill_catalog()
         self.query_one("#field-model", Field).show_error(None)
+        text = event.value.strip()
+        if text and text not in self.wizard.catalog_ids and found:
+            # still a search: the suggestions speak, not an "unknown model" error, and the weights stay as they are
+            self.workers.cancel_group(self, "model-info")
+            self.query_one("#model-info", Static).update(Text(
+                f"{len(found)} catalog match{'es' if len(found) != 1 else ''}: enter picks {found[0]}, "
+                "↓ chooses another", style="dim"))
+            return
+        self._follow_model(event.value)
         self.load_info(event.value)
 
     @on(OptionList.OptionSelected, "#models")
