@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 
@@ -50,21 +51,40 @@ def known_length(request: Any, train: Any) -> KnownLength:
     if request.dataset_size is not None:
         return KnownLength(request.dataset_size, "given")
     from scaletrain.engine.errors import ScaletrainError
-    from scaletrain.engine.request.data_source import resolve_data
     from scaletrain.engine.request.options import bundled_dataset
 
     if train.dataset:
         try:
-            rows = resolve_data(train.dataset).rows
+            rows = _rows(train.dataset)
         except ScaletrainError:
             return KnownLength(None, f"{train.dataset} cannot be counted here")
         return KnownLength(rows, f"{train.dataset}, {rows:,} rows" if rows else str(train.dataset))
     path = bundled_dataset(request.objective or "sft")
     try:
-        rows = resolve_data(str(path)).rows
+        rows = _rows(str(path))
     except ScaletrainError:
         return KnownLength(None, f"the bundled data {path.name} is missing")
     return KnownLength(rows, f"the bundled data {path.name}, {rows:,} rows; set the dataset for yours")
+
+
+def _rows(spec: str) -> int | None:
+    """The rows of a data file or folder (engine.request.data_source.resolve_data), counted once per file version:
+    the wizard asks on every what-if key, and reading the file each time costs milliseconds."""
+    import os
+
+    try:
+        st = os.stat(os.path.expanduser(spec))
+        version: tuple = (st.st_size, st.st_mtime_ns)
+    except (OSError, ValueError):
+        version = ()             # a hub id: resolve_data looks it up in the cache
+    return _rows_of(spec, version)
+
+
+@lru_cache(maxsize=64)
+def _rows_of(spec: str, version: tuple) -> int | None:
+    from scaletrain.engine.request.data_source import resolve_data
+
+    return resolve_data(spec).rows
 
 
 def with_known_length(request: Any, train: Any) -> Any:
