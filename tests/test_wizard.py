@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from textual.worker import WorkerCancelled
 
 from scaletrain.engine.model.memory import estimate_memory
 from scaletrain.engine.devices.nvml import DetectedGpu, DetectionResult
@@ -39,9 +40,15 @@ def four_h200() -> DetectionResult:
 
 
 async def settle(pilot, app) -> None:
-    """Let thread workers (detection, model checks, the solver) finish and their results land."""
+    """Let thread workers (detection, model checks, the solver) finish and their results land. A worker a newer
+    keystroke superseded (exclusive workers: the solver, the model check) is cancelled: wait for it to leave."""
     for _ in range(3):
-        await app.workers.wait_for_complete()
+        for _attempt in range(200):
+            try:
+                await app.workers.wait_for_complete()
+                break
+            except WorkerCancelled:
+                await pilot.pause(0.05)
         await pilot.pause()
 
 

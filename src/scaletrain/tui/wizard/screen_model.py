@@ -89,6 +89,7 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
             yield _field("residents", format_residents(req.residents), placeholder="none")
 
     def on_mount(self) -> None:
+        self._info_spec: str | None = None
         self._model_seen = self.wizard.state.request.model if not self.wizard.state.weights_chosen else ""
         self.fill_catalog()
         self._sync_method()
@@ -121,7 +122,7 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
         text = event.value.strip()
         if text and text not in self.wizard.catalog_ids and found:
             # still a search: the suggestions speak, not an "unknown model" error, and the weights stay as they are
-            self.workers.cancel_group(self, "model-info")
+            self._info_spec = None          # a model check still under way for an earlier text is not shown
             self.query_one("#model-info", Static).update(Text(
                 f"{len(found)} catalog match{'es' if len(found) != 1 else ''}: enter picks {found[0]}, "
                 "↓ chooses another", style="dim"))
@@ -149,8 +150,16 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
         self.load_info(model_id)
         self.query_one("#method").focus()
 
-    @work(thread=True, exclusive=True, group="model-info")
     def load_info(self, spec: str) -> None:
+        self._info_spec = spec
+        self._load_info(spec)
+
+    def _show_info(self, spec: str, info: Text) -> None:
+        if spec == self._info_spec:
+            self.query_one("#model-info", Static).update(info)
+
+    @work(thread=True, exclusive=True, group="model-info")
+    def _load_info(self, spec: str) -> None:
         """Resolve the model off the UI thread (a path or cache id reads disk; unknown families load torch)."""
         if not spec.strip():
             info: Text = Text("no model chosen yet", style="dim")
@@ -162,7 +171,7 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
             except Exception as e:  # shown in place, never a traceback
                 info = Text(f"cannot read {spec!r}: {e.__class__.__name__}: {e}", style="yellow")
         if not get_current_worker().is_cancelled:
-            self.app.call_from_thread(self.query_one("#model-info", Static).update, info)
+            self.app.call_from_thread(self._show_info, spec, info)
 
     # ---- method ----------------------------------------------------------------------------------------------
     def _method(self) -> str | None:
