@@ -11,7 +11,7 @@ import pytest
 
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.request.presets import preset_names
-from scaletrain.engine.run.run_length import RunLength, run_length
+from scaletrain.engine.run.run_length import RunLength, run_length, with_known_length
 from scaletrain.engine.request.weights import weights_problem, weights_warning
 from scaletrain.tui.cli.parser import build_parser
 from scaletrain.engine.request.args import asked_from_args
@@ -31,8 +31,9 @@ def test_the_wizard_plans_a_preset_as_headless_does(preset, tmp_path):
     """Walked straight through, the wizard's plan is the headless plan of the same preset (cpu-tiny: micro 4 ×
     accum 2, where the wizard used to re-search to micro 8 × accum 1), and it says how long the run trains."""
     args = build_parser().parse_args(["--preset", preset])
-    headless = make_plan(asked_from_args(args).request())
     train = asked_from_args(args).train
+    # the wizard counts the run's length as the plan step shows it (the bundled data when the preset sets none)
+    headless = make_plan(with_known_length(asked_from_args(args).request(), train))
     app = create_app(parse_args(["--preset", preset, "--run-dir", str(tmp_path / "run")]), detect=no_gpu, launch=False)
 
     async def walk():

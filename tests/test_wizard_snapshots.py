@@ -56,8 +56,9 @@ def app_for(args=ARGS):
     return create_app(parse_args(list(args)), detect=no_gpu, launch=False)
 
 
-def test_step1_hardware_no_gpu(snap_compare):
-    assert snap_compare(app_for(["--run-dir", RUN_DIR]), terminal_size=SIZE, run_before=walk_to(1))
+def test_step1_hardware_no_gpu(snap_compare, no_local_presets):
+    """No arguments: the start screen, then "start from scratch" (its first row) opens step 1."""
+    assert snap_compare(app_for(["--run-dir", RUN_DIR]), terminal_size=SIZE, run_before=walk_to(1, "enter"))
 
 
 def test_step1_hardware_4xh200(snap_compare):
@@ -93,3 +94,49 @@ def test_step5_write_random_init_preset(snap_compare):
 
 def test_help(snap_compare):
     assert snap_compare(app_for(), terminal_size=SIZE, run_before=walk_to(4, "f1"))
+
+
+# ---- the start screen and a preset's plan (issue 31), at both terminal sizes the wizard supports ------------------
+SIZES = {"120x40": (120, 40), "80x24": (80, 24)}
+
+
+@pytest.fixture
+def no_local_presets(tmp_path, monkeypatch):
+    """The start screen lists ./presets-local too: an empty working directory keeps the screen the bundled list."""
+    monkeypatch.chdir(tmp_path)
+
+
+def pick_preset(name: str | None, *extra_keys: str):
+    """run_before: on the start screen, highlight the preset (None: only wait for the list) and press enter."""
+    async def run_before(pilot) -> None:
+        app = pilot.app
+
+        async def settle() -> None:
+            for _ in range(3):
+                await app.workers.wait_for_complete()
+                await pilot.pause()
+
+        await settle()
+        if name is not None:
+            ol = app.screen.query_one("#presets")
+            ol.highlighted = ol.get_option_index(name)
+            await pilot.press("enter")
+            await settle()
+        for key in extra_keys:
+            await pilot.press(key)
+            await settle()
+
+    return run_before
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_start_screen_offers_the_presets(snap_compare, no_local_presets, size):
+    assert snap_compare(app_for(["--run-dir", RUN_DIR]), terminal_size=SIZES[size], run_before=pick_preset(None))
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("preset", ["h200x4-fast", "4090x8"])
+def test_preset_plan_says_what_its_pins_cost(snap_compare, no_local_presets, preset, size):
+    """Picked on the start screen: the plan step with the preset's name in the step bar, its pins and their cost
+    against the planner's best, host RAM and disk in the verdict, and a total time."""
+    assert snap_compare(app_for(["--run-dir", RUN_DIR]), terminal_size=SIZES[size], run_before=pick_preset(preset))

@@ -48,3 +48,27 @@ def suggest_lr(base_lr: float | None, base_batch: int | None, effective_batch: i
         raise ScaletrainError(f"--base-batch must be a whole number ≥ 1 (got {base_batch!r})")
     ratio = effective_batch / base_batch
     return LrSuggestion(float(base_lr), base_batch, effective_batch, base_lr * math.sqrt(ratio), base_lr * ratio)
+
+
+# ---- the default learning rate by method ---------------------------------------------------------------------------
+FULL_FT_LR = 2e-5          # TrainOptions.lr: a usual full fine-tuning rate for 1-70B chat models
+LORA_LR = 2e-4             # the QLoRA paper's rate for 7B and 13B adapters (Dettmers et al. 2023, table 9)
+LORA_LR_LARGE = 1e-4       # ... and for 33B and 65B
+LORA_LARGE_PARAMS = 20e9   # between 13B and 33B
+
+
+@dataclass(frozen=True)
+class DefaultLr:
+    lr: float
+    why: str
+
+
+def default_lr(method: str, params: int | None = None) -> DefaultLr:
+    """The learning rate a run starts from when none is given: adapters train at 1e-4…2e-4 (an order of magnitude
+    above full fine-tuning, as the LoRA and QLoRA papers and PEFT's examples use), full fine-tuning at 2e-5."""
+    if method in ("lora", "qlora"):
+        large = params is not None and params > LORA_LARGE_PARAMS
+        lr = LORA_LR_LARGE if large else LORA_LR
+        size = "above 20B parameters" if large else "up to 20B parameters"
+        return DefaultLr(lr, f"LoRA rule: adapters train at 1e-4…2e-4; {lr:g} {size} (QLoRA paper)")
+    return DefaultLr(FULL_FT_LR, "full fine-tuning default")

@@ -254,7 +254,7 @@ FIELDS: tuple[PlanField, ...] = (
               hint="tokens per sample (packed)", prompt="Sequence length"),
     PlanField("dataset_size", _BATCH, parse=int, help="samples in the data, for steps, epoch and total time",
               default="--data's row count; unknown without --data", metavar="N", bounds=(1, 1 << 48), label="samples",
-              hint="sample count for the estimate; empty: counted from a local data file", form="dataset"),
+              hint="sample count for the estimate; empty: the data's rows (or the bundled data's)", form="dataset"),
     PlanField("epochs", _BATCH, parse=float, label="epochs", metavar="K", help="passes over the data", hint="passes over the data (fractions allowed)",
               prompt="Epochs"),
     PlanField("tokens_per_sample", _BATCH, parse=int, bounds=(1, 1 << 24), metavar="T",

@@ -79,14 +79,17 @@ class PresetSchema(BaseModel):
 
     name: str | None = None
     description: str
+    seed: str | None = None             # what the seed guide it reproduces claimed (memory, time), one line
     weights: str | None = None          # → train.model_source
     data: str | None = None             # → train.dataset
     request: RequestSchema      # type: ignore[valid-type]
     train: TrainSchema = TrainSchema()   # type: ignore[valid-type]
 
-    @field_validator("description")
+    @field_validator("description", "seed")
     @classmethod
-    def _one_line(cls, v: str) -> str:
+    def _one_line(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
         v = v.strip()
         if not v or "\n" in v:
             raise ValueError("must be one non-empty line")
@@ -175,6 +178,7 @@ class Preset:
     path: Path
     request: dict[str, Any]          # validated PlanRequest fields the preset sets
     train_fields: dict[str, Any]     # validated TrainOptions fields the preset sets
+    seed: str | None = None          # what the seed guide it reproduces claimed, one line (None: no seed)
 
     def request_fields(self) -> dict[str, Any]:
         """Keyword arguments for PlanRequest; the plan is named after the preset unless it says otherwise."""
@@ -253,7 +257,13 @@ def find_preset(spec: str) -> Path:
             p = d / f"{spec}{suffix}"
             if _is_file(p):
                 return p
-    raise ScaletrainError(f"unknown preset {_short(spec)}; available: {', '.join(preset_names()) or 'none'} "
+    names = preset_names()
+    folded = {n.casefold(): n for n in names}
+    if spec.casefold() in folded:            # names are case-insensitive: H200x4-Fast is h200x4-fast
+        return find_preset(folded[spec.casefold()])
+    near = difflib.get_close_matches(spec.casefold(), list(folded), n=1, cutoff=0.6)
+    hint = f"did you mean {folded[near[0]]}? " if near else ""
+    raise ScaletrainError(f"unknown preset {_short(spec)}; {hint}available: {', '.join(names) or 'none'} "
                           "(see `scaletrain presets`), or give a path to a .yaml file")
 
 
@@ -297,11 +307,11 @@ def load_preset_file(path: Path, *, by_name: bool = False) -> Preset:
                                   f"disagree; give {key} only")
         train_fields[field] = value
     return Preset(name=name, description=m.description, path=path,
-                  request=m.request.model_dump(exclude_unset=True), train_fields=train_fields)
+                  request=m.request.model_dump(exclude_unset=True), train_fields=train_fields, seed=m.seed)
 
 
 def load_preset(name_or_path: str) -> Preset:
-    """A preset by name (./presets-local, then bundled) or by .yaml path, validated."""
+    """A preset by name (./presets-local, then bundled; any letter case) or by .yaml path, validated."""
     path = find_preset(name_or_path)
     return load_preset_file(path, by_name=not _is_path(name_or_path.strip()))
 

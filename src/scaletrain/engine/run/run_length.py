@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 
@@ -22,7 +23,8 @@ class RunLength:
             return head + (f" = {self.epochs:.3g} epochs" if self.epochs is not None else
                            " (epochs: give a dataset size)")
         ep = f"{self.epochs:g} epoch{'s' if self.epochs != 1 else ''}"
-        return ep + (f" = {self.steps:,} steps" if self.steps is not None else " (steps: give a dataset size)")
+        return ep + (f" = {self.steps:,} step{'s' if self.steps != 1 else ''}" if self.steps is not None
+                     else " (steps: give a dataset size)")
 
 
 def run_length(plan: Any, train: Any) -> RunLength:
@@ -32,6 +34,98 @@ def run_length(plan: Any, train: Any) -> RunLength:
     if train.max_steps is not None:
         return RunLength(int(train.max_steps), train.max_steps / per_epoch if per_epoch else None, True)
     return RunLength(t.total_steps if t is not None else None, float(plan.setup.epochs), False)
+
+
+@dataclass(frozen=True)
+class KnownLength:
+    """The samples a plan counts when the request gave none, and where the count comes from."""
+
+    samples: int | None
+    source: str                   # "given", "the bundled demo data (demo.jsonl, 1,000 rows)", "data.jsonl", ...
+
+
+def known_length(request: Any, train: Any) -> KnownLength:
+    """The run's samples: the request's dataset size; else the rows of the data it trains on (the train option
+    `dataset`, read offline), or of the bundled data when none is set (what the trainer then trains on). A dataset
+    that cannot be read here (a hub id not in the cache) leaves the length unknown."""
+    if request.dataset_size is not None:
+        return KnownLength(request.dataset_size, "given")
+    from scaletrain.engine.errors import ScaletrainError
+    from scaletrain.engine.request.options import bundled_dataset
+
+    if train.dataset:
+        try:
+            rows = _rows(train.dataset)
+        except ScaletrainError:
+            return KnownLength(None, f"{train.dataset} cannot be counted here")
+        return KnownLength(rows, f"{train.dataset}, {rows:,} rows" if rows else str(train.dataset))
+    path = bundled_dataset(request.objective or "sft")
+    try:
+        rows = _rows(str(path))
+    except ScaletrainError:
+        return KnownLength(None, f"the bundled data {path.name} is missing")
+    return KnownLength(rows, f"the bundled data {path.name}, {rows:,} rows; set the dataset for yours")
+
+
+def _rows(spec: str) -> int | None:
+    """The rows of a data file or folder (engine.request.data_source.resolve_data), counted once per file version:
+    the wizard asks on every what-if key, and reading the file each time costs milliseconds."""
+    import os
+
+    try:
+        st = os.stat(os.path.expanduser(spec))
+        version: tuple = (st.st_size, st.st_mtime_ns)
+    except (OSError, ValueError):
+        version = ()             # a hub id: resolve_data looks it up in the cache
+    return _rows_of(spec, version)
+
+
+@lru_cache(maxsize=64)
+def _rows_of(spec: str, version: tuple) -> int | None:
+    from scaletrain.engine.request.data_source import resolve_data
+
+    return resolve_data(spec).rows
+
+
+def with_known_length(request: Any, train: Any) -> Any:
+    """The request with its dataset size filled in by known_length (unchanged when it cannot be known)."""
+    n = known_length(request, train).samples
+    return request if request.dataset_size is not None or n is None else request.with_(dataset_size=n)
+
+
+@dataclass(frozen=True)
+class RunTime:
+    """Step, epoch and total time of the run as the trainer runs it (max_steps or the epochs), and the rate."""
+
+    step_seconds: float
+    epoch_seconds: float | None
+    total_seconds: float | None
+    steps: int | None
+    hours_per_1000_samples: float
+
+    def text(self) -> str:
+        """'8.8 s/step · 2.3 min/epoch · 4.6 min total · 0.019 h per 1,000 samples'."""
+        from scaletrain.engine.units import fmt_seconds
+
+        parts = [f"{fmt_seconds(self.step_seconds)}/step"]
+        if self.epoch_seconds is not None:
+            parts.append(f"{fmt_seconds(self.epoch_seconds)}/epoch")
+        parts.append(f"{fmt_seconds(self.total_seconds)} total" if self.total_seconds is not None
+                     else "total: give the samples")
+        parts.append(f"{self.hours_per_1000_samples:.3g} h per 1,000 samples")
+        return " · ".join(parts)
+
+
+def run_time(plan: Any, train: Any) -> RunTime | None:
+    """The plan's time model over the run's length (run_length: train.max_steps overrides the epochs); None when
+    the plan has no time estimate. Hours per 1,000 samples: the step time over the samples one step takes."""
+    t = plan.time
+    if t is None:
+        return None
+    steps = run_length(plan, train).steps
+    total = steps * t.step_seconds if steps is not None else None
+    per_1000 = t.step_seconds / plan.setup.effective_batch * 1000 / 3600
+    return RunTime(t.step_seconds, t.epoch_seconds, total, steps, per_1000)
 
 
 @dataclass(frozen=True)

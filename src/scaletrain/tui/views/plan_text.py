@@ -104,6 +104,47 @@ def run_length_line(plan: Plan, train: TrainOptions) -> Text:
     return Text.assemble("runs: ", (run_length(plan, train).text(), "bold"), f"; {ev.text()}" if ev else "")
 
 
+def run_time_line(plan: Plan, train: TrainOptions) -> Text | None:
+    """'time: 8.8 s/step · 1.1 min/epoch · 2.1 min total · 0.0191 h per 1,000 samples' (engine.run.run_length)."""
+    from scaletrain.engine.run.run_length import run_time
+
+    rt = run_time(plan, train)
+    if rt is None:
+        return None
+    words = rt.text().split(" · ")
+    out = Text("time: ")
+    for i, w in enumerate(words):
+        if i:
+            out.append(" · ")
+        out.append(w, style="bold" if i == 0 or w.endswith(" total") else "")
+    return out
+
+
+def counted_line(plan: Plan, request: Any, train: TrainOptions) -> Text:
+    """'runs: 2 epochs = 14 steps of 1,000 samples (the bundled data demo.jsonl, 1,000 rows; set the dataset for
+    yours)' — the run as the trainer runs it and where its length comes from (engine.run.run_length)."""
+    from scaletrain.engine.run.run_length import eval_cost, known_length
+
+    known = known_length(request, train)
+    n = plan.setup.dataset_size
+    where = "" if n is None else f" of {n:,} samples" + ("" if known.source == "given" else f" ({known.source})")
+    ev = eval_cost(plan, train)
+    return Text.assemble("runs: ", (run_length(plan, train).text(), "bold"), where, f"; {ev.text()}" if ev else "")
+
+
+def resource_lines(plan: Plan, train: TrainOptions, request: Any) -> list[Text]:
+    """Host RAM and disk beside the GPU fit line, and the verdict over all of them naming the binding one
+    (engine.run.resources.resource_verdict)."""
+    from scaletrain.engine.run.resources import resource_verdict
+
+    verdict = resource_verdict(plan, train, host_ram_gib=request.host_ram)
+    out = [Text(f"  {c.line()}", style="red" if c.fits is False else "") for c in verdict.checks
+           if c.key != "gpu_memory"]
+    ok = verdict.fits
+    out.append(Text.assemble(("verdict: ", "bold"), (verdict.line(), "bold green" if ok else "bold red")))
+    return out
+
+
 def lr_line(plan: Plan) -> Text | None:
     lr = plan.lr
     if lr is None:
@@ -124,8 +165,11 @@ def why_lines(plan: Plan, explanation: str | None = None) -> list[Text]:
     return out
 
 
-def alternative_row(row: AlternativeRow) -> tuple[str, ...]:
-    """One row of the planner's ranked alternatives (engine.plan.tables.rank_alternatives)."""
+def alternative_row(row: AlternativeRow, plan: Plan | None = None) -> tuple[str, ...]:
+    """One row of the planner's ranked alternatives (engine.plan.tables.rank_alternatives) and, beside the plan on
+    screen, what it differs in and what that changes (engine.plan.pins.row_versus)."""
+    from scaletrain.engine.plan.pins import row_versus
+
     return (
         str(row.rank),
         row.strategy.label + ("" if row.offload == "none" else f"+off:{row.offload}"),
@@ -134,7 +178,8 @@ def alternative_row(row: AlternativeRow) -> tuple[str, ...]:
         fmt_bytes(row.per_gpu_bytes),
         fmt_seconds(row.step_seconds),
         fmt_seconds(row.epoch_seconds) if row.epoch_seconds else "–",
+        row_versus(row, plan) if plan is not None else "",
     )
 
 
-ALTERNATIVE_COLUMNS = ("#", "strategy", "micro×accum", "ckpt", "per GPU", "step", "epoch")
+ALTERNATIVE_COLUMNS = ("#", "strategy", "micro×accum", "ckpt", "per GPU", "step", "epoch", "vs the plan above")

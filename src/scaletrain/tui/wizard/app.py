@@ -23,7 +23,8 @@ from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.launch.detach import Detached
 from scaletrain.engine.run.layout import RunDir
 from scaletrain.tui.monitor.app import detached_note
-from scaletrain.tui.wizard.state import WizardOptions, WizardState, plannable, state_from_args
+from scaletrain.tui.wizard.state import (WizardOptions, WizardState, plannable, state_for_preset, state_from_args,
+                                         wants_start_screen)
 
 
 def options_from(args_or_options: "WizardOptions | argparse.Namespace | None") -> WizardOptions:
@@ -42,8 +43,7 @@ class WizardApp(App[int]):
     TITLE = "scaletrain"
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
-        Binding("ctrl+q", "quit", "Quit", priority=True),
-        Binding("ctrl+s", "save_preset", "Save preset", show=False, priority=True),
+        Binding("ctrl+q", "quit", "Quit", show=False, priority=True),    # the steps show it first in their footer
     ]
 
     def __init__(self, options: WizardOptions) -> None:
@@ -59,8 +59,9 @@ class WizardApp(App[int]):
 
     def on_mount(self) -> None:
         from scaletrain.tui.wizard.screen_hardware import HardwareScreen
+        from scaletrain.tui.wizard.screen_start import StartScreen
 
-        self.push_screen(HardwareScreen())
+        self.push_screen(StartScreen() if wants_start_screen(self.state) else HardwareScreen())
         self.run_worker(self._detect, thread=True, group="detect", name="nvml-detect")
         self.run_worker(self._load_catalog, thread=True, group="catalog", name="catalog")
 
@@ -122,6 +123,33 @@ class WizardApp(App[int]):
             from scaletrain.tui.wizard.screen_write import WriteScreen
             self.push_screen(WriteScreen())
 
+    async def start_from(self, preset: str | None) -> None:
+        """The start screen's pick: from scratch, step 1; a preset, its plan (steps 1-3 stacked below it, so escape
+        walks back through them), or the first step that refuses it."""
+        from scaletrain.tui.wizard.screen_batch import BatchScreen
+        from scaletrain.tui.wizard.screen_hardware import HardwareScreen
+        from scaletrain.tui.wizard.screen_model import ModelScreen
+        from scaletrain.tui.wizard.screen_plan import PlanScreen
+
+        start = self.screen
+        try:
+            state = state_for_preset(preset, self.options.state)
+        except ScaletrainError as e:
+            start.set_status(str(e), error=True)     # type: ignore[attr-defined]  (a WizardStep)
+            return
+        self.state, self.plan = state, None
+        await self.push_screen(HardwareScreen())
+        if preset is None:
+            return
+        await self.push_screen(ModelScreen())
+        await self.push_screen(BatchScreen())
+        try:
+            self.state, self.plan = plannable(self.state, self.detection)
+        except ScaletrainError as e:
+            self.screen.refuse(e)           # type: ignore[attr-defined]  (a WizardStep)
+            return
+        await self.push_screen(PlanScreen())
+
     # ---- app-wide actions ----------------------------------------------------------------------------------------
     async def action_quit(self) -> None:
         """ctrl+q at any step: exit 0. A run launched from here runs in the background and keeps training (its
@@ -159,11 +187,11 @@ class WizardApp(App[int]):
             self.launch_error = f"launch failed: {e}"
 
     def action_help(self) -> None:
-        from scaletrain.tui.widgets.help import HelpScreen
+        from scaletrain.tui.widgets.help import HelpScreen, key_rows
 
         if isinstance(self.screen, HelpScreen):
             return
-        self.push_screen(HelpScreen(getattr(self.screen, "HELP", "")))
+        self.push_screen(HelpScreen(getattr(self.screen, "HELP", ""), key_rows(self.screen)))
 
     def action_save_preset(self) -> None:
         from scaletrain.tui.wizard.screen_preset import SavePresetScreen

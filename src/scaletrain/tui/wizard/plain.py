@@ -290,7 +290,7 @@ def run_plain(args: argparse.Namespace, state: WizardState | None = None) -> int
     _say(f"wrote {', '.join(run_files.written_files(run))} to {run.path}")
     preset = getattr(args, "save_preset", None)
     if preset:
-        _say(f"preset saved to {run_files.save_preset(preset, state, plan)}")
+        _say(f"preset saved to {run_files.save_preset(preset, state, plan)[0]}")
     reason = launchable_here(plan)
     if reason is not None:
         _say(f"not launched: {reason}")

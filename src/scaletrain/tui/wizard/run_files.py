@@ -9,7 +9,7 @@ from pathlib import Path
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan
-from scaletrain.engine.request.presets import save_preset as save_preset_file
+from scaletrain.engine.request.presets import write_preset
 from scaletrain.engine.run.layout import WRITTEN, RunDir, default_run_dir
 from scaletrain.engine.run import writers
 from scaletrain.tui.wizard.state import WizardState
@@ -50,8 +50,12 @@ def written_files(run: RunDir) -> dict[str, str]:
     return _ordered({p.name: p.read_text() for p in writers.written_files(run) if p.is_file()})
 
 
-def save_preset(name: str, state: WizardState, plan: Plan | None = None) -> Path:
-    """Save the wizard's choices as a preset YAML (with a plan: its choices pinned); returns where it went."""
+def save_preset(name: str, state: WizardState, plan: Plan | None = None) -> tuple[Path, Path | None]:
+    """Save the wizard's choices as a preset YAML (with a plan: its choices pinned), written atomically; a different
+    file of that name is copied aside first. Returns (where it went, the backup or None)."""
     if not name.strip():
         raise ScaletrainError("preset name is empty; give a name like my-h200-lora")
-    return Path(save_preset_file(name.strip(), state.request, state.train, plan=plan))
+    if not state.request.model:
+        raise ScaletrainError("no model chosen yet: a preset needs one; pick it on step 2, then save")
+    path, backup = write_preset(name.strip(), state.request, state.train, plan=plan)
+    return Path(path), backup

@@ -36,6 +36,8 @@ class Wizard(Protocol):
 
     def advance(self, state: WizardState, step: int) -> None: ...
 
+    async def start_from(self, preset: str | None) -> None: ...
+
     def launch_run(self, run: RunDir) -> None: ...
 
 
@@ -44,11 +46,15 @@ class WizardStep(Screen):
 
     STEP = 0
     HELP = ""
+    # The keys every step has, first in the footer so they stay in view at 80 columns; a step's own keys follow and
+    # `?` lists them all (widgets/help.py reads the bindings: no second list to keep in sync).
     BINDINGS = [
+        Binding("ctrl+q", "app.quit", "Quit", priority=True),
         Binding("ctrl+n", "next", "Next", priority=True),
         Binding("escape", "back", "Back"),
-        Binding("f1", "app.help", "Help"),
-        Binding("question_mark", "app.help", "Help", show=False),
+        Binding("question_mark", "app.help", "Keys", key_display="?"),
+        Binding("f1", "app.help", "Keys"),     # in the footer while a text field takes `?` as a character
+        Binding("ctrl+s", "app.save_preset", "Save preset", priority=True),
     ]
 
     @property
@@ -56,7 +62,7 @@ class WizardStep(Screen):
         return self.app  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:
-        yield StepBar(self.STEP, id="stepbar")
+        yield StepBar(self.STEP, self.wizard.state.preset, id="stepbar")
         yield from self.body()
         yield Static("", id="status", markup=False)
         yield Footer()
@@ -87,8 +93,13 @@ class WizardStep(Screen):
         status.set_class(error and bool(message), "-error")
 
     def action_back(self) -> None:
-        if self.STEP > 1:
+        """Back one step; from the first step, back to the start screen when the wizard began there."""
+        stack = self.app.screen_stack
+        below = stack[-2] if len(stack) > 1 else None
+        if self.STEP > 1 or isinstance(below, WizardStep):
             self.dismiss()
+        else:
+            self.set_status("this is the first step: ctrl+q quits", error=False)
 
     def action_next(self) -> None:  # pragma: no cover - every step overrides it
         raise NotImplementedError

@@ -9,7 +9,9 @@ from textual.widgets import Input
 from textual.worker import get_current_worker
 
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.plan.lr import default_lr
 from scaletrain.engine.plan.plan import Plan
+from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.request.fields import FORM_FIELD
 from scaletrain.tui.wizard.screen_base import WizardStep
 from scaletrain.tui.widgets.field import Field
@@ -30,7 +32,7 @@ class BatchScreen(WizardStep):
 ## Step 3 · Batch & data
 Give the **effective batch** (samples per optimizer step over all GPUs), the sequence length, the **data** the run
 trains on (a JSONL file or an HF dataset id; empty: the bundled demo data), the **samples** the estimate counts
-(empty: counted from a local data file) and epochs. The panel on the right is the engine's solver,
+(empty: the rows of the data file, or of the bundled data the run then trains on) and epochs. The panel on the right is the engine's solver,
 recomputed as you type: micro batch × gradient accumulation × GPUs = effective batch, the strategy, whether it fits,
 and the time. With a **base LR** tuned at a **base batch**, it shows what the square-root and linear rules suggest.
 """
@@ -54,11 +56,25 @@ and the time. With a **base LR** tuned at a **base batch**, it shows what the sq
             else:       # pinned in the state too, so the preset's split stays (state.pin_effective_batch)
                 self.wizard.state = pin_effective_batch(self.wizard.state, plan)
                 eb.value = str(plan.setup.effective_batch)
+        self._lora_lr()
         max_steps = self.wizard.state.train.max_steps
         if max_steps is not None:   # say so where epochs are typed: the trainer runs max_steps, not the epochs
             self.query_one("#field-epochs", Field).set_hint(f"not used: train.max_steps runs {max_steps:,} steps")
         eb.input.focus()
         self.resolve()
+
+    def _lora_lr(self) -> None:
+        """A LoRA run whose learning rate is still the full fine-tuning default starts from the LoRA rule's rate
+        (engine.plan.lr.default_lr); the hint says where it comes from."""
+        st = self.wizard.state
+        method = st.request.method
+        field = self.query_one("#field-lr", Field)
+        if method == "full" or st.train.lr != TrainOptions.lr:
+            return
+        arch = self.wizard.catalog_arch.get(st.request.model)
+        rule = default_lr(method, arch.params if arch is not None else None)
+        field.value = f"{rule.lr:g}"
+        field.set_hint(rule.why)
 
     def values(self) -> dict[str, str]:
         return {f.field_name: f.value for f in self.query(Field)}

@@ -94,6 +94,8 @@ keeps free, 0.10 by default) and the **inter-node link** of a multi-node plan (G
         self._sync_source()
         self.query_one("#source" if self._has_gpus() else "#catalog").focus()
         self.refresh_summary()
+        if self.wizard.detection is not None:   # detection finished before this step opened (the start screen)
+            self.refresh_detection()
 
     def _has_gpus(self) -> bool:
         det = self.wizard.detection

@@ -14,7 +14,7 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.architectures import ModelArch, load_model
 from scaletrain.engine.request.fields import FORM_FIELD
 from scaletrain.engine.request.request import base_setup
-from scaletrain.engine.vocabulary import Method
+from scaletrain.engine.vocabulary import Method, Objective
 from scaletrain.engine.units import fmt_count
 from scaletrain.tui.wizard.screen_base import WizardStep
 from scaletrain.tui.widgets.field import Field
@@ -23,6 +23,10 @@ from scaletrain.tui.wizard.state import (FieldError, WizardState, field_value, f
                                          parse_int, parse_named, parse_residents, parse_targets, weights_text)
 
 BASE_BITS_CHOICES = (16, 8, 4)
+# The chosen method in words beside its radio buttons (a pressed button is otherwise only a coloured dot).
+METHOD_WORDS = {"full": "→ full fine-tuning", "lora": "→ LoRA adapters", "qlora": "→ LoRA on a 4-bit base"}
+# The objective's radio labels: what each trains (engine.vocabulary.Objective), short enough for 80 columns.
+OBJECTIVE_WORDS = {"sft": "sft", "reward": "reward model", "dpo": "dpo", "grpo": "grpo"}
 
 
 def _field(name: str, value: str, *, placeholder: str = "") -> Field:
@@ -52,7 +56,8 @@ config.json (or a folder holding one) or a **Hugging Face cache id** (read offli
 **Weights**: where training starts — an HF id (org/name), a local model folder, or `random-init` (testing only:
 the write step says so in red, and QLoRA cannot quantize random weights); they follow the model until you change
 them. **Method** (asked, never assumed): full fine-tuning, LoRA (rank, target modules; empty targets = every block linear; frozen base in 16 or
-8 bits) or QLoRA (4-bit NF4 base). **Extra resident models** are inference-only models kept on every GPU next to the
+8 bits) or QLoRA (4-bit NF4 base). **Objective**: sft (next-token loss), a reward model (a score head on
+chosen/rejected pairs), dpo or grpo (TRL's trainers); `t` on the plan step cycles it too. **Extra resident models** are inference-only models kept on every GPU next to the
 trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with bits 16, 8 or 4.
 """
 
@@ -69,6 +74,13 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
                     for m in Method.values():
                         yield RadioButton(m, id=f"method-{m}",
                                           value=self.wizard.state.method_chosen and req.method == m)
+                yield Static("", id="method-said")
+            with Horizontal(classes="field-row", id="objective-row"):
+                yield Label("objective", classes="field-label")
+                with RadioSet(id="objective"):
+                    for o in Objective.values():
+                        yield RadioButton(OBJECTIVE_WORDS.get(o, o), id=f"objective-{o}",
+                                          value=(req.objective or "sft") == o)
             with Vertical(id="lora-box"):
                 yield _field("lora_rank", str(req.lora_rank))
                 yield _field("lora_targets", ",".join(req.lora_targets or ()), placeholder="all block linears")
@@ -77,6 +89,7 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
             yield _field("residents", format_residents(req.residents), placeholder="none")
 
     def on_mount(self) -> None:
+        self._info_spec: str | None = None
         self._model_seen = self.wizard.state.request.model if not self.wizard.state.weights_chosen else ""
         self.fill_catalog()
         self._sync_method()
@@ -85,13 +98,14 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
             self.load_info(self.wizard.state.request.model)
 
     # ---- catalog search --------------------------------------------------------------------------------------
-    def fill_catalog(self) -> None:
+    def fill_catalog(self) -> list[str]:
         query = self.query_one("#in-model", Input).value
         ol = self.query_one("#models", OptionList)
         ids = [mid for mid in self.wizard.catalog_ids if matches(mid, query)]
         ol.set_options(Option(self._label(mid), id=mid) for mid in ids)
         if ids:
             ol.highlighted = ids.index(query) if query in ids else 0
+        return ids
 
     def _label(self, mid: str) -> Text:
         arch = self.wizard.catalog_arch[mid]
@@ -103,9 +117,17 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
 
     @on(Input.Changed, "#in-model")
     def _model_typed(self, event: Input.Changed) -> None:
-        self._follow_model(event.value)
-        self.fill_catalog()
+        found = self.fill_catalog()
         self.query_one("#field-model", Field).show_error(None)
+        text = event.value.strip()
+        if text and text not in self.wizard.catalog_ids and found:
+            # still a search: the suggestions speak, not an "unknown model" error, and the weights stay as they are
+            self._info_spec = None          # a model check still under way for an earlier text is not shown
+            self.query_one("#model-info", Static).update(Text(
+                f"{len(found)} catalog match{'es' if len(found) != 1 else ''}: enter picks {found[0]}, "
+                "↓ chooses another", style="dim"))
+            return
+        self._follow_model(event.value)
         self.load_info(event.value)
 
     @on(OptionList.OptionSelected, "#models")
@@ -128,8 +150,16 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
         self.load_info(model_id)
         self.query_one("#method").focus()
 
-    @work(thread=True, exclusive=True, group="model-info")
     def load_info(self, spec: str) -> None:
+        self._info_spec = spec
+        self._load_info(spec)
+
+    def _show_info(self, spec: str, info: Text) -> None:
+        if spec == self._info_spec:
+            self.query_one("#model-info", Static).update(info)
+
+    @work(thread=True, exclusive=True, group="model-info")
+    def _load_info(self, spec: str) -> None:
         """Resolve the model off the UI thread (a path or cache id reads disk; unknown families load torch)."""
         if not spec.strip():
             info: Text = Text("no model chosen yet", style="dim")
@@ -141,7 +171,7 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
             except Exception as e:  # shown in place, never a traceback
                 info = Text(f"cannot read {spec!r}: {e.__class__.__name__}: {e}", style="yellow")
         if not get_current_worker().is_cancelled:
-            self.app.call_from_thread(self.query_one("#model-info", Static).update, info)
+            self.app.call_from_thread(self._show_info, spec, info)
 
     # ---- method ----------------------------------------------------------------------------------------------
     def _method(self) -> str | None:
@@ -149,9 +179,18 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
         pressed = self.query_one("#method", RadioSet).pressed_button
         return pressed.id.removeprefix("method-") if pressed and pressed.id else None
 
+    def _objective(self) -> str:
+        """The pressed objective (sft unless another is chosen)."""
+        pressed = self.query_one("#objective", RadioSet).pressed_button
+        return pressed.id.removeprefix("objective-") if pressed and pressed.id else "sft"
+
     def _sync_method(self) -> None:
         box = self.query_one("#lora-box")
-        full = self._method() in ("full", None)
+        method = self._method()
+        self.query_one("#method-said", Static).update(
+            Text(METHOD_WORDS.get(method or "", "none chosen yet: ←/→ and space pick one"),
+                 style="bold" if method else "yellow"))
+        full = method in ("full", None)
         box.set_class(full, "-disabled")
         for inp in box.query(Input):
             inp.disabled = full
@@ -185,7 +224,7 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
             raise ScaletrainError(f"choose a method: {', '.join(Method.values())} (full fine-tuning, LoRA adapters, "
                                   "or LoRA on a 4-bit base)")
         weights = self._weights(model)
-        changes: dict = dict(model=model, method=method)
+        changes: dict = dict(model=model, method=method, objective=self._objective())
         if method != "full":
             changes["lora_rank"] = field_value(self.query_one("#field-lora_rank", Field),
                                                lambda t: parse_int(t, "LoRA rank"))

@@ -46,23 +46,30 @@ limit that keeps the headroom free. Below: fit verdict, time per step / epoch / 
 **What-if keys** recompute instantly: `+`/`-` micro batch (keeps the effective batch), `c` gradient checkpointing,
 `z` strategy (DDP → ZeRO-1 → 2 → 3 → FSDP), `o` offload (none → optimizer → all), `m` bf16 weights only (full
 fine-tuning), `p` precision (bf16 → fp16 → fp32), `x` optimizer (adamw → adamw-8bit → sgd), `i` its implementation
-(fused → foreach → for-loop), `a` attention (eager → sdpa → flash), `t` objective. Headroom and the inter-node link
-are on step 1. A what-if that does not fit is drawn over the line with the engine's message. "runs:" says how long
+(fused → foreach → for-loop), `a` attention (eager → sdpa → flash), `t` objective, `k` chunked loss. **Pins**: choices
+a preset or you fixed; when the planner's best with them free is faster or leaner, "pins:" says which and what they
+cost, and `u` unpins them all. Host RAM and disk are weighed beside GPU memory ("verdict:"). Headroom and the
+inter-node link are on step 1. A what-if that does not fit is drawn over the line with the engine's message. "runs:" says how long
 the run trains as the trainer will run it (a `train.max_steps` overrides the epochs). The **alternatives** table ranks what fits; `enter` on a row picks it.
 """
     BINDINGS = [
-        Binding("plus,equals_sign", "what_if('micro+')", "micro", key_display="+/-"),
-        Binding("minus", "what_if('micro-')", "micro −", show=False),
-        Binding("c", "what_if('ckpt')", "ckpt"),
-        Binding("z", "what_if('zero')", "strategy"),
-        Binding("o", "what_if('offload')", "offload"),
-        Binding("m", "what_if('master')", "bf16 weights"),
-        Binding("t", "what_if('objective')", "objective", show=False),   # sft → reward → dpo → grpo
-        Binding("p", "what_if('precision')", "precision", show=False),
-        Binding("x", "what_if('optimizer')", "optimizer", show=False),
-        Binding("i", "what_if('impl')", "optimizer impl", show=False),
-        Binding("a", "what_if('attn')", "attention", show=False),
-        Binding("l", "what_if('loss')", "loss", show=False),               # standard ↔ chunked
+        Binding("plus,equals_sign", "what_if('micro+')", "micro", key_display="+/-",
+                tooltip="micro batch up (keeps the effective batch)"),
+        Binding("minus", "what_if('micro-')", "micro −", show=False, tooltip="micro batch down"),
+        Binding("u", "unpin", "unpin", tooltip="unpin: every planner choice free again (the planner's best)"),
+        Binding("z", "what_if('zero')", "strategy", tooltip="strategy: DDP → ZeRO-1 → 2 → 3 → FSDP"),
+        Binding("o", "what_if('offload')", "offload", tooltip="offload: none → optimizer → all"),
+        Binding("c", "what_if('ckpt')", "ckpt", tooltip="gradient checkpointing on / off"),
+        Binding("m", "what_if('master')", "bf16 weights", show=False,
+                tooltip="bf16 weights only, no fp32 master copy (full fine-tuning)"),
+        Binding("t", "what_if('objective')", "objective", show=False, tooltip="objective: sft → reward → dpo → grpo"),
+        Binding("p", "what_if('precision')", "precision", show=False, tooltip="precision: bf16 → fp16 → fp32"),
+        Binding("x", "what_if('optimizer')", "optimizer", show=False,
+                tooltip="optimizer: adamw → adamw-8bit → sgd"),
+        Binding("i", "what_if('impl')", "optimizer impl", show=False,
+                tooltip="optimizer implementation: fused → foreach → for-loop"),
+        Binding("a", "what_if('attn')", "attention", show=False, tooltip="attention: eager → sdpa → flash"),
+        Binding("k", "what_if('loss')", "chunked loss", show=False, tooltip="loss: standard ↔ chunked"),
     ]
 
     def __init__(self) -> None:
@@ -80,6 +87,7 @@ the run trains as the trainer will run it (a `train.max_steps` overrides the epo
             yield Static("", id="plan-head")
             yield MemoryBars(id="bars")
             yield Static("", id="plan-fit")
+            yield Static("", id="pins")
             yield DataTable(id="alternatives", cursor_type="row", zebra_stripes=True)
             yield Static("", id="whatif", markup=False)
             yield Static("", id="plan-why")
@@ -103,10 +111,14 @@ the run trains as the trainer will run it (a `train.max_steps` overrides the epo
             Text.assemble(plan_text.batch_line(plan), " · ", plan_text.setup_line(plan))))
         self.query_one(MemoryBars).show(plan.memory, plan.setup.world_size)
         fit = [plan_text.objective_line(plan)] if plan.setup.objective != "sft" else []
+        st = self.wizard.state
         fit.append(plan_text.fit_line(plan))
-        fit += [x for x in (plan_text.time_line(plan), plan_text.lr_line(plan)) if x is not None]
-        fit.append(plan_text.run_length_line(plan, self.wizard.state.train))
+        fit += plan_text.resource_lines(plan, st.train, st.request)
+        fit += [x for x in (plan_text.run_time_line(plan, st.train), plan_text.lr_line(plan)) if x is not None]
+        fit.append(plan_text.counted_line(plan, st.request, st.train))
         self._update("#plan-fit", Group(*fit))
+        self.load_pins(st, plan)
+        self._refresh_versus(plan)
         self._update("#plan-why", Group(*plan_text.why_lines(plan, self._why(plan))))
         self.show_message(message, error=bool(message))
         self.mark_current(plan)
@@ -138,6 +150,39 @@ the run trains as the trainer will run it (a `train.max_steps` overrides the epo
         self.query_one("#whatif", Static).set_class(error and bool(message), "-error")
         self._update("#whatif", Text(message or ""))
 
+    # ---- pins: what the fixed choices cost against the planner's best (a full search: off the UI thread) -------
+    @work(thread=True, exclusive=True, group="pins")
+    def load_pins(self, state, plan: Plan) -> None:
+        from scaletrain.tui.wizard.state import pins_for
+
+        try:
+            cost, whose = pins_for(state, plan, self.wizard.detection)
+        except Exception:  # the pins line is an extra: without it the plan step still works
+            cost, whose = None, ""
+        if not get_current_worker().is_cancelled:
+            self.app.call_from_thread(self._show_pins, cost, whose)
+
+    def _show_pins(self, cost, whose: str) -> None:
+        if cost is None:
+            text = Text("pins: none — the planner chose every split, strategy and offload", style="dim")
+        elif cost.costs:
+            text = Text.assemble(("pins: ", "bold yellow"), (cost.text(whose), "yellow"), ("; u: unpin", "bold"))
+        else:
+            text = Text.assemble(("pins: ", "bold"), cost.text(whose))
+        self._update("#pins", text)
+
+    def action_unpin(self) -> None:
+        from scaletrain.tui.wizard.state import unpin
+
+        plan = self.wizard.plan
+        if plan is None:
+            return
+        state = unpin(self.wizard.state, plan)
+        if state == self.wizard.state:
+            self.show_message("nothing is pinned: the plan above is the planner's own pick")
+            return
+        self.recompute(state)
+
     # ---- alternatives ------------------------------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="alternatives")
     def load_alternatives(self, plan: Plan) -> None:
@@ -156,9 +201,18 @@ the run trains as the trainer will run it (a `train.max_steps` overrides the epo
         table = self.query_one("#alternatives", DataTable)
         table.clear()
         for i, row in enumerate(rows):
-            table.add_row(*plan_text.alternative_row(row), key=str(i))
+            table.add_row(*plan_text.alternative_row(row, self.wizard.plan), key=str(i))
         table.display = bool(rows)
         self.mark_current(self.wizard.plan)
+
+    def _refresh_versus(self, plan: Plan) -> None:
+        """The 'vs the plan above' column follows the plan on screen (pure arithmetic on the rows)."""
+        if not self.alternatives:
+            return
+        table = self.query_one("#alternatives", DataTable)
+        column = table.ordered_columns[-1].key
+        for i, row in enumerate(self.alternatives):
+            table.update_cell(str(i), column, plan_text.alternative_row(row, plan)[-1])
 
     def mark_current(self, plan: Plan | None) -> None:
         """Name the row the plan now matches in the table's subtitle (the rows themselves stay as drawn)."""

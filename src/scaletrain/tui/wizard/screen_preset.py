@@ -13,6 +13,8 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.tui.wizard import run_files
 from scaletrain.tui.widgets.field import Field
 
+PLAN_STEP = 4      # screen_plan.PlanScreen.STEP: from here on the plan on screen is this state's
+
 
 class SavePresetScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape", "close", "Close")]
@@ -29,14 +31,19 @@ class SavePresetScreen(ModalScreen[None]):
     @on(Input.Submitted, "#in-preset_name")
     def _save(self, event: Input.Submitted) -> None:
         field = self.query_one("#field-preset_name", Field)
+        app = self.app
+        below = app.screen_stack[-2] if len(app.screen_stack) > 1 else None
+        # the plan's choices are pinned only where the plan on screen is the one these choices make (plan, write)
+        plan = app.plan if getattr(below, "STEP", 0) >= PLAN_STEP else None  # type: ignore[attr-defined]
         try:
-            path = run_files.save_preset(event.value, self.app.state, self.app.plan)  # type: ignore[attr-defined]
+            path, backup = run_files.save_preset(event.value, app.state, plan)  # type: ignore[attr-defined]
         except ScaletrainError as e:
             field.show_error(str(e))
             return
         field.show_error(None)
-        field.set_hint(f"saved to {path}; escape closes")
-        self.app.notify(f"preset saved to {path}")
+        kept = f" (the file it replaced: {backup})" if backup else ""
+        field.set_hint(f"saved to {path}{kept}; escape closes")
+        app.notify(f"preset saved to {path}{kept}")
 
     def action_close(self) -> None:
         self.dismiss()

@@ -50,7 +50,6 @@ refused here, before anything is written.
     BINDINGS = [
         Binding("w", "write", "Write"),
         Binding("l", "launch", "Launch"),
-        Binding("ctrl+s", "app.save_preset", "Save preset"),
     ]
 
     def __init__(self) -> None:

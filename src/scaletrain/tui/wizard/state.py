@@ -27,6 +27,8 @@ from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.request.data_source import DataSource, resolve_data
 from scaletrain.engine.request.records import check_data
 from scaletrain.engine.request.weights import resolve_weights, weights_problem, weights_warning
+from scaletrain.engine.plan.pins import PIN_FIELDS, PinCost, pin_cost
+from scaletrain.engine.run.run_length import with_known_length
 from scaletrain.tui.wizard.sources import parse_data
 from scaletrain.engine.request.args import asked_from_args
 from scaletrain.engine.request.fields import FORM_FIELD, parse_resident
@@ -64,6 +66,7 @@ class WizardState:
     method_chosen: bool = True          # False until the user picks full / LoRA / QLoRA (a fresh wizard asks)
     weights_chosen: bool = False        # the model step set train.model_source (a preset's counts as chosen)
     job_specs: tuple[str, ...] = ()     # --job-spec: the write step writes (and lists) these specs too
+    preset_pins: tuple[tuple[str, Any], ...] = ()   # the planner choices the preset fixed (engine.plan.pins)
 
     def with_request(self, **changes: Any) -> "WizardState":
         return replace(self, request=self.request.with_(**changes))
@@ -156,7 +159,13 @@ def state_from_args(args: argparse.Namespace) -> WizardState:
     source = "detected" if gpus.lower() == "auto" else "catalog"
     if source == "catalog":
         parse_gpus(gpus, nodes=request.nodes, inter_node_gbps=request.inter_node_gbps)  # bad --gpus: one line, now
-    return WizardState(request=request.with_(gpus=gpus), train=train, hw_source=source,
+    pins: tuple[tuple[str, Any], ...] = ()
+    if preset:                          # the preset's own name in the header, whatever case it was typed in
+        from scaletrain.engine.request.presets import load_preset
+
+        preset = load_preset(preset).name
+        pins = tuple((f, getattr(request, f)) for f in PIN_FIELDS if getattr(request, f) is not None)
+    return WizardState(request=request.with_(gpus=gpus), train=train, hw_source=source, preset_pins=pins,
                        run_dir=getattr(args, "run_dir", None), preset=preset,
                        method_chosen=bool(preset or getattr(args, "method", None)), weights_chosen=bool(preset),
                        job_specs=tuple(getattr(args, "job_spec", None) or ()))
@@ -177,7 +186,27 @@ def plan_for(state: WizardState, detection: DetectionResult | None) -> Plan:
     """The engine's plan for the current choices (ScaletrainError when they cannot be planned)."""
     if not state.request.model:
         raise ScaletrainError("no model chosen yet; pick one from the catalog or give a config.json path")
-    return make_plan(state.request, hardware_for(state, detection))
+    return make_plan(counted(state), hardware_for(state, detection))
+
+
+def counted(state: WizardState) -> PlanRequest:
+    """The request with the run's length known: its samples, else the rows of its data or of the bundled data
+    (engine.run.run_length.known_length), so step, epoch and total time show by default."""
+    return with_known_length(state.request, state.train)
+
+
+def wants_start_screen(state: WizardState) -> bool:
+    """`scaletrain` with nothing that says what to plan (no preset, model or hardware): the first screen offers the
+    presets and "start from scratch"."""
+    return state.preset is None and not state.request.model and state.hw_source == "detected"
+
+
+def state_for_preset(name: str | None, before: WizardState) -> WizardState:
+    """The start screen's pick: the named preset's choices (as `--preset NAME`), or the state to start from scratch;
+    the run directory given on the command line stays."""
+    if name is None:
+        return before
+    return state_from_args(argparse.Namespace(preset=name, run_dir=before.run_dir))
 
 
 def plannable(state: WizardState, detection: DetectionResult | None) -> tuple[WizardState, Plan]:
@@ -219,6 +248,23 @@ def pin_effective_batch(state: WizardState, plan: Plan) -> WizardState:
     return state
 
 
+def pins_for(state: WizardState, plan: Plan, detection: DetectionResult | None) -> tuple[PinCost | None, str]:
+    """What the state's pinned choices cost against the planner's best (engine.plan.pins.pin_cost), and whose
+    they are: the preset's while they are the ones it fixed, else the user's."""
+    try:
+        cost = pin_cost(counted(state), plan, hardware_for(state, detection))
+    except ScaletrainError:
+        return None, ""
+    mine = tuple((f, getattr(state.request, f)) for f in PIN_FIELDS if getattr(state.request, f) is not None)
+    whose = f"the {state.preset} preset's" if state.preset and mine == state.preset_pins else "your"
+    return cost, whose
+
+
+def unpin(state: WizardState, plan: Plan) -> WizardState:
+    """Every planner choice free again at the plan's effective batch (the `u` key): the planner's best."""
+    return state.clear_what_ifs().with_request(effective_batch=plan.setup.effective_batch)
+
+
 def pick_alternative(state: WizardState, row: AlternativeRow) -> WizardState:
     """Fix the choices of one of the planner's ranked alternatives (a rank_alternatives row)."""
     return state.with_request(effective_batch=row.effective_batch, micro_batch=row.micro_batch,
@@ -250,7 +296,7 @@ def _leanest_over_the_line(state: WizardState, detection: DetectionResult | None
         hardware = hardware_for(state, detection)
     except ScaletrainError:
         return None
-    return leanest_unfitting_plan(state.request, hardware)
+    return leanest_unfitting_plan(counted(state), hardware)
 
 
 # ---- parsing what people type --------------------------------------------------------------------------------------
