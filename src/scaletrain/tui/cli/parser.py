@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "(or --plain questions, or a --headless replay)\nover the plan options below.")
     p.add_argument("--version", action="version", version=f"scaletrain {package_version()}",
                    help="print scaletrain's version and exit")
-    sub = p.add_subparsers(dest="command", parser_class=_Parser, title="commands", metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser, title="commands", metavar="COMMAND",
+                           prog="scaletrain")      # each command's usage: "scaletrain diagnose …"
     for c in COMMANDS:
         sp = sub.add_parser(c.name, help=c.help, description=c.help, usage=c.usage, formatter_class=_Formatter)
         c.configure(sp)
