@@ -53,12 +53,19 @@ def architecture_sweep() -> str:
     rows = data["rows"]
     v = data["versions"]
     cases = [c for r in rows for c in r.get("cases", []) if "error" in c]
+    st = data["setup"]
+    grid = ", ".join(st.get("grid_for", []))
+    cases = ("full and LoRA × checkpointing off and on" if st.get("cases", "grid") == "grid" else
+             f"full without and LoRA with checkpointing (the whole grid for {grid})")
     out = [f"transformers {v['transformers']}, torch {v['torch']}, peft {v['peft']}; micro-batch "
-           f"{data['setup']['micro_batch']} × {data['setup']['seq_len']} tokens, fp32, sdpa, AdamW; full and LoRA "
-           f"(rank {data['setup']['lora_rank']}), checkpointing off and on. Command: "
-           "`PYTHONPATH=src .venv/bin/python bench/architecture_sweep.py`.", "",
+           f"{st['micro_batch']} × {st['seq_len']} tokens, fp32, {st['attn']}, AdamW; LoRA rank {st['lora_rank']}; "
+           f"{cases}. Command: `PYTHONPATH=src .venv/bin/python bench/architecture_sweep.py --cases "
+           f"{st.get('cases', 'grid')} --jobs 2` on {data['machine']['cpu_model']} "
+           f"({data['machine']['cpu_cores']} cores, load {data['machine']['load_average_1m_at_start']:.1f}).", "",
            "| | count |", "|---|---:|",
-           f"| model_types in transformers' causal-LM mapping | {sm['model_types']} |",
+           f"| model_types in transformers' causal-LM mapping | {sm['model_types'] + len(data.get('not_run', []))} |",
+           f"| not run in this recording (the sweep was stopped; `--resume` runs them) | {len(data.get('not_run', []))} |",
+           f"| run: planned and measured, or refused | {sm['model_types']} |",
            f"| planned and measured (traced: {sm['traced']}) | {sm['planned']} |",
            f"| cases (family × method × checkpointing) | {sm['cases']} |",
            f"| parameters and trainable parameters exact | {sm['params_exact']} of {sm['cases']} |",
