@@ -55,11 +55,11 @@ def architecture_sweep() -> str:
     cases = [c for r in rows for c in r.get("cases", []) if "error" in c]
     st = data["setup"]
     grid = ", ".join(st.get("grid_for", []))
-    cases = ("full and LoRA × checkpointing off and on" if st.get("cases", "grid") == "grid" else
+    grid_text = ("full and LoRA × checkpointing off and on" if st.get("cases", "grid") == "grid" else
              f"full without and LoRA with checkpointing (the whole grid for {grid})")
     out = [f"transformers {v['transformers']}, torch {v['torch']}, peft {v['peft']}; micro-batch "
            f"{st['micro_batch']} × {st['seq_len']} tokens, fp32, {st['attn']}, AdamW; LoRA rank {st['lora_rank']}; "
-           f"{cases}. Command: `PYTHONPATH=src .venv/bin/python bench/architecture_sweep.py --cases "
+           f"{grid_text}. Command: `PYTHONPATH=src .venv/bin/python bench/architecture_sweep.py --cases "
            f"{st.get('cases', 'grid')} --jobs 2` on {data['machine']['cpu_model']} "
            f"({data['machine']['cpu_cores']} cores, load {data['machine']['load_average_1m_at_start']:.1f}).", "",
            "| | count |", "|---|---:|",
