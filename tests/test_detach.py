@@ -187,7 +187,8 @@ time.sleep(600)
 def _read_until(fd: int, marker: bytes, seconds: float) -> bytes:
     seen = b""
     end = time.monotonic() + seconds
-    while marker not in seen and time.monotonic() < end:
+    # the marker's whole line: a pty may hand over the marker and the rest of its line in two reads
+    while (marker not in seen or b"\n" not in seen[seen.index(marker):]) and time.monotonic() < end:
         ready, _, _ = select.select([fd], [], [], 0.5)
         if ready:
             try:

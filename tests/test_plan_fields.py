@@ -29,7 +29,7 @@ def test_the_cli_has_exactly_the_tables_flags():
     declared |= {"--no-" + f.flag[2:] for f in FIELDS if f.kind == "flag"}
     assert declared <= options
     assert {o for o in options if o.startswith("--")} - declared == {
-        "--help", "--version", "--headless", "--dry-run", "--run-dir", "--plain", "--main-process-ip",
+        "--help", "--version", "--headless", "--dry-run", "--detach", "--run-dir", "--plain", "--main-process-ip",
         "--save-preset", "--overwrite", "--preset", "--set"}
 
 

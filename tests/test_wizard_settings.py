@@ -234,6 +234,10 @@ def test_weights_rules_and_what_the_fields_accept(tmp_path, monkeypatch):
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
+    # a folder whose config.json names no model_type: transformers could only load it through custom code
+    problem = weights_problem("qlora", None, str(model))
+    assert problem and "no model_type" in problem and "\n" not in problem
+    (model / "config.json").write_text('{"model_type": "llama"}')
     assert weights_problem("qlora", None, str(model)) is None
     assert parse_weights("random-init") == "random-init"
     assert parse_weights(str(model)) == str(model.resolve())
