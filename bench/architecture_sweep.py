@@ -53,7 +53,6 @@ def one_family(model_type: str, cases=CASES, reuse: dict | None = None) -> dict:
     import warnings
 
     warnings.simplefilter("ignore")
-    from scaletrain.engine.catalog import traced
     from scaletrain.engine.catalog.architectures import arch_from_config
     from scaletrain.engine.catalog.hardware import parse_gpus
     from scaletrain.engine.errors import ScaletrainError
@@ -108,7 +107,6 @@ def one_family(model_type: str, cases=CASES, reuse: dict | None = None) -> dict:
                         params_exact=(arch.params + lora, trainable) == (m.params, m.trainable_params),
                         params=[arch.params + lora, m.params], trainable=[trainable, m.trainable_params])
         row["cases"].append(case)
-    del traced
     return row
 
 
