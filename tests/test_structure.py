@@ -124,6 +124,7 @@ def test_headless_modules_import_neither_textual_nor_rich_nor_torch():
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("engine.errors",),
     ("engine.vocabulary", "engine.units", "engine.fileio", "engine.yamlsafe", "presets"),
+    ("engine.choices",),
     ("engine.catalog",),
     ("engine.devices", "engine.model"),
     ("engine.request",),

@@ -134,6 +134,7 @@ def measure_cpu_memory(plan: Plan) -> tuple[int, Plan, tuple[str, ...]]:
 def _measure_objective_memory(plan: Plan) -> int:
     """Reward/DPO/GRPO: one real TRL step of the plan's per-process configuration under the profiler
     (trainer/objectives/measure.py, the same ground truth as tests/test_objectives_groundtruth.py)."""
+    from scaletrain.engine.choices import choices_of
     from scaletrain.trainer.objectives.build import ObjectiveRun
     from scaletrain.trainer.objectives.measure import measure_objective_step
     from scaletrain.trainer.model import with_experts_implementation
@@ -143,10 +144,8 @@ def _measure_objective_memory(plan: Plan) -> int:
         objective=str(s.objective), model_config=with_experts_implementation(dict(s.model.config), str(s.experts_impl)),
         output_dir="", method=str(s.method),
         lora_rank=s.lora_rank, lora_targets=tuple(s.lora_targets) if s.method != "full" else None,
-        precision=str(s.precision), bf16_weights=s.method == "full" and s.master_weights == "bf16",
-        attn=str(s.attn), grad_ckpt=s.grad_ckpt, micro_batch=s.micro_batch, grad_accum=s.grad_accum,
-        seq_len=s.seq_len, prompt_len=s.prompt_len, num_generations=s.num_generations, ref_model=str(s.ref_model),
-        optimizer=str(s.optimizer), optimizer_impl=str(s.optimizer_impl))
+        **choices_of(s), bf16_weights=s.method == "full" and s.master_weights == "bf16", grad_ckpt=s.grad_ckpt, micro_batch=s.micro_batch, grad_accum=s.grad_accum,
+        seq_len=s.seq_len, prompt_len=s.prompt_len, num_generations=s.num_generations, ref_model=str(s.ref_model))
     return measure_objective_step(run).peak_allocated_bytes
 
 

@@ -20,8 +20,8 @@ from typing import Any
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import Hardware
 from scaletrain.engine.plan.plan import Plan, evaluate
-from scaletrain.engine.request.request import HARDWARE_FIELDS
-from scaletrain.engine.plan.search import SEARCH_FIELDS, divisors, search
+from scaletrain.engine.request.fields import HARDWARE_FIELDS, SEARCH_FIELDS
+from scaletrain.engine.plan.search import divisors, search
 from scaletrain.engine.model.setup import TrainingSetup
 from scaletrain.engine.units import fmt_bytes, fmt_seconds
 from scaletrain.engine.vocabulary import Method, Offload, Strategy

@@ -19,6 +19,7 @@ from scaletrain.engine.model.timing import TimeEstimate, estimate_time
 from scaletrain.engine.plan.lr import LrSuggestion
 from scaletrain.engine.plan.model_notes import model_notes, moe_facts
 from scaletrain.engine.plan.rows import AlternativeRow, PlanTable
+from scaletrain.engine.request.fields import PIN_FIELDS
 
 SCHEMA_VERSION = 1
 # What the planner minimises (said in every report).
@@ -59,6 +60,12 @@ class Plan:
     @property
     def fits(self) -> bool:
         return self.memory.fits
+
+    def pins(self) -> dict[str, Any]:
+        """The planner's choices behind this plan (PIN_FIELDS) as the PlanRequest fields that pin them: the one
+        place a plan's choices turn back into a request (what-if keys, saved presets)."""
+        return {name: (str(v) if name == "loss" else v) for name in PIN_FIELDS
+                for v in (getattr(self.setup, name),)}
 
     def to_json(self) -> dict[str, Any]:
         s = self.setup

@@ -15,7 +15,8 @@ from scaletrain.engine.model.setup import TrainingSetup
 from scaletrain.engine.plan.lr import suggest_lr
 from scaletrain.engine.plan.plan import Plan, PlannerReport, evaluate
 from scaletrain.engine.request.request import PlanRequest, base_setup
-from scaletrain.engine.plan.search import (MAX_MICRO_BATCH_WITHOUT_TARGET, SEARCH_FIELDS, STRATEGY_ORDER,
+from scaletrain.engine.request.fields import SEARCH_FIELDS
+from scaletrain.engine.plan.search import (MAX_MICRO_BATCH_WITHOUT_TARGET, STRATEGY_ORDER,
                                            check_generation_batch,
                                            TIE_TOLERANCE, Candidate, SearchResult, SearchValue, search)
 from scaletrain.engine.units import fmt_bytes, fmt_seconds

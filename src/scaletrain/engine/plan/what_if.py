@@ -23,9 +23,7 @@ SETTING_CYCLES = {"precision": ("precision", Precision), "optimizer": ("optimize
 
 def fixed_choices(plan: Plan) -> dict[str, Any]:
     """The planner's choices behind `plan`, as PlanRequest fields that pin them."""
-    s = plan.setup
-    return dict(micro_batch=s.micro_batch, grad_accum=s.grad_accum, strategy=s.strategy, offload=s.offload,
-                grad_ckpt=s.grad_ckpt, loss=str(s.loss))
+    return plan.pins()
 
 
 def what_if_changes(plan: Plan, change: str) -> dict[str, Any]:
