@@ -123,7 +123,7 @@ def test_headless_modules_import_neither_textual_nor_rich_nor_torch():
 # (and itself): the engine from the bottom up, then the trainer, then the front ends, then the package's entry.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("engine.errors",),
-    ("engine.vocabulary", "engine.units", "engine.fileio", "engine.yamlsafe", "presets"),
+    ("engine.vocabulary", "engine.units", "engine.fileio", "engine.yamlsafe", "engine.probes", "presets"),
     ("engine.choices",),
     ("engine.catalog",),
     ("engine.devices", "engine.model"),
@@ -135,6 +135,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("engine.doctor",),
     ("engine",),
     ("trainer",),
+    ("measure",),
     ("tui.views",),
     ("tui.widgets",),
     ("tui.monitor",),

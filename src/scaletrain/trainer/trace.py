@@ -39,7 +39,7 @@ import os
 import sys
 from typing import Any
 
-from scaletrain.engine.catalog.traced import TRACE_FORMAT
+from scaletrain.engine.probes import TRACE_FORMAT
 from scaletrain.trainer.trace_fit import TraceError, envelope, fit
 from scaletrain.trainer.trace_record import saved_by_scope, warm_up
 from scaletrain.trainer.trace_structure import (FIT_TOLERANCE, TRACE_MULTIPLES, check_slice_size, shrink_windows,

@@ -8,7 +8,7 @@ any other: trainer/trace.py (torch) builds it and answers in JSON (see that modu
     of each kind saves for backward and how far live memory rises while each kind runs forward and backward,
     fitted as c0 + c1·S + c2·S² with non-negative coefficients and checked at a fourth length;
   - peft's own LoRA count for the run's targets.
-All of it comes from one `python -m scaletrain.trainer.trace --serve` process per planning process (transformers
+All of it comes from one `python -m scaletrain.measure.probe trace --serve` process per planning process (transformers
 imported once). The answers are cached as JSON, one file per (config, regime, scaletrain/transformers/torch/peft
 versions), under $SCALETRAIN_CACHE, else $XDG_CACHE_HOME/scaletrain/traces, else ~/.cache/scaletrain/traces, written
 atomically. A cache hit starts no process and imports no torch, so planning stays fast after the first trace.
@@ -34,11 +34,8 @@ from typing import Any, Callable, Mapping
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import atomic_write
+from scaletrain.engine.probes import TRACE_FORMAT, probe_argv   # a cached answer of another format: traced again
 
-# The answer's format (trainer/trace.py imports it from here): a cached answer of another format is traced again.
-# 4: layer kinds, non-negative fits checked at a fourth length, trace lengths on the kernels' chunks, peft's counts,
-# the sizes as transformers reads them, the attention kernels the model class supports.
-TRACE_FORMAT = 4
 # A trace imports transformers (~10 s on a loaded 2-core machine) and builds a slice at the real widths (a
 # 9B model's two layers: a few seconds more); anything past this is stuck.
 TRACE_TIMEOUT_S = 600
@@ -121,7 +118,7 @@ def _describe(regime: Mapping[str, Any]) -> str:
 
 
 class _Worker:
-    """The one `python -m scaletrain.trainer.trace --serve` process of this planning process: transformers is
+    """The one `python -m scaletrain.measure.probe trace --serve` process of this planning process: transformers is
     imported once, whatever a plan traces (structure, regimes, LoRA counts). Ended when this process exits."""
 
     proc: subprocess.Popen | None = None
@@ -152,7 +149,7 @@ class _Worker:
         import tempfile
 
         self.errors = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
-        self.proc = subprocess.Popen([sys.executable, "-m", "scaletrain.trainer.trace", "--serve"],
+        self.proc = subprocess.Popen(probe_argv("trace", "--serve"),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True,
                                      encoding="utf-8", bufsize=1)
 
