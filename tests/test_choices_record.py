@@ -12,7 +12,7 @@ import pytest
 
 import scaletrain
 from scaletrain.engine.choices import CHOICE_NAMES, RunChoices, carries, choices_json, read_choices, recorded_choices
-from scaletrain.engine.model.setup import TrainingSetup
+from scaletrain.engine.estimate.setup import TrainingSetup
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.request.fields import (FIELD, HARDWARE_FIELDS, PIN_FIELDS, RESUMABLE_FIELDS, SEARCH_FIELDS,
                                               screen_fields)

@@ -203,7 +203,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("engine.vocabulary", "engine.units", "engine.fileio", "engine.yamlsafe", "engine.probes", "presets"),
     ("engine.choices",),
     ("engine.catalog",),
-    ("engine.devices", "engine.model"),
+    ("engine.devices", "engine.estimate"),
     ("engine.request",),
     ("engine.plan",),
     ("engine.run",),
@@ -278,7 +278,7 @@ def test_layers_import_only_downwards():
 
 def test_the_layer_check_fails_when_broken():
     """An engine module importing the tui, or the plan importing the run directory, is refused."""
-    graph = {"scaletrain.engine.plan.planner": {"scaletrain.engine.run.writers", "scaletrain.engine.model.memory"},
+    graph = {"scaletrain.engine.plan.planner": {"scaletrain.engine.run.writers", "scaletrain.engine.estimate.memory"},
              "scaletrain.engine.run.writers": {"scaletrain.tui.views.render"},
              "scaletrain.tui.views.render": {"scaletrain.engine.plan.planner"}}
     bad = layer_violations(graph)
@@ -311,19 +311,19 @@ def _tree(root: Path, files: dict[str, str]) -> dict[str, Path]:
 
 
 def test_a_python_m_edge_is_an_edge(tmp_path):
-    """An engine module that runs a trainer module by name (`python -m scaletrain.trainer.trace`) climbs as an
+    """An engine module that runs a measuring module by name (`python -m scaletrain.measure.trace`) climbs as an
     import would; running the declared entry point (the probes') does not; a docstring naming a module is no edge."""
     init = {f"{d}/__init__.py": "" for d in ("engine", "engine/catalog", "trainer", "measure")}
     good = _tree(tmp_path / "good", {"__init__.py": "", **init,
-                                     "engine/catalog/traced.py": '"""Runs scaletrain.trainer.trace."""\n'
+                                     "engine/catalog/traced.py": '"""Runs scaletrain.measure.trace."""\n'
                                                                  'ARGV = ["-m", "scaletrain.measure.probe"]\n',
-                                     "trainer/trace.py": "", "measure/probe.py": "import scaletrain.trainer.trace\n"})
+                                     "measure/trace.py": "", "measure/probe.py": "import scaletrain.measure.trace\n"})
     assert layer_violations(import_graph(good), good) == []
     bad = _tree(tmp_path / "bad", {"__init__.py": "", **init,
-                                   "engine/catalog/traced.py": 'ARGV = ["-m", "scaletrain.trainer.trace"]\n',
-                                   "trainer/trace.py": "", "measure/probe.py": ""})
+                                   "engine/catalog/traced.py": 'ARGV = ["-m", "scaletrain.measure.trace"]\n',
+                                   "measure/trace.py": "", "measure/probe.py": ""})
     assert layer_violations(import_graph(bad), bad) == [
-        "scaletrain.engine.catalog.traced (engine.catalog) imports scaletrain.trainer.trace (trainer): a layer "
+        "scaletrain.engine.catalog.traced (engine.catalog) imports scaletrain.measure.trace (measure): a layer "
         "imports only from the layers below it"]
 
 

@@ -6,9 +6,9 @@ group, whether a relaunch may change it and whether a plan.json must hold it. Ev
 fields as they are, spliced in by `carries` at the place their JSON has always put them:
 
     PlanRequest (engine/request/request.py)  what the user asked: the words as text
-    TrainingSetup (engine/model/setup.py)    what the memory and time models read: the words as Vocabulary
+    TrainingSetup (engine/estimate/setup.py)    what the memory and time models read: the words as Vocabulary
     TrainingSection (engine/run/plan_document.py)  plan.json's "training", as the trainer's RunConfig reads it
-    ObjectiveRun (trainer/objectives/build.py)  one TRL run (reward, DPO, GRPO) or measured TRL step
+    ObjectiveRun (trainer/objective_build.py)  one TRL run (reward, DPO, GRPO) or measured TRL step
 
 and one codec writes and reads them: `choices_json` (a record → JSON words), `read_choices` (a plan.json section →
 typed values, defaults for a plan written before the field existed), `recorded_choices` (a section → request

@@ -17,10 +17,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     kind, rest = (argv[0], argv[1:]) if argv else ("", [])
     if kind == "trace":
-        from scaletrain.trainer import trace
+        from scaletrain.measure import trace
         return trace.main(rest)
     if kind == "data-profile":
-        from scaletrain.trainer import data_profile
+        from scaletrain.measure import data_profile
         return data_profile.main(rest)
     print(f"python -m scaletrain.measure.probe: give one of {', '.join(PROBES)} (got {kind or 'nothing'!r})",
           file=sys.stderr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
-from scaletrain.engine.model.numerics import load_dtype
+from scaletrain.engine.estimate.numerics import load_dtype
 from scaletrain.engine.run.layout import RunDir
 from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.run.plan_document import TrainingSection, read_plan_document
@@ -24,7 +24,7 @@ class RunConfig(TrainingSection):
     seq_len: int
     epochs: float
     planned_world_size: int
-    # the objective (issue 16): sft runs the bundled loop, reward/dpo/grpo run TRL (trainer/objectives/run.py)
+    # the objective (issue 16): sft runs the bundled loop, reward/dpo/grpo run TRL (trainer/objective_run.py)
     objective: str = "sft"
     prompt_len: int | None = None
     num_generations: int = 8
@@ -42,7 +42,7 @@ class RunConfig(TrainingSection):
     @property
     def weights_dtype(self) -> str:
         """The torch dtype (name) the model's weights are built or loaded in: the memory model's rule
-        (engine/model/numerics.load_dtype)."""
+        (engine/estimate/numerics.load_dtype)."""
         return load_dtype(self.method, self.base_bits, self.master_weights, self.strategy, self.precision)
 
 

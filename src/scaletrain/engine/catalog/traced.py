@@ -1,7 +1,7 @@
 """Traced model families: what the engine knows of a model_type that has no analytic layout, measured once.
 
 A model_type outside the analytic table (catalog/architectures.py `_FAMILIES`) is not assumed to be laid out like
-any other: trainer/trace.py (torch) builds it and answers in JSON (see that module) with
+any other: measure/trace.py (torch) builds it and answers in JSON (see that module) with
   - its structure: exact parameter count, embedding/head sizes, its decoder layers grouped into kinds by their
     module tree (dense or MoE, mamba or attention, sliding or full), each kind's count, parameters and linears;
   - per regime (method, LoRA rank/targets, dtypes, attention kernel, checkpointing), what a slice holding one layer
@@ -41,7 +41,7 @@ from scaletrain.engine.probes import TRACE_FORMAT, probe_argv   # a cached answe
 TRACE_TIMEOUT_S = 600
 # A kernel chunk a config names up to this length is a scan's tile the trace lengths are multiples of (mamba2's
 # chunk_size); a longer one is an attention chunk (llama4's attention_chunk_size), traced as a short window when
-# the planned sequences exceed it (trainer/trace.py).
+# the planned sequences exceed it (measure/trace.py).
 MAX_GRANULE = 1024
 MAX_ERROR_CHARS = 300
 # model configs traced (a subprocess ran) in this process, by cache key of their structure: `source()` says
@@ -245,7 +245,7 @@ def prefetch(config: Mapping[str, Any], regimes: list[Mapping[str, Any]], accept
              runner: Callable[[dict], dict] | None = None) -> int:
     """Trace the structure and every regime not cached yet in ONE subprocess (one transformers import), and cache
     them; returns how many regimes were traced. For a planner or a benchmark that knows its regimes up front.
-    `runner`: trainer/trace.py's `run`, called in this process instead (a caller that has imported torch anyway)."""
+    `runner`: measure/trace.py's `run`, called in this process instead (a caller that has imported torch anyway)."""
     missing = [r for r in regimes if _read(_cache_path(config, cache_key(config, r))) is None]
     if not missing:
         return 0
@@ -279,7 +279,7 @@ def structure(config: Mapping[str, Any], accepted: str) -> dict[str, Any]:
 
 
 def activations(config: Mapping[str, Any], regime: Mapping[str, Any], accepted: str) -> dict[str, Any]:
-    """What a slice saves for backward in `regime` (trainer/trace.py's `activations` answer)."""
+    """What a slice saves for backward in `regime` (measure/trace.py's `activations` answer)."""
     return trace(config, regime, accepted)[0]["activations"]
 
 
@@ -290,7 +290,7 @@ def source(config: Mapping[str, Any]) -> str:
 
 def lora(config: Mapping[str, Any], targets: Any, accepted: str) -> dict[str, int]:
     """peft's count of LoRA on the real model for `targets` (None: all linears): trainable parameters per unit of
-    rank and adapted modules (trainer/trace.py `lora_count`), cached per target set."""
+    rank and adapted modules (measure/trace.py `lora_count`), cached per target set."""
     key_regime = {"lora_targets": sorted(targets) if targets else None}
     path = _cache_path(config, cache_key(config, key_regime))
     hit = _read(path)

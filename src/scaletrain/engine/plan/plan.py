@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from scaletrain.engine.model.calibration import for_setup
-from scaletrain.engine.model.breakdown import MemoryBreakdown
-from scaletrain.engine.model.memory import estimate_memory
-from scaletrain.engine.model.setup import TrainingSetup
-from scaletrain.engine.model.timing import TimeEstimate, estimate_time
+from scaletrain.engine.estimate.calibration import for_setup
+from scaletrain.engine.estimate.breakdown import MemoryBreakdown
+from scaletrain.engine.estimate.memory import estimate_memory
+from scaletrain.engine.estimate.setup import TrainingSetup
+from scaletrain.engine.estimate.timing import TimeEstimate, estimate_time
 from scaletrain.engine.plan.lr import LrSuggestion
 from scaletrain.engine.plan.model_notes import model_notes, moe_facts
 from scaletrain.engine.plan.rows import AlternativeRow, PlanTable

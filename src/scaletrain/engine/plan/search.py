@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.model.memory import estimate_memory
-from scaletrain.engine.model.setup import TrainingSetup
-from scaletrain.engine.model.traced_blocks import prefetch_traces
+from scaletrain.engine.estimate.memory import estimate_memory
+from scaletrain.engine.estimate.setup import TrainingSetup
+from scaletrain.engine.estimate.traced_blocks import prefetch_traces
 from scaletrain.engine.plan.plan import Plan, evaluate
 from scaletrain.engine.plan.rows import Choice
 from scaletrain.engine.request.fields import SEARCH_FIELDS

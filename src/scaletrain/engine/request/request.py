@@ -13,7 +13,7 @@ from scaletrain.engine.choices import carries, choices_of
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import Hardware, inter_node_gbit_s, parse_gpus
 from scaletrain.engine.catalog.architectures import load_model
-from scaletrain.engine.model.setup import ResidentModel, TrainingSetup
+from scaletrain.engine.estimate.setup import ResidentModel, TrainingSetup
 from scaletrain.engine.request.checks import check_values
 from scaletrain.engine.vocabulary import Vocabulary
 

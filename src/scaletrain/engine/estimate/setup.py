@@ -74,7 +74,7 @@ class TrainingSetup:
     epochs: float = 1.0
     tokens_per_sample: int | None = None
     device: Device = Device.CUDA     # CUDA or CPU (CPU runs: no CUDA context or workspaces)
-    # ---- the objective (engine/model/objectives.py holds its memory terms) ----
+    # ---- the objective (engine/estimate/objectives.py holds its memory terms) ----
     objective: Objective = Objective.SFT
     prompt_len: int | None = None    # DPO / GRPO: the prompt's tokens within seq_len
     num_generations: int = 8         # GRPO: completions per prompt (TRL's default)
@@ -256,7 +256,7 @@ def _check_objective(s: TrainingSetup) -> None:
 
 
 def _check_loss(s: TrainingSetup) -> None:
-    """`--loss chunked` where it can run (engine/model/chunked_loss.py, trainer/chunked_loss.py), else one line."""
+    """`--loss chunked` where it can run (engine/estimate/chunked_loss.py, trainer/chunked_loss.py), else one line."""
     if s.loss != "chunked":
         return
     if s.fused_lm_head and s.objective == "sft":

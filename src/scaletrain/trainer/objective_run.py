@@ -23,7 +23,7 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.metrics import MetricsWriter, StepMetrics
 from scaletrain.engine.choices import choices_of
 from scaletrain.trainer.config import RunConfig
-from scaletrain.trainer.objectives.build import ObjectiveRun, build_trainer
+from scaletrain.trainer.objective_build import ObjectiveRun, build_trainer
 
 
 def bundled_dataset(objective: str) -> Path:
@@ -57,7 +57,7 @@ def answer_overlap(completions: list[str], answer: list[str] | None = None, **_:
 
 def _tokenizer(cfg: RunConfig, vocab: int) -> Any:
     if cfg.train.model_source == "random-init":
-        from scaletrain.trainer.objectives.tokenizer import byte_level_tokenizer
+        from scaletrain.trainer.objective_tokenizer import byte_level_tokenizer
 
         return byte_level_tokenizer(vocab)
     from transformers import AutoTokenizer

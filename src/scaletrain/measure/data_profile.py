@@ -1,4 +1,4 @@
-"""Your data, understood before you train (issue 22): `python -m scaletrain.trainer.data_profile` answers in JSON.
+"""Your data, understood before you train (issue 22): `python -m scaletrain.measure.data_profile` answers in JSON.
 
 It reads --data exactly as the trainer will (trainer/data.py: the same records, column renames, tokenizer, chat
 template and blocks) and reports the detected format, token statistics per record (p50/p95/max with the real
