@@ -1,6 +1,6 @@
 """CPU ground truth for the objectives' memory terms: predicted allocated peak vs torch.profiler over a real TRL step.
 
-For each case: TRL's RewardTrainer / DPOTrainer / GRPOTrainer on a random-init tiny model (trainer/objectives),
+For each case: TRL's RewardTrainer / DPOTrainer / GRPOTrainer on a random-init tiny model (trainer/objective_build.py),
 one warm-up optimizer step, then one profiled step (GRPO: generation included); compared with the engine's
 allocated peak for the same setup on one CPU process. Parameter and optimizer-state bytes are compared exactly.
 Writes bench/results/objective_groundtruth.json and prints a Markdown table (docs/accuracy.md's):

@@ -159,7 +159,8 @@ def test_no_folder_level_import_cycle():
 
 
 def test_the_folder_cycle_check_fails_on_a_sub_folder_that_climbs_back():
-    """trainer/objectives importing trainer/model while trainer/train imports trainer/objectives: a cycle."""
+    """trainer/objectives importing trainer/model while trainer/train imports trainer/objectives (the tree before
+    the objectives moved beside the loop): a cycle of folders, though no module imports itself back."""
     graph = {"scaletrain.trainer.train": {"scaletrain.trainer.objectives.run"},
              "scaletrain.trainer.objectives.run": {"scaletrain.trainer.objectives.build"},
              "scaletrain.trainer.objectives.build": {"scaletrain.trainer.model"}, "scaletrain.trainer.model": set()}
