@@ -111,3 +111,31 @@ def test_field_facts_are_properties_of_the_declaration():
     for f in dataclasses.fields(RunChoices):        # the flag's help and choices come from the declaration
         assert FIELD[f.name].help == f.metadata["help"]
         assert FIELD[f.name].relaunch == f.metadata["relaunch"]
+
+
+OLD_PLAN = Path(__file__).resolve().parent / "fixtures" / "plan_written_by_12eadae.json"
+ADDED_SINCE_ISSUE_12 = ("master_weights", "optimizer_impl", "experts_impl", "loop", "loss")
+
+
+@pytest.mark.parametrize("older", [False, True])
+def test_a_plan_json_written_before_the_record_still_reads(tmp_path, older):
+    """plan.json as the code before RunChoices wrote it (`scaletrain --preset cpu-tiny --headless --run-dir D
+    --dry-run` at commit 12eadae), and the same without the fields issues 12–21 added (an older plan): the trainer
+    reads it, and the re-plan writes the same "training" section back."""
+    from scaletrain.engine.run.layout import RunDir
+    from scaletrain.trainer.config import read_run_config
+
+    data = json.loads(OLD_PLAN.read_text())
+    want = dict(data["training"])
+    if older:
+        for key in ADDED_SINCE_ISSUE_12:
+            data["training"].pop(key, None)
+            data["request"].pop(key, None)
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    run.plan.write_text(json.dumps(data))
+    cfg = read_run_config(run.path)
+    assert (cfg.precision, cfg.optimizer, cfg.attn, cfg.optimizer_impl, cfg.master_weights, cfg.loop, cfg.loss) == (
+        "fp32", "adamw", "sdpa", "fused", "fp32", "trainer", "standard")
+    _req, plan = PlanDocument.from_json(data).replan()
+    assert plan.setup.to_json() == want
