@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+from dataclasses import dataclass
 import json
 from pathlib import Path
 
@@ -139,3 +140,21 @@ def test_a_plan_json_written_before_the_record_still_reads(tmp_path, older):
         "fp32", "adamw", "sdpa", "fused", "fp32", "trainer", "standard")
     _req, plan = PlanDocument.from_json(data).replan()
     assert plan.setup.to_json() == want
+
+
+def test_a_number_or_a_switch_is_declared_the_same_way():
+    """The next knobs (a parallel degree, an on/off) are one `choice(...)` line too: a number gets its parser and
+    bounds (checked with the request's), a bool a --x/--no-x flag, a word its Vocabulary's choices."""
+    from scaletrain.engine.choices import choice
+    from scaletrain.engine.request.fields import choice_fields
+
+    @dataclass(frozen=True)
+    class Next:
+        tensor_parallel: int = choice(1, "GPUs one layer is split across", bounds=(1, 64), metavar="N")
+        compile: bool = choice(False, "torch.compile the model", relaunch=True)
+        attn: Attention = choice(Attention.SDPA, "attention implementation")
+
+    tp, comp, attn = choice_fields(Next)
+    assert (tp.flag, tp.parse, tp.bounds, tp.metavar, tp.kind) == ("--tensor-parallel", int, (1, 64), "N", "value")
+    assert (comp.flag, comp.kind, comp.relaunch, comp.choices) == ("--compile", "flag", True, None)
+    assert attn.choices == Attention.values() and attn.parse is None

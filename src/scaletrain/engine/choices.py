@@ -30,12 +30,15 @@ from scaletrain.engine.vocabulary import (Attention, ExpertsImpl, Loop, MasterWe
 HOW_GROUP = "how"          # the argparse group these flags are listed under
 
 
-def choice(default: Vocabulary, help: str, *, relaunch: bool = False, required: bool = False) -> Any:
-    """A record field: `relaunch` — a relaunch may change it and still resume the checkpoint (the data order and
-    the weights stay); `required` — a plan.json "training" section without it is not a plan (every plan ever written
-    held it), else a plan written before it existed reads as the default."""
+def choice(default: Any, help: str, *, relaunch: bool = False, required: bool = False,
+           bounds: tuple[int, int] | None = None, metavar: str | None = None) -> Any:
+    """A record field: a Vocabulary (its words are the accepted values), a bool (a --x/--no-x flag) or a number
+    (`bounds`: the whole numbers accepted, checked with the request's; `metavar`: the flag's placeholder).
+    `relaunch`: a relaunch may change it and still resume the checkpoint (the data order and the weights stay);
+    `required`: a plan.json "training" section without it is not a plan (every plan ever written held it), else a
+    plan written before it existed reads as the default."""
     return field(default=default, metadata={"help": help, "relaunch": relaunch, "required": required,
-                                            "group": HOW_GROUP})
+                                            "group": HOW_GROUP, "bounds": bounds, "metavar": metavar})
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,13 @@ def vocabulary_fields(cls: type) -> tuple[tuple[str, type[Vocabulary]], ...]:
                  if isinstance(hints.get(f.name), type) and issubclass(hints[f.name], Vocabulary))
 
 
-def choice_kind(name: str) -> type[Vocabulary]:
-    return dict(vocabulary_fields(RunChoices))[name]
+def choice_kind(name: str, record: type = RunChoices) -> type:
+    """A record field's type: a Vocabulary, bool, int or float."""
+    return get_type_hints(record)[name]
+
+
+def _is_words(kind: type) -> bool:
+    return isinstance(kind, type) and issubclass(kind, Vocabulary)
 
 
 T = TypeVar("T")
@@ -122,16 +130,23 @@ def choices_of(record: Any) -> dict[str, Any]:
 
 def choices_json(record: Any) -> dict[str, str]:
     """A carrier's choices as plan.json words, in declaration order."""
-    return {name: str(getattr(record, name)) for name in CHOICE_NAMES}
+    return {name: (str(v) if isinstance(v, Vocabulary) else v) for name in CHOICE_NAMES
+            for v in (getattr(record, name),)}
 
 
-def read_choices(section: Mapping[str, Any]) -> dict[str, Vocabulary]:
+def read_choices(section: Mapping[str, Any]) -> dict[str, Any]:
     """A plan.json "training" section's choices, typed: a required one missing raises KeyError, a bad word
     ValueError (the reader's "missing or bad field" line); an optional one missing is its default."""
     out: dict[str, Vocabulary] = {}
     for f in CHOICES:
         kind = choice_kind(f.name)
-        out[f.name] = kind(section[f.name] if f.metadata["required"] else (section.get(f.name) or f.default))
+        raw = section[f.name] if f.metadata["required"] else section.get(f.name)
+        if _is_words(kind):
+            out[f.name] = kind(raw or f.default)
+        else:
+            out[f.name] = f.default if raw is None else raw
+            if not isinstance(out[f.name], kind) or isinstance(out[f.name], bool) != (kind is bool):
+                raise ValueError(f"{f.name} {raw!r} is not a {kind.__name__}")
     return out
 
 

@@ -10,14 +10,16 @@ declared in `engine/choices.py` RunChoices instead, and `choice_fields` makes it
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from scaletrain.engine.catalog.hardware import inter_node_gbit_s
-from scaletrain.engine.choices import CHOICES, HOW_GROUP, choice_kind
+from scaletrain.engine.choices import HOW_GROUP, RunChoices, choice_kind
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.vocabulary import (Generation, LossImpl, Method, Objective, Offload, RefModel, Strategy)
+from scaletrain.engine.vocabulary import (Generation, LossImpl, Method, Objective, Offload, RefModel, Strategy,
+                                          Vocabulary)
 
 RESIDENT_BITS = ("16", "8", "4")
 
@@ -127,10 +129,20 @@ class PlanField:
         return None
 
 
-def choice_fields() -> tuple[PlanField, ...]:
-    """RunChoices' fields (engine/choices.py) as plan fields: the declaration's help, group and relaunch rule."""
-    return tuple(PlanField(f.name, f.metadata["group"], choices=choice_kind(f.name).values(), help=f.metadata["help"],
-                           relaunch=f.metadata["relaunch"]) for f in CHOICES)
+def choice_fields(record: type = RunChoices) -> tuple[PlanField, ...]:
+    """A record's fields (engine/choices.py RunChoices) as plan fields: the declaration's help, group, relaunch rule
+    and kind (its words as choices, a bool as --x/--no-x, a number with its parser and bounds)."""
+    out = []
+    for f in dataclasses.fields(record):
+        kind, meta = choice_kind(f.name, record), f.metadata
+        if isinstance(kind, type) and issubclass(kind, Vocabulary):
+            how: dict[str, Any] = dict(choices=kind.values())
+        elif kind is bool:
+            how = dict(kind="flag")
+        else:
+            how = dict(parse=kind, bounds=meta["bounds"], metavar=meta["metavar"])
+        out.append(PlanField(f.name, meta["group"], help=meta["help"], relaunch=meta["relaunch"], **how))
+    return tuple(out)
 
 
 _WHAT, _OBJ, _HW, _HOW, _BATCH = ("what to train", "objective (TRL: reward, dpo, grpo)", "hardware", HOW_GROUP,

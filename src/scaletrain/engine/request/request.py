@@ -23,7 +23,6 @@ GRPO_COMPLETION_LEN = 512      # TRL GRPOConfig.max_completion_length
 GRPO_NUM_GENERATIONS = 8       # TRL GRPOConfig.num_generations
 
 
-
 @dataclass(frozen=True)
 @carries(after="offload")           # precision … loop: RunChoices (engine/choices.py), as text
 class PlanRequest:
