@@ -1,10 +1,11 @@
 """Trace a model family that has no analytic layout: measure what its blocks are and what they save for backward.
 
-    python -m scaletrain.measure.trace < request.json > trace.json      (one request)
-    python -m scaletrain.measure.trace --serve                          (JSON lines in, JSON lines out)
+    python -m scaletrain.measure.probe trace < request.json > trace.json      (one request)
+    python -m scaletrain.measure.probe trace --serve                          (JSON lines in, JSON lines out)
 
-`--serve` is how the engine runs it (engine/catalog/traced.py): one process per planning process, transformers
-imported once, every structure, regime and LoRA count of a plan answered by it.
+`--serve` is how the engine runs it (engine/catalog/traced.py, through the probes' entry point measure/probe.py):
+one process per planning process, transformers imported once, every structure, regime and LoRA count of a plan
+answered by it.
 
 A request is `{"config": <config.json dict>, "regime": null | {"method", "lora_rank", "lora_targets", "precision",
 "attn", "windowed"?, "chunked"?}}` (precision in measure/step.py's names), or `"regimes": [...]` (answered as
