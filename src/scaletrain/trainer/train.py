@@ -135,7 +135,7 @@ def train(cfg: RunConfig, resume: bool) -> int:
 
         if cfg.uses_deepspeed and not torch.cuda.is_available():
             load_deepspeed_cpu_comm_op()
-        from scaletrain.trainer.objectives.run import train_objective
+        from scaletrain.trainer.objective_run import train_objective
 
         return train_objective(cfg, resume)
     s = prepare(cfg)

@@ -180,7 +180,7 @@ def bundled_demo_dataset() -> Path:
 
 def bundled_dataset(objective: str = "sft") -> Path:
     """The bundled data a run trains on when no dataset is set: demo.jsonl for SFT, preference.jsonl (chosen and
-    rejected pairs) for reward and DPO, prompts.jsonl for GRPO (trainer/objectives/run.py bundled_dataset)."""
+    rejected pairs) for reward and DPO, prompts.jsonl for GRPO (trainer/objective_run.py bundled_dataset)."""
     if objective == "sft":
         return bundled_demo_dataset()
     return bundled_demo_dataset().with_name("prompts.jsonl" if objective == "grpo" else "preference.jsonl")

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from scaletrain.engine.model.activations import block_activations, eager_attention, eager_masks, outside_blocks
-from scaletrain.engine.model.breakdown import MemoryBreakdown
-from scaletrain.engine.model.numerics import numerics, uses_deepspeed
-from scaletrain.engine.model.objectives import (generation_cost, head_cost, held_outputs_bytes, objective_terms,
+from scaletrain.engine.estimate.activations import block_activations, eager_attention, eager_masks, outside_blocks
+from scaletrain.engine.estimate.breakdown import MemoryBreakdown
+from scaletrain.engine.estimate.numerics import numerics, uses_deepspeed
+from scaletrain.engine.estimate.objectives import (generation_cost, head_cost, held_outputs_bytes, objective_terms,
                                                 reference_forward_bytes, reference_weight_bytes, sequences)
-from scaletrain.engine.model.setup import TrainingSetup
-from scaletrain.engine.model.states import DS_PREFETCH_BUCKET_ELEMS, ModelStates, model_states
+from scaletrain.engine.estimate.setup import TrainingSetup
+from scaletrain.engine.estimate.states import DS_PREFETCH_BUCKET_ELEMS, ModelStates, model_states
 
 # ---- constants (each one named, sourced, and overridable by calibration later) --------------------------------
 GiB = 1024**3
@@ -224,7 +224,7 @@ def overhead_bytes(s: TrainingSetup, allocated_peak: int) -> int:
     """CUDA context, NCCL buffers and the caching allocator's reserve above the allocated peak."""
     if s.device == "cpu":
         return 0
-    from scaletrain.engine.model.calibration import for_setup
+    from scaletrain.engine.estimate.calibration import for_setup
 
     cal = for_setup(s)   # `scaletrain validate --save` measured these on this GPU kind and stack
     ctx = CUDA_CONTEXT_BYTES + (NCCL_BUFFER_BYTES if s.world_size > 1 else 0)

@@ -1,5 +1,5 @@
 """The traced model's structure, on the meta device: its layer kinds by signature, the prefix slice that holds one
-of each, the lengths the slice is traced at, and peft's count of LoRA on it (trainer/trace.py)."""
+of each, the lengths the slice is traced at, and peft's count of LoRA on it (measure/trace.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import re
 from typing import Any
 
 from scaletrain.engine.catalog.traced import MAX_GRANULE
-from scaletrain.trainer.saved_activations import decoder_layers
-from scaletrain.trainer.trace_fit import TraceError
+from scaletrain.measure.saved_activations import decoder_layers
+from scaletrain.measure.trace_fit import TraceError
 
 # The gated delta rule's torch kernel pads every sequence to a multiple of its 64-token chunk
 # (transformers/models/qwen3_next/modeling_qwen3_next.py torch_chunk_gated_delta_rule(chunk_size=64)); 64 is also a

@@ -12,9 +12,8 @@ from typing import Any
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import Hardware
 from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, ModelArch
-from scaletrain.engine.vocabulary import (Attention, Device, ExpertsImpl, Generation, Loop, LossImpl, MasterWeights,
-                                          Method, Objective, Offload, Optimizer, OptimizerImpl, Precision, RefModel,
-                                          Strategy, Vocabulary)
+from scaletrain.engine.choices import carries, choices_json, coerce_words
+from scaletrain.engine.vocabulary import Device, Generation, LossImpl, Method, Objective, Offload, RefModel, Strategy
 
 BASE_BITS = (4, 8, 16, 32)
 
@@ -55,6 +54,7 @@ def quantized_linear_bytes(n_weights: int, bits: int) -> int:
 
 
 @dataclass(frozen=True)
+@carries(after="offload")           # precision … loop: RunChoices (engine/choices.py), as Vocabulary
 class TrainingSetup:
     model: ModelArch
     hardware: Hardware
@@ -64,13 +64,6 @@ class TrainingSetup:
     base_bits: int = 16              # frozen base weights: 16 (lora), 4 (qlora NF4), 8 (8-bit base), 32 (fp32 base)
     strategy: Strategy = Strategy.DDP
     offload: Offload = Offload.NONE
-    precision: Precision = Precision.BF16
-    optimizer: Optimizer = Optimizer.ADAMW
-    optimizer_impl: OptimizerImpl = OptimizerImpl.FUSED
-    master_weights: MasterWeights = MasterWeights.FP32   # full fine-tuning: fp32 master weights, or bf16 weights only
-    attn: Attention = Attention.SDPA
-    experts_impl: ExpertsImpl = ExpertsImpl.GROUPED_MM   # MoE models: how transformers runs the experts
-    loop: Loop = Loop.TRAINER            # the training loop the numbers are for (what it keeps through backward)
     loss: LossImpl = LossImpl.STANDARD   # the causal-LM loss: B·S·V logits, or chunked through lm_head
     grad_ckpt: bool = False
     micro_batch: int = 1
@@ -81,7 +74,7 @@ class TrainingSetup:
     epochs: float = 1.0
     tokens_per_sample: int | None = None
     device: Device = Device.CUDA     # CUDA or CPU (CPU runs: no CUDA context or workspaces)
-    # ---- the objective (engine/model/objectives.py holds its memory terms) ----
+    # ---- the objective (engine/estimate/objectives.py holds its memory terms) ----
     objective: Objective = Objective.SFT
     prompt_len: int | None = None    # DPO / GRPO: the prompt's tokens within seq_len
     num_generations: int = 8         # GRPO: completions per prompt (TRL's default)
@@ -90,27 +83,7 @@ class TrainingSetup:
     generation_memory: float = 0.3   # GRPO colocate: the card's share vLLM holds (TRL vllm_gpu_memory_utilization)
 
     def __post_init__(self) -> None:
-        def one_of(name: str, kind: type[Vocabulary]) -> None:
-            value = getattr(self, name)
-            if value not in kind.values():
-                raise ScaletrainError(f"--{name.replace('_', '-')} {value!r} is not accepted; use one of: "
-                                      f"{', '.join(kind.values())}")
-            object.__setattr__(self, name, kind(value))
-
-        one_of("method", Method)
-        one_of("strategy", Strategy)
-        one_of("offload", Offload)
-        one_of("precision", Precision)
-        one_of("optimizer", Optimizer)
-        one_of("attn", Attention)
-        one_of("experts_impl", ExpertsImpl)
-        one_of("loop", Loop)
-        one_of("loss", LossImpl)
-        one_of("optimizer_impl", OptimizerImpl)
-        one_of("master_weights", MasterWeights)
-        one_of("objective", Objective)
-        one_of("ref_model", RefModel)
-        one_of("generation", Generation)
+        coerce_words(self, skip=("device",))     # every Vocabulary-typed field; the device is checked below
         _check_objective(self)
         _check_loss(self)
         if self.lora_targets is BLOCK_LINEARS and self.model.default_lora_targets != BLOCK_LINEARS:
@@ -224,19 +197,22 @@ class TrainingSetup:
         return replace(self, **changes)
 
     def to_json(self) -> dict[str, Any]:
+        """plan.json's "training". The choices (engine/choices.py) keep their places: precision … attn after the
+        offload, the rest (experts_impl for MoE models only, loop, and any later choice) before the loss."""
+        rest = choices_json(self)
+        if self.model.moe is None:
+            del rest["experts_impl"]
         return {
             "method": self.method.value, "lora_rank": self.lora_rank if self.method.is_adapter else None,
             "lora_targets": list(self.lora_targets) if self.method.is_adapter else None,
             "base_bits": self.base_bits, "strategy": self.strategy.value, "offload": self.offload.value,
-            "precision": self.precision.value, "master_weights": self.master_weights.value,
-            "optimizer": self.optimizer.value, "optimizer_impl": self.optimizer_impl.value, "attn": self.attn.value,
+            **{k: rest.pop(k) for k in ("precision", "master_weights", "optimizer", "optimizer_impl", "attn")},
             "grad_ckpt": self.grad_ckpt, "seq_len": self.seq_len, "device": self.device.value,
             "residents": [{"model": r.model.name, "bits": r.bits, "role": r.role} for r in self.residents],
             "objective": self.objective.value, "prompt_len": self.prompt_len,
             "num_generations": self.num_generations if self.objective == "grpo" else None,
             "ref_model": self.ref_model.value, "generation": self.generation.value if self.objective == "grpo" else None,
-            **({"experts_impl": self.experts_impl.value} if self.model.moe is not None else {}),
-            "loop": self.loop.value, "loss": self.loss.value,
+            **rest, "loss": self.loss.value,
         }
 
 
@@ -280,7 +256,7 @@ def _check_objective(s: TrainingSetup) -> None:
 
 
 def _check_loss(s: TrainingSetup) -> None:
-    """`--loss chunked` where it can run (engine/model/chunked_loss.py, trainer/chunked_loss.py), else one line."""
+    """`--loss chunked` where it can run (engine/estimate/chunked_loss.py, trainer/chunked_loss.py), else one line."""
     if s.loss != "chunked":
         return
     if s.fused_lm_head and s.objective == "sft":

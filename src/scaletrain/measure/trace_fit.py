@@ -1,5 +1,5 @@
 """The trace's fits: bytes as c0 + c1·S + c2·S² with non-negative coefficients, exact where the bytes are, checked
-where they are not (trainer/trace.py)."""
+where they are not (measure/trace.py)."""
 
 from __future__ import annotations
 

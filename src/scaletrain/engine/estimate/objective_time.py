@@ -19,11 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from scaletrain.engine.model.chunked_loss import bytes_per_logit, chunked, recomputes_head
-from scaletrain.engine.model.numerics import numerics
-from scaletrain.engine.model.objectives import scored_tokens, sequences
-from scaletrain.engine.model.setup import TrainingSetup
-from scaletrain.engine.model.time_constants import LOSS_BYTES_PER_LOGIT_FP32, TimeConstants
+from scaletrain.engine.estimate.chunked_loss import bytes_per_logit, chunked, recomputes_head
+from scaletrain.engine.estimate.numerics import numerics
+from scaletrain.engine.estimate.objectives import scored_tokens, sequences
+from scaletrain.engine.estimate.setup import TrainingSetup
+from scaletrain.engine.estimate.time_constants import LOSS_BYTES_PER_LOGIT_FP32, TimeConstants
 
 # TRL's fused head, per logit of the scored tokens: the tile written by the projection and read by the fold in
 # forward; recomputed, read, overwritten with its gradient and read by the two gradient GEMMs in backward.

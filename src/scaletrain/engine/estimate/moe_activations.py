@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scaletrain.engine.model.numerics import Numerics
-from scaletrain.engine.model.setup import TrainingSetup
+from scaletrain.engine.estimate.numerics import Numerics
+from scaletrain.engine.estimate.setup import TrainingSetup
 
 
 @dataclass(frozen=True)

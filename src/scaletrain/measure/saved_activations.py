@@ -6,7 +6,7 @@ storage. torch is imported inside the functions: importing this module is cheap.
 
 from __future__ import annotations
 
-from scaletrain.trainer.measure import make_batches, storage_key, check_arguments, build_harness
+from scaletrain.measure.step import make_batches, storage_key, check_arguments, build_harness
 
 
 def measure_saved_activation_bytes(hf_config: dict, *, method: str = "full", lora_rank: int = 8,

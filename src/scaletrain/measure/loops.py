@@ -1,12 +1,12 @@
 """Ground truth for the library loops: one optimizer step of a real transformers.Trainer or trl.SFTTrainer, profiled.
 
-trainer/measure.py builds the model (random init, LoRA, checkpointing) exactly as for the bundled trainer's loop;
+measure/step.py builds the model (random init, LoRA, checkpointing) exactly as for the bundled trainer's loop;
 here the library trains it: `Trainer` (hf-trainer) or `SFTTrainer` (trl, which patches the model with TRL's fused LM
 head: per-token log-probs, entropy and top-1 hits computed in tiles, no B·S·V logits) on fixed-length random token
 rows, with its own optimizer (`optim` from the plan's implementation), mixed precision (`bf16=True`: accelerate's
 autocast), gradient clipping and dataloader. Optimizer step `warmup_steps` (0-based) is profiled from
 TrainerCallback.on_step_begin to on_step_end (every micro-step's forward, loss and backward, clipping, the optimizer
-step and zero_grad); the peak is the profiler's memory timeline (trainer/memory_timeline.py) plus the live storages
+step and zero_grad); the peak is the profiler's memory timeline (measure/memory_timeline.py) plus the live storages
 it did not see (parameters, buffers, optimizer state and the batches still referenced when the window opens, as
 measure.py counts them). torch is imported inside functions.
 """
@@ -19,14 +19,14 @@ import tempfile
 import weakref
 from typing import Any, Callable
 
-from scaletrain.trainer.memory_timeline import read_cpu_timeline
+from scaletrain.measure.memory_timeline import read_cpu_timeline
 from scaletrain.trainer.model import NON_REENTRANT
 
-# transformers' optimizer names for trainer/measure.py's implementations ("default" is the Trainer's own default)
+# transformers' optimizer names for measure/step.py's implementations ("default" is the Trainer's own default)
 _OPTIM = {"default": "adamw_torch_fused", "fused": "adamw_torch_fused", "for-loop": "adamw_torch",
           "foreach": "adamw_torch"}
 _OPTIM_ARGS = {"for-loop": "foreach=False", "foreach": "foreach=True"}
-# the byte-level tokenizer's special ids (trainer/objectives/tokenizer.py): random rows avoid pad, bos and eos
+# the byte-level tokenizer's special ids (trainer/objective_tokenizer.py): random rows avoid pad, bos and eos
 _FIRST_ID = 3
 
 
@@ -105,7 +105,7 @@ def _trainer(loop: str, model: Any, args: Any, rows: list[list[int]], vocab: int
     if loop == "trl":
         from trl import SFTTrainer
 
-        from scaletrain.trainer.objectives.tokenizer import byte_level_tokenizer
+        from scaletrain.trainer.objective_tokenizer import byte_level_tokenizer
 
         trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"input_ids": rows}),
                              processing_class=byte_level_tokenizer(vocab), callbacks=[probe.callback])

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from scaletrain.engine.model.numerics import numerics
-from scaletrain.engine.model.setup import TrainingSetup
+from scaletrain.engine.estimate.numerics import numerics
+from scaletrain.engine.estimate.setup import TrainingSetup
 
 # Kernels a routed-experts block adds to a dense block, forward and backward: aten ops counted with torch.profiler
 # on transformers 5.24 (tiny qwen3_moe against the same qwen3 block with a dense MLP, 64 tokens, fp32): grouped_mm

@@ -5,8 +5,8 @@
 `warmup_steps` optimizer steps (optimizer state exists, as in steady state), then profiles the next step from
 TrainerCallback.on_step_begin to on_step_end: GRPO's generation and reference log-probs, every micro-step's
 forward, TRL's log-prob kernel and backward, clipping, the optimizer step and zero_grad. The peak is read from
-torch.profiler's memory timeline (trainer/memory_timeline.py) plus the live storages it did not see, as
-trainer/measure.py does for supervised steps.
+torch.profiler's memory timeline (measure/memory_timeline.py) plus the live storages it did not see, as
+measure/step.py does for supervised steps.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from scaletrain.trainer.memory_timeline import read_cpu_timeline
-from scaletrain.trainer.measure import unique_storage_bytes
-from scaletrain.trainer.objectives.build import ObjectiveRun, build_trainer
+from scaletrain.measure.memory_timeline import read_cpu_timeline
+from scaletrain.measure.step import unique_storage_bytes
+from scaletrain.trainer.objective_build import ObjectiveRun, build_trainer
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -107,7 +107,7 @@ def measure_objective_step(run: ObjectiveRun, warmup_steps: int = 1) -> Measured
     """Profile optimizer step `warmup_steps` + 1 of `run` on the CPU (one process)."""
     import warnings
 
-    from scaletrain.trainer.objectives.tokenizer import byte_level_tokenizer
+    from scaletrain.trainer.objective_tokenizer import byte_level_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
         run = replace(run, output_dir=tmp, max_steps=warmup_steps + 1, use_cpu=True, fixed_length=True)

@@ -1,10 +1,10 @@
 """`scaletrain validate`: run the planned configuration for a few steps and put predicted next to measured.
 
-Memory on CPU comes from the same ground truth as the test suite (trainer/measure.py: torch.profiler's memory
+Memory on CPU comes from the same ground truth as the test suite (measure/step.py: torch.profiler's memory
 timeline over one steady-state optimizer step of the plan's per-process configuration). On GPUs it is the
 trainer's own `torch.cuda.max_memory_allocated/reserved` per rank, read from metrics.jsonl. Step time is the
 median of the bundled trainer's step times after warm-up, in a real run of the plan (random-init weights when
-the real ones are absent). `derive_calibration` turns a result into a profile for engine/model/calibration.py.
+the real ones are absent). `derive_calibration` turns a result into a profile for engine/estimate/calibration.py.
 
 A validation run keeps its logs and metrics but no weights: it runs with save_checkpoints false, and whatever
 checkpoint folder its run directory holds afterwards is removed (a GPU's disk fills with a few full checkpoints).
@@ -21,7 +21,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any, Callable
 
-from scaletrain.engine.model.calibration import Calibration, stack_signature
+from scaletrain.engine.estimate.calibration import Calibration, stack_signature
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan, evaluate
 from scaletrain.engine.request.request import PlanRequest
@@ -88,8 +88,8 @@ class ValidationResult:
 
 
 def _measure_precision(plan: Plan) -> str:
-    """trainer/measure.py's name for the regime the trainer runs this plan in (weights dtype, autocast or not)."""
-    from scaletrain.engine.model.numerics import numerics
+    """measure/step.py's name for the regime the trainer runs this plan in (weights dtype, autocast or not)."""
+    from scaletrain.engine.estimate.numerics import numerics
 
     s = plan.setup
     if s.precision == "fp32":
@@ -112,12 +112,12 @@ def _per_process_setup(plan: Plan) -> tuple[Plan, str | None]:
 
 
 def measure_cpu_memory(plan: Plan) -> tuple[int, Plan, tuple[str, ...]]:
-    from scaletrain.trainer.measure import measure_step
+    from scaletrain.measure.step import measure_step
     from scaletrain.trainer.model import with_experts_implementation
 
     s = plan.setup
     if s.optimizer == "adamw-8bit":
-        raise ScaletrainError("the CPU memory ground truth (trainer/measure.py) has no adamw-8bit; validate it on a GPU, "
+        raise ScaletrainError("the CPU memory ground truth (measure/step.py) has no adamw-8bit; validate it on a GPU, "
                               "where the trainer's own peaks are the measurement")
     target, note = _per_process_setup(plan)
     if s.objective != "sft":
@@ -133,9 +133,10 @@ def measure_cpu_memory(plan: Plan) -> tuple[int, Plan, tuple[str, ...]]:
 
 def _measure_objective_memory(plan: Plan) -> int:
     """Reward/DPO/GRPO: one real TRL step of the plan's per-process configuration under the profiler
-    (trainer/objectives/measure.py, the same ground truth as tests/test_objectives_groundtruth.py)."""
-    from scaletrain.trainer.objectives.build import ObjectiveRun
-    from scaletrain.trainer.objectives.measure import measure_objective_step
+    (measure/objective_step.py, the same ground truth as tests/test_objectives_groundtruth.py)."""
+    from scaletrain.engine.choices import choices_of
+    from scaletrain.trainer.objective_build import ObjectiveRun
+    from scaletrain.measure.objective_step import measure_objective_step
     from scaletrain.trainer.model import with_experts_implementation
 
     s = plan.setup
@@ -143,10 +144,8 @@ def _measure_objective_memory(plan: Plan) -> int:
         objective=str(s.objective), model_config=with_experts_implementation(dict(s.model.config), str(s.experts_impl)),
         output_dir="", method=str(s.method),
         lora_rank=s.lora_rank, lora_targets=tuple(s.lora_targets) if s.method != "full" else None,
-        precision=str(s.precision), bf16_weights=s.method == "full" and s.master_weights == "bf16",
-        attn=str(s.attn), grad_ckpt=s.grad_ckpt, micro_batch=s.micro_batch, grad_accum=s.grad_accum,
-        seq_len=s.seq_len, prompt_len=s.prompt_len, num_generations=s.num_generations, ref_model=str(s.ref_model),
-        optimizer=str(s.optimizer), optimizer_impl=str(s.optimizer_impl))
+        **choices_of(s), bf16_weights=s.method == "full" and s.master_weights == "bf16", grad_ckpt=s.grad_ckpt, micro_batch=s.micro_batch, grad_accum=s.grad_accum,
+        seq_len=s.seq_len, prompt_len=s.prompt_len, num_generations=s.num_generations, ref_model=str(s.ref_model))
     return measure_objective_step(run).peak_allocated_bytes
 
 

@@ -21,8 +21,9 @@ from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.metrics import MetricsWriter, StepMetrics
+from scaletrain.engine.choices import choices_of
 from scaletrain.trainer.config import RunConfig
-from scaletrain.trainer.objectives.build import ObjectiveRun, build_trainer
+from scaletrain.trainer.objective_build import ObjectiveRun, build_trainer
 
 
 def bundled_dataset(objective: str) -> Path:
@@ -56,7 +57,7 @@ def answer_overlap(completions: list[str], answer: list[str] | None = None, **_:
 
 def _tokenizer(cfg: RunConfig, vocab: int) -> Any:
     if cfg.train.model_source == "random-init":
-        from scaletrain.trainer.objectives.tokenizer import byte_level_tokenizer
+        from scaletrain.trainer.objective_tokenizer import byte_level_tokenizer
 
         return byte_level_tokenizer(vocab)
     from transformers import AutoTokenizer
@@ -112,10 +113,8 @@ def objective_run(cfg: RunConfig, max_steps: int) -> ObjectiveRun:
     return ObjectiveRun(
         objective=cfg.objective, model_config=model_config_dict(cfg.model_id), output_dir=str(cfg.run.path / "trl"),
         method=str(cfg.method), lora_rank=cfg.lora_rank, lora_alpha=cfg.train.lora_alpha,
-        lora_targets=tuple(cfg.lora_targets) or None, precision=str(cfg.precision), attn=str(cfg.attn),
-        grad_ckpt=cfg.grad_ckpt, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum, seq_len=cfg.seq_len,
-        prompt_len=cfg.prompt_len, num_generations=cfg.num_generations, ref_model=cfg.ref_model,
-        optimizer=str(cfg.optimizer), lr=cfg.train.lr, lr_schedule=cfg.train.lr_schedule,
+        lora_targets=tuple(cfg.lora_targets) or None, **choices_of(cfg), grad_ckpt=cfg.grad_ckpt, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum, seq_len=cfg.seq_len,
+        prompt_len=cfg.prompt_len, num_generations=cfg.num_generations, ref_model=cfg.ref_model, lr=cfg.train.lr, lr_schedule=cfg.train.lr_schedule,
         warmup_ratio=cfg.train.warmup_ratio, weight_decay=cfg.train.weight_decay,
         max_grad_norm=cfg.train.max_grad_norm, max_steps=max_steps, seed=cfg.train.seed,
         use_cpu=_on_cpu(), deepspeed=str(cfg.run.ds_config) if cfg.uses_deepspeed else None,

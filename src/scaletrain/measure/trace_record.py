@@ -1,11 +1,11 @@
 """What the traced slice's forward saves and how far live memory rises while each layer runs forward and backward
-(trainer/trace.py): a saved-tensor recorder and a dispatch-mode count of live storages, per layer window."""
+(measure/trace.py): a saved-tensor recorder and a dispatch-mode count of live storages, per layer window."""
 
 from __future__ import annotations
 
-from scaletrain.trainer.saved_activations import decoder_layers
-from scaletrain.trainer.trace_fit import TraceError
-from scaletrain.trainer.trace_structure import ATTN_NAMES, MLP_NAMES, SLICE_VOCAB
+from scaletrain.measure.saved_activations import decoder_layers
+from scaletrain.measure.trace_fit import TraceError
+from scaletrain.measure.trace_structure import ATTN_NAMES, MLP_NAMES, SLICE_VOCAB
 
 
 def _tensors_in(x) -> list:
@@ -41,7 +41,7 @@ class _Recorder:
         self.seen: dict = {}            # storage key → [bytes, scope, shape, dtype]
 
     def pack(self, t):
-        from scaletrain.trainer.measure import storage_key
+        from scaletrain.measure.step import storage_key
 
         torch = self.torch
         if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.device.type != "meta":
@@ -58,7 +58,7 @@ class _Recorder:
         return t
 
     def hooks(self, model) -> list:
-        from scaletrain.trainer.measure import storage_key
+        from scaletrain.measure.step import storage_key
 
         out = []
         layers = decoder_layers(model)
@@ -200,7 +200,7 @@ def _window_hooks(model, live: _Live) -> list:
 def warm_up(harness, seq_len: int) -> None:
     import torch
 
-    from scaletrain.trainer.measure import make_batches
+    from scaletrain.measure.step import make_batches
 
     (ids,) = make_batches(1, 1, seq_len, harness.vocab_size, harness.device, 0)
     with torch.no_grad(), harness.autocast():
@@ -212,7 +212,7 @@ def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int
     scope, and per layer the rise of live bytes in its forward (`fwd{i}`) and in its backward (`bwd{i}`)."""
     import torch
 
-    from scaletrain.trainer.measure import make_batches, storage_key
+    from scaletrain.measure.step import make_batches, storage_key
 
     model = harness.model
     excluded = {storage_key(t) for t in list(model.parameters()) + list(model.buffers())}

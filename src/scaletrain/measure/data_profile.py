@@ -1,4 +1,4 @@
-"""Your data, understood before you train (issue 22): `python -m scaletrain.trainer.data_profile` answers in JSON.
+"""Your data, understood before you train (issue 22): `python -m scaletrain.measure.data_profile` answers in JSON.
 
 It reads --data exactly as the trainer will (trainer/data.py: the same records, column renames, tokenizer, chat
 template and blocks) and reports the detected format, token statistics per record (p50/p95/max with the real
@@ -16,8 +16,8 @@ import sys
 from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.probes import PROFILE_FORMAT
 
-PROFILE_FORMAT = 2
 EXAMPLES = 2                 # records rendered
 EXAMPLE_CHARS = 600          # each cut to this many characters
 
@@ -99,7 +99,7 @@ def profile(spec: str, model_id: str, weights: str | None, seq_len: int, packing
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m scaletrain.trainer.data_profile")
+    p = argparse.ArgumentParser(prog="python -m scaletrain.measure.probe data-profile")
     p.add_argument("--data", required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--weights")

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 from scaletrain.engine.catalog.layer_types import layer_types, windowed_layers
 from scaletrain.engine.catalog.moe import peft_converted_names
-from scaletrain.engine.model.chunked_loss import chunked, hidden_saved
-from scaletrain.engine.model.moe_activations import moe_half
-from scaletrain.engine.model.numerics import Numerics, numerics
-from scaletrain.engine.model.setup import TrainingSetup
-from scaletrain.engine.model.traced_blocks import traced_block_terms, traced_outside_blocks
+from scaletrain.engine.estimate.chunked_loss import chunked, hidden_saved
+from scaletrain.engine.estimate.moe_activations import moe_half
+from scaletrain.engine.estimate.numerics import Numerics, numerics
+from scaletrain.engine.estimate.setup import TrainingSetup
+from scaletrain.engine.estimate.traced_blocks import traced_block_terms, traced_outside_blocks
 
 
 @dataclass(frozen=True)

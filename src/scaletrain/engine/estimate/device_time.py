@@ -1,19 +1,19 @@
 """One micro-step per GPU, by where its time goes: the device's matmuls, attention, memory-bound kernels, loss and
 per-kernel costs, against the host's dispatch (Python, autograd, launches, DeepSpeed's hooks); and the optimizer
-update on the device. engine/model/timing.py composes these into a step."""
+update on the device. engine/estimate/timing.py composes these into a step."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
-from scaletrain.engine.model.moe_time import (experts_dtype_bytes, moe_layers, routed_kernels,
+from scaletrain.engine.estimate.moe_time import (experts_dtype_bytes, moe_layers, routed_kernels,
                                               routed_matmul_seconds, routed_traffic_per_token)
-from scaletrain.engine.model.numerics import numerics, uses_deepspeed
-from scaletrain.engine.model.objective_time import head_seconds, runs_reference, tokens_per_micro_step
-from scaletrain.engine.model.objectives import scored_tokens, sequences
-from scaletrain.engine.model.setup import TrainingSetup, quantized_linear_bytes
-from scaletrain.engine.model.time_constants import (CAUSAL_ATTENTION_FRACTION,
+from scaletrain.engine.estimate.numerics import numerics, uses_deepspeed
+from scaletrain.engine.estimate.objective_time import head_seconds, runs_reference, tokens_per_micro_step
+from scaletrain.engine.estimate.objectives import scored_tokens, sequences
+from scaletrain.engine.estimate.setup import TrainingSetup, quantized_linear_bytes
+from scaletrain.engine.estimate.time_constants import (CAUSAL_ATTENTION_FRACTION,
                                                     CLIP_GRADIENT_PASSES, CPU_ACTIVATION_PASSES,
                                                     CPU_ELEMENTWISE_BYTES_PER_SECOND, CPU_MATMUL_FLOPS,
                                                     DEFAULT_CONSTANTS, DS_STEP_BYTES_PER_PARAM,
@@ -268,7 +268,7 @@ def optimizer_device_seconds(s: TrainingSetup, c: TimeConstants) -> float:
 def cpu_micro_step(s: TrainingSetup, fl_total: float, c: TimeConstants) -> MicroStep:
     """CPU runs: matmuls at CPU_MATMUL_FLOPS, or the activation/logits traffic, whichever is slower; both per
     thread, times the speedup of the threads each process runs with."""
-    from scaletrain.engine.model.activations import block_activations, logits_bytes
+    from scaletrain.engine.estimate.activations import block_activations, logits_bytes
 
     layer = block_activations(s)
     lg = logits_bytes(s)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from scaletrain.engine.model.numerics import numerics
+from scaletrain.engine.estimate.numerics import numerics
 
 # transformers' cross-entropy ignore label (ForCausalLMLoss ignore_index)
 IGNORE_INDEX = -100

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from scaletrain.engine.catalog.architectures import BLOCK_LINEARS
 from scaletrain.engine.catalog.moe import peft_expert_ranks
-from scaletrain.engine.model.numerics import Numerics, numerics, uses_deepspeed
-from scaletrain.engine.model.setup import TrainingSetup, quantized_linear_bytes
+from scaletrain.engine.estimate.numerics import Numerics, numerics, uses_deepspeed
+from scaletrain.engine.estimate.setup import TrainingSetup, quantized_linear_bytes
 
 # DeepSpeed bucket defaults as our ds_config writer emits them (writers read the same numbers from here).
 DS_REDUCE_BUCKET_ELEMS = 200_000_000     # ipg / reduce bucket, elements (DeepSpeed default 5e8; we write 2e8)

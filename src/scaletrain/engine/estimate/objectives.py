@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from scaletrain.engine.model.activations import logits_bytes
-from scaletrain.engine.model.chunked_loss import chunked, chunked_head
-from scaletrain.engine.model.numerics import numerics
-from scaletrain.engine.model.setup import TrainingSetup
+from scaletrain.engine.estimate.activations import logits_bytes
+from scaletrain.engine.estimate.chunked_loss import chunked, chunked_head
+from scaletrain.engine.estimate.numerics import numerics
+from scaletrain.engine.estimate.setup import TrainingSetup
 
 # trl/kernels/chunked_logprob.py TOKEN_CHUNK_SIZE: tokens per tile row block
 FUSED_TOKEN_CHUNK = 4096

@@ -28,16 +28,16 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from scaletrain.engine.model.device_time import (MicroStep, block_kernels, cpu_micro_step,
+from scaletrain.engine.estimate.device_time import (MicroStep, block_kernels, cpu_micro_step,
                                                  gemm_for, micro_step, optimizer_device_seconds,
                                                  param_bytes_gathered)
-from scaletrain.engine.model.objective_time import GenerationTime, generation_seconds
-from scaletrain.engine.model.chunked_loss import recomputes_head
-from scaletrain.engine.model.moe_time import LOAD_BALANCE_ASSUMPTION, experts_dtype_bytes, routed_sample_flops
-from scaletrain.engine.model.objectives import sequences
-from scaletrain.engine.model.numerics import numerics
-from scaletrain.engine.model.setup import TrainingSetup
-from scaletrain.engine.model.time_constants import (CAUSAL_ATTENTION_FRACTION, CPU_ADAM_BYTES_PER_PARAM,
+from scaletrain.engine.estimate.objective_time import GenerationTime, generation_seconds
+from scaletrain.engine.estimate.chunked_loss import recomputes_head
+from scaletrain.engine.estimate.moe_time import LOAD_BALANCE_ASSUMPTION, experts_dtype_bytes, routed_sample_flops
+from scaletrain.engine.estimate.objectives import sequences
+from scaletrain.engine.estimate.numerics import numerics
+from scaletrain.engine.estimate.setup import TrainingSetup
+from scaletrain.engine.estimate.time_constants import (CAUSAL_ATTENTION_FRACTION, CPU_ADAM_BYTES_PER_PARAM,
                                                     CPU_ADAM_PARAMS_PER_THREAD_SECOND,
                                                     CPU_ELEMENTWISE_BYTES_PER_SECOND, CPU_GLOO_BYTES_PER_SECOND,
                                                     CPU_MATMUL_FLOPS, DEFAULT_CONSTANTS, HOST_LINK_GBPS,
@@ -187,7 +187,7 @@ def _host_bandwidth(s: TrainingSetup, c: TimeConstants) -> float:
 
 def calibrated_constants(s: TrainingSetup) -> TimeConstants:
     """The default constants, with the compute scale `validate --save` measured on this GPU kind, if any."""
-    from scaletrain.engine.model.calibration import for_setup
+    from scaletrain.engine.estimate.calibration import for_setup
 
     cal = for_setup(s)
     return DEFAULT_CONSTANTS if cal is None else DEFAULT_CONSTANTS.with_(compute_scale=cal.compute_scale)

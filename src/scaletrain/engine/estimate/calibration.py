@@ -18,7 +18,7 @@ from pathlib import Path
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import atomic_write
-from scaletrain.engine.model.setup import TrainingSetup
+from scaletrain.engine.estimate.setup import TrainingSetup
 
 STACK_PACKAGES = ("torch", "transformers", "accelerate", "deepspeed")
 # A measured compute scale outside this range means the run measured something else (a stall, a wrong device):

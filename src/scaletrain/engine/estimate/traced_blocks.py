@@ -1,6 +1,6 @@
 """The activations term of a traced model (no analytic layout): activations.py's two functions, from the trace.
 
-Traced (trainer/trace.py: a slice of the real model at its real widths holding one layer of each kind, measured at
+Traced (measure/trace.py: a slice of the real model at its real widths holding one layer of each kind, measured at
 four lengths, fitted as c0 + c1·S + c2·S² with non-negative coefficients):
   - each kind's saved bytes, attention half and MLP half: c1 the per-token tensors, c2 what grows with S² (eager
     attention's softmax), c0 the per-block constants (autocast's 16-bit weight copies, kept as `weight_copies`);
@@ -23,13 +23,13 @@ import math
 from typing import Any, Callable
 
 from scaletrain.engine.catalog import traced
-from scaletrain.engine.model.chunked_loss import chunked, hidden_saved
-from scaletrain.engine.model.numerics import numerics
-from scaletrain.engine.model.setup import TrainingSetup
+from scaletrain.engine.estimate.chunked_loss import chunked, hidden_saved
+from scaletrain.engine.estimate.numerics import numerics
+from scaletrain.engine.estimate.setup import TrainingSetup
 
 
 def trace_regime(s: TrainingSetup) -> dict[str, Any]:
-    """The regime a trace runs in, in trainer/measure.py's names (as trainer/validate.py maps a plan).
+    """The regime a trace runs in, in measure/step.py's names (as measure/validate.py maps a plan).
 
     Checkpointing is (its recompute's moments are traced as they run). fp16 is traced as bf16 (same widths); QLoRA
     as LoRA on an fp32 base under autocast (its frozen weights' 16-bit copies counted: an over-estimate, on the safe

@@ -52,7 +52,7 @@ from typing import Any
 
 from scaletrain.engine.vocabulary import Attention, LossImpl, Method
 from scaletrain.trainer import model as model_lib
-from scaletrain.trainer.memory_timeline import counter_only_reading, read_cpu_timeline
+from scaletrain.measure.memory_timeline import counter_only_reading, read_cpu_timeline
 
 __all__ = [
     "MeasuredStep",
@@ -71,7 +71,7 @@ _OPTIMIZERS = ("adamw", "sgd")
 # the training loop that runs the measured step (engine/vocabulary.py Loop): trainer (the bundled trainer's
 # `loss = model(**batch).loss`), accelerate-loop (accelerate's examples: the output object bound to `outputs` through
 # backward, the optimizer step and the next forward), hf-trainer and trl (transformers.Trainer, trl.SFTTrainer:
-# trainer/measure_loops.py runs them)
+# measure/loops.py runs them)
 LOOPS = ("trainer", "accelerate-loop", "hf-trainer", "trl")
 # transformers' name for flash attention is accepted as well as the plan's "flash".
 _ATTN_ALIASES = ("flash_attention_2",)
@@ -402,7 +402,7 @@ def measure_step(hf_config: dict, *, method: str = "full", lora_rank: int = 8, l
                  loss: str = "standard",
                  _debug: dict | None = None) -> MeasuredStep:
     """Measure the memory (and time) of one steady-state optimizer step; see the module doc. `loop` (LOOPS)
-    picks the loop that runs it: hf-trainer and trl train through the real library (trainer/measure_loops.py).
+    picks the loop that runs it: hf-trainer and trl train through the real library (measure/loops.py).
 
     ``_debug`` (internal): a dict that receives the raw ``CpuTimelineReading`` and the live-at-start
     byte count on cpu, for tests and calibration scripts.
@@ -417,7 +417,7 @@ def measure_step(hf_config: dict, *, method: str = "full", lora_rank: int = 8, l
                           loop="trainer" if loop in ("hf-trainer", "trl") else loop, grad_accum=grad_accum,
                           loss=loss)
     if loop in ("hf-trainer", "trl"):
-        from scaletrain.trainer.measure_loops import measure_library_step
+        from scaletrain.measure.loops import measure_library_step
 
         if loss != "standard":
             raise ValueError(f"loop {loop!r} is measured with the library's own loss only (got loss {loss!r})")

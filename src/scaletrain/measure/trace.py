@@ -1,13 +1,14 @@
 """Trace a model family that has no analytic layout: measure what its blocks are and what they save for backward.
 
-    python -m scaletrain.trainer.trace < request.json > trace.json      (one request)
-    python -m scaletrain.trainer.trace --serve                          (JSON lines in, JSON lines out)
+    python -m scaletrain.measure.probe trace < request.json > trace.json      (one request)
+    python -m scaletrain.measure.probe trace --serve                          (JSON lines in, JSON lines out)
 
-`--serve` is how the engine runs it (engine/catalog/traced.py): one process per planning process, transformers
-imported once, every structure, regime and LoRA count of a plan answered by it.
+`--serve` is how the engine runs it (engine/catalog/traced.py, through the probes' entry point measure/probe.py):
+one process per planning process, transformers imported once, every structure, regime and LoRA count of a plan
+answered by it.
 
 A request is `{"config": <config.json dict>, "regime": null | {"method", "lora_rank", "lora_targets", "precision",
-"attn", "windowed"?, "chunked"?}}` (precision in trainer/measure.py's names), or `"regimes": [...]` (answered as
+"attn", "windowed"?, "chunked"?}}` (precision in measure/step.py's names), or `"regimes": [...]` (answered as
 `activations_by_regime`, in order), or `"lora_targets": [...] | null` (answered as `lora`). The answer:
 
 - `structure` (always): the real model built on the meta device (no memory): its exact parameter count, the
@@ -39,10 +40,10 @@ import os
 import sys
 from typing import Any
 
-from scaletrain.engine.catalog.traced import TRACE_FORMAT
-from scaletrain.trainer.trace_fit import TraceError, envelope, fit
-from scaletrain.trainer.trace_record import saved_by_scope, warm_up
-from scaletrain.trainer.trace_structure import (FIT_TOLERANCE, TRACE_MULTIPLES, check_slice_size, shrink_windows,
+from scaletrain.engine.probes import TRACE_FORMAT
+from scaletrain.measure.trace_fit import TraceError, envelope, fit
+from scaletrain.measure.trace_record import saved_by_scope, warm_up
+from scaletrain.measure.trace_structure import (FIT_TOLERANCE, TRACE_MULTIPLES, check_slice_size, shrink_windows,
                                                 granule, lora_count, prefix_config, structure)
 
 __all__ = ["TraceError", "activations", "envelope", "fit", "lora_count", "main", "prefix_config", "run", "serve",
@@ -54,7 +55,7 @@ def activations(config: dict, regime: dict, struct: dict) -> dict[str, Any]:
     """Saved bytes of the slice in `regime`, fitted per layer half and taken per kind (see the module doc)."""
     import warnings
 
-    from scaletrain.trainer.measure import build_harness
+    from scaletrain.measure.step import build_harness
 
     check_slice_size(struct, regime["precision"], str(config.get("model_type")))
     n = struct["slice_layers"]

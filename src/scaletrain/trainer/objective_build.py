@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from scaletrain.engine.choices import carries
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.trainer import model as model_lib
 
@@ -24,6 +25,7 @@ DPO_BETA = 0.1                       # TRL's DPOConfig default
 
 
 @dataclass(frozen=True)
+@carries(after="lora_targets")      # precision, optimizer, attn …: RunChoices (engine/choices.py)
 class ObjectiveRun:
     objective: str                   # reward | dpo | grpo
     model_config: dict[str, Any]
@@ -32,9 +34,7 @@ class ObjectiveRun:
     lora_rank: int = 16
     lora_alpha: int | None = None
     lora_targets: tuple[str, ...] | None = None
-    precision: str = "fp32"          # fp32 | bf16 (TRL's bf16 mixed precision: autocast over the model's weights)
     bf16_weights: bool = False       # load the policy in bf16 (--master-weights bf16, LoRA's 16-bit base)
-    attn: str = "sdpa"
     grad_ckpt: bool = True
     micro_batch: int = 1
     grad_accum: int = 1
@@ -43,8 +43,6 @@ class ObjectiveRun:
     completion_len: int | None = None
     num_generations: int = 2
     ref_model: str = "none"          # same | none | precomputed
-    optimizer: str = "adamw"
-    optimizer_impl: str = "fused"
     lr: float = 1e-5
     lr_schedule: str = "constant"
     warmup_ratio: float = 0.0
