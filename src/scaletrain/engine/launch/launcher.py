@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 from scaletrain.engine.devices.detect import require_local_gpus
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import os_error_reason, read_tail, read_text_bounded, writing
-from scaletrain.engine.launch.elastic import parse_failures
+from scaletrain.engine.launch.elastic import parse_failures, restarts
 from scaletrain.engine.run.configs import check_strategy
 from scaletrain.engine.run.disk import check_room, free_bytes
 from scaletrain.engine.run.layout import LINE_PREFIX, LINE_PREFIX_ENV, RunDir, check_host
@@ -401,8 +401,11 @@ def _finish(prep: PreparedLaunch, proc: subprocess.Popen, tree: ProcessTree, log
             rank_pids: dict[int, int], interrupted: bool, oom_kills: int | None) -> LaunchResult:
     """Every process is gone: status.json's final state, and the result."""
     rc = proc.returncode
-    rank, rank_code, codes = ((None, None, {}) if interrupted
+    # a run the elastic agent restarted and then finished (rc 0) has "failed" lines from the restarted rounds:
+    # they are restarts, not the run's failure
+    rank, rank_code, codes = ((None, None, {}) if interrupted or rc == 0
                               else parse_failures(logs.launcher_lines, prep.rank_offset))
+    restarted = restarts(logs.launcher_lines, rc == 0 and not interrupted, prep.rank_offset)
     if rc == 0 and not codes:
         codes = {r: 0 for r in prep.local_ranks}
     if interrupted:
@@ -416,6 +419,7 @@ def _finish(prep: PreparedLaunch, proc: subprocess.Popen, tree: ProcessTree, log
                  launcher_exit_code=rc, first_failing_rank=rank, failing_rank_exit_code=rank_code,
                  exit_codes=dict(codes), disk_full=status.status.disk_full or logs.disk_full,
                  disk_free_bytes=free_bytes(prep.run.path), oom_kills=oom_kills,
+                 restarts=tuple((r.number, r.rank, r.exit_code) for r in restarted),
                  **_pid_fields(proc.pid, rank_pids, tree))
     return LaunchResult(exit_code=code, launcher_exit_code=rc, first_failing_rank=rank,
                         failing_rank_exit_code=rank_code, exit_codes=codes, interrupted=interrupted,

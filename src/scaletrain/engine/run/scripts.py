@@ -49,11 +49,22 @@ def launch_argv(run: RunDir, train: TrainOptions, *, machine_rank: int | None = 
         argv += ["--machine_rank", str(machine_rank)]
     if main_process_ip:
         argv += ["--main_process_ip", main_process_ip]
+    argv += elastic_args(train, multi_node=bool(main_process_ip))
     if train.script:
         argv += [train.script, *train.script_args]
     else:
         argv += ["-m", TRAINER_MODULE, "--run-dir", str(run.path)]
     return argv
+
+
+def elastic_args(train: TrainOptions, *, multi_node: bool) -> list[str]:
+    """torchrun's elastic agent for train.max_restarts > 0: restart every rank up to N times after one dies (each
+    restart resumes from the newest checkpoint: the trainer reads TORCHELASTIC_RESTART_COUNT). Across nodes the
+    rendezvous is c10d, so every node's agent restarts its ranks together; one node keeps accelerate's static
+    rendezvous on the plan's port (a single agent; c10d would need its own fixed port, 29400, on the machine)."""
+    if not train.max_restarts:
+        return []
+    return ["--max_restarts", str(train.max_restarts), *(["--rdzv_backend", "c10d"] if multi_node else [])]
 
 
 def cpu_threads(processes_per_node: int) -> int:
@@ -271,7 +282,8 @@ def sbatch_script(plan: Plan, run: RunDir, train: TrainOptions, *, deepspeed: bo
     ds = run.ds_config.is_file() if deepspeed is None else deepspeed
     argv = _node_argv(train, ds)
     at = argv.index(_IP_TOKEN) + 1
-    argv[at:at] = ["--main_process_port", str(port), "--rdzv_backend", "c10d"]
+    rdzv = [] if "--rdzv_backend" in argv else ["--rdzv_backend", "c10d"]      # already there under max_restarts
+    argv[at:at] = ["--main_process_port", str(port), *rdzv]
     inner = "; ".join([*_threads_lines(hw.gpus_per_node),
                        "exec " + _shell_words(argv, {_RANK_TOKEN: '"$SLURM_NODEID"', _IP_TOKEN: '"$HEAD_NODE"'})])
     cpus = SBATCH_CPUS_PER_PROCESS * hw.gpus_per_node
