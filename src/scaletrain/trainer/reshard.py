@@ -11,7 +11,10 @@ that with DeepSpeed's load_universal; the folder is removed once loaded (the nex
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +73,13 @@ def _convert(ck: Path, out: Path) -> None:
     shutil.rmtree(out, ignore_errors=True)
     args = argparse.Namespace(input_folder=str(ck / DS_TAG), output_folder=str(out / DS_TAG), num_extract_workers=1,
                               num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=True)
-    with weights_only_loads():
-        ds_to_universal.main(args)
+    said = io.StringIO()               # its progress bars and banners: kept out of the rank log unless it fails
+    try:
+        with weights_only_loads(), contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            ds_to_universal.main(args)
+    except Exception as e:
+        tail = " | ".join(ln.strip() for ln in said.getvalue().splitlines()[-3:] if ln.strip())
+        raise RuntimeError(f"{e}{f' (after: {tail})' if tail else ''}") from e
 
 
 def load_deepspeed_resharded(acc: Any, model: Any, ck: Path, run: Any, rank: int) -> None:
@@ -83,7 +91,10 @@ def load_deepspeed_resharded(acc: Any, model: Any, ck: Path, run: Any, rank: int
     why = ""
     if rank == 0:
         try:
+            t0 = time.perf_counter()
             _convert(ck, out)
+            print(f"scaletrain: converted {ck.name} to a DeepSpeed universal checkpoint in {out.name}/ "
+                  f"({time.perf_counter() - t0:.1f} s)", flush=True)
         except Exception as e:           # a damaged or foreign checkpoint: said once, every rank gives up alike
             why = " ".join(str(e).split())[:300] or e.__class__.__name__
     barrier()
