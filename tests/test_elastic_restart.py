@@ -45,6 +45,14 @@ def _until(what, proc, check, tree):
     return got
 
 
+def _rank_pids(run) -> dict:
+    """status.json's rank pids; {} before the launcher has written it (or while it is replaced)."""
+    try:
+        return _status(run).get("rank_pids") or {}
+    except (OSError, ValueError):
+        return {}
+
+
 def _newest_checkpoint(run):
     steps = [int(d.name.split("-")[1]) for d in run.checkpoints.glob("step-*") if (d / "trainer_state.json").is_file()]
     return max(steps) if steps else None
@@ -53,7 +61,7 @@ def _newest_checkpoint(run):
 def _kill_rank(run, proc, rank, tree):
     """SIGKILL one rank once a checkpoint exists; the step it must resume from."""
     newest = _until("a checkpoint", proc, lambda: _newest_checkpoint(run), tree)
-    pid = _until("rank pids", proc, lambda: _status(run).get("rank_pids", {}).get(str(rank)), tree)
+    pid = _until("rank pids", proc, lambda: _rank_pids(run).get(str(rank)), tree)
     assert "scaletrain.trainer.train" in " ".join(psutil.Process(pid).cmdline())
     newest = _newest_checkpoint(run)
     os.kill(pid, signal.SIGKILL)
@@ -96,13 +104,14 @@ def test_the_watchdog_stops_restarted_ranks_when_the_launcher_is_killed(tmp_path
                    export_at_end=False)
     proc = _start(run)
     tree: dict[int, float] = {}
-    old = _until("rank pids", proc, lambda: _status(run).get("rank_pids") or None, tree)
+    old = _until("both rank pids", proc, lambda: p if len(p := _rank_pids(run)) == 2 else None, tree)
     _kill_rank(run, proc, 0, tree)
 
     def restarted():
-        pids = _status(run).get("rank_pids") or {}
+        pids = _rank_pids(run)
         fresh = set(pids.values()) - set(old.values())
-        return pids if len(fresh) == 2 and "elastic restart 1" in run.rank_log(0).read_text() else None
+        log = run.rank_log(0).read_text() if run.rank_log(0).is_file() else ""
+        return pids if len(fresh) == 2 and "elastic restart 1" in log else None
 
     new = _until("the restarted ranks", proc, restarted, tree)
     tree.update(_tree(proc.pid))

@@ -144,3 +144,21 @@ def test_resume_source_refuses_another_strategy(chain):
     other = "ddp" if strategy != "ddp" else "fsdp"
     with pytest.raises(ScaletrainError, match=f"written by strategy {strategy}"):
         resume_source(a.path, strategy=other, world_size=1, micro_batch=2, grad_accum=2)
+
+
+def test_bad_resume_sources_are_one_line(tmp_path):
+    """No such folder, a run without checkpoints, an incomplete checkpoint, a damaged trainer_state.json: one line
+    each, exit 2, nothing written."""
+    cli = [sys.executable, "-m", "scaletrain.tui.cli.main", "plan", "--model", "scaletrain/tiny-qwen2", "--gpus",
+           "1xCPU", "--resume-from"]
+    empty = tmp_path / "empty"
+    (empty / "checkpoints").mkdir(parents=True)
+    incomplete = tmp_path / "run" / "checkpoints" / "step-3"
+    incomplete.mkdir(parents=True)
+    damaged = tmp_path / "run2" / "checkpoints" / "step-2"
+    damaged.mkdir(parents=True)
+    (damaged / "trainer_state.json").write_text('{"step": "two"}')
+    for source, says in ((tmp_path / "nope", "no such folder"), (empty, "no complete checkpoint"),
+                         (incomplete, "incomplete"), (damaged, "no whole-number step")):
+        out = subprocess.run([*cli, str(source)], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and says in out.stderr and out.stderr.count("\n") == 1, (source, out.stderr)

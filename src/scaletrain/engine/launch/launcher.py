@@ -49,7 +49,7 @@ from scaletrain.engine.launch.processes import TRACK_SECONDS, ProcessTree, oom_k
 from scaletrain.engine.launch.rank_logs import RankLogs
 from scaletrain.engine.launch.registry import register_quietly
 from scaletrain.engine.launch.runlock import RunLock
-from scaletrain.engine.run.scripts import cpu_threads, launch_argv, threads_env
+from scaletrain.engine.run.scripts import cpu_threads, elastic_env, launch_argv, threads_env
 from scaletrain.engine.launch.status import StatusWriter, read_status
 from scaletrain.engine.launch.watchdog import Watchdog
 STOP_GRACE_SECONDS = (20.0, 5.0)   # after SIGINT (torchrun forwards it; its own shutdown waits up to 30 s), after SIGTERM
@@ -158,6 +158,7 @@ class PreparedLaunch:
     threads: int | None = None              # CPU threads per process (OMP_NUM_THREADS for every rank)
     lock: RunLock | None = field(default=None, compare=False, repr=False)   # held until launch() returns
     notes: tuple[str, ...] = ()          # what the user should know before the ranks start (one line each)
+    env: tuple[tuple[str, str], ...] = ()     # set for accelerate launch (scripts.elastic_env)
 
     @property
     def status(self) -> Path:
@@ -212,7 +213,8 @@ def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None 
     lock = RunLock(run.node_lock(node)).acquire(_what(run, node))       # last: a refused launch leaves no lock
     return PreparedLaunch(run, argv, nprocs, single, offset, range(offset, offset + (1 if single else per_node)),
                           machine_rank=node, num_machines=nmachines, main_process_ip=str(head) if head else None,
-                          threads=threads, lock=lock, notes=loop_notes(doc, train))
+                          threads=threads, lock=lock, notes=loop_notes(doc, train),
+                          env=tuple(elastic_env(train, multi_node=nmachines > 1).items()))
 
 
 def loop_notes(doc: PlanDocument, train: TrainOptions) -> tuple[str, ...]:
@@ -293,6 +295,7 @@ def _spawn(prep: PreparedLaunch, logs: RankLogs, env: dict[str, str] | None) -> 
     child_env["PYTHONUNBUFFERED"] = "1"
     if prep.threads is not None:
         child_env.update(threads_env(prep.threads))
+    child_env.update(prep.env)
     old_signals = _install_signals()
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -215,7 +215,7 @@ FIELDS: tuple[PlanField, ...] = (
               default="slurm for multi-node plans, none for one node"),
     PlanField("max_restarts", _RUN, owner="train", parse=int, metavar="N",
               help="run under torchrun's elastic agent: after a rank dies every rank is restarted, up to N times, "
-                   "resuming from the newest checkpoint (c10d rendezvous across nodes)", default="0: no restart"),
+                   "resuming from the newest checkpoint (c10d rendezvous)", default="0: no restart"),
     PlanField("resume_from", _RUN, owner="train", metavar="RUN_DIR|CHECKPOINT",
               help="start from another run's checkpoint (its newest, or one checkpoints/step-N/), also one written "
                    "by another number of GPUs: the same strategy and effective batch continue its steps, LR "

@@ -59,12 +59,25 @@ def launch_argv(run: RunDir, train: TrainOptions, *, machine_rank: int | None = 
 
 def elastic_args(train: TrainOptions, *, multi_node: bool) -> list[str]:
     """torchrun's elastic agent for train.max_restarts > 0: restart every rank up to N times after one dies (each
-    restart resumes from the newest checkpoint: the trainer reads TORCHELASTIC_RESTART_COUNT). Across nodes the
-    rendezvous is c10d, so every node's agent restarts its ranks together; one node keeps accelerate's static
-    rendezvous on the plan's port (a single agent; c10d would need its own fixed port, 29400, on the machine)."""
+    restart resumes from the newest checkpoint: the trainer reads TORCHELASTIC_RESTART_COUNT). The rendezvous is
+    c10d: across nodes on the plan's port (so every node's agent restarts its ranks together), on one node
+    torchrun's standalone c10d store on a free port (elastic_env). accelerate's default static rendezvous cannot
+    restart: its store keeps the first round's addresses and the restarted ranks' gloo mesh connects to the dead
+    ones ("Gloo connectFullMesh failed ... Connection refused", measured on torch 2.13)."""
     if not train.max_restarts:
         return []
     return ["--max_restarts", str(train.max_restarts), *(["--rdzv_backend", "c10d"] if multi_node else [])]
+
+
+# torchrun's --standalone, which `accelerate launch` has no flag for: torchrun's own argument parser (which accelerate
+# runs its arguments through) reads PET_<OPTION> from the environment.
+STANDALONE_ENV = "PET_STANDALONE"
+
+
+def elastic_env(train: TrainOptions, *, multi_node: bool) -> dict[str, str]:
+    """The environment a one-node elastic launch needs: torchrun's standalone c10d rendezvous (a fresh store on a
+    free port, a new round per restart)."""
+    return {STANDALONE_ENV: "1"} if train.max_restarts and not multi_node else {}
 
 
 def cpu_threads(processes_per_node: int) -> int:
@@ -190,7 +203,8 @@ def launch_script(plan: Plan, run: RunDir, train: TrainOptions, *, main_process_
              f"# {hw.gpus_per_node} process(es) runs with the node's cores ÷ {hw.gpus_per_node} CPU threads "
              "(--num_cpu_threads_per_process, OMP_NUM_THREADS)."]
     if hw.nodes <= 1:
-        lines += ["set -euo pipefail", _HERE, *_find_python(LAUNCH_SH), *_threads_lines(hw.gpus_per_node),
+        env = [f"export {k}={v}" for k, v in elastic_env(train, multi_node=False).items()]
+        lines += ["set -euo pipefail", _HERE, *_find_python(LAUNCH_SH), *_threads_lines(hw.gpus_per_node), *env,
                   "exec " + _shell_words(_portable_argv(train, ds), {})]
         return "\n".join(lines) + "\n"
     last = hw.nodes - 1
