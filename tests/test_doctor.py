@@ -158,8 +158,9 @@ def test_issue_acceptance_diagnose_json_for_the_4090x8_oom(tmp_path, capsys, pla
     rc = main(["diagnose", str(LOGS / "torch_current_oom_4090x8_r3.log"), "--plan", str(pj), "--json"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"kind", "rank", "node", "gpu", "summary", "evidence", "peers", "remedies", "notes"}
-    assert (out["kind"], out["rank"], out["gpu"]) == ("cuda_oom", 3, 3)
+    assert set(out) == {"kind", "rank", "node", "gpu", "summary", "evidence", "peers", "remedies", "notes",
+                        "restarts"}
+    assert (out["kind"], out["rank"], out["gpu"], out["restarts"]) == ("cuda_oom", 3, 3, [])
     assert all(set(r) == {"title", "changes", "predicted_per_gpu_bytes", "predicted_step_seconds",
                           "effective_batch", "time_scale", "memory_scale"} for r in out["remedies"])
     assert out["notes"] == [] and all(r["time_scale"] is None for r in out["remedies"])   # no steps measured

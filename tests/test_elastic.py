@@ -96,15 +96,18 @@ def test_max_restarts_reach_the_launch_argv_and_launch_sh(tmp_path):
     assert one[one.index("--max_restarts") + 1] == "3" and "--rdzv_backend" not in one    # one node: static
     nodes = launch_argv(run, TrainOptions(max_restarts=3), machine_rank=1, main_process_ip="10.0.0.1")
     assert nodes[nodes.index("--rdzv_backend") + 1] == "c10d"                             # across nodes: c10d
-    assert elastic_env(TrainOptions(max_restarts=3), multi_node=False) == {"PET_STANDALONE": "1"}   # one: standalone
-    assert elastic_env(TrainOptions(max_restarts=3), multi_node=True) == {} == elastic_env(TrainOptions(), multi_node=False)
+    assert elastic_env(TrainOptions(max_restarts=3), multi_node=False) == {"PET_STANDALONE": "1",      # standalone,
+                                                                           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    assert elastic_env(TrainOptions(max_restarts=3), multi_node=True) == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    assert elastic_env(TrainOptions(), multi_node=False) == {}
     assert "--max_restarts" not in launch_argv(run, TrainOptions())
     req = PlanRequest(model="scaletrain/tiny-qwen2", gpus="2xCPU", nodes=2, precision="fp32", strategy="ddp")
     plan = make_plan(req)
     sh = launch_script(plan, run, TrainOptions(max_restarts=2), main_process_ip="10.0.0.1", deepspeed=False)
-    assert "--max_restarts 2 --rdzv_backend c10d" in sh
+    assert "--max_restarts 2 --rdzv_backend c10d" in sh and "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in sh
     sb = sbatch_script(plan, run, TrainOptions(max_restarts=2), deepspeed=False)
     assert sb.count("--rdzv_backend") == 1 and "--max_restarts 2" in sb
+    assert sb.index("export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1") < sb.index("srun ")
     one_node = make_plan(PlanRequest(model="scaletrain/tiny-qwen2", gpus="2xCPU", precision="fp32", strategy="ddp"))
     assert "export PET_STANDALONE=1" in launch_script(one_node, run, TrainOptions(max_restarts=1), deepspeed=False)
     assert "PET_STANDALONE" not in launch_script(one_node, run, TrainOptions(), deepspeed=False)

@@ -72,12 +72,23 @@ def elastic_args(train: TrainOptions, *, multi_node: bool) -> list[str]:
 # torchrun's --standalone, which `accelerate launch` has no flag for: torchrun's own argument parser (which accelerate
 # runs its arguments through) reads PET_<OPTION> from the environment.
 STANDALONE_ENV = "PET_STANDALONE"
+# torch 2.13's c10d rendezvous shares one TCPStore server with the workers for every round, and the workers' gloo
+# keys in it are not per round: a restarted rank 0 read its peer's address from the dead round and failed
+# ("Gloo connectFullMesh failed ... Connection refused", measured on 2 CPU ranks). Opting out of the sharing gives
+# each round a store of its own, hosted by the new rank 0 on a free port.
+UNSHARED_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 def elastic_env(train: TrainOptions, *, multi_node: bool) -> dict[str, str]:
-    """The environment a one-node elastic launch needs: torchrun's standalone c10d rendezvous (a fresh store on a
-    free port, a new round per restart)."""
-    return {STANDALONE_ENV: "1"} if train.max_restarts and not multi_node else {}
+    """The environment an elastic launch needs: a store per rendezvous round, and on one node torchrun's
+    standalone c10d rendezvous (a fresh store on a free port)."""
+    if not train.max_restarts:
+        return {}
+    return {UNSHARED_STORE_ENV: "1", **({} if multi_node else {STANDALONE_ENV: "1"})}
+
+
+def _env_lines(train: TrainOptions, *, multi_node: bool) -> list[str]:
+    return [f"export {k}={v}" for k, v in elastic_env(train, multi_node=multi_node).items()]
 
 
 def cpu_threads(processes_per_node: int) -> int:
@@ -203,8 +214,8 @@ def launch_script(plan: Plan, run: RunDir, train: TrainOptions, *, main_process_
              f"# {hw.gpus_per_node} process(es) runs with the node's cores ÷ {hw.gpus_per_node} CPU threads "
              "(--num_cpu_threads_per_process, OMP_NUM_THREADS)."]
     if hw.nodes <= 1:
-        env = [f"export {k}={v}" for k, v in elastic_env(train, multi_node=False).items()]
-        lines += ["set -euo pipefail", _HERE, *_find_python(LAUNCH_SH), *_threads_lines(hw.gpus_per_node), *env,
+        lines += ["set -euo pipefail", _HERE, *_find_python(LAUNCH_SH), *_threads_lines(hw.gpus_per_node),
+                  *_env_lines(train, multi_node=False),
                   "exec " + _shell_words(_portable_argv(train, ds), {})]
         return "\n".join(lines) + "\n"
     last = hw.nodes - 1
@@ -234,6 +245,7 @@ def launch_script(plan: Plan, run: RunDir, train: TrainOptions, *, main_process_
         _HERE,
         *_find_python(LAUNCH_SH),
         *_threads_lines(hw.gpus_per_node),
+        *_env_lines(train, multi_node=True),
         f"export {LINE_PREFIX_ENV}={shlex.quote(LINE_PREFIX)}",
         "exec " + _shell_words(_node_argv(train, ds),
                                {_RANK_TOKEN: '"$MACHINE_RANK"', _IP_TOKEN: '"$MAIN_PROCESS_IP"'}),
@@ -352,6 +364,7 @@ def sbatch_script(plan: Plan, run: RunDir, train: TrainOptions, *, deepspeed: bo
         "export RUN_DIR PYTHON",
         'HEAD_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
         "export HEAD_NODE",
+        *_env_lines(train, multi_node=True),
         f"export {LINE_PREFIX_ENV}={shlex.quote(LINE_PREFIX)}      # every line carries its global rank",
         "export PYTHONUNBUFFERED=1",
         # printf with the path as its own argument: inside "…" a $(…) or `…` in the path would not run either
