@@ -160,6 +160,9 @@ def diagnose(logs: list[Path], plan: PlanDocument | None = None, exit_codes: dic
     if report is not None and status is not None and status.state == "finished":
         return Diagnosis("restarted", report.first_rank, None, report.summary(True),
                          report.evidence[:MAX_EVIDENCE_LINES], restarts=report.lines)
+    if report is not None:           # the agent's failure lines of the restarted rounds are not the run's failure
+        restarted = [e for e in events if e.details.get("agent")][:len(report.lines)]
+        events = [e for e in events if not any(e is r for r in restarted)]
     events.extend(_events_from_exit_codes(codes, by_rank, status.oom_kills if status is not None else None))
     events.extend(_events_from_status(status))
     hint = _hint_rank(events, codes, first_failing_rank)
