@@ -158,6 +158,8 @@ class TrainOptions:
                                              or len(self.resume_from) > MAX_PATH_CHARS):
             raise ScaletrainError(f"resume_from must be a run directory or checkpoint path (got "
                                   f"{_short(self.resume_from)})")
+        if self.resume_from is not None and self.script is not None:
+            raise ScaletrainError("resume_from is for the bundled trainer; pass your script its own resume flag")
         if not all(isinstance(a, str) for a in self.script_args):
             raise ScaletrainError("script_args must be a list of strings")
 

@@ -152,6 +152,10 @@ def resume_for_plan(plan: Any, resume_from: str | os.PathLike[str] | None) -> Re
     if resume_from is None:
         return None
     s = plan.setup
+    objective = str(getattr(s.objective, "value", s.objective) or "sft")
+    if objective != "sft":
+        raise ScaletrainError(f"--resume-from is for the bundled supervised trainer; --objective {objective} runs TRL's "
+                              "trainer, which starts at step 0")
     setup = {"model": s.model.name, "method": str(getattr(s.method, "value", s.method)), "seq_len": s.seq_len}
     return resume_source(resume_from, strategy=str(getattr(s.strategy, "value", s.strategy)),
                          world_size=s.world_size, micro_batch=s.micro_batch, grad_accum=s.grad_accum, setup=setup)
