@@ -164,3 +164,21 @@ def test_bad_resume_sources_are_one_line(tmp_path):
                          (incomplete, "incomplete"), (damaged, "no whole-number step")):
         out = subprocess.run([*cli, str(source)], capture_output=True, text=True, timeout=120)
         assert out.returncode == 2 and says in out.stderr and out.stderr.count("\n") == 1, (source, out.stderr)
+
+
+def test_the_trainer_refuses_another_layout_and_accepts_another_split():
+    """The trainer's own check against the checkpoint it loaded (trainer/reshard.check_layout)."""
+    from scaletrain.trainer.reshard import check_layout
+
+    state = {"step": 4, "micro_batch": 1, "grad_accum": 2, "world_size": 2, "rows": 100, "strategy": "zero3"}
+    ck = Path("step-4")
+    kw = dict(rows=100, strategy="zero3")
+    assert check_layout(ck, state, micro_batch=1, grad_accum=2, world=2, **kw) is None
+    assert check_layout(ck, state, micro_batch=2, grad_accum=2, world=1, **kw) == "written by 2 ranks, read by 1"
+    assert check_layout(ck, state, micro_batch=1, grad_accum=1, world=4, **kw) == "written by 2 ranks, read by 4"
+    with pytest.raises(ScaletrainError, match=r"effective batch \(micro × accum × world\) 4 → 8"):
+        check_layout(ck, state, micro_batch=2, grad_accum=2, world=2, **kw)
+    with pytest.raises(ScaletrainError, match="rows 100 → 90"):
+        check_layout(ck, state, micro_batch=1, grad_accum=2, world=2, rows=90, strategy="zero3")
+    with pytest.raises(ScaletrainError, match="strategy zero3 → zero2"):
+        check_layout(ck, state, micro_batch=2, grad_accum=2, world=1, rows=100, strategy="zero2")
