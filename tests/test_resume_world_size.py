@@ -16,7 +16,7 @@ definition, not resharding.)
 Tolerance: every step sees the same 4 packed blocks, so the losses differ only by the order of fp32 sums (one rank
 sums two micro-batches' gradients, two ranks all-reduce theirs; DeepSpeed and FSDP reduce in their own bucket
 order), carried through the AdamW steps since the checkpoint. Measured (2026-11-28, this 2-core VM at load ~25):
-largest |resumed − uninterrupted| loss 4.8e-7 (ZeRO-2, ZeRO-3), 9.5e-7 (FSDP), DDP equal to the 4 printed decimals:
+largest |resumed − uninterrupted| loss 4.8e-7 (DDP, ZeRO-2, ZeRO-3), 9.5e-7 (FSDP):
 1-2 fp32 ulps at a loss of ~6 (ulp 4.8e-7). LOSS_TOLERANCE 1e-5 (~20 ulps) leaves room for other reduction orders
 and still sits far below the loss's own change per step (> 0.14 here, checked too), so a run that saw other samples
 or another LR fails it.
