@@ -235,6 +235,13 @@ FIELDS: tuple[PlanField, ...] = (
               help="job specs written into the run directory: slurm (sbatch.sh), skypilot (skypilot.yaml, "
                    "skypilot-managed.yaml), kubeflow (trainjob.yaml, pytorchjob.yaml)",
               default="slurm for multi-node plans, none for one node"),
+    PlanField("max_restarts", _RUN, owner="train", parse=int, metavar="N",
+              help="run under torchrun's elastic agent: after a rank dies every rank is restarted, up to N times, "
+                   "resuming from the newest checkpoint (c10d rendezvous)", default="0: no restart"),
+    PlanField("resume_from", _RUN, owner="train", metavar="RUN_DIR|CHECKPOINT",
+              help="start from another run's checkpoint (its newest, or one checkpoints/step-N/), also one written "
+                   "by another number of GPUs: the same strategy and effective batch continue its steps, LR "
+                   "schedule and data order", default="none: step 0"),
     PlanField("strategy", _HOW, search=True, choices=Strategy.values(),
               help="data parallel, DeepSpeed ZeRO stage 1/2/3, or PyTorch FSDP", default="the planner chooses"),
     PlanField("offload", _HOW, search=True, relaunch=True, choices=Offload.values(),
