@@ -185,8 +185,8 @@ class HostPanel(Static):
         if reason:
             self.reason = reason
         self.cpu_hist.append(h.cpu_percent)
-        rows = [Text(f"No GPU panels: {self.reason or 'NVML unavailable'}. Host numbers per rank instead.",
-                     style="yellow")]
+        rows = [Text.assemble(("processes on this host", "bold"),
+                              (f"  (no GPU panels: {self.reason or 'NVML unavailable'})", "yellow"))]
         cpu = Text("host cpu ")
         if h.cpu_percent is not None:
             cpu.append_text(bar(h.cpu_percent / 100, style=level_style(h.cpu_percent, UTIL_THRESHOLDS)))
@@ -212,4 +212,6 @@ class HostPanel(Static):
             rss_s = fmt_bytes(p.rss_bytes) if p.rss_bytes is not None else NA
             rows.append(Text.assemble(f"{who:<8} pid {p.pid:<7} cpu {cpu_s}  rss {rss_s:>10}  ",
                                       (spark(hist, width=SPARK_CELLS // 2, lo=0), "cyan")))
+        for row in rows[1:]:        # a narrow panel cuts a sparkline short instead of wrapping it onto a line
+            row.no_wrap, row.overflow = True, "ellipsis"
         self.update(Group(*rows))
