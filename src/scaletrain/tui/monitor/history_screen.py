@@ -10,6 +10,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
@@ -54,9 +55,10 @@ the host's CPU and each rank's CPU and resident memory. `↑/↓`, PgUp/PgDn scr
 
     def refresh_view(self) -> None:
         """Build a panel per GPU (once per set of GPUs), then redraw them from the history."""
-        if not self.is_mounted:
+        try:
+            area = self.query_one("#history-area", VerticalScroll)
+        except NoMatches:                  # a tick between the push and the mount, or after esc
             return
-        area = self.query_one("#history-area", VerticalScroll)
         gpus = tuple(sorted(self.history.gpus)) if self.history.gpu_reason is None else ()
         if gpus != self._shown:
             self._shown = gpus
@@ -68,8 +70,8 @@ the host's CPU and each rank's CPU and resident memory. `↑/↓`, PgUp/PgDn scr
             if isinstance(p, (GpuHistoryPanel, HostHistoryPanel)):
                 p.refresh_view()
         what = f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''}" if gpus else "the run's processes"
-        self.query_one("#history-title", Static).update(Text.assemble(("history: ", "bold"), what,
-                                                                      ("   esc: back to the monitor", "dim")))
+        for title in self.query("#history-title").results(Static):
+            title.update(Text.assemble(("history: ", "bold"), what, ("   esc: back to the monitor", "dim")))
 
     def action_back(self) -> None:
         self.dismiss()

@@ -59,7 +59,7 @@ match is highlighted, `n` / `N` go to the next / previous. `esc` closes the sear
         self.query_one(LogView).focus()
 
     def refresh_view(self) -> None:
-        if self.is_mounted:                # a tick can land between the push and the mount
+        if self.query("#log-view"):        # a tick can land between the push and the mount, or after esc
             self.refresh_book()
 
     def refresh_book(self, force: bool = False) -> None:

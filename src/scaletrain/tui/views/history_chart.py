@@ -33,6 +33,7 @@ def chart(values: Sequence[float | None], width: int, height: int, lo: float, hi
     """`height` rows of block columns scaled lo..hi; `line` draws ─ across the row it falls in where no column
     covers it (a column reaching past the line keeps its block, on a shaded background, so the crossing shows)."""
     cols = buckets(values, width)
+    pad = max(0, width - len(values))          # columns before the first sample: blank, not N/A
     span = (hi - lo) or 1.0
     levels = [None if v is None else max(0.0, min(1.0, (v - lo) / span)) * height * 8 for v in cols]
     line_row = None
@@ -40,13 +41,13 @@ def chart(values: Sequence[float | None], width: int, height: int, lo: float, hi
         line_row = min(height - 1, int((line - lo) / span * height))          # 0 = bottom row
     rows = []
     for r in range(height - 1, -1, -1):
-        t = Text(no_wrap=True, overflow="crop")
-        for lv in levels:
+        t = Text(" " * pad, no_wrap=True, overflow="crop")
+        for lv in levels[pad:]:
             fill = 0 if lv is None else int(max(0.0, min(8.0, lv - r * 8)))
-            if fill == 0 and r == line_row:
-                t.append("─", style=line_style)
-            elif lv is None and r == 0:
+            if lv is None and r == 0:
                 t.append("·", style="dim")                                       # N/A: a gap, marked
+            elif fill == 0 and r == line_row:
+                t.append("─", style=line_style)
             else:
                 t.append(EIGHTHS[fill], style=style if r != line_row else f"{style} on grey23")
         rows.append(t)

@@ -48,6 +48,7 @@ class LogView(ScrollView, can_focus=True):
         self.refresh()
         if at_end:
             self.scroll_end(animate=False, immediate=True)
+            self.call_after_refresh(self.scroll_end, animate=False)     # the first time, once it has a size
 
     @property
     def following(self) -> bool:
