@@ -32,9 +32,9 @@ from scaletrain.tui.widgets.remedy_confirm import RemedyConfirm
 from test_detach import _alive, _run_processes
 from test_monitor import cpu_run_dir, gpu_run_dir, text_of, wait_for
 
-HOST_OOM = ("Traceback (most recent call last):\n  File \"train.py\", line 1, in <module>\nRuntimeError: [enforce fail at "
-            "alloc_cpu.cpp:114] data. DefaultCPUAllocator: can't allocate memory: you tried to allocate 1073741824 "
-            "bytes.\n")
+HOST_OOM = ("Traceback (most recent call last):\n  File \"train.py\", line 1, in <module>\n"
+            "RuntimeError: [enforce fail at alloc_cpu.cpp:114] data. DefaultCPUAllocator: can't allocate memory: "
+            "you tried to allocate 1073741824 bytes.\n")
 
 
 def failed_cpu_run(path: Path, max_steps: int = 6):

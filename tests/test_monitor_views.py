@@ -40,8 +40,8 @@ def test_progress_bars_fold_and_carriage_returns_resolve():
     assert progress_key("step 3/10 loss 2.1 (45% done)") is None            # a percentage is not a bar
     b = LogBook()
     b.extend([(0, "loading"), (0, TQDM), (1, "rank 1 up")])
-    appended, updated = b.extend([(0, "Map: 100%|██████████| 1000/1000 [00:00<00:00, 4500.0 examples/s]"), (0, ""),
-                                  (0, "step 1/4 loss 2.0"), (0, "")])
+    done = "Map: 100%|██████████| 1000/1000 [00:00<00:00, 4500.0 examples/s]"
+    appended, updated = b.extend([(0, done), (0, ""), (0, "step 1/4 loss 2.0"), (0, "")])
     assert updated and [e.text for e in appended] == ["step 1/4 loss 2.0", ""]   # a blank after a bar is its own
     lines = b.lines(0)
     assert [e.text[:9] for e in lines] == ["loading", "Map: 100%", "step 1/4 ", ""] and lines[1].folded == 1
@@ -69,7 +69,8 @@ def test_each_process_memory_is_read_alone_and_survives_a_recording():
 # ---- the full-screen log -----------------------------------------------------------------------------------------
 def test_log_view_all_ranks_or_one_follows_searches_and_folds(tmp_path):
     rd = gpu_run_dir(tmp_path / "run")
-    rd.rank_log(0).write_text("rank 0 ready\n" + TQDM + "\n" + "".join(f"step {i}/400 loss 2.0\n" for i in range(1, 300)))
+    steps = "".join(f"step {i}/400 loss 2.0\n" for i in range(1, 300))
+    rd.rank_log(0).write_text("rank 0 ready\n" + TQDM + "\n" + steps)
     rd.rank_log(1).write_text("rank 1 ready\nUserWarning: something harmless\n")
 
     async def go():

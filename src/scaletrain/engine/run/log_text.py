@@ -1,7 +1,7 @@
 """Rank logs as a person reads them: progress bars folded, carriage returns resolved, a bounded history.
 
-Why here: a rank's log holds tqdm bars (datasets' `Map: 45%|████▌ | 450/1000`, downloads) written with `\\r` so a
-terminal redraws one line; read from a file they are hundreds of lines, or one line holding every redraw. The
+Why here: a rank's log holds tqdm bars (datasets' `Map: 45%|████▌ | 450/1000`, downloads) written with `\\r`
+so a terminal redraws one line; read from a file they are hundreds of lines, or one line holding every redraw. The
 monitor's log tail and its full-screen log view both read a LogBook, so both show one line per bar, updated in
 place, and the rest of the log untouched. No Textual here: text in, text out.
 """

@@ -64,7 +64,8 @@ the host's CPU and each rank's CPU and resident memory. `↑/↓`, PgUp/PgDn scr
             self._shown = gpus
             area.remove_children()
             panels = ([GpuHistoryPanel(self.history.gpus[i], self.history, self.predicted_bytes) for i in gpus]
-                      or [HostHistoryPanel(self.history, self.predicted_bytes)])
+                      or [HostHistoryPanel(self.history, self.predicted_bytes,
+                                           "a CPU run" if self.unit == "process" else None)])
             area.mount_all(panels)
         for p in area.children:
             if isinstance(p, (GpuHistoryPanel, HostHistoryPanel)):

@@ -1,7 +1,8 @@
 """The full-screen log (`l` in the monitor): every rank's lines or one rank's, following the tail, scrolling,
 searching with `/`, progress bars folded (engine/run/log_text.LogBook, which the monitor feeds on every tick).
 
-A Screen pushed over the monitor: the monitor keeps sampling underneath and calls `refresh_view` after each tick, so the view stays live. esc closes the search, then the view.
+A Screen pushed over the monitor: the monitor keeps sampling underneath and calls `refresh_view` after each tick,
+so the view stays live. esc closes the search, then the view.
 """
 
 from __future__ import annotations

@@ -66,7 +66,8 @@ class LogView(ScrollView, can_focus=True):
 
     def _find(self) -> None:
         q = self.query.lower()
-        self.matches = [i for i, e in enumerate(self.entries) if q and q in "".join(row_text(e, self.with_rank)).lower()]
+        self.matches = [i for i, e in enumerate(self.entries)
+                        if q and q in "".join(row_text(e, self.with_rank)).lower()]
         if self.current is not None and self.current >= len(self.matches):
             self.current = len(self.matches) - 1 if self.matches else None
 
