@@ -3,9 +3,9 @@ searches, progress bars folded) and the history view (`h`: each GPU's utilizatio
 predicted line and power over the last minutes, the processes on it with their memory, each NVML field N/A on its
 own) through Textual's pilot; NVML's per-process memory through a pynvml-shaped fake, as tests/test_hardware.py.
 
-No GPU here: tests/fixtures/nvml/synthetic_history_procs.jsonl is constructed (not recorded) to hold what a real
-recording would — two GPUs, per-process memory with one N/A, a memory reading and a whole power series N/A — and is
-replayed by the real ReplaySource.
+No GPU here: tests/fixtures/nvml/synthetic_history_procs.jsonl is what the recorder writes from a scripted NVML
+(tests/test_sampler.history_devices, checked there), not a real GPU's recording — two GPUs, per-process memory with
+one N/A, one memory reading and a whole power series N/A — replayed by the real ReplaySource.
 """
 
 from __future__ import annotations
