@@ -11,6 +11,7 @@ one N/A, one memory reading and a whole power series N/A — replayed by the rea
 from __future__ import annotations
 
 import asyncio
+import re
 from types import SimpleNamespace
 
 from scaletrain.engine.devices.nvml import sample
@@ -23,6 +24,7 @@ from scaletrain.tui.monitor.app import create_monitor_app
 from scaletrain.tui.monitor.history_screen import HistoryScreen
 from scaletrain.tui.monitor.log_screen import LogScreen
 from scaletrain.tui.widgets.gpu_history import GpuHistoryPanel
+from scaletrain.tui.widgets.gpu_panel import GpuPanel
 from scaletrain.tui.widgets.host_history import HostHistoryPanel
 from scaletrain.tui.widgets.log_view import LogView
 from test_hardware import FakeNvml
@@ -125,16 +127,18 @@ def test_history_shows_each_gpu_over_time_its_processes_and_na_alone(tmp_path):
 
     async def go():
         src = ReplaySource(NVML / "synthetic_history_procs.jsonl", loop=False)
-        app = create_monitor_app(rd.path, sampler=Sampler(src, None, RunWatcher(rd.path), 0.2))
+        app = create_monitor_app(rd.path, sampler=Sampler(src, None, RunWatcher(rd.path), 0.5))
         async with app.run_test(size=(120, 40)) as pilot:
             mon = app.screen
             await wait_for(pilot, lambda: mon.history.ticks >= 30, 60, "30 samples")
+            panel0 = text_of(mon.query(GpuPanel).first())                  # the panel names each process's memory
+            assert f"rank 0 (pid 41000) {fmt_bytes(int(7.3 * GiB))}" in panel0 and "other pid 5555  " in panel0
             await pilot.press("h")
             await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), 10, "the history view")
             await pilot.pause(0.3)
             p0, p1 = app.screen.query(GpuHistoryPanel)
             t0, t1 = text_of(p0), text_of(p1)
-            assert "GPU 0" in t0 and "the last 29.0 s" in t0
+            assert "GPU 0" in t0 and re.search(r"the last 2\d\.\d s \(\d+ samples\)", t0)    # the minutes kept
             predicted = mon._sampler.job.predicted_peak_bytes
             assert f"the plan's predicted peak {fmt_bytes(predicted)}" in t0 and "─" in t0
             assert "rank 0" in t0 and "41000" in t0 and fmt_bytes(int(7.3 * GiB)) in t0    # its memory, last sample

@@ -142,13 +142,15 @@ class GpuPanel(Static):
             rows.append(foot)
         procs = Text("procs ", style="")
         if s.pids:
-            for pid in s.pids:
+            mem = s.pid_memory_bytes
+            for k, pid in enumerate(s.pids):
+                held = f" {fmt_bytes(mem[k])}" if k < len(mem) and mem[k] is not None else ""   # N/A: left out
                 if pid in rank_of_pid:
                     r = rank_of_pid[pid]
-                    procs.append(f"rank {r} (pid {pid})  " if r is not None else f"this run (pid {pid})  ",
+                    procs.append(f"rank {r} (pid {pid}){held}  " if r is not None else f"this run (pid {pid}){held}  ",
                                  style="bold")
                 else:
-                    procs.append(f"other pid {pid}  ", style="dim")
+                    procs.append(f"other pid {pid}{held}  ", style="dim")
         else:
             procs.append("none", style="dim")
         rows.append(procs)

@@ -1,9 +1,10 @@
-"""The job panel: step / total, tokens/s and step time beside the plan's, ETA, the TensorBoard command, measured vs
-predicted peak per rank (left out in the compact layout, where each GPU's line shows its memory), the run chart
-(loss, tokens/s, step time: widgets/run_chart.py), log tail.
+"""The job panel: step / total, tokens/s and step time beside the plan's, the ETA (a run that is over shows how long
+it ran instead), the TensorBoard command, measured vs predicted peak per rank (left out in the compact layout, where
+each GPU's line shows its memory), the run chart (loss, tokens/s, step time: widgets/run_chart.py), the log tail.
 
-Formatting only: numbers come from sampling.watcher.JobSnapshot (which reads engine.run.metrics), the predicted peaks from the
-plan. The log tail keeps LOG_TAIL_LINES per rank so the rank filter (`r`) can re-show past lines.
+Formatting only: numbers come from sampling.watcher.JobSnapshot (which reads engine.run.metrics), the predicted
+peaks from the plan. The log lines go into an engine LogBook (progress bars folded), which the full-screen log view
+(`l`) reads too; the tail shows its last LOG_TAIL_LINES per rank, so the rank filter (`r`) can re-show past lines.
 """
 
 from __future__ import annotations
