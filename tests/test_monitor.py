@@ -33,6 +33,7 @@ from scaletrain.tui.widgets.gpu_panel import GpuPanel, HostPanel
 from scaletrain.tui.widgets.gpu_row import GpuRow
 from scaletrain.tui.widgets.job_panel import JobPanel
 from scaletrain.tui.widgets.remedies import RemediesPanel
+from scaletrain.tui.widgets.remedy_confirm import RemedyConfirm
 
 NVML = Path(__file__).parent / "fixtures" / "nvml"
 RUN_TIMEOUT_S = 240           # a tiny 2-rank CPU run starts in ~15 s on 2 cores; generous for a loaded CI host
@@ -192,7 +193,9 @@ def test_cpu_run_live_then_killed_rank_diagnosed_then_fixed_and_resumed(tmp_path
             split = next(i for i, r in enumerate(d.remedies) if set(r.changes) == {"micro_batch", "grad_accum"})
             chosen.update(d.remedies[split].changes)
             scr.query_one("#remedy-list").highlighted = split
-            await pilot.press("a")
+            await pilot.press("a")                                # asks first (widgets/remedy_confirm.py) …
+            await wait_for(pilot, lambda: isinstance(app.screen, RemedyConfirm), 60, "the confirmation")
+            await pilot.press("y")                                # … and applies on y
             await wait_for(pilot, lambda: not rem.display, 30, "the remedy to be applied")
             await wait_for(pilot, lambda: scr.workers and not any(w.group == "launch" and w.is_running
                                                                   for w in scr.workers)

@@ -82,8 +82,9 @@ class ScriptedNvml:
         return self._v(self.devices[h]["limit_mw"])
 
     def nvmlDeviceGetComputeRunningProcesses(self, h):
+        """A pid, or (pid, usedGpuMemory) where the script gives the process's memory (None: N/A)."""
         pids = self.migs[h[0]][h[1]]["pids"] if isinstance(h, tuple) else self.devices[h]["pids"]
-        return [NS(pid=p) for p in pids]
+        return [NS(pid=p[0], usedGpuMemory=self._v(p[1])) if isinstance(p, tuple) else NS(pid=p) for p in pids]
 
     def nvmlDeviceGetMigMode(self, h):
         if h in self.migs:
@@ -122,6 +123,22 @@ def edge_devices() -> ScriptedNvml:
     migs = {2: [{"used": 9 * GiB, "total": 19 * GiB + 512 * 1024**2, "pids": [42000]}, None,
                 {"used": 1 * GiB, "total": 9 * GiB + 768 * 1024**2, "pids": []}]}
     return ScriptedNvml(devices, migs)
+
+
+def history_devices() -> ScriptedNvml:
+    """Two H100s for the history view: GPU 0's memory unreadable once (t = 13), its second process's memory N/A;
+    GPU 1 with no power or temperature readings at all."""
+    h100 = {"name": "NVIDIA H100 80GB HBM3", "total": 80 * GiB}
+    devices = [
+        {**h100, "util": lambda t: min(99, 7 + 3 * t),
+         "used": lambda t: NVMLError("Unknown Error") if t == 13 else int((1.8 + 0.2 * t) * GiB),
+         "temp": lambda t: 40 + t // 3, "power_mw": lambda t: (110 + 10 * t) * 1000, "limit_mw": 700_000,
+         "pids": [(41000, lambda t: int((1.3 + 0.2 * t) * GiB)), (5555, None)]},
+        {**h100, "util": lambda t: 50 + (t - 1) % 5, "used": 6 * GiB, "temp": NVMLError("Not Supported"),
+         "power_mw": NVMLError("Not Supported"), "limit_mw": NVMLError("Not Supported"),
+         "pids": [(41001, int(5.5 * GiB))]},
+    ]
+    return ScriptedNvml(devices)
 
 
 class Ticking(NvmlSource):
@@ -164,6 +181,7 @@ def test_no_nvml_is_an_answer_not_an_exception():
 @pytest.mark.parametrize("name,script,n", [
     ("rtx4090x8_training.jsonl", lambda: ScriptedNvml([rtx4090(i) for i in range(8)]), 20),
     ("edge_na_lost_mig.jsonl", edge_devices, 5),
+    ("synthetic_history_procs.jsonl", history_devices, 30),
 ])
 def test_fixtures_are_what_the_recorder_writes(name, script, n):
     assert (NVML_FIXTURES / name).read_text().splitlines() == _recorded(Ticking(script()), n)

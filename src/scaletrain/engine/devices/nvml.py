@@ -139,6 +139,14 @@ class GpuSample:
     power_limit_w: float | None = None
     pids: tuple[int, ...] = field(default_factory=tuple)
     error: str | None = None
+    pid_memory_bytes: tuple[int | None, ...] = ()   # beside pids: each process's GPU memory (None = N/A)
+
+
+def _proc_memory(p: Any) -> int | None:
+    """A process's usedGpuMemory; NVML reports N/A (None, or its NVML_VALUE_NOT_AVAILABLE all-ones) in containers
+    without the PID namespace and under WDDM."""
+    v = getattr(p, "usedGpuMemory", None)
+    return int(v) if isinstance(v, int) and 0 <= v < (1 << 63) else None
 
 
 def sample(nv: Any, count: int, now: Callable[[], float] = time.time) -> list[GpuSample]:
@@ -164,6 +172,7 @@ def sample(nv: Any, count: int, now: Callable[[], float] = time.time) -> list[Gp
             power_w=power / 1000.0 if power is not None else None,
             power_limit_w=limit / 1000.0 if limit is not None else None,
             pids=tuple(int(p.pid) for p in procs),
+            pid_memory_bytes=tuple(_proc_memory(p) for p in procs),
         ))
     return out
 

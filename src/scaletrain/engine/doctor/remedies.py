@@ -62,12 +62,12 @@ class Remedy:
                 "keeps_effective_batch": self.keeps_effective_batch, "fits": self.fits, "detail": self.detail,
                 "time_scale": self.time_scale, "memory_scale": self.memory_scale}
 
-    def numbers(self) -> list[str]:
-        """What the fix predicts, as `scaletrain diagnose` and the monitor show it: memory per GPU, step time (scaled
-        by the failed run's measured ÷ predicted), effective batch."""
+    def numbers(self, unit: str = "GPU") -> list[str]:
+        """What the fix predicts, as `scaletrain diagnose` and the monitor show it: memory per GPU (per `unit`: a
+        CPU run's is a process), step time (scaled by the failed run's measured ÷ predicted), effective batch."""
         nums = []
         if self.predicted_per_gpu_bytes is not None:
-            nums.append(f"{fmt_bytes(self.predicted_per_gpu_bytes)}/GPU"
+            nums.append(f"{fmt_bytes(self.predicted_per_gpu_bytes)}/{unit}"
                         + (f" (×{self.memory_scale:.2f} as measured)" if self.memory_scale is not None else ""))
         if self.predicted_step_seconds is not None:
             nums.append(f"step {fmt_seconds(self.predicted_step_seconds)}"

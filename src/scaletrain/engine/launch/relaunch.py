@@ -120,18 +120,27 @@ def _backup(run: RunDir, record: dict[str, Any], move: tuple[str, ...] = ()) -> 
     return dest
 
 
-def apply_remedy(run_dir: str | os.PathLike[str], changes: dict[str, Any], *, restart: bool = False,
-                 title: str | None = None) -> Applied:
-    """Re-plan with `changes`, back up the old files, rewrite the run's files; say whether to resume.
+@dataclass(frozen=True)
+class Replanned:
+    """A run's plan before and after a remedy's changes, and what that means for its newest checkpoint."""
 
-    Refuses (one clear line) a running run, a hardware change (that is a new run directory), and — unless
-    `restart` — a change the newest checkpoint cannot be resumed under.
-    """
-    run = RunDir(run_dir)
+    old: PlanDocument
+    old_request: PlanRequest
+    old_plan: Plan
+    new_request: PlanRequest
+    new_plan: Plan
+    train: TrainOptions                # the train options after the change
+    plan_changes: dict[str, Any]
+    train_changes: dict[str, Any]
+    env: dict[str, str]
+    checkpoint: Path | None            # the newest complete checkpoint
+    blocker: str | None                # why that checkpoint cannot be resumed after the change (None: it can)
+
+
+def replan_with(run: RunDir, changes: dict[str, Any]) -> Replanned:
+    """Re-plan the run with `changes` on its own hardware (no file written): what apply_remedy writes and what
+    the monitor's confirmation shows before it does. A hardware change or an unknown field is one clear line."""
     old = read_plan_document(run.plan)
-    pid = read_status(run.status).running_elsewhere()
-    if pid is not None:
-        raise ScaletrainError(f"{run.path} is still running (launcher pid {pid}); stop it before applying a remedy")
     plan_c, train_c, env_c = split_changes(dict(changes))
     hw = sorted(HARDWARE_FIELDS & set(plan_c))
     if hw:
@@ -146,6 +155,22 @@ def apply_remedy(run_dir: str | os.PathLike[str], changes: dict[str, Any], *, re
         raise ScaletrainError(f"bad train option in remedy: {e}") from None
     ck = run.newest_checkpoint()
     blocker = resume_blocker(old, new_plan, plan_c, train_c) if ck is not None else None
+    return Replanned(old, req, old_plan, new_req, new_plan, train, plan_c, train_c, env_c, ck, blocker)
+
+
+def apply_remedy(run_dir: str | os.PathLike[str], changes: dict[str, Any], *, restart: bool = False,
+                 title: str | None = None) -> Applied:
+    """Re-plan with `changes`, back up the old files, rewrite the run's files; say whether to resume.
+
+    Refuses (one clear line) a running run, a hardware change (that is a new run directory), and — unless
+    `restart` — a change the newest checkpoint cannot be resumed under.
+    """
+    run = RunDir(run_dir)
+    pid = read_status(run.status).running_elsewhere()
+    if pid is not None:
+        raise ScaletrainError(f"{run.path} is still running (launcher pid {pid}); stop it before applying a remedy")
+    r = replan_with(run, changes)
+    new_plan, new_req, train, env_c, ck, blocker = r.new_plan, r.new_request, r.train, r.env, r.checkpoint, r.blocker
     if blocker and not restart:
         raise ScaletrainError(f"cannot resume {ck.name} after this change: {blocker}; apply it with restart "
                               "(step 0; the old checkpoints are kept in attempts/)")

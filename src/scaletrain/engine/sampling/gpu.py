@@ -32,7 +32,7 @@ class GpuSnapshot:
 
     def to_json(self) -> dict[str, Any]:
         return {"time_s": self.time_s, "available": self.available, "reason": self.reason,
-                "gpus": [{**asdict(g), "pids": list(g.pids), "name": n}
+                "gpus": [{**asdict(g), "pids": list(g.pids), "pid_memory_bytes": list(g.pid_memory_bytes), "name": n}
                          for g, n in zip(self.gpus, self.names or (None,) * len(self.gpus))],
                 "migs": [{**asdict(m), "pids": list(m.pids)} for m in self.migs]}
 
@@ -44,6 +44,8 @@ class GpuSnapshot:
             names.append(g.get("name"))
             kw = {k: v for k, v in g.items() if k in known}
             kw["pids"] = tuple(kw.get("pids") or ())
+            kw["pid_memory_bytes"] = tuple(v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+                                           for v in kw.get("pid_memory_bytes") or ())
             kw.setdefault("time_s", d.get("time_s", 0.0))
             gpus.append(GpuSample(**kw))
         migs = tuple(MigSample(**{**m, "pids": tuple(m.get("pids") or ())}) for m in d.get("migs") or ())

@@ -19,12 +19,9 @@ from scaletrain.tui.monitor.screen import MonitorScreen
 
 class MonitorApp(App[int]):
     TITLE = "scaletrain monitor"
+    CSS_PATH = "monitor.tcss"          # the default screen's CSS_PATH is not loaded for it: the app brings it
     ENABLE_COMMAND_PALETTE = False
-    BINDINGS = [
-        Binding("ctrl+q", "quit", "Quit", priority=True),
-        Binding("q", "quit", "Quit"),
-        Binding("f1", "help", "Help", show=False, priority=True),
-    ]
+    BINDINGS = [Binding("ctrl+q", "quit", "Quit", show=False, priority=True)]   # q (the screen's) says Detach
 
     def __init__(self, run_dir: str | Path, *, sampler: Any = None, start: bool = False,
                  interval_s: float | None = None, replay: str | None = None, detach: bool = True) -> None:
@@ -32,16 +29,9 @@ class MonitorApp(App[int]):
         self.monitor = MonitorScreen(run_dir, start=start, sampler=sampler, interval_s=interval_s, replay=replay,
                                      detach=detach)
 
-    def on_mount(self) -> None:
-        self.push_screen(self.monitor)
-
-    def action_help(self) -> None:
-        try:
-            from scaletrain.tui.widgets.help import HelpScreen
-        except ImportError:
-            return
-        if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen(getattr(self.screen, "HELP", "")))
+    def get_default_screen(self) -> MonitorScreen:
+        """The monitor is the bottom screen: esc on it leaves the app, never onto an empty screen."""
+        return self.monitor
 
 
 def create_monitor_app(run_dir: str | Path, *, sampler: Any = None, start: bool = False,

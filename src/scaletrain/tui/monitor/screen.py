@@ -28,6 +28,9 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from scaletrain.engine.run.layout import RunDir
+from scaletrain.engine.sampling.history import DeviceHistory
+from scaletrain.tui.monitor.doctor_flow import DoctorFlow
+from scaletrain.tui.monitor.run_control import RunControl
 from scaletrain.tui.widgets.gpu_panel import GpuPanel, HostPanel
 from scaletrain.tui.widgets.gpu_row import GpuRow
 from scaletrain.tui.widgets.job_grid import JobGrid
@@ -36,9 +39,7 @@ from scaletrain.tui.widgets.remedies import RemediesPanel
 
 if TYPE_CHECKING:
     from scaletrain.engine.doctor.summary import Diagnosis
-    from scaletrain.engine.doctor.remedies import Remedy
     from scaletrain.engine.launch.launcher import LaunchResult
-    from scaletrain.engine.launch.relaunch import Applied
     from scaletrain.engine.sampling.sampler import Sampler, Tick
 
 
@@ -61,40 +62,50 @@ class Ticked(Message):
     tick: Tick
 
 
-@dataclass
-class Diagnosed(Message):
-    diagnosis: Diagnosis
-
-
-class MonitorScreen(Screen):
+class MonitorScreen(RunControl, DoctorFlow, Screen):
     CSS_PATH = "monitor.tcss"          # the screen brings its styles, so the wizard can push it as it is
-    BINDINGS = [
-        Binding("r", "cycle_rank", "Log rank"),
+    BINDINGS = [                   # the footer's order: what a newcomer needs first (80 columns show these)
+        Binding("q", "detach", "Detach"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("l", "log", "Log"),
+        Binding("d", "diagnose", "Doctor"),
+        Binding("h", "history", "History"),
+        Binding("a", "apply", "Apply fix"),
+        Binding("s", "stop_run", "Stop"),
         Binding("g", "cycle_chart", "Chart"),
-        Binding("t", "grid_detail", "Temp/power", show=False),
-        Binding("d", "diagnose", "Diagnose"),
-        Binding("a", "apply", "Apply remedy"),
-        Binding("A", "apply_restart", "Apply, restart", show=False),
-        Binding("s", "stop_run", "Stop run", show=False),
+        Binding("r", "cycle_rank", "Rank"),
+        Binding("t", "grid_detail", "Temp/W"),
         Binding("escape", "back", "Back"),
-        Binding("f1", "app.help", "Help", show=False, priority=True),
+        Binding("f1", "help", "Help", show=False, priority=True),
     ]
     HELP = """
 ## Monitor
 One panel per GPU (utilization, memory with the plan's predicted peak ▼, temperature, power, this run's
-processes), or one line per GPU above 4 GPUs or below 100 columns, or host CPU/memory per rank on a CPU run. A job
-larger than this machine (several nodes) gets a grid on top: a row per node, a cell per rank with its utilization
-and measured peak as a share of the plan's (`t` adds temperature and power), stragglers and memory imbalance named. The
-chart shows the whole run: `g` cycles loss → tokens/s → step time, the last two against the plan's prediction; the
-TensorBoard command is shown once the trainer writes its events. A run directory that does not exist yet is waited
-for. The job panel shows step, loss, tokens/s, ETA and each
-rank's measured peak against the prediction; a red warning appears when a rank runs past the prediction by more
-than the headroom. `r` cycles the log tail's rank. When the run fails, the doctor names the first failing rank and
-lists remedies with predicted memory and step time: `↑/↓` choose, `a` applies one (rewrites the run's files, keeps
-the old plan as a backup) and relaunches from the last checkpoint; a change the checkpoint cannot survive (ZeRO
-stage, precision, sequence length) is refused, and `A` applies it from step 0 instead. `d` diagnoses on demand.
-A run launched here runs in the background: `q` detaches (the run keeps training; `scaletrain monitor` attaches
-again, `scaletrain runs` lists it); `s` stops it (every rank) after a second `s` to confirm.
+processes), or one line per GPU above 4 GPUs or below 100 columns, or host CPU and memory per process on a CPU run.
+`h` opens each GPU's history over the last minutes (utilization, memory against the plan's predicted line, power)
+and the processes on it with their memory (on a CPU run: each process's CPU and memory). A job larger than this
+machine (several nodes) gets a grid on top: a row per node, a cell per rank with its utilization and measured peak
+as a share of the plan's (`t` adds temperature and power), stragglers and memory imbalance named.
+
+The job panel shows step, loss, tokens/s and the ETA (a finished, failed or stopped run shows how long it ran
+instead), and each rank's measured peak against the prediction; a red warning appears when a rank runs past the
+prediction by more than the headroom. `g` cycles the chart: loss → tokens/s → step time, the last two against the
+plan. `r` cycles the log tail's rank; `l` opens the whole log full-screen (scroll, `/` search, progress bars
+folded).
+
+When the run fails, the doctor names the first failing rank and lists remedies with their predicted memory and
+step time, the first one selected: `↑/↓` choose, `a` shows what the highlighted one changes (the plan's fields,
+memory and step time before → after, the step it resumes from) and asks: `y` applies it (plan.json rewritten, the
+old files kept in attempts/) and relaunches, `n` leaves everything as it was. `d` asks the doctor at any time (a
+healthy run: "no failure"); `d` again closes it.
+
+The run trains in the background: `q` detaches (it keeps training; `scaletrain monitor` attaches again,
+`scaletrain runs` lists it); `s` stops every rank after a second `s`. `esc` closes an open panel, then leaves
+(as `q` does) — or, in the wizard, goes back to the write step.
+"""
+    HELP_FOOTER = """
+`ctrl+q` leaves too. Every number here comes from the scaletrain engine (samples, metrics.jsonl, the plan);
+the monitor only lays them out.
 """
 
     def __init__(self, run: RunDir | str | Path, *, start: bool = False, sampler: Sampler | None = None,
@@ -116,6 +127,8 @@ again, `scaletrain runs` lists it); `s` stops it (every rank) after a second `s`
         self.last_tick: Tick | None = None
         self.launching = False
         self.launch_result: LaunchResult | None = None      # the last run this screen launched
+        self.fix_note: str | None = None                    # the remedy last applied here (kept in the status)
+        self.history = DeviceHistory()                      # the last minutes of every GPU / process (`h`)
 
     # ---- layout ----------------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -146,6 +159,12 @@ again, `scaletrain runs` lists it); `s` stops it (every rank) after a second `s`
         self.query_one("#mon-status", Static).update(Text.assemble((f"run: {self.run.path}\n", "bold"),
                                                                    (text, style)))
 
+    @property
+    def unit(self) -> str:
+        """What one rank runs on, in headers and remedies: a GPU, or a process on a CPU run."""
+        job = self._sampler.job if self._sampler is not None else None
+        return "process" if job is not None and job.on_cpu else "GPU"
+
     # ---- sampling --------------------------------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="sampler", exit_on_error=False)
     def sample_loop(self) -> None:
@@ -158,7 +177,11 @@ again, `scaletrain runs` lists it); `s` stops it (every rank) after a second `s`
     def on_ticked(self, message: Ticked) -> None:
         t = message.tick
         self.last_tick = t
+        self.history.add(t)
         self._show_devices(t)
+        for screen in self.app.screen_stack:            # the full-screen views over this one stay live
+            if getattr(screen, "monitor", None) is self:
+                screen.refresh_view()
         if t.job is not None:
             local = len(t.gpu.gpus) if t.gpu is not None and t.gpu.available else 0
             grid = self.query_one(JobGrid)
@@ -185,6 +208,7 @@ again, `scaletrain runs` lists it); `s` stops it (every rank) after a second `s`
         panel = self.query_one(JobPanel)
         panel.short = short
         panel.set_class(short, "-short")
+        self.query_one(RemediesPanel).set_class(short, "-short")
         self.query_one("#gpu-area").display = not (short and self.query_one(JobGrid).display)
 
     def on_resize(self) -> None:
@@ -226,155 +250,53 @@ again, `scaletrain runs` lists it); `s` stops it (every rank) after a second `s`
         if t.host is not None:
             self.host_panel.update_host(t.host, reason)
 
-    # ---- launching -------------------------------------------------------------------------------------------
-    @work(thread=True, exclusive=True, group="launch", exit_on_error=False)
-    def launch(self, resume: bool, env: dict[str, str] | None = None) -> None:
-        self._launch_blocking(resume, env)
-
-    def _launch_blocking(self, resume: bool, env: dict[str, str] | None) -> None:
-        """Start the launcher in its own session (it outlives this screen) and say so; or, with detach off, run
-        it here to the end (in a worker thread) and say how it ended."""
-        from scaletrain.engine.errors import ScaletrainError
-        from scaletrain.engine.launch.detach import start_detached
-        from scaletrain.engine.launch.launcher import launch
-
-        self.launching = True
-        self.app.call_from_thread(self.set_status, "resuming from the last checkpoint…" if resume else "launching…")
-        if self.detach:
-            try:
-                d = start_detached(self.run.path, resume=resume, env=env)
-            except ScaletrainError as e:
-                self.app.call_from_thread(self.set_status, f"launch failed: {e}", "bold red")
-                return
-            finally:
-                self.launching = False
-            self.app.call_from_thread(self.set_status, f"{'resumed' if resume else 'launched'} in the background "
-                                      f"(launcher pid {d.pid}): q detaches and it keeps training, s stops it", "bold")
-            return
-        try:
-            # the screen going away (ctrl+q, app exit, a failed test) stops every rank: no orphans
-            result = launch(self.run.path, resume=resume, env=env, stop=self._stop)
-        except ScaletrainError as e:
-            self.app.call_from_thread(self.set_status, f"launch failed: {e}", "bold red")
-            return
-        finally:
-            self.launching = False
-        self.launch_result = result
-        msg = ("finished: exit code 0" if result.ok else
-               f"stopped: exit code {result.exit_code}" + (f", first failing rank {result.first_failing_rank}"
-                                                          if result.first_failing_rank is not None else ""))
-        self.app.call_from_thread(self.set_status, msg, "bold green" if result.ok else "bold red")
-
-    # ---- the doctor ------------------------------------------------------------------------------------------
-    def _maybe_diagnose(self, state: str) -> None:
-        if state == "failed" and self.diagnosed_state != "failed" and not self.launching:
-            self.diagnosed_state = "failed"
-            self.diagnose()
-        elif state in ("running", "starting"):
-            self.diagnosed_state = state
-
-    @work(thread=True, exclusive=True, group="doctor", exit_on_error=False)
-    def diagnose(self) -> None:
-        from scaletrain.engine.doctor.diagnosis import diagnose_paths
-        from scaletrain.engine.errors import ScaletrainError
-
-        try:
-            d = diagnose_paths([self.run.path])
-        except ScaletrainError as e:
-            self.app.call_from_thread(self.set_status, f"diagnosis failed: {e}", "bold red")
-            return
-        self.post_message(Diagnosed(d))
-
-    @on(Diagnosed)
-    def on_diagnosed(self, message: Diagnosed) -> None:
-        self.diagnosis = message.diagnosis
-        self.query_one(RemediesPanel).show(message.diagnosis)
-        if message.diagnosis.remedies:
-            self.query_one("#remedy-list").focus()
-
-    def action_diagnose(self) -> None:
-        self.diagnose()
-
+    # ---- keys --------------------------------------------------------------------------------------------------
     def action_cycle_chart(self) -> None:
         self.query_one("#job-chart").cycle()
 
     def action_grid_detail(self) -> None:
-        self.query_one(JobGrid).toggle_detail()
+        grid = self.query_one(JobGrid)
+        if not grid.display:
+            self.set_status("t adds temperature and power to the whole-job grid, shown for runs of several nodes",
+                            "yellow")
+            return
+        grid.toggle_detail()
 
     def action_cycle_rank(self) -> None:
         self.query_one(JobPanel).cycle_rank()
 
-    def action_apply_restart(self) -> None:
-        self.action_apply(restart=True)
+    def action_log(self) -> None:
+        from scaletrain.tui.monitor.log_screen import LogScreen
 
-    def action_apply(self, restart: bool = False) -> None:
-        panel = self.query_one(RemediesPanel)
-        r = panel.selected
-        if r is None:
-            self.set_status("no remedy to apply (the doctor runs when the run fails; d diagnoses now)", "yellow")
-            return
-        if not r.applicable:
-            self.set_status(f"“{r.title}” is a manual step; scaletrain cannot apply it", "yellow")
-            return
-        if self.launching:
-            self.set_status("the run is still running; wait for it to stop before applying a remedy", "yellow")
-            return
-        self.apply(r, restart)
+        self.app.push_screen(LogScreen(self.query_one(JobPanel).book, self.query_one(JobPanel).rank_filter,
+                                       monitor=self))
 
-    @work(thread=True, exclusive=True, group="launch", exit_on_error=False)
-    def apply(self, remedy: Remedy, restart: bool = False) -> None:
-        from scaletrain.engine.errors import ScaletrainError
-        from scaletrain.engine.launch.relaunch import apply_remedy
+    def action_history(self) -> None:
+        from scaletrain.tui.monitor.history_screen import HistoryScreen
 
-        self.launching = True
-        try:
-            applied = apply_remedy(self.run.path, remedy.changes, restart=restart, title=remedy.title)
-        except ScaletrainError as e:
-            self.launching = False
-            self.app.call_from_thread(self.set_status, f"not applied: {e}", "bold red")
-            return
-        self.app.call_from_thread(self._applied, applied)
-        self._launch_blocking(applied.resume, applied.env)
+        job = self._sampler.job if self._sampler is not None else None
+        self.app.push_screen(HistoryScreen(self.history, job.predicted_peak_bytes if job is not None else None,
+                                           self.unit, monitor=self))
 
-    def _applied(self, applied: Applied) -> None:
-        self.query_one(RemediesPanel).hide()
-        self.diagnosed_state = None
-        self.set_status(applied.summary, "bold")
+    def action_help(self) -> None:
+        from scaletrain.tui.widgets.help import HelpScreen, key_rows
 
-    def action_stop_run(self) -> None:
-        """`s` asks, a second `s` stops every rank of the run (engine/launch/detach.stop_run); esc cancels."""
-        from scaletrain.engine.launch.status import read_status
+        self.app.push_screen(HelpScreen(self.HELP, key_rows(self), global_keys=self.HELP_FOOTER,
+                                        keys_title="Keys in the monitor"))
 
-        st = read_status(self.run.status)
-        if st.state not in ("starting", "running"):
-            self.set_status(f"the run is not running ({st.state}); nothing to stop", "yellow")
-            return
-        if not self.confirm_stop:
-            self.confirm_stop = True
-            self.set_status("stop the run? every rank ends (it resumes from its last checkpoint with `scaletrain "
-                            "launch RUN --resume`): press s again to stop, esc to keep it running", "bold yellow")
-            return
-        self.confirm_stop = False
-        self.set_status("stopping every rank…", "bold")
-        self.stop_run()
-
-    @work(thread=True, exclusive=True, group="stop", exit_on_error=False)
-    def stop_run(self) -> None:
-        from scaletrain.engine.errors import ScaletrainError
-        from scaletrain.engine.launch.detach import stop_run
-
-        try:
-            st, _ = stop_run(self.run.path)
-        except ScaletrainError as e:
-            self.app.call_from_thread(self.set_status, f"not stopped: {e}", "bold red")
-            return
-        self.app.call_from_thread(self.set_status, f"stopped: every rank ended; status {st.state}"
-                                  + (f", exit code {st.exit_code}" if st.exit_code is not None else ""), "bold")
+    def action_detach(self) -> None:
+        """`q`: leave the monitor; a run still going keeps training (the CLI and the wizard print how to get back)."""
+        self.app.exit(0)
 
     def action_back(self) -> None:
+        """esc: cancel a pending stop, close the doctor's panel, else leave (the wizard: back to its write step)."""
         if self.confirm_stop:
             self.confirm_stop = False
             self.set_status("kept running", "")
+            return
+        panel = self.query_one(RemediesPanel)
+        if panel.display:
+            panel.hide()
             return
         if len(self.app.screen_stack) > 1:
             self.dismiss()

@@ -142,13 +142,15 @@ class GpuPanel(Static):
             rows.append(foot)
         procs = Text("procs ", style="")
         if s.pids:
-            for pid in s.pids:
+            mem = s.pid_memory_bytes
+            for k, pid in enumerate(s.pids):
+                held = f" {fmt_bytes(mem[k])}" if k < len(mem) and mem[k] is not None else ""   # N/A: left out
                 if pid in rank_of_pid:
                     r = rank_of_pid[pid]
-                    procs.append(f"rank {r} (pid {pid})  " if r is not None else f"this run (pid {pid})  ",
+                    procs.append(f"rank {r} (pid {pid}){held}  " if r is not None else f"this run (pid {pid}){held}  ",
                                  style="bold")
                 else:
-                    procs.append(f"other pid {pid}  ", style="dim")
+                    procs.append(f"other pid {pid}{held}  ", style="dim")
         else:
             procs.append("none", style="dim")
         rows.append(procs)
@@ -185,8 +187,8 @@ class HostPanel(Static):
         if reason:
             self.reason = reason
         self.cpu_hist.append(h.cpu_percent)
-        rows = [Text(f"No GPU panels: {self.reason or 'NVML unavailable'}. Host numbers per rank instead.",
-                     style="yellow")]
+        rows = [Text.assemble(("processes on this host", "bold"),
+                              (f"  (no GPU panels: {self.reason or 'NVML unavailable'})", "yellow"))]
         cpu = Text("host cpu ")
         if h.cpu_percent is not None:
             cpu.append_text(bar(h.cpu_percent / 100, style=level_style(h.cpu_percent, UTIL_THRESHOLDS)))
@@ -212,4 +214,6 @@ class HostPanel(Static):
             rss_s = fmt_bytes(p.rss_bytes) if p.rss_bytes is not None else NA
             rows.append(Text.assemble(f"{who:<8} pid {p.pid:<7} cpu {cpu_s}  rss {rss_s:>10}  ",
                                       (spark(hist, width=SPARK_CELLS // 2, lo=0), "cyan")))
+        for row in rows[1:]:        # a narrow panel cuts a sparkline short instead of wrapping it onto a line
+            row.no_wrap, row.overflow = True, "ellipsis"
         self.update(Group(*rows))

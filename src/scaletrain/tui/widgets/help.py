@@ -49,15 +49,19 @@ def cheat_sheet(rows: Iterable[tuple[str, str]]) -> str:
 class HelpScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,q,question_mark,f1", "close", "Close")]
 
-    def __init__(self, step_help: str, keys: list[tuple[str, str]] | None = None) -> None:
+    def __init__(self, step_help: str, keys: list[tuple[str, str]] | None = None, *,
+                 global_keys: str = GLOBAL_KEYS, keys_title: str = "Keys on this step") -> None:
         super().__init__()
         self.step_help = step_help
         self.keys = keys or []
+        self.global_keys = global_keys          # the wizard's words on every step; the monitor brings its own
+        self.keys_title = keys_title
 
     def compose(self) -> ComposeResult:
-        sheet = f"### Keys on this step\n{cheat_sheet(self.keys)}\n\n" if self.keys else ""
+        sheet = f"### {self.keys_title}\n{cheat_sheet(self.keys)}\n\n" if self.keys else ""
+        tail = f"{self.global_keys.strip()}\n\n" if self.global_keys.strip() else ""
         with VerticalScroll(id="help-box"):
-            yield Markdown(f"{sheet}{self.step_help.strip()}\n\n{GLOBAL_KEYS.strip()}\n\n*escape closes this help*")
+            yield Markdown(f"{sheet}{self.step_help.strip()}\n\n{tail}*escape closes this help*")
 
     def action_close(self) -> None:
         self.dismiss()

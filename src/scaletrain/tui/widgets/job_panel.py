@@ -1,14 +1,14 @@
-"""The job panel: step / total, tokens/s and step time beside the plan's, ETA, the TensorBoard command, measured vs
-predicted peak per rank (left out in the compact layout, where each GPU's line shows its memory), the run chart
-(loss, tokens/s, step time: widgets/run_chart.py), log tail.
+"""The job panel: step / total, tokens/s and step time beside the plan's, the ETA (a run that is over shows how long
+it ran instead), the TensorBoard command, measured vs predicted peak per rank (left out in the compact layout, where
+each GPU's line shows its memory), the run chart (loss, tokens/s, step time: widgets/run_chart.py), the log tail.
 
-Formatting only: numbers come from sampling.watcher.JobSnapshot (which reads engine.run.metrics), the predicted peaks from the
-plan. The log tail keeps LOG_TAIL_LINES per rank so the rank filter (`r`) can re-show past lines.
+Formatting only: numbers come from sampling.watcher.JobSnapshot (which reads engine.run.metrics), the predicted
+peaks from the plan. The log lines go into an engine LogBook (progress bars folded), which the full-screen log view
+(`l`) reads too; the tail shows its last LOG_TAIL_LINES per rank, so the rank filter (`r`) can re-show past lines.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 from rich.console import Group
@@ -18,6 +18,8 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Log, Static
 
+from scaletrain.engine.launch.status import OVER
+from scaletrain.engine.run.log_text import LogBook
 from scaletrain.engine.sampling.watcher import LOG_TAIL_LINES
 from scaletrain.engine.units import fmt_bytes, fmt_seconds
 from scaletrain.tui.widgets.gpu_panel import bar
@@ -25,6 +27,13 @@ from scaletrain.tui.widgets.run_chart import RunChart
 
 STATE_STYLE = {"starting": "yellow", "running": "bold green", "finished": "bold cyan", "failed": "bold red",
                "unknown": "dim"}
+
+
+def when_text(state: str, s: Any) -> str:
+    """The ETA while the run goes on; a run that is over (finished, failed, stopped) has none, only how long it ran."""
+    if state in OVER:
+        return f"{state} after {fmt_seconds(s.elapsed_seconds)}"
+    return f"ETA {fmt_seconds(s.eta_seconds)}   elapsed {fmt_seconds(s.elapsed_seconds)}"
 
 
 class JobPanel(VerticalScroll):
@@ -36,8 +45,7 @@ class JobPanel(VerticalScroll):
         super().__init__(**kwargs)
         self.world_size = world_size
         self.rank_filter: int | None = None          # None = all ranks
-        self.lines: deque[tuple[int | None, str]] = deque(maxlen=LOG_TAIL_LINES * max(1, world_size or 1))
-        self.ranks_seen: set[int] = set()
+        self.book = LogBook()                         # every line since attaching, progress bars folded (`l`)
         self.last: Any = None
         self.compact = False                          # the monitor's compact layout: no per-rank table
         self.short = False                            # a short terminal: the numbers in three lines, chart below
@@ -59,12 +67,17 @@ class JobPanel(VerticalScroll):
         chart = self.query_one(RunChart)
         if job.series is not chart.series:
             chart.show(job.series)
-        new = [(r, ln) for r, ln in job.new_log_lines]
-        if new:
-            self.lines.extend(new)
-            self.ranks_seen.update(r for r, _ in new if r is not None)
-            log = self.query_one("#job-log", Log)
-            log.write_lines([self._fmt(r, ln) for r, ln in new if self._keep(r)])
+        appended, updated = self.book.extend(job.new_log_lines)
+        if updated:                                   # a progress bar redrawn in place: show the tail afresh
+            self._rewrite_log()
+        elif appended:
+            self.query_one("#job-log", Log).write_lines([self._fmt(e.rank, e.text) for e in appended
+                                                         if self._keep(e.rank)])
+
+    @property
+    def lines(self) -> list[tuple[int | None, str]]:
+        """(rank, line) of the tail, oldest first, progress bars folded."""
+        return [(e.rank, e.text) for e in list(self.book.entries)[-LOG_TAIL_LINES * max(1, self.world_size or 1):]]
 
     def render_job(self, job: Any) -> Group:
         if job.waiting_for is not None:
@@ -89,10 +102,10 @@ class JobPanel(VerticalScroll):
             rows.append(Text(f"loss {s.loss:.4f} (first {s.loss_first:.4f})   lr {s.lr:.3g}"))
             if s.versus is not None:       # measured beside the plan's, measured ÷ planned (engine summary)
                 rows.append(Text(f"tokens/s {s.versus.tokens_text()}   step {s.versus.step_text()}"))
-                rows.append(Text(f"ETA {fmt_seconds(s.eta_seconds)}   elapsed {fmt_seconds(s.elapsed_seconds)}"))
+                rows.append(Text(when_text(st.state, s)))
             else:
                 rows.append(Text(f"tokens/s {s.tokens_per_second:,.0f}   step {fmt_seconds(s.step_seconds)}   "
-                                 f"ETA {fmt_seconds(s.eta_seconds)}   elapsed {fmt_seconds(s.elapsed_seconds)}"))
+                                 + when_text(st.state, s)))
         if job.tensorboard:
             rows.append(Text.assemble(("TensorBoard: ", "dim"), job.tensorboard))
         if job.memory and not self.compact and not self.grid_shown:
@@ -116,7 +129,8 @@ class JobPanel(VerticalScroll):
         s = job.summary
         head.append(f"  step {s.step}/{s.total_steps} ")
         head.append_text(bar(s.fraction_done, cells=12, style="cyan"))
-        head.append(f" {s.fraction_done:4.0%}  ETA {fmt_seconds(s.eta_seconds)}")
+        head.append(f" {s.fraction_done:4.0%}  " + (f"ETA {fmt_seconds(s.eta_seconds)}" if job.status.state not in OVER
+                                                   else f"ran {fmt_seconds(s.elapsed_seconds)}"))
         speed = (f"{s.versus.tokens_text()}  {s.versus.step_text()}" if s.versus is not None
                  else f"{s.tokens_per_second:,.0f} tok/s  step {fmt_seconds(s.step_seconds)}")
         rows = [head, Text(f"loss {s.loss:.4f}  {speed}", no_wrap=True, overflow="ellipsis")]
@@ -136,14 +150,17 @@ class JobPanel(VerticalScroll):
     def _title(self) -> None:
         which = "all ranks" if self.rank_filter is None else f"rank {self.rank_filter}"
         self.query_one("#job-log-title", Static).update(
-            Text.assemble(("log tail: ", "bold"), which, ("   (r: next rank)", "dim")))
+            Text.assemble(("log tail: ", "bold"), which, ("   (r: next rank, l: the whole log)", "dim")))
 
     def cycle_rank(self) -> None:
-        ranks = sorted(self.ranks_seen | set(range(self.world_size or 0)))
+        ranks = sorted(self.book.ranks | set(range(self.world_size or 0)))
         order: list[int | None] = [None, *ranks]
         self.rank_filter = order[(order.index(self.rank_filter) + 1) % len(order)] if self.rank_filter in order \
             else None
         self._title()
+        self._rewrite_log()
+
+    def _rewrite_log(self) -> None:
         log = self.query_one("#job-log", Log)
         log.clear()
-        log.write_lines([self._fmt(r, ln) for r, ln in self.lines if self._keep(r)])
+        log.write_lines([self._fmt(r, ln) for r, ln in self.lines if self._keep(r)][-LOG_TAIL_LINES:])

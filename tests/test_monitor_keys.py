@@ -1,0 +1,286 @@
+"""Issue 30, items 4 and 5, through Textual's pilot: a remedy is applied only after a confirmation that shows what
+changes (cancelling leaves plan.json as it was; confirming rewrites it with a backup and relaunches in the
+background, and `q` then leaves the relaunched run training); the remedy list opens on the first remedy and keeps
+the selection in view; esc, ?, F1 and d behave as the help says; a run that is over shows no ETA.
+
+The failed run is the cpu-tiny preset's real run directory with a rank log that ran out of host memory (the
+doctor's real diagnosis and remedies); the relaunch is the real launcher, 2 gloo ranks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from scaletrain.engine.launch.detach import stop_run
+from scaletrain.engine.launch.preview import preview_remedy
+from scaletrain.engine.launch.status import read_status
+from scaletrain.engine.run.plan_document import read_plan_document
+from scaletrain.engine.sampling.sampler import Sampler
+from scaletrain.engine.sampling.watcher import RunWatcher
+from scaletrain.engine.units import fmt_bytes, fmt_seconds
+from scaletrain.tui.monitor.app import create_monitor_app
+from scaletrain.tui.widgets.help import HelpScreen
+from scaletrain.tui.widgets.job_panel import JobPanel
+from scaletrain.tui.widgets.remedies import RemediesPanel
+from scaletrain.tui.widgets.remedy_confirm import RemedyConfirm
+from test_detach import _alive, _run_processes
+from test_monitor import cpu_run_dir, gpu_run_dir, text_of, wait_for
+
+HOST_OOM = ("Traceback (most recent call last):\n  File \"train.py\", line 1, in <module>\n"
+            "RuntimeError: [enforce fail at alloc_cpu.cpp:114] data. DefaultCPUAllocator: can't allocate memory: "
+            "you tried to allocate 1073741824 bytes.\n")
+
+
+def failed_cpu_run(path: Path, max_steps: int = 6):
+    """The cpu-tiny run directory after rank 1 ran out of host memory at step 1 (its log and status.json)."""
+    rd = cpu_run_dir(path, max_steps=max_steps, checkpoint_every=100000)
+    rd.logs.mkdir(exist_ok=True)
+    rd.rank_log(0).write_text("step 1/6 loss 6.9\n")
+    rd.rank_log(1).write_text("step 1/6 loss 6.9\n" + HOST_OOM)
+    rd.status.write_text(json.dumps({"state": "failed", "exit_code": 1, "exit_codes": {"0": -15, "1": 1},
+                                     "first_failing_rank": 1}))
+    return rd
+
+
+def app_for(rd, **kw):
+    return create_monitor_app(rd.path, sampler=Sampler(None, None, RunWatcher(rd.path), 0.1), **kw)
+
+
+def split_index(panel) -> int:
+    return next(i for i, r in enumerate(panel.diagnosis.remedies) if r.changes == {"micro_batch": 1, "grad_accum": 8})
+
+
+async def remedies_shown(pilot):
+    panel = pilot.app.screen.query_one(RemediesPanel)
+    await wait_for(pilot, lambda: panel.diagnosis is not None and panel.display, 60, "the automatic diagnosis")
+    await pilot.pause(0.2)
+    return panel
+
+
+# ---- item 4: remedies ask first ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)], ids=["120x40", "80x24"])
+def test_remedy_list_opens_on_the_first_and_keeps_the_selection_in_view(tmp_path, size):
+    rd = failed_cpu_run(tmp_path / "run")
+
+    async def go():
+        app = app_for(rd)
+        async with app.run_test(size=size) as pilot:
+            panel = await remedies_shown(pilot)
+            ol = app.screen.query_one("#remedy-list")
+            n = len(panel.diagnosis.remedies)
+            assert n > 8 and ol.highlighted == 0 and app.focused is ol          # the first, chosen, focused
+            side = app.screen.query_one("#remedy-side")
+            assert panel.diagnosis.remedies[0].title in text_of(side)          # its detail beside the list
+            for i in range(1, n):
+                await pilot.press("down")
+                await pilot.pause(0.05)
+                top = ol.scroll_offset.y
+                assert ol.highlighted == i
+                assert top <= i < top + ol.scrollable_content_region.height, (i, top, ol.size)
+                assert ol.region.bottom <= size[1] - 1                         # above the footer, on screen
+                assert panel.diagnosis.remedies[i].title in text_of(side)
+            assert "manual" in text_of(side)                                   # the last: "more host RAM"
+            await pilot.press("a")
+            await pilot.pause(0.3)
+            assert "cannot apply" in text_of(side) and not isinstance(app.screen, RemedyConfirm)
+
+    asyncio.run(go())
+
+
+def test_apply_shows_the_change_and_cancel_leaves_plan_json_untouched(tmp_path):
+    rd = failed_cpu_run(tmp_path / "run")
+    before = rd.plan.read_bytes()
+    preview = preview_remedy(rd.path, {"micro_batch": 1, "grad_accum": 8})      # the engine's numbers
+
+    async def go():
+        app = app_for(rd)
+        async with app.run_test(size=(120, 40)) as pilot:
+            panel = await remedies_shown(pilot)
+            ol = app.screen.query_one("#remedy-list")
+            ol.highlighted = split_index(panel)
+            for cancel in ("n", "escape"):
+                await pilot.press("a")
+                await wait_for(pilot, lambda: isinstance(app.screen, RemedyConfirm), 30, "the confirmation")
+                box = app.screen
+                shown = "\n".join(text_of(w) for w in box.query("#confirm-box Static"))
+                assert "Apply this remedy?" in shown and "micro batch 1 × accum 8" in shown
+                assert "micro_batch" in shown and "grad_accum" in shown and "→" in shown
+                assert "memory per process (plan)" in shown
+                assert fmt_bytes(preview.memory_before_bytes) in shown
+                assert fmt_bytes(preview.memory_after_bytes) in shown
+                assert fmt_seconds(preview.step_before_seconds) in shown
+                assert "starts from step 0 (no checkpoint yet)" in shown and "attempts/" in shown
+                await pilot.press(cancel)
+                await wait_for(pilot, lambda: not isinstance(app.screen, RemedyConfirm), 10, "the answer")
+                assert "cancelled: nothing was changed" in text_of(app.screen.query_one("#remedy-side"))
+                assert panel.display                                           # the list stays for another try
+            assert rd.plan.read_bytes() == before and not (rd.path / "attempts").exists()
+
+    asyncio.run(go())
+
+
+def test_preview_numbers_are_the_plans_apply_writes(tmp_path):
+    """The confirmation's after-numbers are those of the plan.json that confirming writes (one re-plan for both)."""
+    from scaletrain.engine.launch.relaunch import apply_remedy
+
+    rd = failed_cpu_run(tmp_path / "run")
+    ck = rd.checkpoints / "step-4"
+    ck.mkdir(parents=True)
+    (ck / "trainer_state.json").write_text("{}")
+    p = preview_remedy(rd.path, {"micro_batch": 2, "grad_accum": 4})
+    assert (p.resume_step, p.resume_from, p.needs_restart) == (4, "step-4", False)
+    assert [(f.name, f.before, f.after) for f in p.fields] == [("micro_batch", "4", "2"), ("grad_accum", "2", "4")]
+    blocked = preview_remedy(rd.path, {"seq_len": 64})
+    assert blocked.needs_restart and blocked.resume_step is None and "seq_len" in blocked.resume_text
+    apply_remedy(rd.path, {"micro_batch": 2, "grad_accum": 4})
+    doc = read_plan_document(rd.plan)
+    assert doc.predicted_total_bytes == p.memory_after_bytes
+    assert doc.planned_step_seconds == pytest.approx(p.step_after_seconds)
+    with pytest.raises(Exception, match="changes the hardware"):
+        preview_remedy(rd.path, {"gpus": "4xCPU"})
+
+
+@pytest.mark.slow
+def test_confirmed_remedy_rewrites_with_backup_relaunches_and_q_leaves_it_running(tmp_path):
+    """y: plan.json rewritten, the old one in attempts/, the run relaunched in its own session; the status names
+    the fix; q leaves the monitor and the run keeps training (stopped at the end: no process left)."""
+    rd = failed_cpu_run(tmp_path / "run", max_steps=100000)
+    app = app_for(rd)
+    said: dict[str, str] = {}
+
+    async def go():
+        async with app.run_test(size=(120, 40)) as pilot:
+            panel = await remedies_shown(pilot)
+            app.screen.query_one("#remedy-list").highlighted = split_index(panel)
+            await pilot.press("a")
+            await wait_for(pilot, lambda: isinstance(app.screen, RemedyConfirm), 30, "the confirmation")
+            await pilot.press("y")
+            status = app.screen.query_one("#mon-status")
+            await wait_for(pilot, lambda: "in the background" in str(status.render()), 120, "the relaunch")
+            said["status"] = str(status.render())
+            assert not panel.display
+            await wait_for(pilot, lambda: read_status(rd.status).state == "running", 240, "the run to be running")
+            await pilot.press("q")
+
+    tree: dict[int, float] = {}
+    try:
+        asyncio.run(go())
+        tree = _run_processes(rd)
+        assert "applied micro batch 1 × accum 8 (was 4 × 2)" in said["status"]
+        assert app.return_code == 0
+        doc = read_plan_document(rd.plan)
+        assert (doc.batch.micro_batch, doc.batch.grad_accum) == (1, 8)
+        backups = list((rd.path / "attempts").iterdir())
+        assert len(backups) == 1 and json.loads((backups[0] / "plan.json").read_text())["batch"]["micro_batch"] == 4
+        time.sleep(2)
+        assert read_status(rd.status).state == "running" and _alive(tree)     # the monitor is gone, the run is not
+    finally:
+        tree.update(_run_processes(rd))
+        stop_run(rd.path)
+        assert _alive(tree) == []
+
+
+# ---- item 5: the monitor's keys and states --------------------------------------------------------------------
+def test_esc_closes_the_doctor_then_leaves_never_a_blank_screen(tmp_path):
+    rd = failed_cpu_run(tmp_path / "run")
+
+    async def go():
+        app = app_for(rd)
+        async with app.run_test(size=(120, 40)) as pilot:
+            panel = await remedies_shown(pilot)
+            await pilot.press("escape")
+            await pilot.pause(0.2)
+            assert not panel.display and app.is_running and len(app.screen_stack) == 1
+            await pilot.press("escape")
+            await pilot.pause(0.3)
+            assert not app.is_running
+        assert app.return_code == 0
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("key", ["question_mark", "f1"])
+def test_help_lists_the_monitors_own_keys(tmp_path, key):
+    rd = gpu_run_dir(tmp_path / "run")
+
+    async def go():
+        app = app_for(rd)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause(0.3)
+            await pilot.press(key)
+            await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), 10, "the help")
+            md = app.screen.query_one("Markdown").source
+            assert "Keys in the monitor" in md
+            for k, what in (("q", "Detach"), ("l", "Log"), ("d", "Doctor"), ("h", "History"), ("a", "Apply fix"),
+                            ("esc", "Back")):
+                assert f"`{k}` {what}" in md, k
+            assert "move between fields" not in md and "the wizard only lays" not in md    # not the wizard's
+            await pilot.press("escape")
+            await pilot.pause(0.2)
+            assert not isinstance(app.screen, HelpScreen) and app.is_running
+
+    asyncio.run(go())
+
+
+def test_d_on_a_healthy_run_says_no_failure_quotes_nothing_and_toggles(tmp_path):
+    rd = gpu_run_dir(tmp_path / "run")
+    warning = "UserWarning: TypedStorage is deprecated"
+    rd.rank_log(0).write_text(f"rank 0 ready\n{warning}\nstep 2/4 loss 1.8\n")
+
+    async def go():
+        app = app_for(rd)
+        async with app.run_test(size=(120, 40)) as pilot:
+            panel = app.screen.query_one(RemediesPanel)
+            await wait_for(pilot, lambda: app.screen.query_one(JobPanel).last is not None, 10, "a tick")
+            await pilot.press("d")
+            await wait_for(pilot, lambda: panel.display, 30, "the doctor's answer")
+            shown = text_of(app.screen.query_one("#diag-summary"))
+            assert "no failure" in shown and "running at step 2/4" in shown
+            assert "unknown" not in shown and warning not in shown
+            await pilot.press("d")
+            await pilot.pause(0.2)
+            assert not panel.display
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("state,code", [("finished", 0), ("failed", 1), ("interrupted", 130), ("running", None)])
+def test_a_run_that_is_over_shows_no_eta(tmp_path, state, code):
+    rd = gpu_run_dir(tmp_path / "run")
+    rd.status.write_text(json.dumps({"state": state, "exit_code": code}))
+    for size in ((120, 40), (80, 24)):
+        async def go():
+            app = app_for(rd)
+            async with app.run_test(size=size) as pilot:
+                jp = app.screen.query_one(JobPanel)
+                await wait_for(pilot, lambda: jp.last is not None, 10, "a tick")
+                await pilot.pause(0.2)
+                shown = text_of(app.screen.query_one("#job-numbers"))
+                if state == "running":
+                    assert "ETA" in shown
+                else:
+                    assert "ETA" not in shown and ("after" in shown or "ran " in shown), shown
+
+        asyncio.run(go())
+
+
+def test_a_cpu_run_names_processes_not_gpus(tmp_path):
+    rd = failed_cpu_run(tmp_path / "run")
+
+    async def go():
+        app = app_for(rd)
+        async with app.run_test(size=(120, 40)) as pilot:
+            panel = await remedies_shown(pilot)
+            ol = app.screen.query_one("#remedy-list")
+            listed = "\n".join(str(ol.get_option_at_index(i).prompt) for i in range(ol.option_count))
+            assert "/process" in listed and "/GPU" not in listed
+            assert "/GPU" not in text_of(app.screen.query_one("#remedy-side"))
+            assert panel.unit == "process"
+
+    asyncio.run(go())
