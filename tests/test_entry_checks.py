@@ -94,16 +94,10 @@ def test_path_problems_are_one_line_naming_the_path(env, good_run, capsys):
 
 
 # ---- export: needs a trained checkpoint ---------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    from test_train_cpu import deadline_tick, make_run
-
-    from scaletrain.engine.launch.launcher import launch
-
-    run = make_run(tmp_path_factory.mktemp("trained"), "ddp", max_steps=1, checkpoint_every=1, export_at_end=False)
-    res = launch(run.path, on_tick=deadline_tick())
-    assert res.exit_code == 0, run.rank_log(0).read_text()[-3000:]
-    return run.path
+@pytest.fixture()
+def trained(ddp_run) -> Path:
+    """The shared 2-rank DDP run (tests/conftest.py): checkpoints to export, its own export at the last step."""
+    return ddp_run.ok().path
 
 
 def _mount_tmpfs(path: Path, opts: str) -> bool:
@@ -139,6 +133,7 @@ def test_run_export_being_a_file_is_one_line(trained, tmp_path, monkeypatch, cap
     monkeypatch.setenv("SCALETRAIN_DEBUG", "1")
     run = tmp_path / "run"
     shutil.copytree(trained, run)
+    shutil.rmtree(run / "export")                   # the shared run exported its last step: no folder there now
     (run / "export").write_text("not a folder\n")
     _one_line(["export", str(run)], run, capsys, "export")
 

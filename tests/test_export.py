@@ -1,6 +1,7 @@
 """Issue 22 (export): what a run leaves behind loads with transformers and peft on this CPU.
 
-Real 2-rank runs of scaletrain/tiny-qwen2 (random init, fp32): DDP full fine-tuning exports its last checkpoint at the
+Real 2-rank runs of scaletrain/tiny-qwen2 (random init, fp32; the DDP, ZeRO-3 and FSDP ones are the shared runs of
+tests/conftest.py): DDP full fine-tuning exports its last checkpoint at the
 end and checks it against the trained model's logits (0 difference in fp32), and the folder loads with
 AutoModelForCausalLM.from_pretrained and generates; a ZeRO-3 run's earlier checkpoint exports through DeepSpeed's
 own consolidation; an FSDP run's DCP shards export at the end and on demand; a LoRA run (DDP and FSDP) leaves a PEFT
@@ -26,16 +27,15 @@ def _launch(run):
 
 
 @pytest.mark.slow
-def test_ddp_full_run_exports_a_model_that_loads_generates_and_matches_the_trained_logits(tmp_path):
+def test_ddp_full_run_exports_a_model_that_loads_generates_and_matches_the_trained_logits(ddp_run):
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    run = make_run(tmp_path, "ddp", lr=5e-3, max_steps=4, checkpoint_every=2)
-    _launch(run)
-    out = run.path / "export" / "step-4"
+    run = ddp_run.ok()              # the shared 24-step DDP run (tests/conftest.py), its last step exported
+    out = run.path / "export" / "step-24"
     manifest = json.loads((out / "export.json").read_text())
-    assert (manifest["step"], manifest["kind"], manifest["dtype"]) == (4, "model", "fp32")
+    assert (manifest["step"], manifest["kind"], manifest["dtype"]) == (24, "model", "fp32")
     assert manifest["checked"]["max_abs_logit_diff"]["model"] <= 1e-5
     probe = load_file(str(out / "probe.safetensors"))
     model = AutoModelForCausalLM.from_pretrained(str(out)).eval()
@@ -44,40 +44,39 @@ def test_ddp_full_run_exports_a_model_that_loads_generates_and_matches_the_train
     assert torch.allclose(logits, probe["logits"], atol=1e-5)
     gen = model.generate(probe["input_ids"][:1, :8], max_new_tokens=4, do_sample=False)
     assert gen.shape == (1, 12)
-    assert "exported step 4" in run.rank_log(0).read_text()
+    assert "exported step 24" in run.rank_log(0).read_text()
 
 
 @pytest.mark.slow
-def test_zero3_exports_its_last_and_an_earlier_checkpoint_through_deepspeed(tmp_path, capsys):
+def test_zero3_exports_its_last_and_an_earlier_checkpoint_through_deepspeed(zero3_run, tmp_path, capsys):
     import torch
     from transformers import AutoModelForCausalLM
 
     from scaletrain.trainer.config import read_run_config
     from scaletrain.trainer.export import load_trained
 
-    run = make_run(tmp_path, "zero3", lr=5e-3, max_steps=4, checkpoint_every=2)
-    _launch(run)
+    run = zero3_run.copy(tmp_path / "run")      # the shared 12-step ZeRO-3 run; step 6 is exported into a copy
     # the end of the run: the last checkpoint exported and checked against the trained (ZeRO-3 gathered) model
-    checked = json.loads((run.path / "export" / "step-4" / "export.json").read_text())["checked"]
+    checked = json.loads((run.path / "export" / "step-12" / "export.json").read_text())["checked"]
     assert checked["max_abs_logit_diff"]["model"] <= 1e-5
     capsys.readouterr()
-    assert main(["export", str(run.path), "--step", "2", "--json"]) == 0
+    assert main(["export", str(run.path), "--step", "6", "--json"]) == 0
     e = json.loads(capsys.readouterr().out)
-    assert e["step"] == 2 and e["kind"] == "model"
+    assert e["step"] == 6 and e["kind"] == "model"
     model = AutoModelForCausalLM.from_pretrained(e["path"]).eval()
-    ref = load_trained(read_run_config(run.path), run.checkpoints / "step-2")
-    later = load_trained(read_run_config(run.path), run.checkpoints / "step-4")
+    ref = load_trained(read_run_config(run.path), run.checkpoints / "step-6")
+    later = load_trained(read_run_config(run.path), run.checkpoints / "step-12")
     ids = torch.arange(16).reshape(1, 16)
     with torch.no_grad():
         a, b, c = (m(input_ids=ids).logits for m in (model, ref, later))
-    assert torch.equal(a, b) and not torch.allclose(a, c)       # step 2's weights, not the last step's
+    assert torch.equal(a, b) and not torch.allclose(a, c)       # step 6's weights, not the last step's
 
 
 @pytest.mark.slow
-def test_fsdp_exports_its_dcp_shards_at_the_end_and_an_earlier_step_on_demand(tmp_path, capsys):
+def test_fsdp_exports_its_dcp_shards_at_the_end_and_an_earlier_step_on_demand(fsdp_run, tmp_path, capsys):
     """FSDP2 checkpoints are DCP shards; the end-of-run export reads them into whole tensors (rank 0, inside the run)
-    and matches the trained (sharded) model's logits exactly; `scaletrain export --step 2` reads the same way in
-    one plain process, and gives step 2's weights."""
+    and matches the trained (sharded) model's logits exactly; `scaletrain export --step 6` reads the same way in
+    one plain process, and gives step 6's weights."""
     import torch
     from torch.distributed.checkpoint import FileSystemReader
     from transformers import AutoModelForCausalLM
@@ -86,27 +85,26 @@ def test_fsdp_exports_its_dcp_shards_at_the_end_and_an_earlier_step_on_demand(tm
     from scaletrain.trainer.export import load_trained
     from test_train_cpu import assert_fsdp_sharded
 
-    run = make_run(tmp_path, "fsdp", lr=5e-3, max_steps=4, checkpoint_every=2)
-    _launch(run)
-    assert_fsdp_sharded(run, 4)
-    checked = json.loads((run.path / "export" / "step-4" / "export.json").read_text())["checked"]
+    run = fsdp_run.copy(tmp_path / "run")       # the shared 12-step FSDP run; step 6 is exported into a copy
+    assert_fsdp_sharded(run, 12)
+    checked = json.loads((run.path / "export" / "step-12" / "export.json").read_text())["checked"]
     assert checked["max_abs_logit_diff"]["model"] <= 1e-5
     capsys.readouterr()
-    assert main(["export", str(run.path), "--step", "2", "--json"]) == 0
+    assert main(["export", str(run.path), "--step", "6", "--json"]) == 0
     e = json.loads(capsys.readouterr().out)
-    assert e["step"] == 2 and e["kind"] == "model"
+    assert e["step"] == 6 and e["kind"] == "model"
     model = AutoModelForCausalLM.from_pretrained(e["path"]).eval()
     # every weight the export wrote is the checkpoint's, gathered from both ranks' chunks
-    meta = FileSystemReader(str(run.checkpoints / "step-2" / "dcp")).read_metadata()
+    meta = FileSystemReader(str(run.checkpoints / "step-6" / "dcp")).read_metadata()
     sharded = {k.removeprefix("model.") for k, v in meta.state_dict_metadata.items()
                if k.startswith("model.") and len(getattr(v, "chunks", ())) == 2}
     assert set(dict(model.named_parameters())) <= sharded
-    ref = load_trained(read_run_config(run.path), run.checkpoints / "step-2")
-    later = load_trained(read_run_config(run.path), run.checkpoints / "step-4")
+    ref = load_trained(read_run_config(run.path), run.checkpoints / "step-6")
+    later = load_trained(read_run_config(run.path), run.checkpoints / "step-12")
     ids = torch.arange(16).reshape(1, 16)
     with torch.no_grad():
         a, b, c = (m(input_ids=ids).logits for m in (model, ref, later))
-    assert torch.equal(a, b) and not torch.allclose(a, c)       # step 2's weights, not the last step's
+    assert torch.equal(a, b) and not torch.allclose(a, c)       # step 6's weights, not the last step's
 
 
 @pytest.mark.slow

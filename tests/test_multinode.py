@@ -258,6 +258,7 @@ def _two_loopback_nodes(run: RunDir, tmp_path: Path, env: dict[str, str] | None 
     return codes, {r: (tmp_path / f"node-{r}.out").read_text() for r in (0, 1)}
 
 
+@pytest.mark.slow
 def test_two_loopback_nodes_train_together_through_scaletrain_launch(tmp_path, capsys):
     run = _write_cpu_tiny(tmp_path / "run", "--main-process-ip", "127.0.0.1")
     cfg = yaml.safe_load(run.accelerate_config.read_text())

@@ -79,6 +79,7 @@ def test_sbatch_task_divides_its_cores_among_the_nodes_processes(tmp_path):
     assert r.stdout.strip() == str(threads_per_process(len(os.sched_getaffinity(0)), 2))
 
 
+@pytest.mark.slow
 def test_ranks_run_with_the_launchers_threads(tmp_path, monkeypatch, capsys):
     """Every rank of a 2-process DDP launch gets OMP_NUM_THREADS = cores ÷ 2 (accelerate's torchrun path ignores
     --num_cpu_threads_per_process; the environment carries it) and imports this checkout's scaletrain."""

@@ -6,7 +6,6 @@ engine.launch.launcher (accelerate launch → torchrun → 2 gloo ranks) and rea
 
 from __future__ import annotations
 
-import io
 import json
 import random
 import re
@@ -192,16 +191,10 @@ def test_too_little_data_for_one_step_says_what_to_change(tmp_path):
 
 # ---- real 2-rank runs ------------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_ddp_two_ranks_loss_falls_with_checkpoints_and_live_progress(tmp_path):
-    """`scaletrain launch`'s path: progress.stream_run → launcher → accelerate/torchrun → trainer, bundled demo data."""
-    from rich.console import Console
-
-    from scaletrain.tui.monitor.stream import stream_run
-
-    run = make_run(tmp_path, "ddp", lr=5e-3, max_steps=24, checkpoint_every=10, warmup_ratio=0.1)
-    out = io.StringIO()
-    code = stream_run(run.path, console=Console(file=out, width=240, force_terminal=False))
-    text = out.getvalue()
+def test_ddp_two_ranks_loss_falls_with_checkpoints_and_live_progress(ddp_run):
+    """`scaletrain launch`'s path: progress.stream_run → launcher → accelerate/torchrun → trainer, bundled demo data
+    (the shared `ddp_run`, tests/conftest.py)."""
+    run, code, text = ddp_run.run, ddp_run.exit_code, ddp_run.console
     assert code == 0, text + run.rank_log(0).read_text()
     series = assert_trained(run, 24)
     lrs = [r.lr for r in series]
@@ -226,15 +219,10 @@ def test_ddp_two_ranks_loss_falls_with_checkpoints_and_live_progress(tmp_path):
 
 
 @pytest.mark.slow
-def test_deepspeed_zero3_two_ranks_loss_falls(tmp_path):
-    from scaletrain.engine.launch.launcher import launch
-
-    data = write_dataset(tmp_path / "data.jsonl")
-    run = make_run(tmp_path, "zero3", dataset=str(data), lr=5e-3, max_steps=12, checkpoint_every=6,
-                   warmup_ratio=0.1)
-    res = launch(run.path, on_tick=deadline_tick())
+def test_deepspeed_zero3_two_ranks_loss_falls(zero3_run):
+    run = zero3_run.run
     log0 = run.rank_log(0).read_text()
-    assert res.exit_code == 0, log0 + run.rank_log(1).read_text()
+    assert zero3_run.exit_code == 0, log0 + run.rank_log(1).read_text()
     assert_trained(run, 12)
     assert "DeepSpeed data-parallel over 2" in log0            # ZeRO-3 really partitions over both ranks
     for step in (6, 12):
@@ -246,16 +234,11 @@ def test_deepspeed_zero3_two_ranks_loss_falls(tmp_path):
 
 
 @pytest.mark.slow
-def test_fsdp_two_ranks_train_sharded_with_dcp_checkpoints(tmp_path):
+def test_fsdp_two_ranks_train_sharded_with_dcp_checkpoints(fsdp_run):
     """--strategy fsdp on 2 gloo ranks is FSDP2 (torch's fully_shard, applied by the trainer), not DDP."""
-    from scaletrain.engine.launch.launcher import launch
-
-    data = write_dataset(tmp_path / "data.jsonl")
-    run = make_run(tmp_path, "fsdp", dataset=str(data), lr=5e-3, max_steps=12, checkpoint_every=6,
-                   warmup_ratio=0.1, export_at_end=False)
-    res = launch(run.path, on_tick=deadline_tick())
+    run = fsdp_run.run
     log0 = run.rank_log(0).read_text()
-    assert res.exit_code == 0, log0 + run.rank_log(1).read_text()
+    assert fsdp_run.exit_code == 0, log0 + run.rank_log(1).read_text()
     assert "(full, fsdp, fp32) on 2 process(es)" in log0
     assert_trained(run, 12)
     for step in (6, 12):
@@ -336,23 +319,15 @@ def test_chunked_loss_two_ranks_loss_falls(tmp_path, strategy):
 
 
 @pytest.mark.slow
-def test_deepspeed_cpu_run_survives_a_stale_extension_lock(tmp_path):
+def test_deepspeed_cpu_run_survives_a_stale_extension_lock(zero3_run):
     """A rank killed while torch's FileBaton held DeepSpeed's CPU-op build lock leaves the lock file behind; the
-    next run must not wait on it for ever (trainer/distributed.py load_deepspeed_cpu_comm_op)."""
-    from deepspeed.accelerator import get_accelerator
-    from torch.utils.cpp_extension import _get_build_directory
-
-    from scaletrain.engine.launch.launcher import launch
-
-    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
-    baton = Path(_get_build_directory(builder.name, verbose=False)) / "lock"
-    baton.write_text("")                                      # what a killed holder leaves (O_EXCL, empty)
-    run = make_run(tmp_path, "zero2", lr=5e-3, max_steps=2, save_checkpoints=False)
-    res = launch(run.path, on_tick=deadline_tick(180))
+    next run must not wait on it for ever (trainer/distributed.py load_deepspeed_cpu_comm_op). The shared
+    `zero3_run` starts over such a lock (tests/conftest.py)."""
+    run, baton = zero3_run.run, zero3_run.baton
     log = run.rank_log(0).read_text() + run.rank_log(1).read_text()
-    assert res.exit_code == 0, log
+    assert zero3_run.exit_code == 0, log
     assert "removed" in log and str(baton) in log and not baton.exists()
-    assert [r.step for r in read_metrics(run.metrics)] == [1, 2]
+    assert [r.step for r in read_metrics(run.metrics)] == list(range(1, 13))
 
 
 # ---- a local pretrained model with its own tokenizer and chat template -------------------------------------------

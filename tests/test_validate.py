@@ -24,6 +24,7 @@ def config_dir(tmp_path, monkeypatch):
     return d
 
 
+@pytest.mark.slow
 def test_validate_cpu_tiny_prints_predicted_vs_measured_and_saves(tmp_path, capsys, config_dir):
     code = main(["validate", "--preset", "cpu-tiny", "--steps", "6", "--run-dir", str(tmp_path / "v"), "--save",
                  "--json"])
@@ -45,6 +46,7 @@ def test_validate_cpu_tiny_prints_predicted_vs_measured_and_saves(tmp_path, caps
     assert plan.time.constants.compute_scale == pytest.approx(cal.compute_scale)
 
 
+@pytest.mark.slow
 def test_validate_text_output(tmp_path, capsys, config_dir):
     assert main(["validate", "--preset", "cpu-tiny", "--steps", "4", "--run-dir", str(tmp_path / "v")]) == 0
     out = capsys.readouterr().out
