@@ -10,8 +10,9 @@ import os
 import resource
 import time
 
+import pytest
+
 _OUT = os.environ.get("SUITE_TIME_TESTS", "")
-_started: dict[str, tuple[float, float]] = {}
 
 
 def _cpu_seconds() -> float:
@@ -19,15 +20,15 @@ def _cpu_seconds() -> float:
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
-def pytest_runtest_logstart(nodeid, location):
-    _started[nodeid] = (time.monotonic(), _cpu_seconds())
-
-
-def pytest_runtest_logfinish(nodeid, location):
-    wall0, cpu0 = _started.pop(nodeid, (time.monotonic(), _cpu_seconds()))
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Around setup, call and teardown, where the test runs (a worker under xdist, not the controller): a shared
+    fixture's cost lands on the first test that asks for it."""
+    wall0, cpu0 = time.monotonic(), _cpu_seconds()
+    yield
     if not _OUT:
         return
-    line = json.dumps({"test": nodeid, "wall_seconds": round(time.monotonic() - wall0, 2),
+    line = json.dumps({"test": item.nodeid, "wall_seconds": round(time.monotonic() - wall0, 2),
                        "cpu_seconds": round(_cpu_seconds() - cpu0, 2), "load_1m": round(os.getloadavg()[0], 2)})
     with open(_OUT, "a") as f:
         f.write(line + "\n")

@@ -81,6 +81,9 @@ def _stale_deepspeed_baton(root: Path) -> tuple[Path, dict[str, str]]:
     from deepspeed.accelerator import get_accelerator
     from torch.utils.cpp_extension import _get_build_directory
 
+    from scaletrain.trainer.distributed import load_deepspeed_cpu_comm_op
+
+    load_deepspeed_cpu_comm_op()            # built whole first (`make ds-op` did it already: then a quick load)
     name = get_accelerator().create_op_builder("ShareMemCommBuilder").name
     built = Path(_get_build_directory(name, verbose=False))
     own = root / built.name                    # torch's layout under TORCH_EXTENSIONS_DIR: ROOT/NAME
@@ -123,10 +126,30 @@ def fsdp_run(tmp_path_factory) -> TrainedRun:
                      warmup_ratio=0.1)
 
 
-SHARED_RUNS = ("ddp_run", "zero3_run", "fsdp_run")
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory) -> TrainedRun:
+    """`make demo` as a user types it, shortened: the `scaletrain` console script, `--preset cpu-tiny --headless`
+    (DDP on 2 processes, the bundled demo data), 12 steps with checkpoints at 6 and 12, step 12 exported; the
+    console is what it printed (stdout and stderr)."""
+    import subprocess
+    import sys
+
+    run = tmp_path_factory.mktemp("demo-run") / "ddp"
+    scaletrain = os.path.join(os.path.dirname(sys.executable), "scaletrain")
+    proc = subprocess.run([scaletrain, "--preset", "cpu-tiny", "--headless", "--run-dir", str(run), "--set",
+                           "strategy=ddp", "--set", "train.max_steps=12", "--set", "train.checkpoint_every=6"],
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"),
+                          stdin=subprocess.DEVNULL, timeout=420)
+    from scaletrain.engine.run.layout import RunDir
+
+    return TrainedRun(RunDir(run), proc.returncode, proc.stdout + proc.stderr)
+
+
+SHARED_RUNS = ("ddp_run", "zero3_run", "fsdp_run", "demo_run")
 
 
 # ---- scheduling under pytest-xdist (`make test`: -n 2 --dist loadgroup) -----------------------------------------
+@pytest.hookimpl(tryfirst=True)         # before xdist's own hook reads the groups into the node ids
 def pytest_collection_modifyitems(config, items):
     """Each test file is one unit of work (its module-scoped fixtures are built once), except that the tests of a
     shared trained run go together wherever they are; files with multi-process or heavy tests start first, so the

@@ -144,28 +144,28 @@ def test_lora_run_leaves_an_adapter_and_a_merged_model_equal_to_base_plus_adapte
 
 
 @pytest.mark.slow
-def test_the_demo_names_its_export_and_its_model_generates_text_with_transformers_alone(tmp_path, capsys):
-    """Issue 30, item 7: the demo (`make demo`: the cpu-tiny preset, headless; a few steps here) names its export
-    on its finish line and in `monitor --headless`; a second export of that step says where it is; the export holds
-    the byte tokenizer as a transformers tokenizer, so AutoTokenizer + AutoModelForCausalLM generate text, and so
-    does `scaletrain chat RUN --prompt hello --max-new-tokens 8`."""
+def test_the_demo_names_its_export_and_its_model_generates_text_with_transformers_alone(demo_run, tmp_path, capsys):
+    """Issue 30, item 7: the demo (`make demo`: the cpu-tiny preset, headless; a few steps here: the shared
+    `demo_run`, tests/conftest.py) names its export on its finish line and in `monitor --headless`; a second export
+    of that step says where it is; the export holds the byte tokenizer as a transformers tokenizer, so
+    AutoTokenizer + AutoModelForCausalLM generate text, and so does `scaletrain chat RUN --prompt hello
+    --max-new-tokens 8`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from scaletrain.trainer.data import ByteTokenizer
 
-    run_dir = tmp_path / "demo"
-    assert main(["--preset", "cpu-tiny", "--headless", "--run-dir", str(run_dir), "--set", "train.max_steps=6",
-                 "--set", "train.checkpoint_every=6"]) == 0
-    export = run_dir / "export" / "step-6"
-    finish = capsys.readouterr().out
-    assert f"export (step 6): {export}" in finish and "max |logit − trained| model 0" in finish
+    run_dir = demo_run.ok().path
+    export = run_dir / "export" / "step-12"
+    finish = demo_run.console
+    assert f"export (step 12): {export}" in finish and "max |logit − trained| model 0" in finish
 
+    capsys.readouterr()
     assert main(["monitor", str(run_dir), "--headless"]) == 0
-    assert f"export (step 6): {export}" in capsys.readouterr().out
+    assert f"export (step 12): {export}" in capsys.readouterr().out
     assert main(["export", str(run_dir)]) == 0                           # already exported: where it is, no error
     said = capsys.readouterr()
-    assert f"step 6 is already exported: {export}" in said.out and said.err == ""
+    assert f"step 12 is already exported: {export}" in said.out and said.err == ""
 
     tok = AutoTokenizer.from_pretrained(str(export), local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(str(export), local_files_only=True).eval()

@@ -100,8 +100,25 @@ def test_a_gpu_plan_is_not_launched_on_a_machine_without_its_gpus(tmp_path, caps
     assert (tmp_path / "r" / "plan.json").exists() and not (tmp_path / "r" / "status.json").exists()
 
 
+def _replayed(run, returncode: int, output: str, strategy: str) -> None:
+    assert returncode == 0, output[-4000:]
+    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    assert [r["step"] for r in rows] == list(range(1, 13))
+    assert all(r["world_size"] == 2 for r in rows)
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.5
+    cfg = yaml.safe_load((run / "accelerate_config.yaml").read_text())
+    assert cfg["distributed_type"] == ("DEEPSPEED" if strategy == "zero3" else "MULTI_GPU")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "zero3"])
+def test_headless_replay_trains_cpu_tiny_ddp(demo_run):
+    """The real hand-off: 2 CPU ranks train a few steps through accelerate; loss falls; exit code is training's.
+    The shared `demo_run` (tests/conftest.py) is this command with --set strategy=ddp."""
+    _replayed(demo_run.run.path, demo_run.exit_code, demo_run.console, "ddp")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["zero3"])
 def test_headless_replay_trains_cpu_tiny(tmp_path, strategy):
     """The real hand-off: 2 CPU ranks train a few steps through accelerate; loss falls; exit code is training's."""
     run = tmp_path / strategy
@@ -111,10 +128,4 @@ def test_headless_replay_trains_cpu_tiny(tmp_path, strategy):
                            "--run-dir", str(run), "--set", f"strategy={strategy}", "--set", "train.max_steps=12",
                            "--set", "train.checkpoint_every=6"],
                           capture_output=True, text=True, env=env, timeout=420)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-    assert [r["step"] for r in rows] == list(range(1, 13))
-    assert all(r["world_size"] == 2 for r in rows)
-    assert rows[-1]["loss"] < rows[0]["loss"] - 0.5
-    cfg = yaml.safe_load((run / "accelerate_config.yaml").read_text())
-    assert cfg["distributed_type"] == ("DEEPSPEED" if strategy == "zero3" else "MULTI_GPU")
+    _replayed(run, proc.returncode, proc.stdout[-2000:] + proc.stderr[-2000:], strategy)
