@@ -19,6 +19,7 @@ SUBSET = [("deepseek_v3", (("full", False), ("lora", True))),
           ("starcoder2", (("lora", False),))]
 
 
+@pytest.mark.heavy                      # tens of CPU seconds a family: traced, built whole, profiled
 @pytest.mark.parametrize("model_type, cases", SUBSET, ids=[m for m, _ in SUBSET])
 def test_a_traced_family_plans_what_its_full_build_measures(model_type, cases, tmp_path, monkeypatch):
     monkeypatch.setenv("SCALETRAIN_CACHE", str(tmp_path / "traces"))

@@ -16,6 +16,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from cpu_groundtruth import QUICK, run_case  # noqa: E402
 
+pytestmark = pytest.mark.heavy          # real models' optimizer steps under torch.profiler
+
 
 @pytest.fixture(scope="module")
 def rows():

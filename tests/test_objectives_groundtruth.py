@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from objective_groundtruth import QUICK, run_case  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.heavy          # TRL steps under torch.profiler, one process
 
 
 @pytest.fixture(scope="module")
