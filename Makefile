@@ -52,9 +52,9 @@ docs: $(STAMP)
 
 # The README's pictures are the test suite's snapshots: copy them after a snapshot update.
 docs-images:
-	cp 'tests/__snapshots__/test_wizard_snapshots/test_preset_plan_says_what_its_pins_cost[h200x4-fast-120x40].svg' \
+	cp 'tests/frontends/__snapshots__/test_wizard_snapshots/test_preset_plan_says_what_its_pins_cost[h200x4-fast-120x40].svg' \
 	   docs/images/wizard-plan.svg
-	cp 'tests/__snapshots__/test_monitor_snapshots/test_monitor_8_gpus[120x40].svg' docs/images/monitor.svg
+	cp 'tests/frontends/__snapshots__/test_monitor_snapshots/test_monitor_8_gpus[120x40].svg' docs/images/monitor.svg
 
 bench: $(STAMP)
 	$(PY) bench/bench_plan.py

@@ -56,7 +56,7 @@ class TrainedRun:
         return self.run
 
     def copy(self, to: Path):
-        """A writable copy of the run (a run folder travels: tests/test_portable_run.py); the shared one stays as
+        """A writable copy of the run (a run folder travels: tests/e2e/test_portable_run.py); the shared one stays as
         it was trained for the tests after this one."""
         from scaletrain.engine.run.layout import RunDir
 

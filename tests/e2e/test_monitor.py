@@ -34,7 +34,7 @@ from scaletrain.tui.widgets.gpu_row import GpuRow
 from scaletrain.tui.widgets.job_panel import JobPanel
 from scaletrain.tui.widgets.remedies import RemediesPanel
 
-NVML = Path(__file__).parent / "fixtures" / "nvml"
+NVML = Path(__file__).parents[1] / "fixtures" / "nvml"
 RUN_TIMEOUT_S = 240           # a tiny 2-rank CPU run starts in ~15 s on 2 cores; generous for a loaded CI host
 
 
@@ -159,7 +159,7 @@ def test_cpu_run_live_then_killed_rank_diagnosed_then_fixed_and_resumed(tmp_path
     monkeypatch.setenv("SCALETRAIN_FAIL_AT_STEP", "3")       # trainer/train.py's test hook: SIGKILL rank 1 at step 3
     monkeypatch.setenv("SCALETRAIN_FAIL_RANK", "1")
     # ... as the kernel's OOM killer would: its kill count goes up during the run (the launcher records it; an
-    # unchanged count makes the same SIGKILL `killed`, not host_oom: tests/test_run_lifecycle.py)
+    # unchanged count makes the same SIGKILL `killed`, not host_oom: tests/e2e/test_run_lifecycle.py)
     kills = iter(range(100, 200))
     monkeypatch.setattr("scaletrain.engine.launch.launcher.oom_kill_count", lambda: next(kills))
     headless = io.StringIO()                                  # `scaletrain monitor --headless`, attached meanwhile
@@ -171,7 +171,7 @@ def test_cpu_run_live_then_killed_rank_diagnosed_then_fixed_and_resumed(tmp_path
     async def go():
         s = Sampler(None, HostSource(), RunWatcher(rd.path), 0.3)
         # in this process: the OOM-kill count patched above is the launcher's own (a background launch is another
-        # process; tests/test_detach.py covers it)
+        # process; tests/e2e/test_detach.py covers it)
         app = create_monitor_app(rd.path, sampler=s, start=True, detach=False)
         async with app.run_test(size=(170, 60)) as pilot:
             scr = app.screen

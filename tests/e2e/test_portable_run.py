@@ -29,7 +29,7 @@ def _write(tmp_path: Path, name: str, *sets: str, flags: tuple[str, ...] = ()) -
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "SCALETRAIN_VENV"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parents[1] / "src"),
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parents[2] / "src"),
                                                     env.get("PYTHONPATH")) if p)
     env.update(extra)
     return env

@@ -181,7 +181,7 @@ def test_every_child_the_tool_starts_gets_no_stdin():
     """Source check over src/: every subprocess call names its stdin (DEVNULL, or a pipe it writes with input=)."""
     import re
 
-    src = Path(__file__).resolve().parents[1] / "src" / "scaletrain"
+    src = Path(__file__).resolve().parents[2] / "src" / "scaletrain"
     calls = []
     for p in src.rglob("*.py"):
         text = p.read_text()

@@ -251,7 +251,7 @@ def test_pilot_local_weights_and_chat_data_train_on_exactly_the_datas_tokens(tmp
 def test_models_listing_keeps_every_id_whole_at_80_columns():
     from scaletrain.engine.catalog.architectures import catalog_ids
 
-    env = dict(os.environ, COLUMNS="80", LINES="24", PYTHONPATH=str(Path(__file__).parents[1] / "src"))
+    env = dict(os.environ, COLUMNS="80", LINES="24", PYTHONPATH=str(Path(__file__).parents[2] / "src"))
     r = subprocess.run([sys.executable, "-m", "scaletrain.tui.cli", "models"], capture_output=True, text=True,
                        env=env, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -117,7 +117,7 @@ def test_a_fifo_price_file_is_refused_without_waiting(tmp_path):
     (["--sort", "cost"], "--sort cost ranks the rows of --table gpus; give --table gpus too"),
 ])
 def test_bad_cost_flags_are_one_line_and_exit_2(argv, needle):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     r = subprocess.run([sys.executable, "-m", "scaletrain.tui.cli", "plan", "--preset", "cpu-tiny", *argv], env=env,
                        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
@@ -130,7 +130,7 @@ def gpus_rows():
     for sort in (None, "time", "cost"):
         r = subprocess.run([sys.executable, "-m", "scaletrain.tui.cli", "plan", "--preset", PRESET, "--table", "gpus",
                             "--json", *(["--sort", sort] if sort else [])],
-                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")},
+                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")},
                            capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
         assert r.returncode == 0, r.stderr
         out[sort] = json.loads(r.stdout)["table"]["rows"]

@@ -19,7 +19,7 @@ from scaletrain.engine.launch.relaunch import likely_resumes
 from scaletrain.engine.run.writers import write_run_dir
 from scaletrain.tui.cli.main import main
 
-H100 = Path(__file__).parent / "fixtures" / "logs" / "h100"
+H100 = Path(__file__).parents[1] / "fixtures" / "logs" / "h100"
 CASES = [
     ("cuda-oom-eager-attention-single-process.log", "cuda_oom", None),
     ("cuda-oom-zero2-optimizer-step-rank0.log", "cuda_oom", 0),

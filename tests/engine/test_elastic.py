@@ -4,7 +4,7 @@ from pathlib import Path
 
 from scaletrain.engine.launch.elastic import parse_failures
 
-LOGS = Path(__file__).parent / "fixtures" / "logs"
+LOGS = Path(__file__).parents[1] / "fixtures" / "logs"
 
 
 def lines(name: str) -> list[str]:

@@ -302,7 +302,7 @@ def test_a_single_node_cpu_plan_gets_specs_without_gpus(tmp_path, monkeypatch):
     (["--job-spec", ","], "is not accepted"),
 ])
 def test_bad_job_specs_are_one_line_and_exit_2(argv, needle, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     r = subprocess.run([sys.executable, "-m", "scaletrain.tui.cli", "--preset", "cpu-tiny", "--headless", "--dry-run",
                         "--run-dir", str(tmp_path / "x"), *argv], env=env, capture_output=True, text=True,
                        timeout=120, stdin=subprocess.DEVNULL)

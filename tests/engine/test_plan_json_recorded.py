@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 import record_plan_json as rec  # noqa: E402
 
 _HOST = json.loads((rec.HERE / "host.json").read_text())

@@ -28,7 +28,7 @@ from scaletrain.engine.sampling.host import HostSource
 from scaletrain.engine.sampling.watcher import RunWatcher, memory_views
 from scaletrain.engine.sampling.sampler import Sampler
 
-NVML_FIXTURES = Path(__file__).parent / "fixtures" / "nvml"
+NVML_FIXTURES = Path(__file__).parents[1] / "fixtures" / "nvml"
 GiB = 1024**3
 T0 = 1763700000.0
 

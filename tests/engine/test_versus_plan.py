@@ -23,7 +23,7 @@ from scaletrain.engine.run.plan_document import read_plan_document
 from scaletrain.engine.run.writers import write_run_dir
 from scaletrain.tui.cli.main import main
 
-LOGS = Path(__file__).parent / "fixtures" / "logs"
+LOGS = Path(__file__).parents[1] / "fixtures" / "logs"
 T0 = 1763700000.0
 
 

@@ -29,7 +29,7 @@ from scaletrain.tui.cli.main import main
 
 CLI = [sys.executable, "-c", "import sys; from scaletrain.tui.cli.main import main; sys.exit(main())"]
 TINY = "scaletrain/tiny-qwen2"
-FIXTURES = Path(__file__).parent / "fixtures" / "logs"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "logs"
 OOM_LOG = FIXTURES / "torch2x_oom_gpu3.log"
 CLI_TIMEOUT_S = 60          # a hang is caught here; the refusal itself takes the CLI's start-up time
 

@@ -26,7 +26,7 @@ from scaletrain.engine.run.resources import resource_verdict
 from scaletrain.tui.cli.main import main
 from scaletrain.tui.cli.parser import build_parser
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 LLAMA_70B_ON_4090 = ["--model", "meta-llama/Llama-3.1-70B", "--gpus", "8xRTX4090", "--method", "full"]
 
 

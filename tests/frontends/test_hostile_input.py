@@ -298,7 +298,7 @@ def _cases(f: dict) -> list[tuple[str, list[str], str]]:
         ("script_missing", ["launch", f["good"], "--script", str(fx / "missing.py")], "does not exist"),
         # ---- monitor, diagnose, validate, config, presets ---------------------------------------------------------
         ("monitor_a_file", ["monitor", str(fx / "afile"), "--headless", "--once"], "not a directory"),
-        # (a run directory that does not exist yet is waited for: tests/test_monitor_layout.py)
+        # (a run directory that does not exist yet is waited for: tests/frontends/test_monitor_layout.py)
         ("monitor_replay_junk", ["monitor", f["good"], "--headless", "--once", "--replay", str(fx / "samples.jsonl")],
          "not a recorded sample"),
         ("monitor_replay_directory", ["monitor", f["good"], "--headless", "--once", "--replay", str(fx)],

@@ -310,7 +310,7 @@ def test_missing_model_path_is_refused_in_place(tmp_path):
 
 
 def test_local_config_and_resident_model(tmp_path):
-    cfg = json.loads((Path(__file__).parents[1] / "src/scaletrain/engine/catalog/models/scaletrain--tiny-llama.json").read_text())
+    cfg = json.loads((Path(__file__).parents[2] / "src/scaletrain/engine/catalog/models/scaletrain--tiny-llama.json").read_text())
     folder = tmp_path / "my-model"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(cfg["config"]))
@@ -448,7 +448,7 @@ def test_launch_from_the_wizard_opens_the_monitor(tmp_path):
     assert status["exit_code"] == 0 and status["pids"]["launcher"] == launched.pid    # the background launcher
 
 
-# ctrl+q leaving a wizard-launched run training (and the terminal's hang-up): tests/test_detach.py
+# ctrl+q leaving a wizard-launched run training (and the terminal's hang-up): tests/e2e/test_detach.py
 
 
 def test_master_weights_key_switches_to_bf16_only_weights_and_back(tmp_path):

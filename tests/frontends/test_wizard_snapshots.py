@@ -2,7 +2,7 @@
 
 The numbers on these screens come from the engine: a change to the memory or time model changes the plan and write
 snapshots on purpose. Look at the new SVGs, then accept them with
-`pytest tests/test_wizard_snapshots.py --snapshot-update`.
+`pytest tests/frontends/test_wizard_snapshots.py --snapshot-update`.
 NVML is replayed and the run directory is a fixed path (nothing is written), so the screens are the same everywhere.
 """
 

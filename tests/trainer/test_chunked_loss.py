@@ -1,7 +1,7 @@
 """`--loss chunked` (issue 21): the trainer's chunked loss equals transformers' loss and gradients, the memory model
 shrinks the logits term, refusals are one line, the planner and the doctor reach for it when the logits do not fit.
 The profiler ground truth: bench/cpu_groundtruth.py's loss=chunked rows, two of them in QUICK
-(tests/test_memory_groundtruth.py); a real 2-rank run: tests/test_train_cpu.py."""
+(tests/trainer/test_memory_groundtruth.py); a real 2-rank run: tests/trainer/test_train_cpu.py."""
 
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def test_doctor_offers_chunked_first_for_an_oom_in_the_loss():
 def test_an_oom_raised_in_the_loss_is_marked():
     from scaletrain.engine.doctor.diagnosis import diagnose
 
-    d = diagnose([Path(__file__).parent / "fixtures" / "logs" / "torch_current_oom_4090x8_r3.log"],
+    d = diagnose([Path(__file__).parents[1] / "fixtures" / "logs" / "torch_current_oom_4090x8_r3.log"],
                  with_remedies=False)
     assert d.details.get("in_loss") is True
 

@@ -18,7 +18,7 @@ from scaletrain.engine.model.numerics import load_dtype, numerics
 from scaletrain.engine.model.setup import TrainingSetup
 from scaletrain.engine.vocabulary import Precision, Strategy
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 
 def _setup(**kw) -> TrainingSetup:

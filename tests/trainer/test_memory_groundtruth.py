@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from cpu_groundtruth import QUICK, run_case  # noqa: E402
 
 pytestmark = pytest.mark.heavy          # real models' optimizer steps under torch.profiler

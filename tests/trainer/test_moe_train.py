@@ -1,7 +1,7 @@
 """The bundled trainer trains mixture-of-experts models for real: tiny qwen3_moe, mixtral, gpt_oss and qwen2_moe
 configs on 2 CPU ranks under DDP, DeepSpeed ZeRO-3 (each MoE block a leaf module) and FSDP (torch's FSDP2 shards),
 LoRA included, each run written by the config writers from a plan and launched through accelerate
-(tests/test_train_cpu.py's helpers)."""
+(tests/trainer/test_train_cpu.py's helpers)."""
 
 from __future__ import annotations
 

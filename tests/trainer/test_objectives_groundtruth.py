@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from objective_groundtruth import QUICK, run_case  # noqa: E402
 
 pytestmark = pytest.mark.heavy          # TRL steps under torch.profiler, one process

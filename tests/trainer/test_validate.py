@@ -176,7 +176,7 @@ def _bench(name: str):
     import importlib
     import sys as _sys
 
-    _sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    _sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     return importlib.import_module(name)
 
 
@@ -211,7 +211,7 @@ def test_accuracy_sweep_records_no_fit_and_timeouts_as_outcomes(tmp_path, config
     out, runs = tmp_path / "acc.json", str(tmp_path / "runs")
     monkeypatch.setenv("SCALETRAIN_FAIL_AT_STEP", "1")
     # ... as the host OOM killer would: the kernel's OOM-kill count rises during the run (an unchanged count makes
-    # the same SIGKILL `killed`, not host_oom: tests/test_run_lifecycle.py)
+    # the same SIGKILL `killed`, not host_oom: tests/e2e/test_run_lifecycle.py)
     kills = itertools.count()
     monkeypatch.setattr("scaletrain.engine.launch.launcher.oom_kill_count", lambda: next(kills))
     assert accuracy.main(["--cpu-smoke", "--only", "3", "--steps", "6", "--out", str(out), "--run-root", runs]) == 0

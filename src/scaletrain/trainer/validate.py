@@ -133,7 +133,7 @@ def measure_cpu_memory(plan: Plan) -> tuple[int, Plan, tuple[str, ...]]:
 
 def _measure_objective_memory(plan: Plan) -> int:
     """Reward/DPO/GRPO: one real TRL step of the plan's per-process configuration under the profiler
-    (trainer/objectives/measure.py, the same ground truth as tests/test_objectives_groundtruth.py)."""
+    (trainer/objectives/measure.py, the same ground truth as tests/trainer/test_objectives_groundtruth.py)."""
     from scaletrain.trainer.objectives.build import ObjectiveRun
     from scaletrain.trainer.objectives.measure import measure_objective_step
     from scaletrain.trainer.model import with_experts_implementation
