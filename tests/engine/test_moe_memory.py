@@ -134,6 +134,7 @@ CASES = [(f, r, impl) for f in FAMILIES for r in REGIMES for impl in ("grouped_m
          if impl == "grouped_mm" or r in ("fp32", "autocast", "lora-fp32-base", "lora-bf16-base")]
 
 
+@pytest.mark.heavy                      # saved tensors of real MoE blocks, recorded
 @pytest.mark.parametrize("family,regime,impl", CASES)
 def test_moe_block_saves_exactly_what_the_engine_counts(family, regime, impl):
     from scaletrain.trainer.saved_activations import measure_saved_activation_bytes
@@ -157,6 +158,7 @@ def test_moe_block_saves_exactly_what_the_engine_counts(family, regime, impl):
         assert per_layer["layer1"] == dense.saved + dense.weight_copies, (family, regime, impl, "dense")
 
 
+@pytest.mark.heavy                      # saved tensors recorded
 @pytest.mark.parametrize("family,regime", [("qwen3-moe", "fp32"), ("qwen3-moe", "autocast"), ("gpt-oss", "lora-fp32"),
                                            ("gpt-oss", "autocast")])
 def test_batched_mm_counts_the_gathered_weights(family, regime):
@@ -175,6 +177,7 @@ def test_batched_mm_counts_the_gathered_weights(family, regime):
     assert per_layer["layer2"] == layer.saved + layer.weight_copies
 
 
+@pytest.mark.heavy                      # saved tensors recorded
 @pytest.mark.parametrize("family,precision", [("qwen3-moe", "fp32"), ("mixtral", "bf16")])
 def test_router_aux_loss_saves_what_the_engine_counts(family, precision):
     """output_router_logits adds the load-balancing loss over every layer's router logits (outside the blocks)."""

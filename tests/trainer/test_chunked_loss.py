@@ -152,6 +152,7 @@ def test_an_oom_raised_in_the_loss_is_marked():
     assert d.details.get("in_loss") is True
 
 
+@pytest.mark.heavy                      # a profiled step
 def test_validate_measures_with_the_plans_loss():
     from scaletrain.trainer.validate import measure_cpu_memory
 

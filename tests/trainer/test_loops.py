@@ -107,6 +107,7 @@ def test_launch_with_a_script_says_which_loop_the_numbers_are_for():
         "plan.json's memory numbers are for --loop accelerate-loop",)
 
 
+@pytest.mark.heavy                      # a profiled step
 def test_accelerate_loop_peak_rises_by_exactly_the_held_logits_under_the_profiler():
     """A real accelerate.Accelerator loop against the bundled trainer's, same model and batch: the profiler's peak
     differs by the fp32 logits the loop's `outputs` keeps (plus its 4-byte loss and the window's one extra batch of

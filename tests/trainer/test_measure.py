@@ -18,6 +18,8 @@ pytest.importorskip("peft")
 from scaletrain.trainer import measure as M  # noqa: E402
 from scaletrain.trainer import saved_activations as SA  # noqa: E402
 
+pytestmark = pytest.mark.heavy          # profiled steps of tiny real models
+
 # hidden 64, 2 layers, 4 heads (head_dim 16), 2 kv heads (kv dim 32), intermediate 128, vocab 512
 LLAMA = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, intermediate_size=128, vocab_size=512, tie_word_embeddings=False,

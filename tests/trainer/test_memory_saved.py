@@ -15,6 +15,8 @@ from scaletrain.engine.model.activations import block_activations
 from scaletrain.engine.model.setup import TrainingSetup
 from scaletrain.trainer.saved_activations import measure_saved_activation_bytes
 
+pytestmark = pytest.mark.heavy          # saved tensors of real blocks, recorded
+
 # (engine precision, master weights, LoRA base bits) → trainer/measure.py's regime name
 REGIMES = {
     "fp32": ("fp32", "fp32", 16, "fp32"),
