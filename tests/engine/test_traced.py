@@ -68,6 +68,7 @@ def _setup(family: str, method: str, ckpt: bool) -> TrainingSetup:
                          micro_batch=B, seq_len=S, device="cpu")
 
 
+@pytest.mark.heavy                      # the module's traced families (30 CPU s on the loaded VM)
 def test_a_traced_family_is_not_llama_and_reads_its_trace(cache):
     for family in FAMILIES:
         s = _setup(family, "lora", False)
@@ -86,6 +87,7 @@ def test_a_traced_family_is_not_llama_and_reads_its_trace(cache):
     assert llama.memory_source == "analytic" and llama.to_json()["memory_source"] == "analytic"
 
 
+@pytest.mark.heavy                      # the module's traced families (30 CPU s on the loaded VM)
 def test_the_engine_predicts_the_measured_peak(cache):
     from scaletrain.trainer.measure import measure_step
 
@@ -104,6 +106,7 @@ def test_the_engine_predicts_the_measured_peak(cache):
     assert statistics.median(errors) <= 0.03
 
 
+@pytest.mark.heavy                      # the module's traced families (30 CPU s on the loaded VM)
 def test_the_cache_is_hit_without_a_subprocess_or_torch(cache, monkeypatch):
     def no_subprocess(*a, **k):
         raise AssertionError("a cached trace ran a subprocess")
@@ -124,6 +127,7 @@ def test_the_cache_is_hit_without_a_subprocess_or_torch(cache, monkeypatch):
     assert r.returncode == 0 and r.stdout.strip() == "traced (cached) False" and "tracing" not in r.stderr, r.stderr
 
 
+@pytest.mark.heavy                      # traces a family
 def test_a_family_transformers_knows_is_traced(tmp_path, monkeypatch, capsys):
     """starcoder2: LayerNorm with biases, a two-linear MLP (c_fc, c_proj), tied embeddings."""
     import torch
@@ -192,6 +196,7 @@ def test_layers_are_grouped_by_what_they_are_and_the_slice_holds_each_kind(model
     assert st["block_params"] == max(k["params"] for k in st["kinds"])
 
 
+@pytest.mark.heavy                      # traces a family
 def test_three_fresh_caches_trace_the_same_bytes(tmp_path, monkeypatch):
     """The recorder keeps every saved tensor alive while it counts: no freed address is reused and taken for an
     earlier tensor, so a trace is a measurement that repeats (qwen3_next gave 527, 956 and 527 MiB before)."""
