@@ -9,11 +9,11 @@ STAMP  := $(VENV)/.installed
 # into the venv, so no test pays it and another venv's build never collides with this one's
 export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions
 # pytest-xdist (the dev extra) when the venv has it: JOBS workers, each test file one unit of work
-# (tests/conftest.py); serial otherwise. Deferred (=): evaluated after the venv is built.
+# (tests/conftest.py); one process with JOBS=1 or without xdist. Deferred (=): evaluated after the venv is built.
 JOBS   ?= 2
 DS_OP   = $(PY) -c 'from scaletrain.trainer.distributed import load_deepspeed_cpu_comm_op as f; f()'
 PYTEST_ARGS ?=
-XDIST   = $(shell $(PY) -c 'import xdist' 2>/dev/null && echo $(JOBS) --dist loadgroup)
+XDIST   = $(if $(filter 1,$(JOBS)),,$(shell $(PY) -c 'import xdist' 2>/dev/null && printf '%s' '-n $(JOBS) --dist loadgroup'))
 
 .PHONY: venv demo test test-fast ds-op docs docs-images bench clean
 
