@@ -36,7 +36,7 @@ from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import atomic_write
-from scaletrain.engine.model.setup import TrainingSetup
+from scaletrain.engine.estimate.setup import TrainingSetup
 from scaletrain.engine.plan.plan import Plan, evaluate
 from scaletrain.engine.request.request import PlanRequest, base_setup
 from scaletrain.engine.request.options import TrainOptions
@@ -139,7 +139,7 @@ def run_config(cfg: Config, gpus: str, precision: str, steps: int, run_root: Pat
                budget_seconds: float | None) -> tuple[str, dict[str, Any]]:
     """Plan, run and classify one configuration: ("records", measured) or ("outcomes", what happened)."""
     from scaletrain.engine.doctor.diagnosis import diagnose_paths
-    from scaletrain.trainer.validate import ValidationFailed, ValidationTimedOut, validate
+    from scaletrain.measure.validate import ValidationFailed, ValidationTimedOut, validate
 
     req = cfg.request(gpus, precision)
     plan = evaluate(cfg.training_setup(req), headroom_fraction=req.headroom, name=req.name)

@@ -1,9 +1,9 @@
 """Every causal LM the installed transformers ships, planned and measured: the traced path against full builds.
 
-For every model_type in transformers' causal-LM mapping whose tiny config (trainer/tiny_configs.py: the config
+For every model_type in transformers' causal-LM mapping whose tiny config (measure/tiny_configs.py: the config
 class's defaults, shrunk) builds as a causal LM on CPU: the engine's prediction (analytic where scaletrain knows
 the layout, traced otherwise) against torch.profiler's peak of one real fp32 AdamW step of the full small build
-(trainer/measure.py), full and LoRA, checkpointing on and off; parameters and trainable parameters compared
+(measure/step.py), full and LoRA, checkpointing on and off; parameters and trainable parameters compared
 exactly. A model_type that does not build, or that the engine refuses, is listed with its one-line reason.
 
     PYTHONPATH=src .venv/bin/python bench/architecture_sweep.py [--only a,b] [--subset N] [--out FILE]
@@ -56,11 +56,11 @@ def one_family(model_type: str, cases=CASES, reuse: dict | None = None) -> dict:
     from scaletrain.engine.catalog.architectures import arch_from_config
     from scaletrain.engine.catalog.hardware import parse_gpus
     from scaletrain.engine.errors import ScaletrainError
-    from scaletrain.engine.model.memory import estimate_memory
-    from scaletrain.engine.model.setup import TrainingSetup
-    from scaletrain.engine.model.traced_blocks import prefetch_traces
-    from scaletrain.trainer.measure import measure_step
-    from scaletrain.trainer.tiny_configs import config_dict
+    from scaletrain.engine.estimate.memory import estimate_memory
+    from scaletrain.engine.estimate.setup import TrainingSetup
+    from scaletrain.engine.estimate.traced_blocks import prefetch_traces
+    from scaletrain.measure.step import measure_step
+    from scaletrain.measure.tiny_configs import config_dict
 
     row: dict = {"model_type": model_type}
     try:

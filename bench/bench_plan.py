@@ -23,11 +23,11 @@ import sys
 import time
 from pathlib import Path
 
-from scaletrain.engine.model.memory import estimate_memory
+from scaletrain.engine.estimate.memory import estimate_memory
 from scaletrain.engine.plan.search import search
 from scaletrain.engine.request.request import PlanRequest, base_setup
 from scaletrain.engine.fileio import atomic_write
-from scaletrain.engine.model.timing import estimate_time
+from scaletrain.engine.estimate.timing import estimate_time
 
 from machine import machine  # bench/machine.py
 

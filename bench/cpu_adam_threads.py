@@ -1,6 +1,6 @@
 """DeepSpeed's CPU-Adam (the optimizer ZeRO-Offload runs on the host) against its thread count.
 
-The time model's CPU-Adam compute rate per OpenMP thread (engine/model/time_constants.py
+The time model's CPU-Adam compute rate per OpenMP thread (engine/estimate/time_constants.py
 CPU_ADAM_PARAMS_PER_THREAD_SECOND) comes from here: one fp32 parameter tensor of --params elements with a gradient,
 DeepSpeedCPUAdam.step() timed --repeats times after a warm-up step, in a fresh process per thread count
 (OMP_NUM_THREADS is read when the OpenMP runtime starts). The first run JIT-builds DeepSpeed's cpu_adam op.

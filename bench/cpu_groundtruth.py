@@ -1,7 +1,7 @@
 """CPU ground truth for the memory model: predicted allocated peak vs torch.profiler's measured peak.
 
 For each case: build the HF model from its config (random init), run a warm-up optimizer step, profile one
-fp32 AdamW step (trainer/measure.py), and compare with the engine's `total - overhead` for the same setup.
+fp32 AdamW step (measure/step.py), and compare with the engine's `total - overhead` for the same setup.
 Model-state bytes are compared exactly. Writes bench/results/cpu_groundtruth.json and prints a Markdown table
 (docs/accuracy.md's table comes from this script):
 
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from groundtruth_cli import predicted_vs_measured, run_groundtruth
 from scaletrain.engine.catalog.hardware import parse_gpus
-from scaletrain.engine.model.memory import estimate_memory
+from scaletrain.engine.estimate.memory import estimate_memory
 from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, catalog_entry
-from scaletrain.engine.model.setup import TrainingSetup
+from scaletrain.engine.estimate.setup import TrainingSetup
 
 
 @dataclass(frozen=True)
@@ -38,12 +38,12 @@ class Case:
     experts_impl: str = "grouped_mm"   # MoE models: transformers' experts_implementation
     lora_targets: tuple[str, ...] | None = None   # None: the model's own (BLOCK_LINEARS, a traced model's linears);
                                                   # `experts`: the fused experts through peft's target_parameters
-    loop: str = "trainer"        # the loop that runs the step (trainer/measure.py LOOPS) and that the plan is for
+    loop: str = "trainer"        # the loop that runs the step (measure/step.py LOOPS) and that the plan is for
     loss: str = "standard"             # "chunked": --loss chunked (trainer/chunked_loss.py)
 
     @property
     def measure_precision(self) -> str:
-        """trainer/measure.py's name for the regime: which weights, and whether autocast runs."""
+        """measure/step.py's name for the regime: which weights, and whether autocast runs."""
         if self.precision == "fp32":
             return "fp32"
         if self.method == "full" or self.master_weights == "bf16":   # LoRA: a bf16 base without autocast
@@ -284,7 +284,7 @@ def setup_for(case: Case) -> TrainingSetup:
 
 
 def run_case(case: Case) -> dict:
-    from scaletrain.trainer.measure import measure_step
+    from scaletrain.measure.step import measure_step
 
     s = setup_for(case)
     mem = estimate_memory(s)

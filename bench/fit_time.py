@@ -3,12 +3,12 @@
     .venv/bin/python bench/fit_time.py
 
 Reads the measured step times in bench/results/h100-2026-11-23.json (the shared H100 measurements, see
-bench/gpu_records.py). Everything else in engine/model/timing.py is a datasheet figure, a published kernel benchmark or an
+bench/gpu_records.py). Everything else in engine/estimate/timing.py is a datasheet figure, a published kernel benchmark or an
 op count; three constants of the Hopper device model are searched on the plain-PyTorch runs (DDP on one GPU):
 the GEMM plateau efficiency, the HBM efficiency of memory-bound kernels, and the host time per kernel. Then the
 two DeepSpeed hook costs are solved on the ZeRO-2 and ZeRO-3 runs with those fixed. The objective is the worst
 |log(predicted / measured)|, ties broken by the median: a planner's time is only as good as its worst case.
-Writes bench/results/time_fit-h100-2026-11-23.json; the chosen values are the defaults in engine/model/timing.py.
+Writes bench/results/time_fit-h100-2026-11-23.json; the chosen values are the defaults in engine/estimate/timing.py.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 from types import MappingProxyType
 
 from gpu_records import RESULTS, setup_for
-from scaletrain.engine.model.time_constants import DEFAULT_CONSTANTS, TimeConstants
-from scaletrain.engine.model.timing import estimate_time
+from scaletrain.engine.estimate.time_constants import DEFAULT_CONSTANTS, TimeConstants
+from scaletrain.engine.estimate.timing import estimate_time
 
 OUT = RESULTS.parent / "time_fit-h100-2026-11-23.json"
 GEMM_GRID = (0.50, 0.55, 0.60, 0.65, 0.70, 0.75, 0.80)

@@ -16,7 +16,7 @@ def predicted_vs_measured(s, mem, measured, **extra_pairs: tuple[int, int]) -> d
     """The row fields both scripts compare: parameter counts and state bytes (exact), and the peak (with its error).
     `s` a TrainingSetup, `mem` its MemoryEstimate, `measured` the profiler's step; extra_pairs: name → (predicted,
     measured) compared the same way (e.g. the reference model's bytes)."""
-    from scaletrain.engine.model.states import model_states
+    from scaletrain.engine.estimate.states import model_states
 
     states = model_states(s)
     predicted = mem.allocated_peak_bytes

@@ -8,7 +8,7 @@ For 1 process and for 2 processes (DDP over gloo on the CPU), this writes a run 
   plain    bench/plain_loop.py on the same plan (model config, dtype, micro batch, accumulation, sequence length,
            AdamW implementation and groups, clipping): `python` for 1 process, `torchrun --standalone` for 2, with
            OMP_NUM_THREADS = the cores ÷ the processes (what a well-set-up plain loop runs with); with 1 process
-           also on 1 thread, for the speedup the other cores give (engine/model/time_constants.py
+           also on 1 thread, for the speedup the other cores give (engine/estimate/time_constants.py
            CPU_THREAD_EFFICIENCY)
 
 Steady state: the first --warmup optimizer steps (start-up, allocator and autograd warm-up) are dropped; a run's

@@ -1,7 +1,7 @@
 """Ops each training loop dispatches per optimizer step, counted with torch.profiler on tiny models (CPU).
 
 The time model's host term is a cost per dispatched op × the ops a micro-step dispatches; the cost was fitted to
-runs of the bundled trainer (engine/model/time_constants.py HOST_SECONDS_PER_KERNEL). A loop that dispatches more or
+runs of the bundled trainer (engine/estimate/time_constants.py HOST_SECONDS_PER_KERNEL). A loop that dispatches more or
 fewer ops around the same model pays more or less host time: this counts them, for the same model, batch and
 optimizer, in
 
@@ -18,7 +18,7 @@ warm-up steps; cases: a dense model full fine-tuned, and with LoRA; accumulation
     PYTHONPATH=src .venv/bin/python bench/kernel_counts.py [--machine vm]
 
 Writes bench/results/kernel_counts-<machine>.json; the per-loop ratios to the trainer's count are what
-engine/model/time_constants.py LOOP_HOST_OPS quotes.
+engine/estimate/time_constants.py LOOP_HOST_OPS quotes.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """CPU ground truth for the objectives' memory terms: predicted allocated peak vs torch.profiler over a real TRL step.
 
-For each case: TRL's RewardTrainer / DPOTrainer / GRPOTrainer on a random-init tiny model (trainer/objectives),
+For each case: TRL's RewardTrainer / DPOTrainer / GRPOTrainer on a random-init tiny model (trainer/objective_build.py),
 one warm-up optimizer step, then one profiled step (GRPO: generation included); compared with the engine's
 allocated peak for the same setup on one CPU process. Parameter and optimizer-state bytes are compared exactly.
 Writes bench/results/objective_groundtruth.json and prints a Markdown table (docs/accuracy.md's):
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from groundtruth_cli import predicted_vs_measured, run_groundtruth
 from scaletrain.engine.catalog.architectures import arch_from_config, catalog_entry
 from scaletrain.engine.catalog.hardware import parse_gpus
-from scaletrain.engine.model.memory import estimate_memory
-from scaletrain.engine.model.objectives import reference_weight_bytes
-from scaletrain.engine.model.setup import TrainingSetup
+from scaletrain.engine.estimate.memory import estimate_memory
+from scaletrain.engine.estimate.objectives import reference_weight_bytes
+from scaletrain.engine.estimate.setup import TrainingSetup
 
 MiB = 1024 ** 2
 
@@ -81,8 +81,8 @@ def setup_for(case: Case) -> TrainingSetup:
 
 
 def run_case(case: Case) -> dict:
-    from scaletrain.trainer.objectives.build import ObjectiveRun
-    from scaletrain.trainer.objectives.measure import measure_objective_step
+    from scaletrain.trainer.objective_build import ObjectiveRun
+    from scaletrain.measure.objective_step import measure_objective_step
 
     s = setup_for(case)
     mem = estimate_memory(s)

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(HERE))
     from machine import machine
 
-    from scaletrain.trainer.tiny_configs import config_dict
+    from scaletrain.measure.tiny_configs import config_dict
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

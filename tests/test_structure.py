@@ -20,50 +20,93 @@ import pytest
 import scaletrain
 
 ROOT = Path(scaletrain.__file__).resolve().parent
+BENCH = ROOT.parents[1] / "bench"
 PACKAGE = "scaletrain"
 MAX_LINES = 500
 MAX_FUNCTION_LINES = 100
-# Modules that must load without Textual or Rich (the engine, the trainer, the bundled presets).
-HEADLESS = ("scaletrain.engine", "scaletrain.trainer", "scaletrain.presets")
+# Modules that must load without Textual or Rich (the engine, the trainer, the measuring room, the bundled presets).
+HEADLESS = ("scaletrain.engine", "scaletrain.trainer", "scaletrain.measure", "scaletrain.presets")
+# Modules the engine starts as processes (`python -m`, by a module string it holds): the trainer's entry and the
+# probes' (engine/run/scripts.py TRAINER_MODULE, engine/probes.py PROBE_MODULE). A process boundary, so the one
+# edge that may point up; every other module string the source names is an edge like an import.
+ENTRY_POINTS = frozenset({"scaletrain.trainer.train", "scaletrain.measure.probe"})
 
 
-def _modules() -> dict[str, Path]:
+def modules_under(root: Path, package: str = PACKAGE) -> dict[str, Path]:
+    """Every module of the package at `root` by dotted name (a package by its __init__)."""
     out = {}
-    for path in sorted(ROOT.rglob("*.py")):
-        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    for path in sorted(root.rglob("*.py")):
+        parts = (package, *path.relative_to(root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
         out[".".join(parts)] = path
     return out
 
 
-MODULES = _modules()
+def bench_modules(root: Path = BENCH) -> dict[str, Path]:
+    """bench/'s scripts as modules `bench.NAME` (they import each other by bare name, bench/ on sys.path)."""
+    return {f"bench.{p.stem}": p for p in sorted(root.glob("*.py"))}
 
 
-def _resolve(module: str, node: ast.ImportFrom) -> str:
+MODULES = modules_under(ROOT)
+ALL_MODULES = {**MODULES, **bench_modules()}
+
+
+def _resolve(module: str, node: ast.ImportFrom, modules: dict[str, Path] = ALL_MODULES) -> str:
     if not node.level:
         return node.module or ""
-    is_pkg = MODULES[module].name == "__init__.py"
+    is_pkg = modules[module].name == "__init__.py"
     base = module.split(".")[: len(module.split(".")) - node.level + (1 if is_pkg else 0)]
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def import_graph() -> dict[str, set[str]]:
-    graph: dict[str, set[str]] = {m: set() for m in MODULES}
-    for module, path in MODULES.items():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = _resolve(module, node)
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
-            for t in targets:
-                while t and t not in MODULES and "." in t:
-                    t = t.rsplit(".", 1)[0]      # `import a.b.c` of a package attribute: its module
-                if t in MODULES and t != module:
-                    graph[module].add(t)
-    return graph
+def _docstrings(tree: ast.AST) -> set[int]:
+    return {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+
+
+def _edges(module: str, tree: ast.AST, modules: dict[str, Path]) -> tuple[set[str], set[str]]:
+    """(imports, runs) of one module: every `import`/`from … import` of a module of the package or bench, and
+    every string constant that is exactly a module's dotted name (what `python -m` is given)."""
+    imports: set[str] = set()
+    runs: set[str] = set()
+    docs = _docstrings(tree)
+    bench_sibling = module.startswith("bench.")
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, node, modules)
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs \
+                and node.value in modules and node.value.startswith(PACKAGE + "."):
+            runs.add(node.value)
+        for t in targets:
+            if bench_sibling and f"bench.{t}" in modules:
+                t = f"bench.{t}"                 # bench/'s scripts import each other by bare name
+            while t and t not in modules and "." in t:
+                t = t.rsplit(".", 1)[0]      # `import a.b.c` of a package attribute: its module
+            if t in modules and t != module:
+                imports.add(t)
+    runs.discard(module)
+    return imports, runs
+
+
+def graphs(modules: dict[str, Path] = ALL_MODULES) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """(imports, runs): the import graph, and the module strings each module names (its `python -m` edges)."""
+    imports: dict[str, set[str]] = {}
+    runs: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        imports[module], runs[module] = _edges(module, ast.parse(path.read_text(), str(path)), modules)
+    return imports, runs
+
+
+def import_graph(modules: dict[str, Path] = ALL_MODULES) -> dict[str, set[str]]:
+    """Imports and `python -m` edges together, less the edges into the entry points (process boundaries)."""
+    imports, runs = graphs(modules)
+    return {m: imports[m] | {t for t in runs[m] if t not in ENTRY_POINTS} for m in modules}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -94,6 +137,38 @@ def test_no_import_cycle():
     assert cycle is None, "import cycle: " + " → ".join(cycle or [])
 
 
+def folder_graph(graph: dict[str, set[str]], modules: dict[str, Path] = ALL_MODULES) -> dict[str, set[str]]:
+    """The import graph between folders (each module's package; a package's __init__ is its own folder)."""
+    def folder(m: str) -> str:
+        return m if m in modules and modules[m].name == "__init__.py" else m.rsplit(".", 1)[0]
+
+    out: dict[str, set[str]] = {}
+    for m, targets in graph.items():
+        out.setdefault(folder(m), set())
+        for t in targets:
+            out.setdefault(folder(t), set())
+            if folder(t) != folder(m):
+                out[folder(m)].add(folder(t))
+    return out
+
+
+def test_no_folder_level_import_cycle():
+    """No folder imports a folder that imports it back, at any depth (trainer/ and its sub-folders included)."""
+    cycle = find_cycle(folder_graph(import_graph()))
+    assert cycle is None, "folder-level import cycle: " + " → ".join(cycle or [])
+
+
+def test_the_folder_cycle_check_fails_on_a_sub_folder_that_climbs_back():
+    """trainer/objectives importing trainer/model while trainer/train imports trainer/objectives (the tree before
+    the objectives moved beside the loop): a cycle of folders, though no module imports itself back."""
+    graph = {"scaletrain.trainer.train": {"scaletrain.trainer.objectives.run"},
+             "scaletrain.trainer.objectives.run": {"scaletrain.trainer.objectives.build"},
+             "scaletrain.trainer.objectives.build": {"scaletrain.trainer.model"}, "scaletrain.trainer.model": set()}
+    assert find_cycle(graph) is None                           # no module-level cycle …
+    assert find_cycle(folder_graph(graph)) == ["scaletrain.trainer", "scaletrain.trainer.objectives",
+                                               "scaletrain.trainer"]   # … but the folders climb back
+
+
 def test_the_cycle_finder_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
@@ -118,14 +193,18 @@ def test_headless_modules_import_neither_textual_nor_rich_nor_torch():
 
 
 # ---- layers ------------------------------------------------------------------------------------------------------
-# Each unit is an engine module at the top of the engine (engine.errors), an engine or tui sub-package
-# (engine.plan, tui.wizard), or a top-level package (trainer, presets). A unit imports only units of a LOWER layer
-# (and itself): the engine from the bottom up, then the trainer, then the front ends, then the package's entry.
+# Each declared unit is an engine module at the top of the engine (engine.errors), an engine or tui sub-package
+# (engine.plan, tui.wizard), a top-level package (trainer, measure, presets), the package itself (""), or bench/.
+# A unit imports only units of a LOWER layer (and itself): the engine from the bottom up, then the trainer, the
+# measuring room, the front ends, the package's entry, and the benchmarks on top. A folder below a declared unit
+# (trainer/sub/) is a room of its unit's floor: its folder may import it, it never imports an ancestor folder, and
+# the rooms import each other without a cycle (test_no_folder_level_import_cycle).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("engine.errors",),
-    ("engine.vocabulary", "engine.units", "engine.fileio", "engine.yamlsafe", "presets"),
+    ("engine.vocabulary", "engine.units", "engine.fileio", "engine.yamlsafe", "engine.probes", "presets"),
+    ("engine.choices",),
     ("engine.catalog",),
-    ("engine.devices", "engine.model"),
+    ("engine.devices", "engine.estimate"),
     ("engine.request",),
     ("engine.plan",),
     ("engine.run",),
@@ -134,6 +213,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("engine.doctor",),
     ("engine",),
     ("trainer",),
+    ("measure",),
     ("tui.views",),
     ("tui.widgets",),
     ("tui.monitor",),
@@ -141,32 +221,54 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tui.cli",),
     ("tui",),
     ("",),
+    ("bench",),
 )
 LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 
 
-def unit_of(module: str) -> str:
-    """scaletrain.engine.plan.planner → engine.plan; scaletrain.engine.errors → engine.errors; scaletrain.trainer.x
-    → trainer; scaletrain → "" (the package itself)."""
+def unit_of(module: str, modules: dict[str, Path] = ALL_MODULES) -> str:
+    """The folder a module lives in, under the package: scaletrain.engine.plan.planner → engine.plan,
+    scaletrain.trainer.x → trainer, scaletrain.trainer.sub.x → trainer.sub, scaletrain → "" (the package itself),
+    bench.accuracy → bench; a module at the top of the engine is a unit of its own (engine.errors)."""
+    if module.startswith("bench."):
+        return "bench"
     parts = module.split(".")[1:]
-    if parts[:1] in (["engine"], ["tui"]) and len(parts) >= 2:
-        return ".".join(parts[:2])
-    return ".".join(parts[:1])
+    is_pkg = module in modules and modules[module].name == "__init__.py"
+    folder = parts if is_pkg else parts[:-1]
+    if folder == ["engine"] and not is_pkg:
+        return f"engine.{parts[-1]}"
+    return ".".join(folder)
 
 
-def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+def declared_unit(unit: str) -> str:
+    """The declared unit a folder belongs to: engine.plan.sub → engine.plan, trainer.sub → trainer."""
+    parts = unit.split(".") if unit else []
+    return ".".join(parts[:2] if parts[:1] in (["engine"], ["tui"]) else parts[:1])
+
+
+def _below(a: str, b: str) -> bool:
+    """Folder a is inside folder b (trainer.sub inside trainer; every folder inside "")."""
+    return a != b and (b == "" or a.startswith(b + "."))
+
+
+def layer_violations(graph: dict[str, set[str]], modules: dict[str, Path] = ALL_MODULES) -> list[str]:
     out = []
     for module, targets in sorted(graph.items()):
-        a = unit_of(module)
+        a = unit_of(module, modules)
         for t in sorted(targets):
-            b = unit_of(t)
-            if a != b and not LAYER[b] < LAYER[a]:
+            b = unit_of(t, modules)
+            da, db = declared_unit(a), declared_unit(b)
+            if a == b:
+                continue
+            if da != db and not LAYER[db] < LAYER[da]:
                 out.append(f"{module} ({a}) imports {t} ({b}): a layer imports only from the layers below it")
+            elif da == db and _below(a, b):
+                out.append(f"{module} ({a}) imports {t} ({b}): a folder never imports the folder it is in")
     return out
 
 
 def test_every_module_has_a_declared_layer():
-    missing = sorted({unit_of(m) for m in MODULES} - set(LAYER))
+    missing = sorted({declared_unit(unit_of(m)) for m in ALL_MODULES} - set(LAYER))
     assert not missing, f"units with no layer in LAYERS: {missing}"
 
 
@@ -177,13 +279,70 @@ def test_layers_import_only_downwards():
 
 def test_the_layer_check_fails_when_broken():
     """An engine module importing the tui, or the plan importing the run directory, is refused."""
-    graph = {"scaletrain.engine.plan.planner": {"scaletrain.engine.run.writers", "scaletrain.engine.model.memory"},
+    graph = {"scaletrain.engine.plan.planner": {"scaletrain.engine.run.writers", "scaletrain.engine.estimate.memory"},
              "scaletrain.engine.run.writers": {"scaletrain.tui.views.render"},
              "scaletrain.tui.views.render": {"scaletrain.engine.plan.planner"}}
     bad = layer_violations(graph)
     assert len(bad) == 2
     assert "planner (engine.plan) imports scaletrain.engine.run.writers (engine.run)" in bad[0]
     assert "writers (engine.run) imports scaletrain.tui.views.render (tui.views)" in bad[1]
+
+
+def test_the_layer_check_sees_inside_the_trainer_and_the_tui():
+    """A sub-folder of the trainer climbing back to the trainer's modules, the trainer importing the measuring room,
+    a tui view importing the wizard, and a folder inside tui/cli/ importing tui/cli: each refused."""
+    graph = {"scaletrain.trainer.objectives.build": {"scaletrain.trainer.model"},
+             "scaletrain.trainer.train": {"scaletrain.measure.step"},
+             "scaletrain.tui.views.render": {"scaletrain.tui.wizard.app"},
+             "scaletrain.tui.cli.extra.thing": {"scaletrain.tui.cli.main"},
+             "scaletrain.trainer.model": {"scaletrain.trainer.objectives.build"},     # a folder uses its room: fine
+             "scaletrain.measure.step": {"scaletrain.trainer.model"}}                 # down a floor: fine
+    bad = layer_violations(graph)
+    assert [line.split(" ")[0] for line in bad] == ["scaletrain.trainer.objectives.build",
+                                                     "scaletrain.trainer.train", "scaletrain.tui.cli.extra.thing",
+                                                     "scaletrain.tui.views.render"]
+
+
+def _tree(root: Path, files: dict[str, str]) -> dict[str, Path]:
+    for rel, text in files.items():
+        path = root / PACKAGE / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return modules_under(root / PACKAGE)
+
+
+def test_a_python_m_edge_is_an_edge(tmp_path):
+    """An engine module that runs a measuring module by name (`python -m scaletrain.measure.trace`) climbs as an
+    import would; running the declared entry point (the probes') does not; a docstring naming a module is no edge."""
+    init = {f"{d}/__init__.py": "" for d in ("engine", "engine/catalog", "trainer", "measure")}
+    good = _tree(tmp_path / "good", {"__init__.py": "", **init,
+                                     "engine/catalog/traced.py": '"""Runs scaletrain.measure.trace."""\n'
+                                                                 'ARGV = ["-m", "scaletrain.measure.probe"]\n',
+                                     "measure/trace.py": "", "measure/probe.py": "import scaletrain.measure.trace\n"})
+    assert layer_violations(import_graph(good), good) == []
+    bad = _tree(tmp_path / "bad", {"__init__.py": "", **init,
+                                   "engine/catalog/traced.py": 'ARGV = ["-m", "scaletrain.measure.trace"]\n',
+                                   "measure/trace.py": "", "measure/probe.py": ""})
+    assert layer_violations(import_graph(bad), bad) == [
+        "scaletrain.engine.catalog.traced (engine.catalog) imports scaletrain.measure.trace (measure): a layer "
+        "imports only from the layers below it"]
+
+
+def test_the_real_tree_names_its_entry_points():
+    """The engine runs the trainer and the probes by module string: the graph sees those strings."""
+    _imports, runs = graphs()
+    named = set().union(*runs.values())
+    assert ENTRY_POINTS <= named
+    assert "scaletrain.tui.cli" in runs["bench.bench_plan"]      # bench/'s `python -m scaletrain.tui.cli` too
+
+
+def test_bench_is_covered_and_on_top():
+    """bench/'s scripts are in the graph, above everything; the package importing bench/ is refused."""
+    imports, _runs = graphs()
+    assert any(t.startswith("scaletrain.") for m, ts in imports.items() if m.startswith("bench.") for t in ts)
+    assert any(t.startswith("bench.") for m, ts in imports.items() if m.startswith("bench.") for t in ts)
+    bad = layer_violations({"scaletrain.engine.plan.planner": {"bench.accuracy"}})
+    assert bad and "imports bench.accuracy (bench)" in bad[0]
 
 
 # ---- private names, NVML, function length ------------------------------------------------------------------------

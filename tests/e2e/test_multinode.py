@@ -30,8 +30,8 @@ from scaletrain.engine.run.metrics import read_metrics
 from scaletrain.engine.request.request import PlanRequest, base_setup
 from scaletrain.engine.run.layout import RunDir
 from scaletrain.engine.run.scripts import launch_argv
-from scaletrain.engine.model.time_constants import DEFAULT_CONSTANTS
-from scaletrain.engine.model.timing import bus_bandwidth, estimate_time
+from scaletrain.engine.estimate.time_constants import DEFAULT_CONSTANTS
+from scaletrain.engine.estimate.timing import bus_bandwidth, estimate_time
 from scaletrain.trainer.train import FAIL_AT_STEP_ENV, FAIL_RANK_ENV
 from scaletrain.tui.cli.main import main
 

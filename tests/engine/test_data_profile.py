@@ -1,5 +1,5 @@
 """Issue 22 (your data, understood): `plan --data` reads, tokenizes and blocks the data exactly as the trainer will
-(trainer/data_profile.py in a subprocess; planning imports no torch) and plans with the blocks it makes; a real run
+(measure/data_profile.py in a subprocess; planning imports no torch) and plans with the blocks it makes; a real run
 counts the same blocks; --data-columns maps other column names onto TRL's."""
 
 from __future__ import annotations

@@ -158,8 +158,9 @@ def test_issue_acceptance_diagnose_json_for_the_4090x8_oom(tmp_path, capsys, pla
     rc = main(["diagnose", str(LOGS / "torch_current_oom_4090x8_r3.log"), "--plan", str(pj), "--json"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"kind", "rank", "node", "gpu", "summary", "evidence", "peers", "remedies", "notes"}
-    assert (out["kind"], out["rank"], out["gpu"]) == ("cuda_oom", 3, 3)
+    assert set(out) == {"kind", "rank", "node", "gpu", "summary", "evidence", "peers", "remedies", "notes",
+                        "restarts"}
+    assert (out["kind"], out["rank"], out["gpu"], out["restarts"]) == ("cuda_oom", 3, 3, [])
     assert all(set(r) == {"title", "changes", "predicted_per_gpu_bytes", "predicted_step_seconds",
                           "effective_batch", "time_scale", "memory_scale"} for r in out["remedies"])
     assert out["notes"] == [] and all(r["time_scale"] is None for r in out["remedies"])   # no steps measured
@@ -258,3 +259,39 @@ def test_an_attention_the_model_lacks_is_named_with_replanned_remedies():
     eager = make_plan(req.with_(attn="eager"))
     assert d.remedies[0].changes == {"attn": "eager"}
     assert d.remedies[0].predicted_per_gpu_bytes == eager.memory.total_bytes
+
+
+# ---- issue 33: a run torchelastic restarted (tests/fixtures/logs/elastic_restart_run: the logs and status.json of
+# tests/test_elastic_restart.py's run, rank 1 SIGKILLed after the step-4 checkpoint, max_restarts 2) -------------
+RESTARTED = LOGS / "elastic_restart_run"
+
+
+def test_a_run_that_finished_after_a_restart_is_restarted_not_killed(capsys):
+    d = diagnose_paths([RESTARTED])
+    assert d.kind == "restarted" and d.rank == 1
+    assert d.summary == ("the run finished after 1 elastic restart (restart 1: rank 1 killed by SIGKILL, resumed "
+                         "from step 4)")
+    assert d.restarts == ("restart 1: rank 1 killed by SIGKILL, resumed from step 4",) and not d.remedies
+    assert any("failed (exitcode: -9) local_rank: 1" in e for e in d.evidence)
+    assert any("elastic restart 1 of 2" in e for e in d.evidence)
+    assert main(["diagnose", str(RESTARTED), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kind"] == "restarted" and out["restarts"] == list(d.restarts)
+
+
+def test_a_run_that_failed_after_a_restart_names_both(tmp_path):
+    """The same logs with a final failure recorded: the failure is diagnosed as usual, and its summary says the run
+    had been restarted first."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(RESTARTED, run)
+    st = json.loads((run / "status.json").read_text())
+    st.update(state="failed", exit_code=137, first_failing_rank=1, failing_rank_exit_code=-9,
+              exit_codes={"0": -15, "1": -9}, oom_kills=0)
+    (run / "status.json").write_text(json.dumps(st))
+    d = diagnose_paths([run])
+    assert d.kind == "killed" and d.rank == 1
+    assert d.summary.endswith("; after 1 elastic restart (restart 1: rank 1 killed by SIGKILL, resumed from step 4)")
+    assert d.restarts == ("restart 1: rank 1 killed by SIGKILL, resumed from step 4",)
+    assert "restarted" in KINDS

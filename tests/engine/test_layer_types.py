@@ -13,8 +13,8 @@ import pytest
 from scaletrain.engine.catalog.architectures import arch_from_config
 from scaletrain.engine.catalog.hardware import parse_gpus
 from scaletrain.engine.catalog.layer_types import SLIDING, layer_types, sliding_window, windowed_layers
-from scaletrain.engine.model.activations import sliding_layers
-from scaletrain.engine.model.setup import TrainingSetup
+from scaletrain.engine.estimate.activations import sliding_layers
+from scaletrain.engine.estimate.setup import TrainingSetup
 
 _SMALL = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
               vocab_size=128)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from scaletrain.engine.catalog.hardware import parse_gpus
-from scaletrain.engine.model.activations import block_activations, logits_bytes
-from scaletrain.engine.model.memory import estimate_memory
-from scaletrain.engine.model.states import model_states, optimizer_state_bytes_per_param
+from scaletrain.engine.estimate.activations import block_activations, logits_bytes
+from scaletrain.engine.estimate.memory import estimate_memory
+from scaletrain.engine.estimate.states import model_states, optimizer_state_bytes_per_param
 from scaletrain.engine.catalog.architectures import load_model
-from scaletrain.engine.model.setup import ResidentModel, TrainingSetup
+from scaletrain.engine.estimate.setup import ResidentModel, TrainingSetup
 
 QWEN3 = load_model("Qwen/Qwen3-4B")
 Q7 = load_model("Qwen/Qwen2.5-7B-Instruct")
@@ -136,8 +136,8 @@ def test_qlora_quantizes_every_block_linear_whatever_the_targets():
     holds the same 4-bit base as on all seven (measured: the parameters' storage of the real quantized model)."""
     from scaletrain.engine.catalog.architectures import catalog_entry, load_model
     from scaletrain.engine.catalog.hardware import parse_gpus
-    from scaletrain.engine.model.setup import TrainingSetup
-    from scaletrain.trainer.measure import measure_step
+    from scaletrain.engine.estimate.setup import TrainingSetup
+    from scaletrain.measure.step import measure_step
 
     cfg = dict(catalog_entry("scaletrain/tiny-qwen2")["config"])
     targets = ("q_proj", "v_proj")

@@ -12,12 +12,12 @@ import pytest
 from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, arch_from_config, load_model
 from scaletrain.engine.catalog.hardware import parse_gpus
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.model.activations import block_activations
-from scaletrain.engine.model.setup import TrainingSetup
+from scaletrain.engine.estimate.activations import block_activations
+from scaletrain.engine.estimate.setup import TrainingSetup
 from test_memory_saved import LAYERS, _config   # one copy of the tiny-config builder
 
 FAMILIES = ("qwen3-moe", "qwen2-moe", "mixtral", "olmoe", "gpt-oss")
-# (engine precision, master weights, LoRA base bits, method) → trainer/measure.py's regime name
+# (engine precision, master weights, LoRA base bits, method) → measure/step.py's regime name
 REGIMES = {
     "fp32": ("fp32", "fp32", 16, "full", "fp32"),
     "autocast": ("bf16", "fp32", 16, "full", "bf16"),
@@ -120,7 +120,7 @@ def test_experts_impl_is_validated_and_reported_for_moe_only():
 def test_qlora_keeps_experts_16_bit():
     """bitsandbytes quantizes nn.Linear only: the fused experts stay in the frozen base (fp32 after
     prepare_model_for_kbit_training), so QLoRA on an MoE saves little."""
-    from scaletrain.engine.model.states import model_states
+    from scaletrain.engine.estimate.states import model_states
 
     arch = load_model("scaletrain/tiny-qwen3-moe")
     s = TrainingSetup(model=arch, hardware=parse_gpus("1xCPU"), method="qlora", device="cpu")
@@ -137,7 +137,7 @@ CASES = [(f, r, impl) for f in FAMILIES for r in REGIMES for impl in ("grouped_m
 @pytest.mark.heavy                      # saved tensors of real MoE blocks, recorded
 @pytest.mark.parametrize("family,regime,impl", CASES)
 def test_moe_block_saves_exactly_what_the_engine_counts(family, regime, impl):
-    from scaletrain.trainer.saved_activations import measure_saved_activation_bytes
+    from scaletrain.measure.saved_activations import measure_saved_activation_bytes
 
     precision, master, base_bits, method, measured_as = REGIMES[regime]
     attn = "eager" if family == "gpt-oss" else "sdpa"      # gpt_oss has no sdpa path in transformers 5.24
@@ -162,7 +162,7 @@ def test_moe_block_saves_exactly_what_the_engine_counts(family, regime, impl):
 @pytest.mark.parametrize("family,regime", [("qwen3-moe", "fp32"), ("qwen3-moe", "autocast"), ("gpt-oss", "lora-fp32"),
                                            ("gpt-oss", "autocast")])
 def test_batched_mm_counts_the_gathered_weights(family, regime):
-    from scaletrain.trainer.saved_activations import measure_saved_activation_bytes
+    from scaletrain.measure.saved_activations import measure_saved_activation_bytes
 
     precision, master, base_bits, method, measured_as = REGIMES[regime]
     attn = "eager" if family == "gpt-oss" else "sdpa"
@@ -181,8 +181,8 @@ def test_batched_mm_counts_the_gathered_weights(family, regime):
 @pytest.mark.parametrize("family,precision", [("qwen3-moe", "fp32"), ("mixtral", "bf16")])
 def test_router_aux_loss_saves_what_the_engine_counts(family, precision):
     """output_router_logits adds the load-balancing loss over every layer's router logits (outside the blocks)."""
-    from scaletrain.engine.model.activations import outside_blocks
-    from scaletrain.trainer.saved_activations import measure_saved_activation_bytes
+    from scaletrain.engine.estimate.activations import outside_blocks
+    from scaletrain.measure.saved_activations import measure_saved_activation_bytes
 
     measured, predicted = [], []
     for aux in (False, True):
@@ -200,7 +200,7 @@ def test_router_aux_loss_saves_what_the_engine_counts(family, precision):
 def test_qwen3_moe_dense_layer_under_peft_conversion(method):
     """qwen3_moe's mlp_only_layers are dense MLPs; peft moves gate/up/down_proj to the experts, so under LoRA those
     dense linears stay unadapted (and their inputs unsaved)."""
-    from scaletrain.trainer.saved_activations import measure_saved_activation_bytes
+    from scaletrain.measure.saved_activations import measure_saved_activation_bytes
 
     cfg = dict(_config("qwen3-moe"), mlp_only_layers=[1])
     setup = TrainingSetup(model=arch_from_config(cfg, "q"), hardware=parse_gpus("1xCPU"), method=method, lora_rank=8,

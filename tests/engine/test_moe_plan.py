@@ -10,9 +10,9 @@ import pytest
 
 from scaletrain.engine.catalog.architectures import load_model
 from scaletrain.engine.catalog.hardware import parse_gpus
-from scaletrain.engine.model.moe_time import experts_dtype_bytes
-from scaletrain.engine.model.setup import TrainingSetup
-from scaletrain.engine.model.timing import estimate_time, sample_flops
+from scaletrain.engine.estimate.moe_time import experts_dtype_bytes
+from scaletrain.engine.estimate.setup import TrainingSetup
+from scaletrain.engine.estimate.timing import estimate_time, sample_flops
 from scaletrain.tui.cli.main import main
 from test_writers import parse_run_dirs
 

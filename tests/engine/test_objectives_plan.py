@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.model.memory import simulate_step
-from scaletrain.engine.model.objectives import generation_cost, objective_terms
+from scaletrain.engine.estimate.memory import simulate_step
+from scaletrain.engine.estimate.objectives import generation_cost, objective_terms
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.request.request import PlanRequest
 from scaletrain.tui.cli.main import main

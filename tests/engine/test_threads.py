@@ -14,8 +14,8 @@ from dataclasses import replace
 import pytest
 
 from scaletrain.engine.catalog.hardware import host_cores, threads_per_process
-from scaletrain.engine.model.time_constants import LOOP_HOST_OPS
-from scaletrain.engine.model.timing import estimate_time
+from scaletrain.engine.estimate.time_constants import LOOP_HOST_OPS
+from scaletrain.engine.estimate.timing import estimate_time
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.request.request import PlanRequest, base_setup

@@ -12,9 +12,9 @@ from scaletrain.engine.catalog.hardware import parse_gpus
 from scaletrain.engine.catalog.architectures import load_model
 from scaletrain.engine.request.request import PlanRequest, base_setup
 from scaletrain.engine.plan.planner import make_plan
-from scaletrain.engine.model.setup import TrainingSetup
-from scaletrain.engine.model.time_constants import DEFAULT_CONSTANTS
-from scaletrain.engine.model.timing import bus_bandwidth, estimate_time, sample_flops
+from scaletrain.engine.estimate.setup import TrainingSetup
+from scaletrain.engine.estimate.time_constants import DEFAULT_CONSTANTS
+from scaletrain.engine.estimate.timing import bus_bandwidth, estimate_time, sample_flops
 from scaletrain.tui.cli.main import main
 
 QWEN3_4B = "Qwen/Qwen3-4B"
@@ -167,7 +167,7 @@ def test_fully_fixed_plan_time_matches_engine():
 
 
 def test_cpu_plans_are_bound_by_activation_traffic_for_tiny_models():
-    from scaletrain.engine.model.time_constants import CPU_MATMUL_FLOPS
+    from scaletrain.engine.estimate.time_constants import CPU_MATMUL_FLOPS
 
     s = base_setup(PlanRequest(model="scaletrain/tiny-qwen2", gpus="2xCPU", precision="fp32", strategy="ddp",
                                micro_batch=4, grad_accum=2, seq_len=128, grad_ckpt=False, offload="none"))

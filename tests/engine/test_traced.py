@@ -1,9 +1,9 @@
 """Traced model families: a model_type without an analytic layout is measured, not planned as Llama.
 
 phi3 (fused qkv_proj / gate_up_proj), granite (Llama-like with multipliers) and glm4 (four norms per block, fused
-gate_up_proj, biased q/k/v) have no analytic layout: their structure and saved bytes come from trainer/trace.py
+gate_up_proj, biased q/k/v) have no analytic layout: their structure and saved bytes come from measure/trace.py
 (a 2-layer slice at the real widths), cached by engine/catalog/traced.py. The engine's allocated peak is checked
-against torch.profiler's measured peak of one real optimizer step (trainer/measure.py), parameters exactly.
+against torch.profiler's measured peak of one real optimizer step (measure/step.py), parameters exactly.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from scaletrain.engine.catalog.architectures import _FAMILIES, arch_from_config,
 from scaletrain.engine.catalog.hardware import parse_gpus
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog import traced
-from scaletrain.engine.model.activations import block_activations
-from scaletrain.engine.model.memory import estimate_memory
-from scaletrain.engine.model.setup import TrainingSetup
-from scaletrain.engine.model.traced_blocks import trace_regime
+from scaletrain.engine.estimate.activations import block_activations
+from scaletrain.engine.estimate.memory import estimate_memory
+from scaletrain.engine.estimate.setup import TrainingSetup
+from scaletrain.engine.estimate.traced_blocks import trace_regime
 
 FAMILIES = ("phi3", "granite", "glm4")
 # each block's nn.Linear modules as transformers 5 names them (what peft matches LoRA targets against)
@@ -47,9 +47,9 @@ def _regime(family: str, method: str) -> dict:
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    """One cache for the module, filled by trainer/trace.py in this process (torch is imported here anyway; the
+    """One cache for the module, filled by measure/trace.py in this process (torch is imported here anyway; the
     subprocess path is what the starcoder2 and refusal tests run)."""
-    from scaletrain.trainer.trace import run
+    from scaletrain.measure.trace import run
 
     mp = pytest.MonkeyPatch()
     mp.setenv("SCALETRAIN_CACHE", str(tmp_path_factory.mktemp("traces")))
@@ -89,7 +89,7 @@ def test_a_traced_family_is_not_llama_and_reads_its_trace(cache):
 
 @pytest.mark.heavy                      # the module's traced families (30 CPU s on the loaded VM)
 def test_the_engine_predicts_the_measured_peak(cache):
-    from scaletrain.trainer.measure import measure_step
+    from scaletrain.measure.step import measure_step
 
     errors = []
     for family, method, ckpt in CASES:
@@ -116,8 +116,8 @@ def test_the_cache_is_hit_without_a_subprocess_or_torch(cache, monkeypatch):
     assert hit
     code = ("import sys; from scaletrain.engine.catalog.architectures import load_model; "
             "from scaletrain.engine.catalog.hardware import parse_gpus; "
-            "from scaletrain.engine.model.setup import TrainingSetup; "
-            "from scaletrain.engine.model.memory import estimate_memory; "
+            "from scaletrain.engine.estimate.setup import TrainingSetup; "
+            "from scaletrain.engine.estimate.memory import estimate_memory; "
             "s = TrainingSetup(model=load_model('scaletrain/tiny-glm4'), hardware=parse_gpus('1xCPU'), "
             "method='full', strategy='ddp', precision='fp32', optimizer_impl='for-loop', attn='sdpa', "
             "micro_batch=2, seq_len=256, device='cpu'); estimate_memory(s); "
@@ -169,7 +169,7 @@ def test_a_family_transformers_does_not_know_is_refused_in_one_line(tmp_path, mo
 
 def test_a_layer_too_large_for_the_cpu_is_refused_before_it_is_built():
     """A 16k-wide glm4 layer is ~13 GiB in fp32: the trace says so in one line instead of allocating it."""
-    from scaletrain.trainer.trace import TraceError, run
+    from scaletrain.measure.trace import TraceError, run
 
     cfg = dict(_config("glm4"), hidden_size=16384, intermediate_size=65536, num_attention_heads=128,
                num_key_value_heads=8, head_dim=128)
@@ -186,8 +186,8 @@ def test_a_layer_too_large_for_the_cpu_is_refused_before_it_is_built():
 def test_layers_are_grouped_by_what_they_are_and_the_slice_holds_each_kind(model_type, counts, slice_layers):
     """Kinds come from the module tree (classes, plain attributes, parameter shapes), not from a family table; the
     slice is the shortest prefix whose layers are the real model's first layers, one of each kind."""
-    from scaletrain.trainer.tiny_configs import config_dict
-    from scaletrain.trainer.trace import structure
+    from scaletrain.measure.tiny_configs import config_dict
+    from scaletrain.measure.trace import structure
 
     st = structure(config_dict(model_type))
     assert sorted(k["count"] for k in st["kinds"]) == sorted(counts), st["kinds"]
@@ -200,7 +200,7 @@ def test_layers_are_grouped_by_what_they_are_and_the_slice_holds_each_kind(model
 def test_three_fresh_caches_trace_the_same_bytes(tmp_path, monkeypatch):
     """The recorder keeps every saved tensor alive while it counts: no freed address is reused and taken for an
     earlier tensor, so a trace is a measurement that repeats (qwen3_next gave 527, 956 and 527 MiB before)."""
-    from scaletrain.trainer.tiny_configs import config_dict
+    from scaletrain.measure.tiny_configs import config_dict
 
     cfg = config_dict("qwen3_next")
     regime = {"method": "full", "lora_rank": 0, "lora_targets": None, "precision": "fp32", "attn": "sdpa"}
@@ -216,7 +216,7 @@ def test_three_fresh_caches_trace_the_same_bytes(tmp_path, monkeypatch):
 def test_the_structure_a_catalog_entry_records_is_what_a_trace_finds():
     """The tiny traced entries carry their structure (so listing the catalog runs no trace): it must be what
     transformers builds today."""
-    from scaletrain.trainer.trace import structure
+    from scaletrain.measure.trace import structure
 
     for family in FAMILIES:
         entry = catalog_entry(f"scaletrain/tiny-{family}")
@@ -225,7 +225,7 @@ def test_the_structure_a_catalog_entry_records_is_what_a_trace_finds():
 
 
 def test_the_fit_is_exact_non_negative_and_checked_or_refuses():
-    from scaletrain.trainer.trace import TraceError, fit
+    from scaletrain.measure.trace import TraceError, fit
 
     f = lambda S: 4096 + 1234 * S + 64 * S * S          # noqa: E731 - weight copies, per token, eager softmax
     assert fit([(S, f(S)) for S in (64, 128, 192, 256)]) == [4096, 1234, 64]
@@ -242,8 +242,8 @@ def test_the_fit_is_exact_non_negative_and_checked_or_refuses():
 def test_a_looped_stack_is_refused_in_one_line():
     """hrm_text runs its layers several times per forward: counting each layer once would under-count it, so the
     trace says so instead of planning it."""
-    from scaletrain.trainer.tiny_configs import config_dict
-    from scaletrain.trainer.trace import TraceError, run
+    from scaletrain.measure.tiny_configs import config_dict
+    from scaletrain.measure.trace import TraceError, run
 
     regime = {"method": "full", "lora_rank": 0, "lora_targets": None, "precision": "fp32", "attn": "sdpa"}
     with pytest.raises(TraceError, match=r"decoder layer \d+ ran \d+ times in one forward") as e:

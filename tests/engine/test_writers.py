@@ -18,7 +18,7 @@ import yaml
 
 from scaletrain.engine.catalog.hardware import host_cores, threads_per_process
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.model.states import (DS_ALLGATHER_BUCKET_ELEMS, DS_PREFETCH_BUCKET_ELEMS, DS_REDUCE_BUCKET_ELEMS,
+from scaletrain.engine.estimate.states import (DS_ALLGATHER_BUCKET_ELEMS, DS_PREFETCH_BUCKET_ELEMS, DS_REDUCE_BUCKET_ELEMS,
                                       DS_SUB_GROUP_ELEMS)
 from scaletrain.engine.request.presets import load_preset
 from scaletrain.engine.request.request import PlanRequest

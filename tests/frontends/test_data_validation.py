@@ -78,10 +78,10 @@ def _write(tmp: Path, name: str, content: object) -> Path:
 
 
 def _trainer_line(path: Path, columns: str | None, objective: str) -> str:
-    """What the trainer raises for this file (its own reader: trainer/data.py, trainer/objectives/run.py)."""
+    """What the trainer raises for this file (its own reader: trainer/data.py, trainer/objective_run.py)."""
     from scaletrain.engine.request.fields import parse_columns
     from scaletrain.trainer.data import read_records
-    from scaletrain.trainer.objectives.run import read_rows
+    from scaletrain.trainer.objective_run import read_rows
 
     with pytest.raises(ScaletrainError) as e:
         if objective == "sft":

@@ -112,7 +112,7 @@ def _trace_worker(p: psutil.Process) -> bool:
         cmd = p.cmdline()
     except psutil.Error:
         return True                                   # already gone
-    return "scaletrain.trainer.trace" in cmd and "--serve" in cmd
+    return "scaletrain.measure.trace" in cmd and "--serve" in cmd
 
 
 @contextlib.contextmanager

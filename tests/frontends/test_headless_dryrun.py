@@ -49,6 +49,7 @@ def test_plan_preset_json_reports_the_same_numbers(dry_runs, capsys):
         assert printed.pop("data") is None
         assert printed.pop("resources")["fits"] is True     # `plan`'s verdict against this machine, not the run's
         assert printed.pop("cost")["gpus"] == doc["hardware"]["world_size"]     # `plan`'s prices, not the run's
+        assert printed.pop("resume") is None                # no --resume-from
         assert printed == {k: v for k, v in doc.items() if k not in ("request", "train")}
         assert weights["source"] == doc["train"]["model_source"] and weights["warning"] is None
 

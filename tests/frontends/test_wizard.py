@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 from textual.worker import WorkerCancelled
 
-from scaletrain.engine.model.memory import estimate_memory
+from scaletrain.engine.estimate.memory import estimate_memory
 from scaletrain.engine.devices.nvml import DetectedGpu, DetectionResult
 from scaletrain.engine.request.presets import load_preset
 from scaletrain.engine.request.request import PlanRequest

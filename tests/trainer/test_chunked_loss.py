@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.model.chunked_loss import chunk_rows
+from scaletrain.engine.estimate.chunked_loss import chunk_rows
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.request.request import PlanRequest
 from scaletrain.tui.cli.main import main
@@ -154,7 +154,7 @@ def test_an_oom_raised_in_the_loss_is_marked():
 
 @pytest.mark.heavy                      # a profiled step
 def test_validate_measures_with_the_plans_loss():
-    from scaletrain.trainer.validate import measure_cpu_memory
+    from scaletrain.measure.validate import measure_cpu_memory
 
     plan = make_plan(PlanRequest(model="scaletrain/tiny-llama", gpus="1xCPU", precision="fp32", strategy="ddp",
                                  micro_batch=2, grad_accum=1, seq_len=128, grad_ckpt=False, offload="none",

@@ -13,9 +13,9 @@ import pytest
 from scaletrain.engine.catalog.architectures import arch_from_config, catalog_entry
 from scaletrain.engine.catalog.hardware import parse_gpus
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.model.memory import estimate_memory, simulate_step
-from scaletrain.engine.model.numerics import load_dtype, numerics
-from scaletrain.engine.model.setup import TrainingSetup
+from scaletrain.engine.estimate.memory import estimate_memory, simulate_step
+from scaletrain.engine.estimate.numerics import load_dtype, numerics
+from scaletrain.engine.estimate.setup import TrainingSetup
 from scaletrain.engine.vocabulary import Precision, Strategy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -114,7 +114,7 @@ def test_accelerate_loop_peak_rises_by_exactly_the_held_logits_under_the_profile
     int64 ids), and the engine predicts the logits."""
     from cpu_groundtruth import Case, config_for, setup_for
 
-    from scaletrain.trainer.measure import measure_step
+    from scaletrain.measure.step import measure_step
 
     case = Case("scaletrain/tiny-llama", micro_batch=1, seq_len=64)
     cfg = config_for(case)

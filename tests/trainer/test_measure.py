@@ -1,4 +1,4 @@
-"""Tests for scaletrain.trainer.measure (CPU ground truth of one training step's memory).
+"""Tests for scaletrain.measure.step (CPU ground truth of one training step's memory).
 
 Tiny random-init models only; the whole file runs in well under a minute on 2 CPU cores.
 """
@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from scaletrain.trainer import measure as M  # noqa: E402
-from scaletrain.trainer import saved_activations as SA  # noqa: E402
+from scaletrain.measure import step as M  # noqa: E402
+from scaletrain.measure import saved_activations as SA  # noqa: E402
 
 pytestmark = pytest.mark.heavy          # profiled steps of tiny real models
 
@@ -80,7 +80,7 @@ def _step_tensor_bytes(name, **kw):
 
 
 def test_import_is_cheap():
-    code = ("import sys, scaletrain.trainer.measure; "
+    code = ("import sys, scaletrain.measure.step; "
             "bad = [m for m in ('torch', 'transformers', 'peft') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

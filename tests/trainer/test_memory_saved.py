@@ -11,13 +11,13 @@ import pytest
 
 from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, arch_from_config, catalog_entry
 from scaletrain.engine.catalog.hardware import parse_gpus
-from scaletrain.engine.model.activations import block_activations
-from scaletrain.engine.model.setup import TrainingSetup
-from scaletrain.trainer.saved_activations import measure_saved_activation_bytes
+from scaletrain.engine.estimate.activations import block_activations
+from scaletrain.engine.estimate.setup import TrainingSetup
+from scaletrain.measure.saved_activations import measure_saved_activation_bytes
 
 pytestmark = pytest.mark.heavy          # saved tensors of real blocks, recorded
 
-# (engine precision, master weights, LoRA base bits) → trainer/measure.py's regime name
+# (engine precision, master weights, LoRA base bits) → measure/step.py's regime name
 REGIMES = {
     "fp32": ("fp32", "fp32", 16, "fp32"),
     "autocast": ("bf16", "fp32", 16, "bf16"),
@@ -71,9 +71,9 @@ def test_down_proj_adapter_input_cast(regime):
     dtype (an fp32 copy under autocast) before lora_A: the copy the engine's recompute transient counts."""
     import torch
 
-    from scaletrain.engine.model.activations import adapter_input_cast
-    from scaletrain.engine.model.numerics import numerics
-    from scaletrain.trainer.measure import build_harness
+    from scaletrain.engine.estimate.activations import adapter_input_cast
+    from scaletrain.engine.estimate.numerics import numerics
+    from scaletrain.measure.step import build_harness
 
     precision, master, base_bits, measured_as = REGIMES[regime]
     cfg = _config("llama")

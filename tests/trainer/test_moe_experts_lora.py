@@ -13,8 +13,8 @@ from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, arch_from_con
 from scaletrain.engine.catalog.hardware import parse_gpus
 from scaletrain.engine.catalog.moe import EXPERT_PARAMETERS
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.model.activations import block_activations
-from scaletrain.engine.model.setup import TrainingSetup
+from scaletrain.engine.estimate.activations import block_activations
+from scaletrain.engine.estimate.setup import TrainingSetup
 from test_moe_memory import FAMILIES, REGIMES, _config, _hf_model
 
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -90,7 +90,7 @@ SAVED = ([("gpt-oss", r, impl) for r in LORA_REGIMES for impl in ("grouped_mm", 
 def test_adapted_experts_save_exactly_what_the_engine_counts(family, regime, impl):
     """peft's ParamWrapper computes W + ΔW for the experts (saved whole) and the experts keep their inputs; on
     gpt_oss the frozen biases add nothing of their own."""
-    from scaletrain.trainer.saved_activations import measure_saved_activation_bytes
+    from scaletrain.measure.saved_activations import measure_saved_activation_bytes
 
     precision, master, base_bits, method, measured_as = REGIMES[regime]
     attn = "eager" if family == "gpt-oss" else "sdpa"
@@ -110,7 +110,7 @@ def test_adapted_experts_save_exactly_what_the_engine_counts(family, regime, imp
 # ---- (c) the trainer's LoRA config --------------------------------------------------------------------------------
 def test_trainer_passes_experts_as_target_parameters():
     from scaletrain.trainer.model import lora_targets
-    from scaletrain.trainer.objectives.build import ObjectiveRun, peft_config
+    from scaletrain.trainer.objective_build import ObjectiveRun, peft_config
 
     assert lora_targets(["q_proj", "experts"]) == (["q_proj"], list(EXPERT_PARAMETERS))
     assert lora_targets(["experts"]) == ([], list(EXPERT_PARAMETERS))     # not None: peft's default targets

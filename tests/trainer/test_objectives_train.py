@@ -30,7 +30,7 @@ def test_tiny_preset_trains_on_two_cpu_processes(tmp_path, objective):
 
 
 def test_objective_rows_are_checked_in_one_line(tmp_path):
-    from scaletrain.trainer.objectives.run import read_rows
+    from scaletrain.trainer.objective_run import read_rows
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "a", "chosen": "b"}\n')
@@ -44,7 +44,7 @@ def test_objective_rows_from_csv_parquet_and_a_folder(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from scaletrain.trainer.objectives.run import read_rows
+    from scaletrain.trainer.objective_run import read_rows
 
     csv = tmp_path / "pairs.csv"
     csv.write_text("prompt,chosen,rejected\nhi,hello,go away\nq,a,b\n")

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from scaletrain.engine.model.calibration import Calibration, load_calibration, save_calibration, stack_signature
+from scaletrain.engine.estimate.calibration import Calibration, load_calibration, save_calibration, stack_signature
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan
-from scaletrain.trainer.validate import ValidationResult, derive_calibration
+from scaletrain.measure.validate import ValidationResult, derive_calibration
 from scaletrain.tui.cli.main import main
 
 
@@ -134,7 +134,7 @@ def test_validation_budget_stops_the_run_and_removes_weights(tmp_path, config_di
     """A budget shorter than the run: every rank is stopped, the error says so, and the run directory keeps its
     logs but no checkpoint weights (a checkpoint planted in it between two runs of the same plan is removed)."""
     from scaletrain.engine.request.presets import load_preset
-    from scaletrain.trainer.validate import ValidationTimedOut, validate
+    from scaletrain.measure.validate import ValidationTimedOut, validate
 
     preset = load_preset("cpu-tiny")
     run_dir = tmp_path / "v"

@@ -4,7 +4,7 @@ GRPO presets and tests train on (offline, synthetic, deterministic; a test check
 preference.jsonl: {"prompt", "chosen", "rejected"} — the demo tasks' right answer against a wrong one (an
 off-by-some sum, a misspelt reversal, a wrong capital …), TRL's explicit-prompt preference format.
 prompts.jsonl: {"prompt", "answer"} — the same questions for GRPO; the bundled reward scores a completion by the
-answer's characters it contains (trainer/objectives/rewards.py).
+answer's characters it contains (trainer/objective_run.py answer_overlap).
 
     python -m scaletrain.presets.make_objective_data [--out-dir DIR]
 """

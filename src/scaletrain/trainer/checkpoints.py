@@ -76,12 +76,20 @@ def read_state(d: Path) -> dict[str, Any]:
 
 
 def load_checkpoint(acc: Any, model: Any, scheduler: Any, d: Path, deepspeed: bool,
-                    optimizer: Any = None) -> dict[str, Any]:
+                    optimizer: Any = None, *, world: int | None = None, run: RunDir | None = None,
+                    rank: int = 0) -> dict[str, Any]:
+    """Load step-<n>/ into the live model, optimizer and scheduler. `world`: this run's world size; a DeepSpeed
+    checkpoint written by another one goes through DeepSpeed's universal checkpoint (trainer/reshard.py, under
+    `run`'s checkpoints folder); DDP's full state and FSDP's DCP shards load on any world size as they are."""
     from scaletrain.trainer.fsdp import is_fsdp, load_sharded
 
     state = read_state(d)
     if is_fsdp(model):
         load_sharded(model, optimizer, d)
+    elif deepspeed and world is not None and run is not None and state.get("world_size") not in (None, world):
+        from scaletrain.trainer.reshard import load_deepspeed_resharded
+
+        load_deepspeed_resharded(acc, model, d, run, rank)
     elif deepspeed:
         engine = getattr(model, "checkpoint_engine", None)
         if engine is not None:
@@ -103,14 +111,16 @@ def load_checkpoint(acc: Any, model: Any, scheduler: Any, d: Path, deepspeed: bo
 
 
 def resume_from(acc: Any, model: Any, scheduler: Any, run: RunDir, deepspeed: bool,
-                main: bool, optimizer: Any = None) -> tuple[Path, dict[str, Any]] | None:
+                main: bool, optimizer: Any = None, *, candidates: list[Path] | None = None,
+                world: int | None = None, rank: int = 0) -> tuple[Path, dict[str, Any]] | None:
     """Load the newest checkpoint every rank can load, falling back to older ones past a damaged one; None when
-    there is none. The ranks agree on each attempt (a sum of failures), so all of them resume from the same step."""
+    there is none. The ranks agree on each attempt (a sum of failures), so all of them resume from the same step.
+    candidates: the checkpoints to try, newest first (default: the run's own complete ones)."""
     damaged: list[str] = []
-    for d in run.complete_checkpoints():
+    for d in run.complete_checkpoints() if candidates is None else candidates:
         why = ""
         try:
-            state = load_checkpoint(acc, model, scheduler, d, deepspeed, optimizer)
+            state = load_checkpoint(acc, model, scheduler, d, deepspeed, optimizer, world=world, run=run, rank=rank)
         except Exception as e:            # a damaged file: truncated, missing, not a checkpoint, a refused pickle
             why = _why(e)
         if all_sum(acc, [1.0 if why else 0.0])[0] == 0:

@@ -9,7 +9,7 @@ Semantics are transformers' ForCausalLMLoss: labels shifted left by one (the las
 IGNORE_INDEX), ignore_index −100, the mean over counted tokens, or the sum over `num_items_in_batch` when given.
 Logit scaling that is linear (granite's logits_scaling, cohere's logit_scale) is applied by the model to the
 passed-through hidden states and so carries over; a final-logit soft cap (gemma 2) is not linear and is refused.
-The chunk rule is the memory model's (engine/model/chunked_loss.py chunk_rows). torch is imported inside functions.
+The chunk rule is the memory model's (engine/estimate/chunked_loss.py chunk_rows). torch is imported inside functions.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.model.chunked_loss import IGNORE_INDEX, chunk_rows
+from scaletrain.engine.estimate.chunked_loss import IGNORE_INDEX, chunk_rows
 
 _WARNED: list[str] = []
 

@@ -94,7 +94,7 @@ def make_accelerator(cfg: RunConfig) -> Any:
         return acc
     # DDP's default keeps a second, flat copy of every gradient in its all-reduce buckets; bucket views make the
     # gradients live inside the buckets instead (torch DDP docs: saves "the total gradients size"). The memory
-    # model counts the buckets as persistent gradients (engine/model/memory.py).
+    # model counts the buckets as persistent gradients (engine/estimate/memory.py).
     # broadcast_buffers off: DDP's default broadcasts rank 0's buffers before every forward (a collective per
     # micro-step, which the host pays on small models: bench/host_overhead.py); the buffers of the models trained
     # here (rotary inv_freq, position tables) are constants every rank computes identically from the config, as HF

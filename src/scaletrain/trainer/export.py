@@ -273,3 +273,25 @@ def export_and_check(run_dir: Path, step: int, input_ids: Any, trained_logits: A
     manifest["checked"] = {"probe": PROBE_FILE, "max_abs_logit_diff": diffs}
     atomic_write(e.path / EXPORT_MANIFEST, json.dumps(manifest, indent=2) + "\n", backup=False)
     return {"path": str(e.path), "max_abs_logit_diff": diffs}
+
+
+def export_at_end(s: Any, step: int) -> None:
+    """Every rank computes the trained model's logits on one batch (a collective under ZeRO-3); rank 0 exports the
+    last checkpoint and checks the export against them. A failed export is a warning: the run trained, and
+    `scaletrain export RUN` can write it again."""
+    from scaletrain.trainer.distributed import barrier
+
+    # one sequence's first PROBE_TOKENS tokens: its logits (× vocabulary, fp32) stay small for any model
+    ids = s.blocks.batch([0], s.acc.device)["input_ids"][:, :PROBE_TOKENS]
+    logits = probe_logits(s.model, ids)
+    barrier()
+    if not s.main:
+        return
+    try:
+        r = export_and_check(s.cfg.run.path, step, ids.cpu(), logits, merge=s.cfg.method.is_adapter)
+    except Exception as e:                   # the run's result stands; the export can be redone on demand
+        print(f"scaletrain: warning: the export of step {step} failed ({str(e).splitlines()[0][:300]}); run "
+              f"`scaletrain export {s.cfg.run.path}` to write it", flush=True)
+        return
+    diffs = ", ".join(f"{k} {v:.2g}" for k, v in r["max_abs_logit_diff"].items())
+    print(f"scaletrain: exported step {step} to {r['path']} (max |logit − trained| on one batch: {diffs})", flush=True)

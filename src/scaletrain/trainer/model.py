@@ -251,7 +251,7 @@ def build_model(cfg: RunConfig, device: Any) -> Any:
     dtype = cfg.weights_dtype
     torch.manual_seed(cfg.train.seed)
     if src == "random-init":
-        conf = with_experts_implementation(model_config_dict(cfg.model_id), cfg.experts_impl)
+        conf = with_experts_implementation(model_config_dict(cfg.model_id), str(cfg.experts_impl))
         where = None if cfg.strategy.shards_params and not cfg.quantized_base else device
         model = (quantized_random_init(conf, attn, cfg.base_bits, dtype, device) if cfg.quantized_base
                  else random_init(conf, attn, dtype=dtype, device=where))
@@ -259,7 +259,7 @@ def build_model(cfg: RunConfig, device: Any) -> Any:
         kwargs: dict[str, Any] = {"local_files_only": True, "attn_implementation": attn,
                                   "dtype": getattr(torch, dtype), "trust_remote_code": False}
         if load_config(cfg.model_id).get("model_type") in MOE_TYPES:
-            kwargs["experts_implementation"] = cfg.experts_impl
+            kwargs["experts_implementation"] = str(cfg.experts_impl)
         if cfg.quantized_base:
             kwargs["quantization_config"] = quantization(cfg.base_bits, getattr(torch, dtype))
             kwargs["device_map"] = {"": device}

@@ -129,13 +129,20 @@ class Progress:
 
 
 def train(cfg: RunConfig, resume: bool) -> int:
-    """Prepare, check a resume, run the step loop, report."""
+    """Prepare, check a resume, run the step loop, report. Under torchelastic's restart (train.max_restarts) or
+    with a --resume-from checkpoint the run resumes without --resume."""
+    from scaletrain.engine.launch.elastic import restart_count, restart_line
+
+    restart = restart_count(os.environ)
+    if restart and int(os.environ.get("RANK", "0")) == 0:
+        print(restart_line(restart, os.environ), flush=True)
+    resume = resume or restart > 0 or cfg.train.resume_from is not None
     if cfg.objective != "sft":          # reward / dpo / grpo: TRL's trainers (issue 16)
         import torch
 
         if cfg.uses_deepspeed and not torch.cuda.is_available():
             load_deepspeed_cpu_comm_op()
-        from scaletrain.trainer.objectives.run import train_objective
+        from scaletrain.trainer.objective_run import train_objective
 
         return train_objective(cfg, resume)
     s = prepare(cfg)
@@ -208,32 +215,31 @@ def prepare(cfg: RunConfig) -> Session:
 
 
 def resume_step(s: Session, resume: bool) -> int:
-    """The step to start at: 0, or with --resume the newest checkpoint's, refused when the data layout changed."""
+    """The step to start at: 0, or with --resume the newest checkpoint's (the run's own, else the plan's
+    --resume-from one), refused when the data layout changed; another world size with the same effective batch
+    resumes (trainer/reshard.py)."""
+    from scaletrain.trainer.reshard import check_layout, resume_candidates
+
     cfg = s.cfg
     if not resume:
         if s.main and (old := cfg.run.newest_checkpoint()) is not None:
             print(f"scaletrain: note: starting at step 0 although {old} exists; --resume continues from it",
                   flush=True)
         return 0
-    found = resume_from(s.acc, s.model, s.scheduler, cfg.run, s.ds, s.main, s.optimizer)
+    found = resume_from(s.acc, s.model, s.scheduler, cfg.run, s.ds, s.main, s.optimizer,
+                        candidates=resume_candidates(cfg.run, cfg.train.resume_from), world=s.world, rank=s.rank)
     if found is None:
         if s.main:
             print("scaletrain: no checkpoint to resume from; starting at step 0", flush=True)
         return 0
     ck, state = found
-    # [issue 6, relaunch] a micro-batch split that keeps micro × accum reads exactly the same rows per
-    # optimizer step (make_schedule and shard_order depend on the product only), so it may resume.
-    layout = {"micro_batch × grad_accum": cfg.micro_batch * cfg.grad_accum, "world_size": s.world,
-              "rows": len(s.blocks)}
-    saved = {**state, "micro_batch × grad_accum": (state.get("micro_batch") or 0) * (state.get("grad_accum") or 0)}
-    changed = {k: (saved.get(k), v) for k, v in layout.items() if saved.get(k) != v}
-    if changed:
-        what = ", ".join(f"{k} {a} → {b}" for k, (a, b) in changed.items())
-        raise ScaletrainError(f"cannot resume {ck.name}: the data layout changed ({what}); "
-                              "start a new run directory instead")
+    # [issue 6, relaunch; issue 33] a split of the same effective batch (micro × accum × world) reads exactly the
+    # same rows per optimizer step (make_schedule and shard_order depend on the product only), so it may resume.
+    resharded = check_layout(ck, state, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum, world=s.world,
+                             rows=len(s.blocks), strategy=cfg.strategy)
     step = int(state["step"])
     if s.main:
-        print(f"scaletrain: resumed from {ck} at step {step}", flush=True)
+        print(f"scaletrain: resumed from {ck} at step {step}{f' ({resharded})' if resharded else ''}", flush=True)
     return step
 
 
@@ -419,31 +425,11 @@ def report_done(s: Session, step: int) -> None:
                  else "no checkpoints written (save_checkpoints false)")
         print(f"scaletrain: done, {step} steps; {where}", flush=True)
     if s.cfg.train.save_checkpoints and s.cfg.train.export_at_end:
-        _export_at_end(s, step)
+        from scaletrain.trainer.export import export_at_end
+
+        export_at_end(s, step)
     s.acc.end_training()
     shutdown()
-
-
-def _export_at_end(s: Session, step: int) -> None:
-    """Every rank computes the trained model's logits on one batch (a collective under ZeRO-3); rank 0 exports the
-    last checkpoint and checks the export against them. A failed export is a warning: the run trained, and
-    `scaletrain export RUN` can write it again."""
-    from scaletrain.trainer.export import PROBE_TOKENS, export_and_check, probe_logits
-
-    # one sequence's first PROBE_TOKENS tokens: its logits (× vocabulary, fp32) stay small for any model
-    ids = s.blocks.batch([0], s.acc.device)["input_ids"][:, :PROBE_TOKENS]
-    logits = probe_logits(s.model, ids)
-    barrier()
-    if not s.main:
-        return
-    try:
-        r = export_and_check(s.cfg.run.path, step, ids.cpu(), logits, merge=s.cfg.method.is_adapter)
-    except Exception as e:                   # the run's result stands; the export can be redone on demand
-        print(f"scaletrain: warning: the export of step {step} failed ({str(e).splitlines()[0][:300]}); run "
-              f"`scaletrain export {s.cfg.run.path}` to write it", flush=True)
-        return
-    diffs = ", ".join(f"{k} {v:.2g}" for k, v in r["max_abs_logit_diff"].items())
-    print(f"scaletrain: exported step {step} to {r['path']} (max |logit − trained| on one batch: {diffs})", flush=True)
 
 
 # [issue 6, failure doctor tests] SCALETRAIN_FAIL_AT_STEP=N kills rank SCALETRAIN_FAIL_RANK (default 0) with

@@ -24,7 +24,7 @@ from scaletrain.engine.catalog.entries import CATALOG_DIR, catalog_entry, catalo
 
 
 # Decoder-block layouts of the families counted analytically. A model_type not listed is traced instead
-# (engine/catalog/traced.py: its real modules and saved bytes measured once by trainer/trace.py, then cached);
+# (engine/catalog/traced.py: its real modules and saved bytes measured once by measure/trace.py, then cached);
 # nothing reads these layouts for it.
 #   qkv_bias:  "flag" → q,k,v,o follow config.attention_bias; "qkv" → q,k,v always biased, o not (Qwen2);
 #              "qkv_flag" → q,k,v follow config.qkv_bias (default True), o not (Qwen2-MoE)
@@ -92,7 +92,7 @@ class ModelArch:
     @property
     def memory_source(self) -> str:
         """Where the memory model's per-block numbers come from: "analytic" (the layout table above) or
-        "traced" (trainer/trace.py measured a slice of the real model)."""
+        "traced" (measure/trace.py measured a slice of the real model)."""
         return "analytic" if self.model_type in _FAMILIES else "traced"
 
     @property
@@ -290,7 +290,7 @@ class ModelArch:
         """Exact LoRA trainable count: r·(in+out) per adapted linear, over all blocks. peft adapts every module whose
         name ends in a target, so a target this family's blocks lack (gate_proj on qwen3_moe's MoE blocks) adapts
         nothing there; a name no family has, or targets of which none exists here, is refused. A traced model: peft's
-        own count on the real model (trainer/trace.py), fused experts and every layer kind included."""
+        own count on the real model (measure/trace.py), fused experts and every layer kind included."""
         targets = tuple(targets) if targets else self.default_lora_targets
         known = tuple(self.linear_shapes()) if self.trace is not None else KNOWN_TARGETS   # a traced model's own
         unknown = [t for t in targets if t not in known]

@@ -1,14 +1,14 @@
 """Traced model families: what the engine knows of a model_type that has no analytic layout, measured once.
 
 A model_type outside the analytic table (catalog/architectures.py `_FAMILIES`) is not assumed to be laid out like
-any other: trainer/trace.py (torch) builds it and answers in JSON (see that module) with
+any other: measure/trace.py (torch) builds it and answers in JSON (see that module) with
   - its structure: exact parameter count, embedding/head sizes, its decoder layers grouped into kinds by their
     module tree (dense or MoE, mamba or attention, sliding or full), each kind's count, parameters and linears;
   - per regime (method, LoRA rank/targets, dtypes, attention kernel, checkpointing), what a slice holding one layer
     of each kind saves for backward and how far live memory rises while each kind runs forward and backward,
     fitted as c0 + c1·S + c2·S² with non-negative coefficients and checked at a fourth length;
   - peft's own LoRA count for the run's targets.
-All of it comes from one `python -m scaletrain.trainer.trace --serve` process per planning process (transformers
+All of it comes from one `python -m scaletrain.measure.probe trace --serve` process per planning process (transformers
 imported once). The answers are cached as JSON, one file per (config, regime, scaletrain/transformers/torch/peft
 versions), under $SCALETRAIN_CACHE, else $XDG_CACHE_HOME/scaletrain/traces, else ~/.cache/scaletrain/traces, written
 atomically. A cache hit starts no process and imports no torch, so planning stays fast after the first trace.
@@ -34,17 +34,14 @@ from typing import Any, Callable, Mapping
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import atomic_write
+from scaletrain.engine.probes import TRACE_FORMAT, probe_argv   # a cached answer of another format: traced again
 
-# The answer's format (trainer/trace.py imports it from here): a cached answer of another format is traced again.
-# 4: layer kinds, non-negative fits checked at a fourth length, trace lengths on the kernels' chunks, peft's counts,
-# the sizes as transformers reads them, the attention kernels the model class supports.
-TRACE_FORMAT = 4
 # A trace imports transformers (~10 s on a loaded 2-core machine) and builds a slice at the real widths (a
 # 9B model's two layers: a few seconds more); anything past this is stuck.
 TRACE_TIMEOUT_S = 600
 # A kernel chunk a config names up to this length is a scan's tile the trace lengths are multiples of (mamba2's
 # chunk_size); a longer one is an attention chunk (llama4's attention_chunk_size), traced as a short window when
-# the planned sequences exceed it (trainer/trace.py).
+# the planned sequences exceed it (measure/trace.py).
 MAX_GRANULE = 1024
 MAX_ERROR_CHARS = 300
 # model configs traced (a subprocess ran) in this process, by cache key of their structure: `source()` says
@@ -121,7 +118,7 @@ def _describe(regime: Mapping[str, Any]) -> str:
 
 
 class _Worker:
-    """The one `python -m scaletrain.trainer.trace --serve` process of this planning process: transformers is
+    """The one `python -m scaletrain.measure.probe trace --serve` process of this planning process: transformers is
     imported once, whatever a plan traces (structure, regimes, LoRA counts). Ended when this process exits."""
 
     proc: subprocess.Popen | None = None
@@ -152,7 +149,7 @@ class _Worker:
         import tempfile
 
         self.errors = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
-        self.proc = subprocess.Popen([sys.executable, "-m", "scaletrain.trainer.trace", "--serve"],
+        self.proc = subprocess.Popen(probe_argv("trace", "--serve"),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True,
                                      encoding="utf-8", bufsize=1)
 
@@ -248,7 +245,7 @@ def prefetch(config: Mapping[str, Any], regimes: list[Mapping[str, Any]], accept
              runner: Callable[[dict], dict] | None = None) -> int:
     """Trace the structure and every regime not cached yet in ONE subprocess (one transformers import), and cache
     them; returns how many regimes were traced. For a planner or a benchmark that knows its regimes up front.
-    `runner`: trainer/trace.py's `run`, called in this process instead (a caller that has imported torch anyway)."""
+    `runner`: measure/trace.py's `run`, called in this process instead (a caller that has imported torch anyway)."""
     missing = [r for r in regimes if _read(_cache_path(config, cache_key(config, r))) is None]
     if not missing:
         return 0
@@ -282,7 +279,7 @@ def structure(config: Mapping[str, Any], accepted: str) -> dict[str, Any]:
 
 
 def activations(config: Mapping[str, Any], regime: Mapping[str, Any], accepted: str) -> dict[str, Any]:
-    """What a slice saves for backward in `regime` (trainer/trace.py's `activations` answer)."""
+    """What a slice saves for backward in `regime` (measure/trace.py's `activations` answer)."""
     return trace(config, regime, accepted)[0]["activations"]
 
 
@@ -293,7 +290,7 @@ def source(config: Mapping[str, Any]) -> str:
 
 def lora(config: Mapping[str, Any], targets: Any, accepted: str) -> dict[str, int]:
     """peft's count of LoRA on the real model for `targets` (None: all linears): trainable parameters per unit of
-    rank and adapted modules (trainer/trace.py `lora_count`), cached per target set."""
+    rank and adapted modules (measure/trace.py `lora_count`), cached per target set."""
     key_regime = {"lora_targets": sorted(targets) if targets else None}
     path = _cache_path(config, cache_key(config, key_regime))
     hit = _read(path)

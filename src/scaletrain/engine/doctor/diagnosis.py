@@ -24,6 +24,7 @@ from scaletrain.engine.doctor.summary import Diagnosis, with_summary
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.layout import STATUS, RunDir
 from scaletrain.engine.doctor.peers import peer_report
+from scaletrain.engine.doctor.restarts import restart_report
 from scaletrain.engine.run.metrics import StepMetrics, read_metrics, steady_step_seconds
 from scaletrain.engine.run.plan_document import PlanDocument
 from scaletrain.engine.launch.status import RunStatus
@@ -155,6 +156,13 @@ def diagnose(logs: list[Path], plan: PlanDocument | None = None, exit_codes: dic
     for ln in all_lines:
         if ln.rank is not None:
             by_rank.setdefault(ln.rank, []).append(ln)
+    report = restart_report(status, all_lines)
+    if report is not None and status is not None and status.state == "finished":
+        return Diagnosis("restarted", report.first_rank, None, report.summary(True),
+                         report.evidence[:MAX_EVIDENCE_LINES], restarts=report.lines)
+    if report is not None:           # the agent's failure lines of the restarted rounds are not the run's failure
+        restarted = [e for e in events if e.details.get("agent")][:len(report.lines)]
+        events = [e for e in events if not any(e is r for r in restarted)]
     events.extend(_events_from_exit_codes(codes, by_rank, status.oom_kills if status is not None else None))
     events.extend(_events_from_status(status))
     hint = _hint_rank(events, codes, first_failing_rank)
@@ -185,6 +193,8 @@ def diagnose(logs: list[Path], plan: PlanDocument | None = None, exit_codes: dic
                      details=dict(chosen.details), secondary=secondary, node=peers.node if peers else None,
                      peers=peers.line if peers else None)
     diag = with_summary(diag, plan)
+    if report is not None:
+        diag = replace(diag, summary=f"{diag.summary}; {report.summary(False)}", restarts=report.lines)
     if with_remedies:
         remedies, notes = remedies_for(diag, plan, measured_step_seconds,
                                        peers.peak_ratio if peers and diag.kind.startswith("cuda_oom") else None)

@@ -20,9 +20,9 @@ from typing import Any
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import Hardware
 from scaletrain.engine.plan.plan import Plan, evaluate
-from scaletrain.engine.request.request import HARDWARE_FIELDS
-from scaletrain.engine.plan.search import SEARCH_FIELDS, divisors, search
-from scaletrain.engine.model.setup import TrainingSetup
+from scaletrain.engine.request.fields import HARDWARE_FIELDS, SEARCH_FIELDS
+from scaletrain.engine.plan.search import divisors, search
+from scaletrain.engine.estimate.setup import TrainingSetup
 from scaletrain.engine.units import fmt_bytes, fmt_seconds
 from scaletrain.engine.vocabulary import Method, Offload, Strategy
 
@@ -262,7 +262,7 @@ def _logits_bound(plan: Plan, failure: dict[str, Any] | None) -> bool:
 
 
 def _chunked_loss(plan: Plan, failure: dict[str, Any] | None, gap: int, capacity: int) -> Remedy | None:
-    """`--loss chunked` (engine/model/chunked_loss.py) for a plan whose peak holds the B·S·V logits, or an OOM
+    """`--loss chunked` (engine/estimate/chunked_loss.py) for a plan whose peak holds the B·S·V logits, or an OOM
     raised inside the loss; None where it does not apply (refused by the setup: not sft, zero3/fsdp …)."""
     s = plan.setup
     in_loss = bool(failure and failure.get("in_loss"))

@@ -16,7 +16,7 @@ from scaletrain.engine.doctor.logs import LogLine
 from scaletrain.engine.launch.elastic import ROOT_CAUSE_WINDOW, agent_failure, root_cause
 
 KINDS = ("cuda_oom", "cuda_oom_zero3_gather", "host_oom", "nccl_timeout", "nccl_error", "fp16_overflow",
-         "config_error", "disk_full", "export_failed", "interrupted", "killed", "unknown")
+         "config_error", "disk_full", "export_failed", "interrupted", "killed", "restarted", "unknown")
 
 # How causal a signature is. A rank's own resource failure or a rejected config causes a crash; an exception
 # is probably the cause; NCCL timeouts / aborted communicators are usually the *effect* of another rank dying
@@ -87,7 +87,7 @@ _ATTN_NAMES = {"torch.nn.functional.scaled_dot_product_attention": "sdpa", "Flas
 # A full disk: errno 28 (ENOSPC) as Python ("OSError: [Errno 28] No space left on device: 'path'"), Rust (safetensors:
 # "I/O error: No space left on device (os error 28)", StorageFull) and C libraries (strerror) word it; a quota
 # (errno 122); torch.save's stream writer.
-# trainer/train.py _export_at_end: the run trained, its end-of-run export did not (the checkpoint is intact)
+# trainer/export.py export_at_end: the run trained, its end-of-run export did not (the checkpoint is intact)
 RE_EXPORT_FAILED = re.compile(r"scaletrain: warning: the export of step (\d+) failed \((.*)\)")
 RE_DISK_FULL = re.compile(r"No space left on device|\[Errno 28\]|\bos error 28\b|\berrno:? ?28\b|\bENOSPC\b|StorageFull"
                           r"|Disk quota exceeded|\[Errno 122\]|PytorchStreamWriter failed writing file .*file write failed",

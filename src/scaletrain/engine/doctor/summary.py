@@ -28,10 +28,11 @@ class Diagnosis:
     notes: tuple[str, ...] = ()        # about the remedies (e.g. step times scaled by the run's measurement)
     node: int | None = None            # the failing rank's node (its telemetry, else torchrun's numbering)
     peers: str | None = None           # the other ranks' last measured peaks against the plan (peers.py)
+    restarts: tuple[str, ...] = ()     # torchelastic's restarts of the run, one line each (restarts.py)
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "rank": self.rank, "node": self.node, "gpu": self.gpu, "summary": self.summary,
-                "evidence": list(self.evidence), "peers": self.peers,
+                "evidence": list(self.evidence), "peers": self.peers, "restarts": list(self.restarts),
                 "remedies": [_remedy_json(r) for r in self.remedies], "notes": list(self.notes)}
 
     def failure_dict(self) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 # torchrun's console prefix: "[rank3]:" (scaletrain's template: the global rank) or its default "[<role><local
 # rank>]:" ("[default3]:") when launch.sh runs by hand
@@ -120,3 +120,61 @@ def parse_failures(lines: Sequence[str], rank_offset: int = 0) -> tuple[int | No
                 if root[0] is None:
                     root = (a.local_rank + rank_offset, a.exit_code)
     return root[0], root[1], codes
+
+
+# ---- restarts under torchelastic (train.max_restarts) ------------------------------------------------------------
+# torchrun starts every worker of a restarted group with TORCHELASTIC_RESTART_COUNT (1 on the first restart) and
+# TORCHELASTIC_MAX_RESTARTS (torch/distributed/elastic/agent/server/local_elastic_agent.py); its own "will restart
+# worker group" line is logged at INFO, below torchrun's default level, so the trainer's rank 0 says it instead.
+RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+MAX_RESTARTS_ENV = "TORCHELASTIC_MAX_RESTARTS"
+RE_RESTART = re.compile(r"scaletrain: elastic restart (\d+) of (\d+)")
+
+
+def restart_count(env: dict[str, str] | Any) -> int:
+    """Which restart of the worker group this process belongs to (0: the first start, or not under torchrun)."""
+    try:
+        return max(0, int(env.get(RESTART_COUNT_ENV, "0") or 0))
+    except ValueError:
+        return 0
+
+
+def restart_line(count: int, env: dict[str, str] | Any) -> str:
+    """Rank 0's line on a restarted worker group (RE_RESTART reads it back)."""
+    limit = env.get(MAX_RESTARTS_ENV) or "?"
+    return (f"scaletrain: elastic restart {count} of {limit}: torchrun restarted every rank after a rank failed; "
+            "resuming from the newest checkpoint")
+
+
+@dataclass(frozen=True)
+class Restart:
+    """One restart of the worker group: the rank whose failure caused it and how it ended (negative: a signal)."""
+    number: int
+    rank: int | None
+    exit_code: int | None
+
+    def describe(self) -> str:
+        import signal as _signal
+
+        how = "?"
+        if self.exit_code is not None and self.exit_code < 0:
+            try:
+                how = f"killed by {_signal.Signals(-self.exit_code).name}"
+            except ValueError:
+                how = f"killed by signal {-self.exit_code}"
+        elif self.exit_code is not None:
+            how = f"exit code {self.exit_code}"
+        who = f"rank {self.rank}" if self.rank is not None else "a rank"
+        return f"restart {self.number}: {who} {how}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"restart": self.number, "rank": self.rank, "exit_code": self.exit_code}
+
+
+def restarts(launcher_lines: Sequence[str], finished: bool, rank_offset: int = 0) -> list[Restart]:
+    """The worker-group restarts in a launcher's output: each agent "failed (exitcode: N) local_rank: R" line is one
+    failed round; all of them were restarted when the run finished, all but the last when it failed."""
+    rounds = [a for line in launcher_lines if (a := agent_failure(line)) is not None]
+    if not finished and rounds:
+        rounds = rounds[:-1]
+    return [Restart(i + 1, a.local_rank + rank_offset, a.exit_code) for i, a in enumerate(rounds)]

@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 from scaletrain.engine.devices.detect import require_local_gpus
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import os_error_reason, read_tail, read_text_bounded, writing
-from scaletrain.engine.launch.elastic import parse_failures
+from scaletrain.engine.launch.elastic import parse_failures, restarts
 from scaletrain.engine.run.configs import check_strategy
 from scaletrain.engine.run.disk import check_room, free_bytes
 from scaletrain.engine.run.layout import LINE_PREFIX, LINE_PREFIX_ENV, RunDir, check_host
@@ -49,7 +49,7 @@ from scaletrain.engine.launch.processes import TRACK_SECONDS, ProcessTree, oom_k
 from scaletrain.engine.launch.rank_logs import RankLogs
 from scaletrain.engine.launch.registry import register_quietly
 from scaletrain.engine.launch.runlock import RunLock
-from scaletrain.engine.run.scripts import cpu_threads, launch_argv, threads_env
+from scaletrain.engine.run.scripts import cpu_threads, elastic_env, launch_argv, threads_env
 from scaletrain.engine.launch.status import StatusWriter, read_status
 from scaletrain.engine.launch.watchdog import Watchdog
 STOP_GRACE_SECONDS = (20.0, 5.0)   # after SIGINT (torchrun forwards it; its own shutdown waits up to 30 s), after SIGTERM
@@ -158,6 +158,7 @@ class PreparedLaunch:
     threads: int | None = None              # CPU threads per process (OMP_NUM_THREADS for every rank)
     lock: RunLock | None = field(default=None, compare=False, repr=False)   # held until launch() returns
     notes: tuple[str, ...] = ()          # what the user should know before the ranks start (one line each)
+    env: tuple[tuple[str, str], ...] = ()     # set for accelerate launch (scripts.elastic_env)
 
     @property
     def status(self) -> Path:
@@ -212,7 +213,8 @@ def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None 
     lock = RunLock(run.node_lock(node)).acquire(_what(run, node))       # last: a refused launch leaves no lock
     return PreparedLaunch(run, argv, nprocs, single, offset, range(offset, offset + (1 if single else per_node)),
                           machine_rank=node, num_machines=nmachines, main_process_ip=str(head) if head else None,
-                          threads=threads, lock=lock, notes=loop_notes(doc, train))
+                          threads=threads, lock=lock, notes=loop_notes(doc, train),
+                          env=tuple(elastic_env(train, multi_node=nmachines > 1).items()))
 
 
 def loop_notes(doc: PlanDocument, train: TrainOptions) -> tuple[str, ...]:
@@ -293,6 +295,7 @@ def _spawn(prep: PreparedLaunch, logs: RankLogs, env: dict[str, str] | None) -> 
     child_env["PYTHONUNBUFFERED"] = "1"
     if prep.threads is not None:
         child_env.update(threads_env(prep.threads))
+    child_env.update(prep.env)
     old_signals = _install_signals()
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -401,8 +404,11 @@ def _finish(prep: PreparedLaunch, proc: subprocess.Popen, tree: ProcessTree, log
             rank_pids: dict[int, int], interrupted: bool, oom_kills: int | None) -> LaunchResult:
     """Every process is gone: status.json's final state, and the result."""
     rc = proc.returncode
-    rank, rank_code, codes = ((None, None, {}) if interrupted
+    # a run the elastic agent restarted and then finished (rc 0) has "failed" lines from the restarted rounds:
+    # they are restarts, not the run's failure
+    rank, rank_code, codes = ((None, None, {}) if interrupted or rc == 0
                               else parse_failures(logs.launcher_lines, prep.rank_offset))
+    restarted = restarts(logs.launcher_lines, rc == 0 and not interrupted, prep.rank_offset)
     if rc == 0 and not codes:
         codes = {r: 0 for r in prep.local_ranks}
     if interrupted:
@@ -416,6 +422,7 @@ def _finish(prep: PreparedLaunch, proc: subprocess.Popen, tree: ProcessTree, log
                  launcher_exit_code=rc, first_failing_rank=rank, failing_rank_exit_code=rank_code,
                  exit_codes=dict(codes), disk_full=status.status.disk_full or logs.disk_full,
                  disk_free_bytes=free_bytes(prep.run.path), oom_kills=oom_kills,
+                 restarts=tuple((r.number, r.rank, r.exit_code) for r in restarted),
                  **_pid_fields(proc.pid, rank_pids, tree))
     return LaunchResult(exit_code=code, launcher_exit_code=rc, first_failing_rank=rank,
                         failing_rank_exit_code=rank_code, exit_codes=codes, interrupted=interrupted,

@@ -26,7 +26,8 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import atomic_write
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.planner import make_plan
-from scaletrain.engine.request.request import HARDWARE_FIELDS, PlanRequest
+from scaletrain.engine.request.fields import HARDWARE_FIELDS, RESUMABLE_FIELDS
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.launch.launcher import LaunchResult, launch
 from scaletrain.engine.run.layout import BACKED_UP, RunDir
 from scaletrain.engine.request.options import TrainOptions
@@ -34,8 +35,6 @@ from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
 from scaletrain.engine.launch.status import read_status
 from scaletrain.engine.run.writers import render_run_files
 
-# Request fields whose change keeps the checkpoint loadable and the data order identical (see the docstring).
-RESUMABLE_FIELDS = frozenset({"micro_batch", "grad_accum", "grad_ckpt", "offload", "attn"})
 # Train options that only decide which checkpoints are written: the schedule and the data order stay.
 RESUMABLE_TRAIN_OPTIONS = frozenset({"checkpoint_every", "keep_checkpoints", "save_checkpoints"})
 ATTEMPTS_DIR = "attempts"

@@ -9,7 +9,9 @@
      "exit_codes" {"<rank>": code as torchrun reports it},
      "host", "launcher_start" (the launcher's identity), and when known: "reason" (how it ended, where the exit
      codes cannot say: a killed launcher stopped by its watchdog), "disk_full", "disk_free_bytes", "oom_kills"
-     (the kernel's OOM kills on this host while the run lived, from /proc/vmstat: 0 clears the OOM killer)}
+     (the kernel's OOM kills on this host while the run lived, from /proc/vmstat: 0 clears the OOM killer),
+     "restarts" [{"restart": n, "rank": r, "exit_code": c}] (torchelastic restarted every rank after rank r
+     failed: train.max_restarts)}
 
 The head node (and every single-node run) writes status.json; node R > 0 writes status-node-<R>.json
 (layout.RunDir.node_status). A missing file reads as "starting", an unreadable one as "unknown", a "running" one
@@ -57,6 +59,9 @@ class RunStatus:
     disk_full: bool = False                          # a write of the launcher's (logs, status) met a full disk
     disk_free_bytes: int | None = None               # free space on the run directory's filesystem at the end
     oom_kills: int | None = None                     # the kernel's OOM kills on this host during the run
+    # torchelastic's worker-group restarts (train.max_restarts): (restart number, the rank that failed, its exit
+    # code as torchrun reports it), elastic.restarts
+    restarts: tuple[tuple[int, int | None, int | None], ...] = ()
 
     @property
     def pids(self) -> tuple[int, ...]:
@@ -112,6 +117,8 @@ class RunStatus:
                 out[key] = getattr(self, key)
         if self.disk_full:
             out["disk_full"] = True
+        if self.restarts:
+            out["restarts"] = [{"restart": n, "rank": r, "exit_code": c} for n, r, c in self.restarts]
         return out
 
     @classmethod
@@ -138,7 +145,15 @@ class RunStatus:
                    exit_codes=_int_map(d.get("exit_codes")),
                    host=_opt(d, "host", str), launcher_start=_int(d.get("launcher_start")),
                    reason=_opt(d, "reason", str), disk_full=d.get("disk_full") is True,
-                   disk_free_bytes=_int(d.get("disk_free_bytes")), oom_kills=_int(d.get("oom_kills")))
+                   disk_free_bytes=_int(d.get("disk_free_bytes")), oom_kills=_int(d.get("oom_kills")),
+                   restarts=_restarts(d.get("restarts")))
+
+
+def _restarts(v: Any) -> tuple[tuple[int, int | None, int | None], ...]:
+    """status.json's "restarts": entries that are not {"restart": n, ...} objects are left out."""
+    items = v if isinstance(v, list) else []
+    return tuple((n, _int(e.get("rank")), _int(e.get("exit_code"))) for e in items
+                 if isinstance(e, dict) and (n := _int(e.get("restart"))) is not None)
 
 
 MAX_STATUS_INT = 1 << 63              # a pid, an exit code, a byte count: anything larger is not one

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from scaletrain.engine.catalog.moe import EXPERTS_TARGET, peft_expert_lora, peft_expert_ranks
-from scaletrain.engine.model.moe_time import moe_layers
-from scaletrain.engine.model.setup import TrainingSetup
+from scaletrain.engine.estimate.moe_time import moe_layers
+from scaletrain.engine.estimate.setup import TrainingSetup
 from scaletrain.engine.units import fmt_bytes, fmt_count
 
 

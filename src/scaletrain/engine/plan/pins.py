@@ -16,11 +16,10 @@ from scaletrain.engine.catalog.hardware import Hardware
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.planner import make_plan
+from scaletrain.engine.request.fields import PIN_FIELDS
 from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.units import fmt_bytes, fmt_seconds
 
-# The planner's choices a request may pin (engine.plan.search.SEARCH_FIELDS and the loss).
-PIN_FIELDS = ("strategy", "offload", "grad_ckpt", "micro_batch", "grad_accum", "loss")
 # A pin costs something when it is this much slower per step (below it the two are the same speed to the model's
 # resolution, and only memory is compared).
 SAME_SPEED_FRACTION = 0.01

@@ -11,14 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from scaletrain.engine.model.calibration import for_setup
-from scaletrain.engine.model.breakdown import MemoryBreakdown
-from scaletrain.engine.model.memory import estimate_memory
-from scaletrain.engine.model.setup import TrainingSetup
-from scaletrain.engine.model.timing import TimeEstimate, estimate_time
+from scaletrain.engine.estimate.calibration import for_setup
+from scaletrain.engine.estimate.breakdown import MemoryBreakdown
+from scaletrain.engine.estimate.memory import estimate_memory
+from scaletrain.engine.estimate.setup import TrainingSetup
+from scaletrain.engine.estimate.timing import TimeEstimate, estimate_time
 from scaletrain.engine.plan.lr import LrSuggestion
 from scaletrain.engine.plan.model_notes import model_notes, moe_facts
 from scaletrain.engine.plan.rows import AlternativeRow, PlanTable
+from scaletrain.engine.request.fields import PIN_FIELDS
 
 SCHEMA_VERSION = 1
 # What the planner minimises (said in every report).
@@ -59,6 +60,12 @@ class Plan:
     @property
     def fits(self) -> bool:
         return self.memory.fits
+
+    def pins(self) -> dict[str, Any]:
+        """The planner's choices behind this plan (PIN_FIELDS) as the PlanRequest fields that pin them: the one
+        place a plan's choices turn back into a request (what-if keys, saved presets)."""
+        return {name: (str(v) if name == "loss" else v) for name in PIN_FIELDS
+                for v in (getattr(self.setup, name),)}
 
     def to_json(self) -> dict[str, Any]:
         s = self.setup

@@ -11,11 +11,12 @@ from dataclasses import replace
 
 from scaletrain.engine.catalog.hardware import Hardware
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.model.setup import TrainingSetup
+from scaletrain.engine.estimate.setup import TrainingSetup
 from scaletrain.engine.plan.lr import suggest_lr
 from scaletrain.engine.plan.plan import Plan, PlannerReport, evaluate
 from scaletrain.engine.request.request import PlanRequest, base_setup
-from scaletrain.engine.plan.search import (MAX_MICRO_BATCH_WITHOUT_TARGET, SEARCH_FIELDS, STRATEGY_ORDER,
+from scaletrain.engine.request.fields import SEARCH_FIELDS
+from scaletrain.engine.plan.search import (MAX_MICRO_BATCH_WITHOUT_TARGET, STRATEGY_ORDER,
                                            check_generation_batch,
                                            TIE_TOLERANCE, Candidate, SearchResult, SearchValue, search)
 from scaletrain.engine.units import fmt_bytes, fmt_seconds
@@ -70,7 +71,7 @@ def solve(req: PlanRequest, base: TrainingSetup) -> Plan:
 
 
 def _choose_loss(req: PlanRequest, base: TrainingSetup, res: SearchResult) -> tuple[SearchResult, str]:
-    """`--loss` left free: the standard loss, unless the chunked one (engine/model/chunked_loss.py) fits where it
+    """`--loss` left free: the standard loss, unless the chunked one (engine/estimate/chunked_loss.py) fits where it
     does not, or spares the CPU offload it needs, predicted faster. Where it would only let a larger micro batch or
     no checkpointing fit, predicted more than TIE_TOLERANCE faster, the plan says so and keeps the standard loss
     (its liger path is not yet measured on a GPU: the safe side). The chosen search, and what the explanation adds."""

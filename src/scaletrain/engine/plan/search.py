@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.model.memory import estimate_memory
-from scaletrain.engine.model.setup import TrainingSetup
-from scaletrain.engine.model.traced_blocks import prefetch_traces
+from scaletrain.engine.estimate.memory import estimate_memory
+from scaletrain.engine.estimate.setup import TrainingSetup
+from scaletrain.engine.estimate.traced_blocks import prefetch_traces
 from scaletrain.engine.plan.plan import Plan, evaluate
 from scaletrain.engine.plan.rows import Choice
+from scaletrain.engine.request.fields import SEARCH_FIELDS
 from scaletrain.engine.vocabulary import Offload, Strategy
 
 # A search field's value: a strategy or offload spelling, checkpointing on/off, a micro batch or accumulation.
@@ -35,7 +36,6 @@ MAX_MICRO_BATCH = 1024
 # Predicted times closer than this are a tie (well inside the time model's error): the simpler setup wins —
 # fewer sharding stages, no offload, no checkpointing, then the larger micro batch.
 TIE_TOLERANCE = 0.01
-SEARCH_FIELDS = ("strategy", "offload", "grad_ckpt", "micro_batch", "grad_accum")
 
 
 # ---- search ------------------------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.cost import PriceTable, hardware_cost
 from scaletrain.engine.plan.plan import Plan, evaluate
 from scaletrain.engine.plan.rows import AlternativeRow, BatchRow, GpuRow, PlanTable
-from scaletrain.engine.plan.search import SEARCH_FIELDS, search, search_key
+from scaletrain.engine.plan.search import search, search_key
+from scaletrain.engine.request.fields import SEARCH_FIELDS
 from scaletrain.engine.units import fmt_bytes
 
 TOP_ALTERNATIVES = 5

@@ -21,13 +21,6 @@ SETTING_CYCLES = {"precision": ("precision", Precision), "optimizer": ("optimize
                   "impl": ("optimizer_impl", OptimizerImpl), "attn": ("attn", Attention), "loss": ("loss", LossImpl)}
 
 
-def fixed_choices(plan: Plan) -> dict[str, Any]:
-    """The planner's choices behind `plan`, as PlanRequest fields that pin them."""
-    s = plan.setup
-    return dict(micro_batch=s.micro_batch, grad_accum=s.grad_accum, strategy=s.strategy, offload=s.offload,
-                grad_ckpt=s.grad_ckpt, loss=str(s.loss))
-
-
 def what_if_changes(plan: Plan, change: str) -> dict[str, Any]:
     """The PlanRequest fields one what-if key sets on the choices behind `plan`; every other choice of the plan stays
     fixed (and the effective batch with them).
@@ -35,7 +28,7 @@ def what_if_changes(plan: Plan, change: str) -> dict[str, Any]:
     Changing the micro batch keeps the effective batch: it moves to the next divisor of each GPU's share, and the
     engine derives the accumulation.
     """
-    fixed = fixed_choices(plan)
+    fixed = plan.pins()              # the planner's choices behind the plan, as the request fields that pin them
     eff = plan.setup.effective_batch
     if change in ("micro+", "micro-"):
         fixed.update(micro_batch=next_micro(plan, up=change == "micro+"), grad_accum=None)

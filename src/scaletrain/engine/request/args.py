@@ -140,5 +140,9 @@ def _train(args: Any, preset: Any, overrides: list[str]) -> TrainOptions:
 
         check_report_to(tuple(args.report_to))
         train = replace(train, report_to=tuple(args.report_to))
+    if getattr(args, "max_restarts", None) is not None:
+        train = replace(train, max_restarts=int(args.max_restarts))
+    if getattr(args, "resume_from", None):
+        train = replace(train, resume_from=str(args.resume_from))
     train.check()                      # `plan` refuses what the trainer would (one line), not only --dry-run
     return train

@@ -1,6 +1,6 @@
 """Your data, profiled with the run's own tokenizer before you train (issue 22).
 
-`python -m scaletrain.trainer.data_profile` (the trainer's reading, tokenizing and blocking) runs as a subprocess:
+`python -m scaletrain.measure.probe data-profile` (the trainer's reading, tokenizing and blocking) runs as a subprocess:
 planning never imports transformers or torch. Its answer is cached by the files' sizes and times, the model and
 weights, the sequence length, packing and column renames (beside the traces: catalog/traced.cache_dir), so the
 wizard and `plan` ask again for free. The plan's dataset size is the blocks the trainer will make, so steps per
@@ -12,18 +12,17 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-import sys
 from dataclasses import dataclass
 from typing import Any
 
 from scaletrain.engine.catalog.traced import cache_dir
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import MAX_CONFIG_BYTES, atomic_write, read_text_bounded
+from scaletrain.engine.probes import PROFILE_FORMAT, probe_argv
 from scaletrain.engine.request.remote_code import check_no_remote_code
 from scaletrain.engine.request.data_source import resolve_data
 from scaletrain.engine.units import fmt_count
 
-PROFILE_FORMAT = 2          # must match trainer/data_profile.py
 PROFILE_TIMEOUT_S = 600     # a tokenizer load and a large file on a busy machine
 
 
@@ -80,8 +79,8 @@ def profile_data(spec: str, model: str, weights: str | None, seq_len: int, packi
             return DataProfile(data)
     except (OSError, ValueError, ScaletrainError):
         pass
-    argv = [sys.executable, "-m", "scaletrain.trainer.data_profile", "--data", spec, "--model", model,
-            "--seq-len", str(seq_len), "--columns", json.dumps(columns or {})]
+    argv = probe_argv("data-profile", "--data", spec, "--model", model, "--seq-len", str(seq_len),
+                      "--columns", json.dumps(columns or {}))
     if weights:
         argv += ["--weights", weights]
     if not packing:

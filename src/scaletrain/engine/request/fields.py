@@ -4,20 +4,22 @@ wizard and the `--plain` prompts use. Every front end derives its part from FIEL
 the wizard's labels, hints and initial values (`tui/wizard/screen_batch.py`) and the plain prompts
 (`tui/wizard/plain.py`).
 
-Adding a plan field: its words in `engine/vocabulary.py` (when it is a choice), one PlanField here, the
-PlanRequest field (`request.py`), and what it changes in the setup and the models (`engine/model/`).
+Adding a plan field: README.md's "Adding a plan field" lists every place (a choice of how the run computes is
+declared in `engine/choices.py` RunChoices instead, and `choice_fields` makes its PlanField).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from scaletrain.engine.catalog.hardware import inter_node_gbit_s
+from scaletrain.engine.choices import HOW_GROUP, RunChoices, choice_kind
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.vocabulary import (Attention, ExpertsImpl, Generation, Loop, LossImpl, MasterWeights, Method,
-                                          Objective, Offload, Optimizer, OptimizerImpl, Precision, RefModel, Strategy)
+from scaletrain.engine.vocabulary import (Generation, LossImpl, Method, Objective, Offload, RefModel, Strategy,
+                                          Vocabulary)
 
 RESIDENT_BITS = ("16", "8", "4")
 
@@ -105,6 +107,10 @@ class PlanField:
     attr: str | None = None                # the TrainOptions field ("train" owner) when the name differs
     form: str | None = None                # the wizard's field id when it differs from the name
     default: str | None = None             # the default in words, where the dataclass default (None) does not say it
+    relaunch: bool = False                 # a relaunch may change it and still resume the checkpoint
+    search: bool = False                   # the planner chooses it when the request leaves it free (None)
+    hardware: bool = False                 # names the machines: changing it is a new run directory, not a relaunch
+    screen: tuple[str, int] | None = None  # (the wizard step whose text fields hold it, its place there)
 
     @property
     def flag(self) -> str:
@@ -123,7 +129,23 @@ class PlanField:
         return None
 
 
-_WHAT, _OBJ, _HW, _HOW, _BATCH = ("what to train", "objective (TRL: reward, dpo, grpo)", "hardware", "how",
+def choice_fields(record: type = RunChoices) -> tuple[PlanField, ...]:
+    """A record's fields (engine/choices.py RunChoices) as plan fields: the declaration's help, group, relaunch rule
+    and kind (its words as choices, a bool as --x/--no-x, a number with its parser and bounds)."""
+    out = []
+    for f in dataclasses.fields(record):
+        kind, meta = choice_kind(f.name, record), f.metadata
+        if isinstance(kind, type) and issubclass(kind, Vocabulary):
+            how: dict[str, Any] = dict(choices=kind.values())
+        elif kind is bool:
+            how = dict(kind="flag")
+        else:
+            how = dict(parse=kind, bounds=meta["bounds"], metavar=meta["metavar"])
+        out.append(PlanField(f.name, meta["group"], help=meta["help"], relaunch=meta["relaunch"], **how))
+    return tuple(out)
+
+
+_WHAT, _OBJ, _HW, _HOW, _BATCH = ("what to train", "objective (TRL: reward, dpo, grpo)", "hardware", HOW_GROUP,
                                   "batch and data")
 _RUN = "run directory"
 
@@ -151,7 +173,7 @@ FIELDS: tuple[PlanField, ...] = (
               label="weights", hint="starting weights: HF id (org/name), a local model folder, or random-init "
                                     "(testing only)",
               prompt="Weights (HF id, local model folder, or random-init for testing)"),
-    PlanField("data", _WHAT, owner="train", attr="dataset", metavar="PATH|HF_DATASET_ID",
+    PlanField("data", _WHAT, owner="train", attr="dataset", screen=("batch", 2), metavar="PATH|HF_DATASET_ID",
               help="training data: JSONL/JSON/Parquet/CSV file or folder, or an HF dataset id in the local "
                    "cache; its row count is the dataset size unless --dataset-size is given",
               default="the bundled demo data",
@@ -177,13 +199,13 @@ FIELDS: tuple[PlanField, ...] = (
               help="sft, reward (preference model), dpo or grpo; --micro-batch counts pairs for "
                    "reward/dpo and completions for grpo, as TRL's per_device_train_batch_size",
               prompt="Objective"),
-    PlanField("prompt_len", _OBJ, parse=int, metavar="T", help="dpo/grpo: prompt tokens",
+    PlanField("prompt_len", _OBJ, parse=int, bounds=(1, 1 << 24), metavar="T", help="dpo/grpo: prompt tokens",
               default="dpo: half of --seq-len; grpo: --seq-len less the completion",
               label="prompt length", prompt="Prompt length in tokens (default: half the sequence)"),
-    PlanField("completion_len", _OBJ, parse=int,
+    PlanField("completion_len", _OBJ, parse=int, bounds=(1, 1 << 24),
               metavar="T", help="grpo: completion tokens; the sequence is prompt + completion", default="512 (TRL's)",
               label="completion length", prompt="Completion length in tokens (default = TRL's)"),
-    PlanField("num_generations", _OBJ, parse=int, metavar="G", help="grpo: completions per prompt", default="8 (TRL's)",
+    PlanField("num_generations", _OBJ, parse=int, bounds=(1, 1 << 16), metavar="G", help="grpo: completions per prompt", default="8 (TRL's)",
               label="num-generations", prompt="Completions per prompt (--num-generations; default = TRL's)"),
     PlanField("ref_model", _OBJ, choices=RefModel.values(),
               help="reference policy: same (frozen copy; LoRA: adapters disabled), none, precomputed (dpo)",
@@ -194,11 +216,11 @@ FIELDS: tuple[PlanField, ...] = (
                    "the card), or on separate GPUs (server)"),
     PlanField("generation_memory", _OBJ, parse=float, metavar="F",
               help="grpo colocate: vLLM's share of the card (TRL's vllm_gpu_memory_utilization)"),
-    PlanField("gpus", _HW, metavar="G", help="auto | 4xH200 | 8xRTX4090 | 2x8xH100 (nodes × GPUs per node) | 2xCPU",
+    PlanField("gpus", _HW, hardware=True, metavar="G", help="auto | 4xH200 | 8xRTX4090 | 2x8xH100 (nodes × GPUs per node) | 2xCPU",
               default="auto (this machine's GPUs, through NVML)"),
-    PlanField("nodes", _HW, parse=int, bounds=(1, 1 << 14), label="nodes", prompt="Nodes", metavar="N",
+    PlanField("nodes", _HW, hardware=True, parse=int, bounds=(1, 1 << 14), label="nodes", prompt="Nodes", metavar="N",
               help="nodes with --gpus per node each", default="1, or the first count of --gpus NxMxGPU"),
-    PlanField("inter_node_gbps", _HW, parse=inter_node_gbit_s, metavar="GBPS|LINK",
+    PlanField("inter_node_gbps", _HW, hardware=True, parse=inter_node_gbit_s, metavar="GBPS|LINK",
               help="inter-node link per node, Gb/s or a name: edr, hdr, ndr, xdr, 10gbe … 400gbe",
               default="200 (one HDR InfiniBand port)"),
     PlanField("host_ram", _HW, parse=float, metavar="GIB",
@@ -213,60 +235,53 @@ FIELDS: tuple[PlanField, ...] = (
               help="job specs written into the run directory: slurm (sbatch.sh), skypilot (skypilot.yaml, "
                    "skypilot-managed.yaml), kubeflow (trainjob.yaml, pytorchjob.yaml)",
               default="slurm for multi-node plans, none for one node"),
-    PlanField("strategy", _HOW, choices=Strategy.values(),
+    PlanField("max_restarts", _RUN, owner="train", parse=int, metavar="N",
+              help="run under torchrun's elastic agent: after a rank dies every rank is restarted, up to N times, "
+                   "resuming from the newest checkpoint (c10d rendezvous)", default="0: no restart"),
+    PlanField("resume_from", _RUN, owner="train", metavar="RUN_DIR|CHECKPOINT",
+              help="start from another run's checkpoint (its newest, or one checkpoints/step-N/), also one written "
+                   "by another number of GPUs: the same strategy and effective batch continue its steps, LR "
+                   "schedule and data order", default="none: step 0"),
+    PlanField("strategy", _HOW, search=True, choices=Strategy.values(),
               help="data parallel, DeepSpeed ZeRO stage 1/2/3, or PyTorch FSDP", default="the planner chooses"),
-    PlanField("offload", _HOW, choices=Offload.values(),
+    PlanField("offload", _HOW, search=True, relaunch=True, choices=Offload.values(),
               help="states kept in host RAM: none, the optimizer's, or the parameters too",
               default="the planner chooses (none unless needed to fit)"),
-    PlanField("precision", _HOW, choices=Precision.values(), help="compute precision (mixed precision for 16-bit)"),
-    PlanField("master_weights", _HOW, choices=MasterWeights.values(),
-              help="full fine-tuning: fp32 master weights (mixed precision, default) or bf16 weights only "
-                   "(a model loaded in bf16 with AdamW on it, no fp32 copy; DDP or FSDP)"),
-    PlanField("optimizer", _HOW, choices=Optimizer.values(), help="AdamW, bitsandbytes' 8-bit AdamW, or SGD"),
-    PlanField("optimizer_impl", _HOW, choices=OptimizerImpl.values(),
-              help="torch's optimizer implementation (fused: as the bundled trainer and HF Trainer run)"),
-    PlanField("attn", _HOW, choices=Attention.values(),
-              help="attention implementation: eager, torch SDPA, or flash-attn 2"),
-    PlanField("experts_impl", _HOW, choices=ExpertsImpl.values(),
-              help="MoE models: transformers' experts implementation (grouped_mm; eager: a loop over "
-                   "the experts; batched_mm: the experts' weights gathered per token)"),
-    PlanField("loop", _HOW, choices=Loop.values(),
-              help="the training loop the numbers are for: trainer (bundled), hf-trainer, trl (SFTTrainer), "
-                   "accelerate-loop (a hand-written loop that keeps the model's outputs through backward)"),
+    *choice_fields(),             # precision … loop: engine/choices.py RunChoices
     PlanField("loss", _HOW, choices=LossImpl.values(),
               help="causal-LM loss: standard (B·S·V logits) or chunked (lm_head + cross-entropy in token chunks, "
                    "recomputed in backward: liger-kernel on CUDA, pure torch elsewhere)",
               default="the planner chooses (standard unless chunked lets more fit)"),
-    PlanField("grad_ckpt", _HOW, kind="flag", help="gradient checkpointing on (--grad-ckpt) or off (--no-grad-ckpt)",
+    PlanField("grad_ckpt", _HOW, search=True, relaunch=True, kind="flag", help="gradient checkpointing on (--grad-ckpt) or off (--no-grad-ckpt)",
               default="the planner chooses; on for reward, dpo and grpo"),
     PlanField("headroom", _HOW, parse=float, metavar="F", help="safety fraction of card memory kept free"),
-    PlanField("micro_batch", _BATCH, parse=int, bounds=(1, 1 << 16), metavar="B",
+    PlanField("micro_batch", _BATCH, search=True, relaunch=True, parse=int, bounds=(1, 1 << 16), metavar="B",
               help="samples per GPU per forward/backward", default="the planner chooses"),
-    PlanField("grad_accum", _BATCH, parse=int, bounds=(1, 1 << 24), metavar="A",
+    PlanField("grad_accum", _BATCH, search=True, relaunch=True, parse=int, bounds=(1, 1 << 24), metavar="A",
               help="micro batches per optimizer step", default="the planner chooses"),
-    PlanField("effective_batch", _BATCH, parse=int, bounds=(1, 1 << 30), label="effective batch", metavar="E",
+    PlanField("effective_batch", _BATCH, screen=("batch", 0), parse=int, bounds=(1, 1 << 30), label="effective batch", metavar="E",
               help="samples per optimizer step, all GPUs together (micro × accum × GPUs)",
               default="none: the largest micro batch that fits, accum 1",
               hint="samples per optimizer step, all GPUs together",
               prompt="Effective batch (samples per optimizer step, all GPUs)"),
-    PlanField("seq_len", _BATCH, parse=int, bounds=(1, 1 << 24), label="sequence length", metavar="S",
+    PlanField("seq_len", _BATCH, screen=("batch", 1), parse=int, bounds=(1, 1 << 24), label="sequence length", metavar="S",
               help="tokens per sample (packed blocks)",
               hint="tokens per sample (packed)", prompt="Sequence length"),
-    PlanField("dataset_size", _BATCH, parse=int, help="samples in the data, for steps, epoch and total time",
+    PlanField("dataset_size", _BATCH, screen=("batch", 3), parse=int, help="samples in the data, for steps, epoch and total time",
               default="--data's row count; unknown without --data", metavar="N", bounds=(1, 1 << 48), label="samples",
               hint="sample count for the estimate; empty: the data's rows (or the bundled data's)", form="dataset"),
-    PlanField("epochs", _BATCH, parse=float, label="epochs", metavar="K", help="passes over the data", hint="passes over the data (fractions allowed)",
+    PlanField("epochs", _BATCH, screen=("batch", 4), parse=float, label="epochs", metavar="K", help="passes over the data", hint="passes over the data (fractions allowed)",
               prompt="Epochs"),
     PlanField("tokens_per_sample", _BATCH, parse=int, bounds=(1, 1 << 24), metavar="T",
               help="real tokens per sample when samples are shorter than --seq-len (unpacked)",
               default="--seq-len (packed)"),
-    PlanField("base_lr", _BATCH, parse=float, label="base LR", metavar="LR",
+    PlanField("base_lr", _BATCH, screen=("batch", 6), parse=float, label="base LR", metavar="LR",
               help="an LR tuned at --base-batch: the plan scales it to the effective batch", default="none", hint="optional: an LR tuned at another batch…",
               optional=True),
-    PlanField("base_batch", _BATCH, parse=int, bounds=(1, 1 << 30), label="base batch", metavar="B",
+    PlanField("base_batch", _BATCH, screen=("batch", 7), parse=int, bounds=(1, 1 << 30), label="base batch", metavar="B",
               help="the batch --base-lr was tuned at", default="none",
               hint="…and that batch: the LR rules scale it", optional=True),
-    PlanField("lr", None, owner="train", parse=float, label="learning rate", hint="peak LR the run uses",
+    PlanField("lr", None, owner="train", screen=("batch", 5), parse=float, label="learning rate", hint="peak LR the run uses",
               prompt="Learning rate", help="the peak learning rate the run uses"),
     # keys only a preset or --set gives (no flag of their own): `scaletrain plan --keys` lists them with the above
     PlanField("name", None, help="the plan's name (run directory names, reports)", default="the preset's name"),
@@ -302,3 +317,15 @@ REQUEST_FLAGS: tuple[str, ...] = tuple(f.name for f in FIELDS if f.owner == "req
                                        and f.kind != "append")
 # Whole-number fields: (smallest, largest accepted). A real job is orders of magnitude inside these.
 INT_LIMITS: dict[str, tuple[int, int]] = {f.name: f.bounds for f in FIELDS if f.bounds is not None}
+
+# The field lists other modules used to keep by hand, now properties of the declarations above.
+HARDWARE_FIELDS: frozenset[str] = frozenset(f.name for f in FIELDS if f.hardware)
+SEARCH_FIELDS: tuple[str, ...] = tuple(f.name for f in FIELDS if f.search)      # FIELDS order: the search's
+RESUMABLE_FIELDS: frozenset[str] = frozenset(f.name for f in FIELDS if f.relaunch)
+PIN_FIELDS: tuple[str, ...] = (*SEARCH_FIELDS, "loss")    # what a plan pins: the search's choices and the loss
+
+
+def screen_fields(step: str) -> tuple[str, ...]:
+    """The wizard step's text fields (their form names), in their order on the screen."""
+    on = sorted((f.screen[1], f.form_name) for f in FIELDS if f.screen is not None and f.screen[0] == step)
+    return tuple(name for _, name in on)

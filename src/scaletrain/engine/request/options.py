@@ -65,6 +65,10 @@ class TrainOptions:
     lora_dropout: float = 0.0
     script: str | None = None             # user-script mode: run this instead of the bundled trainer
     script_args: tuple[str, ...] = ()
+    max_restarts: int = 0                 # torchrun's elastic agent restarts every rank up to N times after one
+                                          # dies; each restart resumes from the newest checkpoint
+    resume_from: str | None = None        # --resume-from: another run's checkpoint (engine/run/resume_source.py),
+                                          # recorded as its step-<n>/ folder; possibly written by another world size
 
     @classmethod
     def from_json(cls, d: dict[str, Any] | None) -> "TrainOptions":
@@ -147,11 +151,21 @@ class TrainOptions:
                 raise ScaletrainError(f"{name} must be true or false (got {_short(getattr(self, name))})")
         if self.keep_checkpoints is not None:
             _whole("keep_checkpoints", self.keep_checkpoints, 1, "or unset")
+        _whole("max_restarts", self.max_restarts, 0)
+        if self.max_restarts > MAX_RESTARTS:
+            raise ScaletrainError(f"max_restarts must be from 0 to {MAX_RESTARTS} (got {self.max_restarts})")
+        if self.resume_from is not None and (not isinstance(self.resume_from, str) or not self.resume_from.strip()
+                                             or len(self.resume_from) > MAX_PATH_CHARS):
+            raise ScaletrainError(f"resume_from must be a run directory or checkpoint path (got "
+                                  f"{_short(self.resume_from)})")
+        if self.resume_from is not None and self.script is not None:
+            raise ScaletrainError("resume_from is for the bundled trainer; pass your script its own resume flag")
         if not all(isinstance(a, str) for a in self.script_args):
             raise ScaletrainError("script_args must be a list of strings")
 
 
 MAX_PATH_CHARS = 4096
+MAX_RESTARTS = 100          # torchrun's restarts of the whole worker group: more means a run that cannot work
 
 
 def _short(v: Any, limit: int = 60) -> str:
@@ -180,7 +194,7 @@ def bundled_demo_dataset() -> Path:
 
 def bundled_dataset(objective: str = "sft") -> Path:
     """The bundled data a run trains on when no dataset is set: demo.jsonl for SFT, preference.jsonl (chosen and
-    rejected pairs) for reward and DPO, prompts.jsonl for GRPO (trainer/objectives/run.py bundled_dataset)."""
+    rejected pairs) for reward and DPO, prompts.jsonl for GRPO (trainer/objective_run.py bundled_dataset)."""
     if objective == "sft":
         return bundled_demo_dataset()
     return bundled_demo_dataset().with_name("prompts.jsonl" if objective == "grpo" else "preference.jsonl")

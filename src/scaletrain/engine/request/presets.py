@@ -414,9 +414,8 @@ def _pinned_request(request: PlanRequest, plan: Any | None) -> dict[str, Any]:
     req = request
     if plan is not None:
         s = plan.setup
-        req = request.with_(gpus=s.hardware.describe(), nodes=None, micro_batch=s.micro_batch,
-                            grad_accum=s.grad_accum, effective_batch=s.effective_batch, strategy=s.strategy,
-                            offload=s.offload, grad_ckpt=s.grad_ckpt, device=s.device, loss=str(s.loss))
+        req = request.with_(gpus=s.hardware.describe(), nodes=None, effective_batch=s.effective_batch,
+                            device=s.device, **plan.pins())
     defaults = {f.name: f.default for f in dataclasses.fields(PlanRequest)}
     out: dict[str, Any] = {}
     for k, v in req.to_json().items():

@@ -4,7 +4,7 @@
 Torch-free and library-free: JSONL and JSON lines line by line (each error names the file and line), a JSON array
 read whole (bounded), CSV with the csv module (quotes checked strictly, fields of any size, pandas' typing: a
 column whose every value is a number is numbers, an empty cell is null), Parquet through pyarrow. A FIFO or device
-is one line (engine/fileio.open_regular). trainer/data.py and trainer/objectives/run.py read through here.
+is one line (engine/fileio.open_regular). trainer/data.py and trainer/objective_run.py read through here.
 
 Accepted record shapes for a supervised (sft) run:
   {"text": "..."}  ·  {"prompt": "...", "completion": "..."} ("response" for "completion")  ·

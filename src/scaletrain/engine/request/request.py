@@ -9,10 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from scaletrain.engine.choices import carries, choices_of
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import Hardware, inter_node_gbit_s, parse_gpus
 from scaletrain.engine.catalog.architectures import load_model
-from scaletrain.engine.model.setup import ResidentModel, TrainingSetup
+from scaletrain.engine.estimate.setup import ResidentModel, TrainingSetup
 from scaletrain.engine.request.checks import check_values
 from scaletrain.engine.vocabulary import Vocabulary
 
@@ -21,11 +22,9 @@ TRL_OBJECTIVES = ("reward", "dpo", "grpo")
 GRPO_COMPLETION_LEN = 512      # TRL GRPOConfig.max_completion_length
 GRPO_NUM_GENERATIONS = 8       # TRL GRPOConfig.num_generations
 
-# The request fields that name the machines: changing one is a new run directory, not a relaunch.
-HARDWARE_FIELDS = frozenset({"gpus", "nodes", "inter_node_gbps"})
-
 
 @dataclass(frozen=True)
+@carries(after="offload")           # precision … loop: RunChoices (engine/choices.py), as text
 class PlanRequest:
     model: str
     gpus: str = "auto"
@@ -36,13 +35,6 @@ class PlanRequest:
     base_bits: int | None = None
     strategy: str | None = None
     offload: str | None = None
-    precision: str = "bf16"
-    master_weights: str = "fp32"
-    optimizer: str = "adamw"
-    optimizer_impl: str = "fused"
-    attn: str = "sdpa"
-    experts_impl: str = "grouped_mm"
-    loop: str = "trainer"
     loss: str | None = None          # None: the planner decides (standard unless chunked lets more fit)
     grad_ckpt: bool | None = None
     micro_batch: int | None = None
@@ -93,13 +85,6 @@ class PlanRequest:
         return out
 
 
-def _positive(name: str, v: Any, allow_none: bool = True) -> None:
-    if v is None and allow_none:
-        return
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ScaletrainError(f"--{name.replace('_', '-')} must be a whole number ≥ 1 (got {v!r})")
-
-
 def resolve_hardware(req: PlanRequest) -> Hardware:
     """The request's hardware; --inter-node-gbps (Gb/s or a link name such as ndr) reaches Hardware as Gb/s."""
     link = None if req.inter_node_gbps is None else inter_node_gbit_s(req.inter_node_gbps)
@@ -111,10 +96,7 @@ def resolve_hardware(req: PlanRequest) -> Hardware:
 
 def base_setup(req: PlanRequest, hardware: Hardware | None = None) -> TrainingSetup:
     """A TrainingSetup with the request's fixed choices and neutral defaults for the free ones."""
-    check_values(req)
-    for name in ("micro_batch", "grad_accum", "effective_batch", "seq_len", "dataset_size", "tokens_per_sample",
-                 "lora_rank", "nodes", "base_batch", "prompt_len", "completion_len", "num_generations"):
-        _positive(name, getattr(req, name))
+    check_values(req)                  # every whole-number field within its PlanField bounds, and the rest
     if not 0.0 <= req.headroom < 1.0:
         raise ScaletrainError(f"--headroom must be a fraction in [0, 1) (got {req.headroom})")
     hw = hardware or resolve_hardware(req)
@@ -125,9 +107,8 @@ def base_setup(req: PlanRequest, hardware: Hardware | None = None) -> TrainingSe
     return TrainingSetup(
         model=model, hardware=hw, method=req.method, lora_rank=req.lora_rank,
         lora_targets=tuple(req.lora_targets) if req.lora_targets else model.default_lora_targets, base_bits=base_bits,
-        strategy=req.strategy or _default_strategy(req), offload=req.offload or "none", precision=req.precision,
-        master_weights=req.master_weights, optimizer=req.optimizer, optimizer_impl=req.optimizer_impl,
-        attn=req.attn, experts_impl=req.experts_impl, loop=req.loop, loss=req.loss or "standard", grad_ckpt=bool(req.grad_ckpt),
+        strategy=req.strategy or _default_strategy(req), offload=req.offload or "none",
+        **choices_of(req), loss=req.loss or "standard", grad_ckpt=bool(req.grad_ckpt),
         micro_batch=req.micro_batch or 1, grad_accum=req.grad_accum or 1, seq_len=seq_len,
         residents=residents, dataset_size=req.dataset_size, epochs=req.epochs,
         tokens_per_sample=req.tokens_per_sample,

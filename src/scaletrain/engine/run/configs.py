@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from scaletrain.engine.model.states import (DS_ALLGATHER_BUCKET_ELEMS, DS_PREFETCH_BUCKET_ELEMS,
+from scaletrain.engine.estimate.states import (DS_ALLGATHER_BUCKET_ELEMS, DS_PREFETCH_BUCKET_ELEMS,
                                             DS_REDUCE_BUCKET_ELEMS, DS_SUB_GROUP_ELEMS)
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan

@@ -69,7 +69,7 @@ class DiskNeed:
 
 def checkpoint_bytes(setup: Any) -> int:
     """One checkpoint of this setup, all ranks' files (see the module doc)."""
-    from scaletrain.engine.model.numerics import numerics, uses_deepspeed
+    from scaletrain.engine.estimate.numerics import numerics, uses_deepspeed
 
     m = setup.model
     nm = numerics(setup)
@@ -81,7 +81,7 @@ def checkpoint_bytes(setup: Any) -> int:
     else:
         frozen = m.params
         if setup.base_bits in (4, 8):
-            from scaletrain.engine.model.setup import quantized_linear_bytes
+            from scaletrain.engine.estimate.setup import quantized_linear_bytes
             lin = m.linear_weight_params()
             frozen_bytes = quantized_linear_bytes(lin, setup.base_bits) + nm.frozen * (frozen - lin)
         else:
@@ -117,7 +117,7 @@ def export_host_bytes(setup: Any) -> int:
     """Host RAM rank 0's export holds at its peak (trainer/export.py): the run's model built on the CPU in its load
     dtype, plus the checkpoint's consolidated weights (DeepSpeed's fp32; accelerate's as stored, ≤ fp32) — both
     whole, before the checkpoint's copy is dropped."""
-    from scaletrain.engine.model.numerics import numerics
+    from scaletrain.engine.estimate.numerics import numerics
 
     nm = numerics(setup)
     built = (nm.weight if setup.method == "full" else nm.frozen) * setup.model.params

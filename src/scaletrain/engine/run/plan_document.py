@@ -22,27 +22,21 @@ from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.request.options import TrainOptions
-from scaletrain.engine.vocabulary import (Attention, ExpertsImpl, Loop, LossImpl, MasterWeights, Method, Optimizer,
-                                          OptimizerImpl, Precision, Strategy)
+from scaletrain.engine.choices import carries, read_choices, recorded_choices
+from scaletrain.engine.vocabulary import LossImpl, Method, Strategy
 
 
 @dataclass(frozen=True)
+@carries(after="base_bits")         # precision … loop: RunChoices (engine/choices.py), read by its codec
 class TrainingSection:
-    """plan.json "training": the choices the trainer runs with."""
+    """plan.json "training": the choices the trainer runs with (trainer/config.py RunConfig is one, as it is)."""
 
     method: Method
     strategy: Strategy
-    precision: Precision
-    optimizer: Optimizer
-    attn: Attention
     grad_ckpt: bool
     lora_rank: int | None
     lora_targets: tuple[str, ...]
     base_bits: int
-    master_weights: MasterWeights = MasterWeights.FP32     # plans written before issue 12 trained fp32 masters
-    optimizer_impl: OptimizerImpl = OptimizerImpl.FUSED
-    experts_impl: ExpertsImpl = ExpertsImpl.GROUPED_MM     # MoE models (plans of dense models carry none)
-    loop: Loop = Loop.TRAINER                              # plans written before issue 21: the bundled trainer
     loss: LossImpl = LossImpl.STANDARD
 
 
@@ -231,15 +225,11 @@ class PlanDocument:
         try:
             tr, req = self._data["training"], self._data.get("request") or {}
             return TrainingSection(
-                method=Method(tr["method"]), strategy=Strategy(tr["strategy"]),
-                precision=Precision(tr["precision"]), optimizer=Optimizer(tr["optimizer"]),
-                attn=Attention(tr["attn"]), grad_ckpt=bool(tr["grad_ckpt"]),
+                method=Method(tr["method"]), strategy=Strategy(tr["strategy"]), **read_choices(tr),
+                grad_ckpt=bool(tr["grad_ckpt"]),
                 lora_rank=int(tr.get("lora_rank") or req.get("lora_rank") or 16),
                 lora_targets=tuple(tr.get("lora_targets") or ()), base_bits=int(tr.get("base_bits", 16)),
-                master_weights=MasterWeights(tr.get("master_weights") or MasterWeights.FP32),
-                optimizer_impl=OptimizerImpl(tr.get("optimizer_impl") or OptimizerImpl.FUSED),
-                experts_impl=ExpertsImpl(tr.get("experts_impl") or ExpertsImpl.GROUPED_MM),
-                loop=Loop(tr.get("loop") or Loop.TRAINER), loss=LossImpl(tr.get("loss") or LossImpl.STANDARD))
+                loss=LossImpl(tr.get("loss") or LossImpl.STANDARD))
         except (KeyError, TypeError, ValueError) as e:
             raise self._missing(e) from None
 
@@ -282,8 +272,8 @@ class PlanDocument:
                                      for r in (fields_.get("residents") or tr.get("residents") or ()))
         fields_.update(
             model=model, gpus=f"{hw_j['nodes']}x{hw_j['gpus_per_node']}x{hw_j['gpu']}", nodes=hw_j["nodes"],
-            method=tr["method"], strategy=tr["strategy"], offload=tr["offload"], precision=tr["precision"],
-            optimizer=tr["optimizer"], attn=tr["attn"], grad_ckpt=bool(tr["grad_ckpt"]), seq_len=int(tr["seq_len"]),
+            method=tr["method"], strategy=tr["strategy"], offload=tr["offload"], **recorded_choices(tr),
+            grad_ckpt=bool(tr["grad_ckpt"]), seq_len=int(tr["seq_len"]),
             micro_batch=int(batch["micro_batch"]), grad_accum=int(batch["grad_accum"]), effective_batch=None,
             device=tr.get("device"))
         if tr.get("objective"):           # the objective and its knobs as the plan resolved them (issue 16)
@@ -298,9 +288,8 @@ class PlanDocument:
         fields_["lora_targets"] = tuple(targets) if targets else None
         if tr.get("base_bits") is not None and tr["method"] != "full":
             fields_["base_bits"] = int(tr["base_bits"])
-        for k in ("master_weights", "optimizer_impl", "experts_impl", "loop", "loss"):   # request fields once the request carries them
-            if k in known and tr.get(k) is not None:
-                fields_[k] = tr[k]
+        if tr.get("loss") is not None:
+            fields_["loss"] = tr["loss"]
         mem = d.get("memory") or {}
         if mem.get("headroom_fraction") is not None:
             fields_["headroom"] = float(mem["headroom_fraction"])

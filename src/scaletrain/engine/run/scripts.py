@@ -49,11 +49,46 @@ def launch_argv(run: RunDir, train: TrainOptions, *, machine_rank: int | None = 
         argv += ["--machine_rank", str(machine_rank)]
     if main_process_ip:
         argv += ["--main_process_ip", main_process_ip]
+    argv += elastic_args(train, multi_node=bool(main_process_ip))
     if train.script:
         argv += [train.script, *train.script_args]
     else:
         argv += ["-m", TRAINER_MODULE, "--run-dir", str(run.path)]
     return argv
+
+
+def elastic_args(train: TrainOptions, *, multi_node: bool) -> list[str]:
+    """torchrun's elastic agent for train.max_restarts > 0: restart every rank up to N times after one dies (each
+    restart resumes from the newest checkpoint: the trainer reads TORCHELASTIC_RESTART_COUNT). The rendezvous is
+    c10d: across nodes on the plan's port (so every node's agent restarts its ranks together), on one node
+    torchrun's standalone c10d store on a free port (elastic_env). accelerate's default static rendezvous cannot
+    restart: its store keeps the first round's addresses and the restarted ranks' gloo mesh connects to the dead
+    ones ("Gloo connectFullMesh failed ... Connection refused", measured on torch 2.13)."""
+    if not train.max_restarts:
+        return []
+    return ["--max_restarts", str(train.max_restarts), *(["--rdzv_backend", "c10d"] if multi_node else [])]
+
+
+# torchrun's --standalone, which `accelerate launch` has no flag for: torchrun's own argument parser (which accelerate
+# runs its arguments through) reads PET_<OPTION> from the environment.
+STANDALONE_ENV = "PET_STANDALONE"
+# torch 2.13's c10d rendezvous shares one TCPStore server with the workers for every round, and the workers' gloo
+# keys in it are not per round: a restarted rank 0 read its peer's address from the dead round and failed
+# ("Gloo connectFullMesh failed ... Connection refused", measured on 2 CPU ranks). Opting out of the sharing gives
+# each round a store of its own, hosted by the new rank 0 on a free port.
+UNSHARED_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+def elastic_env(train: TrainOptions, *, multi_node: bool) -> dict[str, str]:
+    """The environment an elastic launch needs: a store per rendezvous round, and on one node torchrun's
+    standalone c10d rendezvous (a fresh store on a free port)."""
+    if not train.max_restarts:
+        return {}
+    return {UNSHARED_STORE_ENV: "1", **({} if multi_node else {STANDALONE_ENV: "1"})}
+
+
+def _env_lines(train: TrainOptions, *, multi_node: bool) -> list[str]:
+    return [f"export {k}={v}" for k, v in elastic_env(train, multi_node=multi_node).items()]
 
 
 def cpu_threads(processes_per_node: int) -> int:
@@ -180,6 +215,7 @@ def launch_script(plan: Plan, run: RunDir, train: TrainOptions, *, main_process_
              "(--num_cpu_threads_per_process, OMP_NUM_THREADS)."]
     if hw.nodes <= 1:
         lines += ["set -euo pipefail", _HERE, *_find_python(LAUNCH_SH), *_threads_lines(hw.gpus_per_node),
+                  *_env_lines(train, multi_node=False),
                   "exec " + _shell_words(_portable_argv(train, ds), {})]
         return "\n".join(lines) + "\n"
     last = hw.nodes - 1
@@ -209,6 +245,7 @@ def launch_script(plan: Plan, run: RunDir, train: TrainOptions, *, main_process_
         _HERE,
         *_find_python(LAUNCH_SH),
         *_threads_lines(hw.gpus_per_node),
+        *_env_lines(train, multi_node=True),
         f"export {LINE_PREFIX_ENV}={shlex.quote(LINE_PREFIX)}",
         "exec " + _shell_words(_node_argv(train, ds),
                                {_RANK_TOKEN: '"$MACHINE_RANK"', _IP_TOKEN: '"$MAIN_PROCESS_IP"'}),
@@ -271,7 +308,8 @@ def sbatch_script(plan: Plan, run: RunDir, train: TrainOptions, *, deepspeed: bo
     ds = run.ds_config.is_file() if deepspeed is None else deepspeed
     argv = _node_argv(train, ds)
     at = argv.index(_IP_TOKEN) + 1
-    argv[at:at] = ["--main_process_port", str(port), "--rdzv_backend", "c10d"]
+    rdzv = [] if "--rdzv_backend" in argv else ["--rdzv_backend", "c10d"]      # already there under max_restarts
+    argv[at:at] = ["--main_process_port", str(port), *rdzv]
     inner = "; ".join([*_threads_lines(hw.gpus_per_node),
                        "exec " + _shell_words(argv, {_RANK_TOKEN: '"$SLURM_NODEID"', _IP_TOKEN: '"$HEAD_NODE"'})])
     cpus = SBATCH_CPUS_PER_PROCESS * hw.gpus_per_node
@@ -326,6 +364,7 @@ def sbatch_script(plan: Plan, run: RunDir, train: TrainOptions, *, deepspeed: bo
         "export RUN_DIR PYTHON",
         'HEAD_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
         "export HEAD_NODE",
+        *_env_lines(train, multi_node=True),
         f"export {LINE_PREFIX_ENV}={shlex.quote(LINE_PREFIX)}      # every line carries its global rank",
         "export PYTHONUNBUFFERED=1",
         # printf with the path as its own argument: inside "…" a $(…) or `…` in the path would not run either

@@ -83,6 +83,11 @@ def checked_train(train: TrainOptions, request: PlanRequest | None = None, plan:
             check_data(spec, str(getattr(objective, "value", objective)), train.data_columns)
     if train.eval_data is not None:                 # the trainer runs in the run directory: an absolute path
         train = replace(train, eval_data=resolve_data(train.eval_data).spec)
+    if train.resume_from is not None and plan is not None:   # the checkpoint itself, checked against the plan
+        from scaletrain.engine.run.resume_source import resume_for_plan
+
+        src = resume_for_plan(plan, train.resume_from)
+        train = replace(train, resume_from=str(src.checkpoint) if src is not None else None)
     if train.dataset is None:
         return train
     return replace(train, dataset=resolve_data(train.dataset).spec)

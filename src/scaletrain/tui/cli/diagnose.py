@@ -66,6 +66,8 @@ def print_diagnosis(diag: Diagnosis, out: TextIO) -> None:
             print(f"  {printable(line)}", file=out)
     for s in diag.secondary:
         print(f"  also: {printable(s)}", file=out)
+    for s in diag.restarts:
+        print(f"  elastic {printable(s)}", file=out)
     if diag.peers:
         print(f"peers: {printable(diag.peers)}", file=out)
     if diag.remedies:

@@ -90,6 +90,11 @@ def run_headless(args: argparse.Namespace) -> int:
     print_plan(plan)
     console.print(cost.line(), markup=False, highlight=False, soft_wrap=True)
     doc_train = run.train
+    if doc_train.resume_from is not None:           # recorded as the checkpoint itself, checked when written
+        from scaletrain.engine.run.resume_source import resume_for_plan
+
+        console.print(resume_for_plan(plan, doc_train.resume_from).line(), markup=False, highlight=False,
+                      soft_wrap=True)
     print_weights(str(doc_train.model_source), [w for w in (weights_warning(doc_train.model_source),) if w],
                   doc_train.dataset, plan.setup.dataset_size if doc_train.dataset else None,
                   note=weights_note(doc_train.model_source))

@@ -20,6 +20,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from scaletrain.engine.plan.planner import make_plan
     from scaletrain.engine.run.disk import disk_need
     from scaletrain.engine.run.resources import resource_verdict
+    from scaletrain.engine.run.resume_source import resume_for_plan
 
     if getattr(args, "keys", False):
         return print_keys(args.json)
@@ -32,6 +33,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     data = asked.data
     prices = price_table(plan.setup.hardware.gpu.key, getattr(args, "gpu_price", None))
     cost = plan_cost(plan, prices)
+    resume = resume_for_plan(plan, asked.train.resume_from)      # --resume-from: checked against this plan
     if getattr(args, "alternatives", False) or getattr(args, "table", None) or getattr(args, "sort", None):
         from scaletrain.engine.plan.tables import with_tables
         plan = with_tables(plan, alternatives=getattr(args, "alternatives", False), table=getattr(args, "table", None),
@@ -46,12 +48,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
         out["disk"] = disk_need(plan, asked.train).to_json()
         out["resources"] = verdict.to_json()
         out["cost"] = cost.to_json()
+        out["resume"] = resume.to_json() if resume is not None else None
         print(json.dumps(out, indent=2))
         return code
     from scaletrain.tui.views.render import print_plan, print_weights
     print_plan(plan, alternatives=getattr(args, "alternatives", False), table=getattr(args, "table", None))
     print(f"disk: {disk_need(plan, asked.train).text()}")
     print(cost.line())
+    if resume is not None:
+        print(resume.line())
     rows = asked.profile.data.get("records", request.dataset_size) if asked.profile is not None else request.dataset_size
     print_weights(weights["source"], [w for w in (weights["warning"], weights["problem"]) if w],
                   data, rows, note=weights["note"])

@@ -31,9 +31,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from scaletrain.engine.model.calibration import save_calibration
+    from scaletrain.engine.estimate.calibration import save_calibration
     from scaletrain.engine.units import fmt_bytes, fmt_seconds
-    from scaletrain.trainer.validate import check_steps, derive_calibration, validate
+    from scaletrain.measure.validate import check_steps, derive_calibration, validate
 
     console = Console(highlight=False, stderr=args.json)
     budget = args.budget_seconds

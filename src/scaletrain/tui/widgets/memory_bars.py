@@ -9,7 +9,7 @@ from rich.console import Group
 from rich.text import Text
 from textual.widgets import Static
 
-from scaletrain.engine.model.breakdown import MemoryBreakdown
+from scaletrain.engine.estimate.breakdown import MemoryBreakdown
 from scaletrain.engine.units import fmt_bytes
 from scaletrain.tui.views.render import COMPONENT_STYLE, memory_bar
 

@@ -27,11 +27,11 @@ from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.request.data_source import DataSource, resolve_data
 from scaletrain.engine.request.records import check_data
 from scaletrain.engine.request.weights import resolve_weights, weights_problem, weights_warning
-from scaletrain.engine.plan.pins import PIN_FIELDS, PinCost, pin_cost
+from scaletrain.engine.plan.pins import PinCost, pin_cost
 from scaletrain.engine.run.run_length import with_known_length
 from scaletrain.tui.wizard.sources import parse_data
 from scaletrain.engine.request.args import asked_from_args
-from scaletrain.engine.request.fields import FORM_FIELD, parse_resident
+from scaletrain.engine.request.fields import FORM_FIELD, PIN_FIELDS, parse_resident, screen_fields
 
 # Hardware offered when nothing is detected and nothing was named: the most common fine-tuning node.
 DEFAULT_CATALOG_GPUS = "8xH100-SXM"
@@ -392,7 +392,7 @@ def weights_verdict(state: WizardState) -> tuple[str | None, str | None]:
     return (weights_problem(state.request.method, state.request.base_bits, source), weights_warning(source))
 
 
-BATCH_FIELDS = ("effective_batch", "seq_len", "data", "dataset", "epochs", "lr", "base_lr", "base_batch")
+BATCH_FIELDS = screen_fields("batch")      # the batch step's text fields, in order (engine/request/fields.py)
 
 
 def apply_batch_fields(state: WizardState, values: dict[str, str]) -> WizardState:

@@ -1,0 +1,264 @@
+"""Per-GPU memory model, readable top to bottom.
+
+The peak of a training step is the largest of a few moments, not the sum of every buffer ever allocated:
+
+  forward      model states + activations saved so far + the layer being computed
+  loss         ... + logits and the fp32 log-softmax of cross-entropy (the spike hand guides miss)
+  backward     ... all activations still saved + the cross-entropy gradient (3 fp32 B·S·V tensors), then
+               activations are freed layer by layer while gradients appear (under checkpointing each block's
+               forward runs again first, its transients on top of its saved tensors and the incoming gradient)
+  step         model states + gradients + the optimizer's temporaries
+
+The parts, in reading order: numerics.py says which dtype every tensor has in the launched stack; states.py the
+weights, optimizer states and gradients per GPU; activations.py lists, per token, what one decoder block saves for
+backward under those dtypes (checked byte for byte against torch's saved-tensor hooks on CPU,
+tests/trainer/test_memory_saved.py) and what lives outside the blocks. Here, `simulate_step` walks the moments above for
+one micro-batch and `estimate_memory` reports the breakdown at the peak, plus CUDA context, workspaces and the
+allocator reserve. Every term is named after what it is; every constant says where it came from.
+Ground truth: tests/trainer/test_memory_groundtruth.py compares whole steps against torch.profiler on CPU, and
+bench/results/h100-2026-11-23.json against torch.cuda.max_memory_allocated on an H100.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scaletrain.engine.estimate.activations import block_activations, eager_attention, eager_masks, outside_blocks
+from scaletrain.engine.estimate.breakdown import MemoryBreakdown
+from scaletrain.engine.estimate.numerics import numerics, uses_deepspeed
+from scaletrain.engine.estimate.objectives import (generation_cost, head_cost, held_outputs_bytes, objective_terms,
+                                                reference_forward_bytes, reference_weight_bytes, sequences)
+from scaletrain.engine.estimate.setup import TrainingSetup
+from scaletrain.engine.estimate.states import DS_PREFETCH_BUCKET_ELEMS, ModelStates, model_states
+
+# ---- constants (each one named, sourced, and overridable by calibration later) --------------------------------
+GiB = 1024**3
+MiB = 1024**2
+
+# CUDA context + module images created by the first kernels, torch 2.x with lazy module loading: not in
+# torch.cuda.max_memory_allocated, only in nvidia-smi / NVML. HF model-memory-anatomy doc: 1.3 GB on V100 with
+# eager loading; ~0.5 GiB on A100/H100 with lazy loading. The H100 run of 2026-11-23 saw 483 MiB in use before the
+# first step (../shared/measurements/h100-2026-11-23/e2e-monitor-headless.txt). Calibrated by `validate --save`.
+CUDA_CONTEXT_BYTES = 512 * MiB
+# NCCL communicator buffers per process when world > 1 (NCCL_BUFFSIZE 4 MiB × channels × peers, order 100s MiB).
+NCCL_BUFFER_BYTES = 256 * MiB
+# Caching-allocator reserve above the allocated peak (cached free blocks, fragmentation). On the H100
+# (accuracy-sweep.json, max_memory_reserved / max_memory_allocated − 1): 4-19 % with plain PyTorch (median 10 %),
+# 25-41 % with DeepSpeed, on a card with room to spare: the allocator grows its cache rather than search it while
+# cudaMalloc succeeds, and frees cached blocks and retries before it reports an OOM, so reserved memory overstates
+# what a run needs. We plan with the plain-PyTorch median; `validate --save` stores the measured value.
+ALLOCATOR_RESERVE_FRACTION = 0.10
+# cuBLAS workspace, allocated through torch's caching allocator (so inside max_memory_allocated) once per
+# (thread, stream) handle: torch sets CUBLAS_WORKSPACE_CONFIG ":4096:8" (32 MiB) on Hopper and newer and
+# ":4096:2:16:8" (~8 MiB) before (aten/src/ATen/cuda/CublasHandlePool.cpp). Forward runs on the Python thread,
+# backward on autograd's device thread: two handles.
+CUBLAS_WORKSPACE_BYTES = {"hopper": 32 * MiB, "blackwell": 32 * MiB}
+CUBLAS_WORKSPACE_BYTES_OLDER = 8 * MiB + 128 * 1024
+CUBLAS_HANDLES = 2
+
+
+# ---- the step, moment by moment --------------------------------------------------------------------------------
+def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str, Any]:
+    """Walk one (last) micro-step and the optimizer step; return the peak of each phase and the peak's parts."""
+    m = s.model
+    nm = numerics(s)
+    b = micro_batch or s.micro_batch
+    seqs = sequences(s, b)             # reward/dpo: chosen + rejected of every pair; grpo: completions
+    t = seqs * s.seq_len
+    c = nm.compute
+    ms = model_states(s)
+    layer = block_activations(s, seqs)
+    head = head_cost(s, b)
+    out = outside_blocks(s, seqs)
+    L = m.num_layers
+    h = m.hidden_size
+    full = s.method == "full"
+    ref_weights = reference_weight_bytes(s)
+    static = ms.weights + ms.optimizer + ref_weights
+
+    gather_block, gather_head, grad_gather_block = _gathers(s, head.weight_params)
+
+    # what checkpointing keeps per block, and what recomputing one block costs in backward
+    mask = seqs * s.seq_len * s.seq_len * nm.residual * eager_masks(s) if eager_attention(s) else 0
+    recompute = s.grad_ckpt
+    per_block_saved = t * h * nm.residual if recompute else layer.saved + layer.weight_copies
+
+    # eager attention: transformers builds one additive causal mask (B×1×S×S, residual dtype) for all blocks;
+    # it lives through backward only when checkpointing saves it as a block input, else until forward returns
+    shared = out["shared"] + (mask if s.grad_ckpt else 0)
+    final = out["final"]
+
+    grads = ms.gradients_persistent
+    # accelerate-loop: the previous micro-step's outputs during forward, this one's from the loss to the next forward
+    peaks = _Peaks(static, held_outputs_bytes(s, b))
+    mark = peaks.mark
+
+    # GRPO: the completions are generated (no grad) before the first micro-step of the optimizer step
+    gen = generation_cost(s)
+    if gen.peak:
+        # ZeRO-3 generates with the whole model gathered (in gen.peak), not one block at a time
+        mark("generation", gen.peak, 0, grads, gather=0 if gen.gathered_weights else gather_block)
+    if s.objective == "grpo" and s.ref_model == "same":   # reference log-probs of the completions, micro by micro
+        mark("generation", shared + reference_forward_bytes(s, layer.fwd_transient, b), 0, grads)
+
+    # forward: blocks one by one. Under checkpointing, autocast's cache still holds every cast trainable weight
+    # until forward returns (saved copies count in per_block_saved otherwise); the eager mask lives until then too
+    acts = shared
+    cache = 0 if s.grad_ckpt else mask
+    for _ in range(L):
+        mark("forward", acts + cache + layer.fwd_transient, 0, grads, gather=gather_block)
+        acts += per_block_saved
+        cache += layer.cached_copies if recompute else 0
+    acts += final
+    # loss: the head's forward (sft: logits + fp32 copy + log_softmax output; dpo/grpo: TRL's log-prob tiles)
+    acts += head.labels
+    mark("loss", acts + cache, head.forward_transient + head.saved, grads, gather=gather_head)
+    if s.objective == "dpo":   # the reference's no-grad forward runs while the policy's graph is alive
+        mark("loss", acts + reference_forward_bytes(s, layer.fwd_transient, b), head.saved, grads)
+    # backward through the loss (sft: log_softmax's saved output + its grad + the input grad; TRL's fused head:
+    # the recomputed tiles, with the fp32 weight gradient allocated up front)
+    head_grad_gather = gather_head if full else 0   # ZeRO-3/FSDP: the unsharded head gradient
+    mark("backward", acts, head.saved + head.backward_transient, grads, gather=gather_head)
+    # head backward: its output's gradient (compute dtype) is consumed; the head's weight gradient appears
+    # (16-bit under autocast, then converted to the fp32 gradient)
+    head_grad = _grad_share(head.weight_params, s) if full and not (uses_deepspeed(s) and s.precision != "fp32") else 0
+    head_cast = c * head.weight_params if (full and nm.trainable_copies and not head.weight_grad_early) else 0
+    if ms.grows_in_backward:
+        mark("backward", acts, head.output_grad, grads + head_grad, opt_extra=head_cast,
+             gather=gather_head + head_grad_gather)
+        grads += head_grad
+    else:   # the buffers (accumulation, DDP buckets, DeepSpeed) already hold it
+        mark("backward", acts, head.output_grad, ms.gradients_backward, opt_extra=head_cast,
+             gather=gather_head + head_grad_gather)
+        grads = ms.gradients_backward + (head_grad if (m.tie_embeddings and m.vocab_head) else 0)   # tied: below
+    acts -= final + head.labels
+    block_grad = _grad_share(m.block_params() if full else s.trainable_params // max(L, 1), s)
+    big = layer.worst or layer      # a stack of unlike layers: each block's moment as its largest kind's
+    for _ in range(L):
+        # under checkpointing the block's own tensors (and autocast's weight copies) are recomputed on top of
+        # its saved input
+        below = acts - per_block_saved
+        recomputed = per_block_saved + big.weight_copies + out["window_mask"] if recompute else 0
+        mark("backward", below + recomputed + big.bwd_peak, 0, grads, gather=gather_block + grad_gather_block)
+        if recompute:   # the recompute's forward at down_proj, the gradient of the block's output waiting
+            mark("backward", below + recomputed + big.saved + big.recompute_transient + _waiting_grad(s, t),
+                 0, grads, gather=gather_block)
+        acts -= per_block_saved
+        if ms.grows_in_backward:
+            grads += block_grad
+    grads = max(grads, ms.gradients_backward)
+    # the embedding's backward writes a dense V×h gradient; with tied embeddings autograd adds it to lm_head's,
+    # which waits in the engine's input buffer from the head's backward on (beside an accumulation buffer too): out of place (a third V×h tensor) unless lm_head's gradient is a
+    # fresh fp32 copy of autocast's 16-bit one, which the engine may add into (torch/csrc/autograd/input_buffer.cpp)
+    tied = m.tie_embeddings and m.vocab_head
+    embed_bwd = _grad_share(m.vocab_size * h, s) * (1 if nm.trainable_copies else 2) if (full and tied) else 0
+    mark("backward", acts, 0, grads, opt_extra=embed_bwd)
+    # optimizer step
+    mark("step", 0, 0, ms.gradients_step, opt_extra=ms.step_temporaries)
+    if not gen.peak:
+        del peaks.phase_peaks["generation"]
+    return {"phase_peaks": peaks.phase_peaks, "parts": peaks.parts, "states": ms, "head": head, "generation": gen}
+
+
+def _waiting_grad(s: TrainingSetup, tokens: int) -> int:
+    """The gradient of a recomputed block's output while the block is recomputed: in the residual dtype, and with a
+    16-bit residual also its fp32 form from the next RMSNorm's backward (torch.profiler, bf16 LoRA without
+    autocast, bench/cpu_groundtruth.py)."""
+    r = numerics(s).residual
+    return tokens * s.model.hidden_size * (r + (4 if r < 4 else 0))
+
+
+class _Peaks:
+    """The step's running peaks: each phase's highest total, and the parts of the highest of all."""
+
+    def __init__(self, static: int, held_logits: int = 0):
+        self.static = static
+        self.held_logits = held_logits   # logits a loop keeps at every moment, counted with the logits
+        self.parts: dict[str, Any] = {}
+        self.phase_peaks = {"generation": 0, "forward": 0, "loss": 0, "backward": 0, "step": 0}
+
+    def mark(self, phase: str, act: int, logit: int, grad: int, opt_extra: int = 0, gather: int = 0) -> None:
+        logit += self.held_logits
+        total = self.static + grad + act + logit + opt_extra + gather
+        if total > self.phase_peaks[phase]:
+            self.phase_peaks[phase] = total
+        if total > self.parts.get("total", -1):
+            self.parts.update(total=total, phase=phase, activations=act + gather, logits=logit,
+                              gradients=grad, optimizer_extra=opt_extra)
+
+
+def _gathers(s: TrainingSetup, head_weight_params: int) -> tuple[int, int, int]:
+    """ZeRO-3 / FSDP: the gathered 16-bit copy of the block being computed plus the prefetched next one; the
+    embedding matrix is gathered for the lookup and again (tied) for the output head; full fine-tuning's block
+    gradient is unsharded too. (block, head, block gradient) bytes; zeros for other strategies."""
+    m = s.model
+    if not (s.strategy in ("zero3", "fsdp") and s.world_size > 1):
+        return 0, 0, 0
+    gb = 2 if s.precision != "fp32" else 4
+    blk = m.block_params()
+    prefetch = min(blk, DS_PREFETCH_BUCKET_ELEMS) if s.strategy == "zero3" else blk
+    gather_head = gb * (m.embedding_params if m.tie_embeddings or not m.vocab_head else head_weight_params)
+    return gb * (blk + prefetch), gather_head, gb * blk if s.method == "full" else 0
+
+
+def _grad_share(n_params: int, s: TrainingSetup) -> int:
+    """Gradient bytes a group of parameters adds on this GPU as backward reaches it."""
+    nm = numerics(s)
+    if s.method != "full":
+        return nm.adapter * n_params
+    per = nm.weight
+    if s.strategy in ("zero2", "zero3", "fsdp"):
+        return per * n_params // s.world_size
+    return per * n_params
+
+
+def workspace_bytes(s: TrainingSetup) -> int:
+    """cuBLAS workspaces inside the allocator (see CUBLAS_WORKSPACE_BYTES)."""
+    if s.device == "cpu":
+        return 0
+    per = CUBLAS_WORKSPACE_BYTES.get(s.hardware.gpu.arch, CUBLAS_WORKSPACE_BYTES_OLDER)
+    return CUBLAS_HANDLES * per
+
+
+def overhead_bytes(s: TrainingSetup, allocated_peak: int) -> int:
+    """CUDA context, NCCL buffers and the caching allocator's reserve above the allocated peak."""
+    if s.device == "cpu":
+        return 0
+    from scaletrain.engine.estimate.calibration import for_setup
+
+    cal = for_setup(s)   # `scaletrain validate --save` measured these on this GPU kind and stack
+    ctx = CUDA_CONTEXT_BYTES + (NCCL_BUFFER_BYTES if s.world_size > 1 else 0)
+    reserve = ALLOCATOR_RESERVE_FRACTION
+    if cal is not None:
+        ctx = cal.context_bytes if cal.context_bytes is not None else ctx
+        reserve = cal.allocator_reserve_fraction if cal.allocator_reserve_fraction is not None else reserve
+    return ctx + int(reserve * allocated_peak)
+
+
+def estimate_memory(s: TrainingSetup, headroom_fraction: float = 0.10,
+                    micro_batch: int | None = None) -> MemoryBreakdown:
+    sim = simulate_step(s, micro_batch)
+    ms: ModelStates = sim["states"]
+    parts = sim["parts"]
+    ws = workspace_bytes(s)
+    allocated = parts["total"] + ws
+    vllm = sim["generation"].vllm_share    # a colocated vLLM engine allocates outside torch's allocator
+    overhead = ws + overhead_bytes(s, allocated) + vllm
+    return MemoryBreakdown(
+        weights_bytes=ms.weights + reference_weight_bytes(s),
+        gradients_bytes=parts["gradients"],
+        optimizer_bytes=ms.optimizer + parts["optimizer_extra"],
+        activations_bytes=parts["activations"],
+        logits_bytes=parts["logits"],
+        overhead_bytes=overhead,
+        peak_phase=parts["phase"],
+        capacity_bytes=s.hardware.gpu.memory_bytes,
+        headroom_fraction=headroom_fraction,
+        phase_peaks={k: v + ws for k, v in sim["phase_peaks"].items()} if ws else sim["phase_peaks"],
+        model_states_unsharded_bytes=ms.unsharded,
+        host_bytes_per_gpu=ms.host,
+        workspace_bytes=ws,
+        objective=str(s.objective),
+        terms=objective_terms(s, sim["head"], parts["phase"]),
+        outside_allocator_bytes=vllm,
+    )

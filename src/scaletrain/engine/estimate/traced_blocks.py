@@ -1,0 +1,176 @@
+"""The activations term of a traced model (no analytic layout): activations.py's two functions, from the trace.
+
+Traced (measure/trace.py: a slice of the real model at its real widths holding one layer of each kind, measured at
+four lengths, fitted as c0 + c1·S + c2·S² with non-negative coefficients):
+  - each kind's saved bytes, attention half and MLP half: c1 the per-token tensors, c2 what grows with S² (eager
+    attention's softmax), c0 the per-block constants (autocast's 16-bit weight copies, kept as `weight_copies`);
+    averaged over the real layers by each kind's count, since forward keeps every layer's;
+  - each kind's moments: the rise of live bytes while it runs forward, and its saved bytes plus the rise while it
+    runs backward (under checkpointing: the rise from its output's gradient to its input's, the recompute in it);
+    a block's moment is its largest kind's (`worst`), since any layer may be the one running at the peak;
+  - outside the blocks: the ids the embedding keeps and the tensors every block receives (rotary cos/sin, masks),
+    the final norm's saved tensors and what the output head keeps of its input.
+Kernel rules kept from the analytic families: on a GPU, FlashAttention-2's backward workspace and the MLP's
+gradients beside the CPU-traced moments (the larger kept); the output head's 16-bit copy (a V×h linear; the trace's
+small vocabulary does not show the real one). The logits and cross-entropy are the engine's generic head terms
+(objectives.py), as for every family. tests/engine/test_traced.py and bench/architecture_sweep.py check whole steps
+against torch.profiler.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from scaletrain.engine.catalog import traced
+from scaletrain.engine.estimate.chunked_loss import chunked, hidden_saved
+from scaletrain.engine.estimate.numerics import numerics
+from scaletrain.engine.estimate.setup import TrainingSetup
+
+
+def trace_regime(s: TrainingSetup) -> dict[str, Any]:
+    """The regime a trace runs in, in measure/step.py's names (as measure/validate.py maps a plan).
+
+    Checkpointing is (its recompute's moments are traced as they run). fp16 is traced as bf16 (same widths); QLoRA
+    as LoRA on an fp32 base under autocast (its frozen weights' 16-bit copies counted: an over-estimate, on the safe
+    side). A sliding window or an attention chunk shorter than the planned sequence is traced as one shorter than
+    the trace's sequences, so its masks and repeated k/v are in the fit.
+    """
+    nm = numerics(s)
+    if s.precision == "fp32":
+        precision = "fp32"
+    elif not nm.autocast:
+        precision = "bf16-pure"
+    else:
+        precision = "bf16" if nm.residual == 4 else "bf16-autocast"
+    lora = s.method != "full"
+    regime: dict[str, Any] = {"method": "lora" if lora else "full", "lora_rank": s.lora_rank if lora else 0,
+                              "lora_targets": sorted(s.lora_targets) if lora else None, "precision": precision,
+                              "attn": "eager" if s.attn == "eager" else "sdpa"}
+    if s.grad_ckpt:
+        regime["grad_ckpt"] = True    # the recompute's moments are traced as they run
+    cfg = s.model.config
+    window = cfg.get("sliding_window")
+    if _length(window) and window < s.seq_len:
+        regime["windowed"] = True     # traced with a window shorter than its sequences: masks, repeated k/v
+    if any(_length(v) and v > traced.MAX_GRANULE and v < s.seq_len for k, v in cfg.items() if "chunk" in k):
+        regime["chunked"] = True      # an attention chunk (llama4's) the sequences exceed: traced as a short one
+    return regime
+
+
+def _length(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def prefetch_traces(setups: list[TrainingSetup]) -> None:
+    """Trace, in one subprocess, every regime these setups of a traced model need and the cache lacks (a search
+    visits several: DeepSpeed's 16-bit weights and accelerate's autocast are different regimes)."""
+    from scaletrain.engine.catalog.architectures import analytic_types
+
+    todo = [s for s in setups if s.model.memory_source == "traced"]
+    if todo:
+        regimes = {_json_key(trace_regime(s)): trace_regime(s) for s in todo}
+        traced.prefetch(todo[0].model.config, list(regimes.values()), analytic_types())
+
+
+def _json_key(regime: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(regime, sort_keys=True)
+
+
+def _trace(s: TrainingSetup) -> dict[str, Any]:
+    from scaletrain.engine.catalog.architectures import analytic_types
+
+    return traced.activations(s.model.config, trace_regime(s), analytic_types())
+
+
+def _total(kinds: list[dict], L: int, value: Callable[[dict], int]) -> int:
+    """Average over the real layers of a per-kind value, each kind weighed by its count, rounded up (safe side)."""
+    return -(-sum(int(k["count"]) * value(k) for k in kinds) // max(L, 1))
+
+
+def traced_block_terms(s: TrainingSetup, micro_batch: int | None, copies: tuple[int, int],
+                       flash_backward: Callable[[TrainingSetup, int], int]) -> dict[str, Any]:
+    """LayerActivations' fields for a traced model: the saved bytes averaged over the real layers (each kind by its
+    count, what accumulates through forward), the moments of one block from the largest kind (`worst`: what a block
+    holds while it runs forward, backward or is recomputed; see the module doc)."""
+    m = s.model
+    b = micro_batch or s.micro_batch
+    S = s.seq_len
+    act = _trace(s)
+    kinds = [k for k in act["kinds"] if int(k["count"])]
+    g = int(act.get("granule", 1))
+    per_token = lambda f: [0, *f[1:]]   # noqa: E731 - c1, c2 without the constant
+    attn = [traced.at(per_token(k["attn"]), b, S, g) for k in kinds]
+    mlp = [traced.at(per_token(k["mlp"]), b, S, g) for k in kinds]
+    consts = [math.ceil(k["attn"][0] + k["mlp"][0]) for k in kinds]
+    counts = [int(k["count"]) for k in kinds]
+    L = max(m.num_layers, 1)
+    mean = lambda xs: -(-sum(n * x for n, x in zip(counts, xs)) // L)   # noqa: E731 - rounded up
+    fwd, bwd = _moments(s, kinds, b, S, g, flash_backward)
+    if s.grad_ckpt:     # a block's moments as traced under checkpointing (memory.py adds its input, the waiting grad)
+        moment = {"saved_attn": 0, "saved_mlp": bwd, "fwd_transient": fwd, "mlp_bwd_transient": 0,
+                  "attn_bwd_transient": 0, "weight_copies": 0, "cached_copies": 0, "recompute_transient": 0}
+        return {"saved_attn": mean(attn), "saved_mlp": mean(mlp), "fwd_transient": fwd, "mlp_bwd_transient": 0,
+                "attn_bwd_transient": 0, "weight_copies": mean(consts), "cached_copies": min(copies[1], mean(consts)),
+                "recompute_transient": 0, "worst": moment}
+    worst_saved = max(a + x for a, x in zip(attn, mlp))
+    worst = {"saved_attn": max(attn), "saved_mlp": worst_saved - max(attn), "fwd_transient": fwd,
+             "mlp_bwd_transient": max(bwd - worst_saved, 0), "attn_bwd_transient": 0,
+             "weight_copies": max(consts), "cached_copies": min(copies[1], max(consts)),
+             "recompute_transient": max(fwd - worst_saved, 0)}
+    out = {"saved_attn": mean(attn), "saved_mlp": mean(mlp), "fwd_transient": fwd,
+           "mlp_bwd_transient": max(bwd - mean(attn) - mean(mlp), 0), "attn_bwd_transient": 0,
+           "weight_copies": mean(consts), "cached_copies": min(copies[1], mean(consts)),
+           "recompute_transient": max(fwd - mean(attn) - mean(mlp), 0)}
+    if len(kinds) > 1:
+        out["worst"] = worst
+    return out
+
+
+def _moments(s: TrainingSetup, kinds: list[dict], b: int, S: int, g: int,
+             flash_backward: Callable[[TrainingSetup, int], int]) -> tuple[int, int]:
+    """The largest kind's (forward, backward) bytes while one block runs: traced as the rise of live bytes in its
+    forward, and its saved bytes plus the rise in its backward, with the gradient of its output waiting. On a GPU
+    the kernel rules of the analytic families stand beside them (FlashAttention-2's workspace, which the CPU trace
+    does not run), the larger of the two kept."""
+    m = s.model
+    nm = numerics(s)
+    t = b * S
+    waiting = 0 if s.grad_ckpt else t * m.hidden_size * nm.residual     # memory.py adds it under checkpointing
+    fwd = max(traced.at(k["fwd"], b, S, g) for k in kinds)
+    bwd = max(traced.at(k["bwd"], b, S, g) for k in kinds) + waiting
+    if s.device != "cuda" or s.grad_ckpt:
+        return fwd, bwd
+    c = nm.compute
+    largest = max(max(int(k["largest_mlp"]), int(k["largest_attn"])) for k in kinds)
+    s2 = b * m.num_heads * S * S           # attention score elements
+    saved = max(traced.at(k["attn"], b, S, g) + traced.at(k["mlp"], b, S, g) for k in kinds)
+    rule_fwd = 2 * s2 * 4 if s.attn == "eager" else t * largest
+    rule_bwd = 2 * s2 * 4 if s.attn == "eager" else t * flash_backward(s, c)
+    rule_bwd = max(rule_bwd, 2 * t * (max(int(k["largest_mlp"]) for k in kinds) or largest))
+    if nm.trainable_copies:
+        rule_bwd += c * max(a * o for a, o, _ in m.linear_shapes().values())
+    return max(fwd, saved + rule_fwd), max(bwd, saved + rule_bwd)
+
+
+def traced_outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> dict[str, int]:
+    """activations.outside_blocks for a traced model: `shared`, `final`, `labels` (see the module doc)."""
+    m = s.model
+    nm = numerics(s)
+    b = micro_batch or s.micro_batch
+    S = s.seq_len
+    t = b * S
+    act = _trace(s)
+    g = int(act.get("granule", 1))
+    shared = traced.at(act["shared"], b, S, g)
+    final = traced.at(act["final_norm"], b, S, g)
+    own_head = not (s.fused_lm_head or chunked(s))   # TRL's fused head, the chunked loss: their own saves
+    if own_head:
+        final += traced.at([0, *act["head_input"][1:]], b, S, g)
+    head_out = m.vocab_size if m.vocab_head else 1
+    if (nm.trainable_copies or nm.fp32_head) and own_head:
+        final += 2 * head_out * m.hidden_size
+    final += hidden_saved(s, t) if chunked(s) else 0
+    return {"shared": shared, "final": final, "labels": 8 * t, "window_mask": 0}

@@ -1,0 +1,27 @@
+"""The engine's side of the measuring room (`scaletrain/measure/`): the one module it runs, and the formats of the
+answers it caches.
+
+The engine never imports torch or transformers; what only they can answer (a model's traced structure, your data
+read and tokenized as the trainer will) is asked of one child process, `python -m scaletrain.measure.probe KIND`.
+Both sides import the formats from here: an answer cached in another format is asked again.
+"""
+
+from __future__ import annotations
+
+import sys
+
+PROBE_MODULE = "scaletrain.measure.probe"      # the one entry point the engine runs (measure/probe.py)
+# trace (engine/catalog/traced.py ↔ measure/trace.py) — 4: layer kinds, non-negative fits checked at a fourth
+# length, trace lengths on the kernels' chunks, peft's counts, the sizes as transformers reads them, the attention
+# kernels the model class supports.
+TRACE_FORMAT = 4
+# data profile (engine/request/data_profile.py ↔ measure/data_profile.py)
+PROFILE_FORMAT = 2
+PROBES = ("trace", "data-profile")
+
+
+def probe_argv(kind: str, *args: str) -> list[str]:
+    """The argument list of one probe process (this interpreter, the probe entry point, its kind and arguments)."""
+    if kind not in PROBES:
+        raise ValueError(f"no probe {kind!r}; probes: {', '.join(PROBES)}")
+    return [sys.executable, "-m", PROBE_MODULE, kind, *args]

@@ -1,0 +1,237 @@
+"""Trace a model family that has no analytic layout: measure what its blocks are and what they save for backward.
+
+    python -m scaletrain.measure.probe trace < request.json > trace.json      (one request)
+    python -m scaletrain.measure.probe trace --serve                          (JSON lines in, JSON lines out)
+
+`--serve` is how the engine runs it (engine/catalog/traced.py, through the probes' entry point measure/probe.py):
+one process per planning process, transformers imported once, every structure, regime and LoRA count of a plan
+answered by it.
+
+A request is `{"config": <config.json dict>, "regime": null | {"method", "lora_rank", "lora_targets", "precision",
+"attn", "windowed"?, "chunked"?}}` (precision in measure/step.py's names), or `"regimes": [...]` (answered as
+`activations_by_regime`, in order), or `"lora_targets": [...] | null` (answered as `lora`). The answer:
+
+- `structure` (always): the real model built on the meta device (no memory): its exact parameter count, the
+  embedding and output-head sizes, and its decoder layers grouped into KINDS by structural signature (the layer's
+  class, every submodule's class and plain attributes — sliding or not, linear or full attention, MoE or dense,
+  mamba or attention — and every parameter's shape; derived from the module tree, no per-family table), each kind
+  with its count, parameters, tensors and nn.Linear modules; and the slice that holds one of each kind: the
+  shortest prefix of the stack whose layers have the same signatures as the real model's first layers.
+- `activations` (per regime): that slice at the real widths, random init, one forward + loss under
+  `torch.autograd.graph.saved_tensors_hooks` at four sequence lengths (micro-batch 1), each saved storage counted
+  once and kept alive until the forward ends (so no freed address is reused and taken for another). The lengths are
+  multiples of every kernel chunk the config names (`chunk_size`: mamba2's scan) and of the gated delta rule's 64,
+  so padded chunked kernels are traced as they run. Each layer's bytes are split into its attention half and its MLP
+  half and fitted with NON-NEGATIVE coefficients as c0 + c1·S + c2·S² through the first three lengths; the fourth
+  must be predicted within FIT_TOLERANCE or the trace refuses in one line. Per kind: the largest coefficients of its
+  layers in the slice. Outside the blocks: `shared` (the ids the embedding keeps, and tensors every block receives:
+  rotary tables, masks), `final_norm`, `head_input`; the logits, log-softmax and labels are the engine's.
+- `lora` (LoRA regimes and LoRA requests): peft's own count on the meta-device model with the run's targets —
+  trainable parameters per unit of rank and adapted modules — as the trainer's `add_lora` builds it.
+
+Failures print ONE line (stderr, or `{"error": ...}` when serving) and exit 2. torch / transformers are imported
+inside functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from scaletrain.engine.probes import TRACE_FORMAT
+from scaletrain.measure.trace_fit import TraceError, envelope, fit
+from scaletrain.measure.trace_record import saved_by_scope, warm_up
+from scaletrain.measure.trace_structure import (FIT_TOLERANCE, TRACE_MULTIPLES, check_slice_size, shrink_windows,
+                                                granule, lora_count, prefix_config, structure)
+
+__all__ = ["TraceError", "activations", "envelope", "fit", "lora_count", "main", "prefix_config", "run", "serve",
+           "structure"]
+
+
+# ---- one regime -----------------------------------------------------------------------------------------------
+def activations(config: dict, regime: dict, struct: dict) -> dict[str, Any]:
+    """Saved bytes of the slice in `regime`, fitted per layer half and taken per kind (see the module doc)."""
+    import warnings
+
+    from scaletrain.measure.step import build_harness
+
+    check_slice_size(struct, regime["precision"], str(config.get("model_type")))
+    n = struct["slice_layers"]
+    cfg = prefix_config(config, n)
+    shrink_windows(cfg, regime)
+    g = granule(config)
+    lengths = [g * k for k in TRACE_MULTIPLES]
+    targets = tuple(regime.get("lora_targets") or ()) or None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        harness = build_harness(cfg, method=regime["method"], lora_rank=int(regime.get("lora_rank", 8)),
+                                lora_alpha=2 * int(regime.get("lora_rank", 8)), lora_targets=targets,
+                                grad_ckpt=bool(regime.get("grad_ckpt")), attn=regime["attn"],
+                                precision=regime["precision"], device="cpu")
+        warm_up(harness, lengths[0])            # lazily built buffers and caches, before anything is counted
+        runs = [(S, *saved_by_scope(harness, S)) for S in lengths]
+        pair = saved_by_scope(harness, lengths[1], batch=2)    # the last length's tokens as two sequences
+    out = {"seq_lens": lengths, "granule": g, "slice_layers": n,
+           **_per_kind(runs, struct, own_saved=not regime.get("grad_ckpt"), pair=pair)}
+    if regime["method"] != "full":
+        out["lora"] = lora_count(config, targets)
+    return out
+
+
+def _series(S: int, tot: dict, rises: dict, n: int, own_saved: bool) -> dict[str, int]:
+    """One run's numbers by series: each layer half's saved bytes, each layer's forward and backward rise."""
+    out = dict(tot)
+    for i in range(n):
+        own = tot.get(f"layer{i}.attn", 0) + tot.get(f"layer{i}.mlp", 0) if own_saved else 0
+        out.setdefault(f"layer{i}.attn", 0)
+        out.setdefault(f"layer{i}.mlp", 0)
+        out[f"layer{i}.fwd"] = rises.get(f"fwd{i}", 0)
+        out[f"layer{i}.bwd"] = rises.get(f"bwd{i}", 0) + own
+    return out
+
+
+def _per_kind(runs: list, struct: dict, own_saved: bool = True, pair: tuple | None = None) -> dict[str, Any]:
+    """The runs fitted per scope and per layer window, then taken per kind (the largest coefficients of its layers
+    in the slice): saved bytes of each half, and the rise of live bytes in the layer's forward and backward (the
+    backward's counted on top of what is alive below the layer: its rise plus the layer's own saved bytes; under
+    checkpointing the layer saved nothing but its input, alive below it, and its backward's rise holds the
+    recompute)."""
+    n = struct["slice_layers"]
+    slack = int(FIT_TOLERANCE * max(sum(tot.values()) for _, tot, _, _ in runs))
+    series: dict[str, list[tuple[int, int]]] = {}
+    for S, tot, _, rises in runs:
+        for key, v in _series(S, tot, rises, n, own_saved).items():
+            series.setdefault(key, []).append((S, v))
+    # the last length's tokens as two sequences: a series that does not change is per token (an S² coefficient would
+    # be routing noise that a larger micro-batch divides, under-counting it); one that halves its S² part is not
+    as_two = _series(runs[1][0], pair[0], pair[2], n, own_saved) if pair else {}
+    last = {k: v[-1][1] for k, v in series.items()}
+    per_token = {k: abs(as_two.get(k, 0) - last[k]) <= slack for k in series} if pair else {}
+    fits = {k: envelope(v, not per_token.get(k)) if k.endswith((".fwd", ".bwd"))
+            else fit(v, k, slack, quadratic=not per_token.get(k)) for k, v in series.items()}
+    largest = {k: max(lg.get(k, 0) for _, _, lg, _ in runs) for k in series}
+    zero = [0, 0, 0]
+    kinds = [{"count": k["count"], "attn": zero, "mlp": zero, "fwd": zero, "bwd": zero,
+              "largest_attn": 0, "largest_mlp": 0} for k in struct["kinds"]]
+    for i in range(n):
+        kind = kinds[struct["layer_kinds"][i]]
+        for part in ("attn", "mlp", "fwd", "bwd"):
+            kind[part] = [max(a, b) for a, b in zip(kind[part], fits[f"layer{i}.{part}"])]
+        for half in ("attn", "mlp"):
+            kind[f"largest_{half}"] = max(kind[f"largest_{half}"], largest.get(f"layer{i}.{half}", 0))
+    return {"kinds": kinds, "shared": fits.get("shared", zero), "final_norm": fits.get("final_norm", zero),
+            "head_input": fits.get("head_input", zero)}
+
+
+# ---- requests -------------------------------------------------------------------------------------------------
+_STRUCTURES: dict[str, dict] = {}     # by config, within one serving process
+
+
+def _structure_of(config: dict) -> dict[str, Any]:
+    key = json.dumps(config, sort_keys=True, default=str)
+    if key not in _STRUCTURES:
+        try:
+            _STRUCTURES[key] = structure(config)
+        except TraceError:
+            raise
+        except Exception as e:          # noqa: BLE001 - transformers' own refusal, in one line
+            raise TraceError(f"transformers cannot build it: {one_line(e)}") from None
+    return _STRUCTURES[key]
+
+
+def run(request: dict) -> dict[str, Any]:
+    config = request.get("config")
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise TraceError("the request has no config.json dict with a model_type")
+    struct = _structure_of(config)
+    out: dict[str, Any] = {"format": TRACE_FORMAT, "model_type": config["model_type"], "structure": struct}
+    regimes = list(request.get("regimes") or ([request["regime"]] if request.get("regime") else []))
+    answers = []
+    for regime in regimes:
+        try:
+            answers.append(activations(config, regime, struct))
+        except TraceError:
+            raise
+        except Exception as e:          # noqa: BLE001
+            raise TraceError(f"its forward failed: {one_line(e)}") from None
+    if request.get("regime"):
+        out["activations"] = answers[0]
+    elif answers:
+        out["activations_by_regime"] = answers
+    if "lora_targets" in request:
+        try:
+            out["lora"] = lora_count(config, request["lora_targets"])
+        except TraceError:
+            raise
+        except Exception as e:          # noqa: BLE001
+            raise TraceError(f"peft cannot adapt it: {one_line(e)}") from None
+    return out
+
+
+def one_line(e: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(e).split()) or e.__class__.__name__
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _die_with_parent() -> None:
+    """Linux: end with the planning process that started this one, even mid-trace (prctl PR_SET_PDEATHSIG)."""
+    import signal
+
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)         # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:                     # the parent was gone before the signal was asked for
+        sys.exit(0)
+
+
+def serve() -> int:
+    """Answer one JSON request per line until stdin closes; the protocol owns the real stdout (whatever a library
+    prints goes to stderr)."""
+    _die_with_parent()
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            request = json.loads(line)
+            if not isinstance(request, dict):
+                raise TraceError("the request is not a JSON object")
+            answer: dict[str, Any] = {"ok": run(request)}
+        except (TraceError, ValueError) as e:
+            answer = {"error": one_line(e, 280), "code": 2}
+        except ImportError as e:
+            answer = {"error": f"the train extra is missing ({one_line(e, 120)})", "code": 3}
+        out.write(json.dumps(answer) + "\n")
+        out.flush()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--serve"]:
+        return serve()
+    try:
+        request = json.loads(argv[0] if argv else sys.stdin.read())
+        if not isinstance(request, dict):
+            raise TraceError("the request is not a JSON object")
+        result = run(request)
+    except (TraceError, ValueError) as e:
+        print(one_line(e, 280), file=sys.stderr)
+        return 2
+    except ImportError as e:
+        print(f"the train extra is missing ({one_line(e, 120)})", file=sys.stderr)
+        return 3
+    json.dump(result, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

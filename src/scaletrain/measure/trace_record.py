@@ -1,0 +1,250 @@
+"""What the traced slice's forward saves and how far live memory rises while each layer runs forward and backward
+(measure/trace.py): a saved-tensor recorder and a dispatch-mode count of live storages, per layer window."""
+
+from __future__ import annotations
+
+from scaletrain.measure.saved_activations import decoder_layers
+from scaletrain.measure.trace_fit import TraceError
+from scaletrain.measure.trace_structure import ATTN_NAMES, MLP_NAMES, SLICE_VOCAB
+
+
+def _tensors_in(x) -> list:
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _tensors_in(v)]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _tensors_in(v)]
+    return []
+
+
+def _child(layer, names: tuple[str, ...], cls_word: str):
+    for name, mod in layer.named_children():
+        if name in names or cls_word in type(mod).__name__:
+            return mod
+    return None
+
+
+class _Recorder:
+    """Saved storages by where forward was when autograd first packed them. Every packed tensor is kept alive
+    until the forward ends, so a storage's address stays its own: a freed temporary cannot hand its address to a
+    later saved tensor, which would then be taken for the first and go uncounted."""
+
+    def __init__(self, torch, excluded: set, count_passed: bool = False):
+        self.torch, self.excluded = torch, excluded
+        self.count_passed = count_passed   # checkpointing: what a layer receives is held until its recompute
+        self.scope = "shared"
+        self.shared_keys: set = set()
+        self.alive: list = []
+        self.seen: dict = {}            # storage key → [bytes, scope, shape, dtype]
+
+    def pack(self, t):
+        from scaletrain.measure.step import storage_key
+
+        torch = self.torch
+        if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.device.type != "meta":
+            self.alive.append(t)
+            k = storage_key(t)
+            if k not in self.excluded:
+                nb = t.untyped_storage().nbytes()
+                rec = self.seen.get(k)
+                scope = "shared" if k in self.shared_keys else self.scope
+                if rec is None:
+                    self.seen[k] = [nb, scope, tuple(t.shape), t.dtype]
+                elif nb > rec[0]:
+                    rec[0] = nb
+        return t
+
+    def hooks(self, model) -> list:
+        from scaletrain.measure.step import storage_key
+
+        out = []
+        layers = decoder_layers(model)
+
+        def enter(i):
+            def hook(module, args, kwargs):
+                passed = _tensors_in(list(args[1:])) + _tensors_in({k: v for k, v in kwargs.items()
+                                                                    if k != "hidden_states"})
+                self.shared_keys.update(storage_key(t) for t in passed)
+                if self.count_passed:
+                    scope, self.scope = self.scope, "shared"
+                    for t in passed:
+                        self.pack(t)
+                    self.scope = scope
+                self.alive += passed
+                self.scope = f"layer{i}.attn"
+            return hook
+
+        def half(i, name):
+            def hook(module, args):
+                self.scope = f"layer{i}.{name}"
+            return hook
+
+        def leave(module, args, output):
+            self.scope = "final_norm"
+
+        for i, layer in enumerate(layers):
+            out.append(layer.register_forward_pre_hook(enter(i), with_kwargs=True))
+            out.append(layer.register_forward_hook(leave))
+            for name, names, word in (("attn", ATTN_NAMES, "Attention"), ("mlp", MLP_NAMES, "MLP")):
+                child = _child(layer, names, word)
+                if child is not None:
+                    out.append(child.register_forward_pre_hook(half(i, name)))
+        head = model.get_output_embeddings()
+
+        def head_in(module, args):
+            self.scope = "head_input"
+
+        def head_out(module, args, output):
+            self.scope = "loss"
+        out.append(head.register_forward_pre_hook(head_in))
+        out.append(head.register_forward_hook(head_out))
+        return out
+
+
+class _Live:
+    """Bytes of the storages created since it started and still alive (each storage once, freed when torch frees
+    it), and the highest of them within each open window: a layer's forward, a layer's backward (from the gradient
+    of its output to the gradient of its input). Allocations inside one kernel are not seen: a kernel's own scratch
+    is the one thing this reads from the analytic side."""
+
+    def __init__(self, torch):
+        import weakref
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        self.torch, self.weakref = torch, weakref
+        self.live = 0
+        self.keys: dict = {}
+        self.windows: dict[str, list[int]] = {}     # name → [live at start, peak], while open
+        self.rises: dict[str, int] = {}
+        self.calls: dict[int, int] = {}               # layer → forwards it ran
+        self.backward = False                          # the backward pass runs (its recomputes are no forward)
+        live = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                live.created(out)
+                return out
+        self.mode = Mode()
+
+    def created(self, out) -> None:
+        from torch.utils._pytree import tree_flatten
+
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, self.torch.Tensor) and t.layout == self.torch.strided and t.device.type != "meta":
+                st = t.untyped_storage()
+                key = st._cdata
+                if key in self.keys:
+                    continue
+                nb = st.nbytes()
+                self.keys[key] = self.weakref.ref(st, lambda _, k=key, n=nb: self._freed(k, n))
+                self.live += nb
+                for w in self.windows.values():
+                    if self.live > w[1]:
+                        w[1] = self.live
+
+    def _freed(self, key, nb: int) -> None:
+        if self.keys.pop(key, None) is not None:
+            self.live -= nb
+
+    def open(self, name: str) -> None:
+        self.windows[name] = [self.live, self.live]
+
+    def close(self, name: str) -> None:
+        """The window's rise (its peak over its start) is kept; later allocations no longer raise it."""
+        w = self.windows.pop(name, None)
+        if w is not None:
+            self.rises[name] = w[1] - w[0]
+
+    def close_all(self) -> dict[str, int]:
+        for name in list(self.windows):
+            self.close(name)
+        return self.rises
+
+
+def _first_tensor(x):
+    found = _tensors_in(x)
+    return found[0] if found else None
+
+
+def _window_hooks(model, live: _Live) -> list:
+    """Each decoder layer's forward and backward as a window of `live` (the backward's ends are gradient hooks on
+    the layer's output and input)."""
+    out = []
+    for i, layer in enumerate(decoder_layers(model)):
+        def pre(module, args, kwargs, i=i):
+            if live.backward:          # a checkpoint's recompute: its rise is in the layer's backward window
+                return
+            live.calls[i] = live.calls.get(i, 0) + 1
+            live.open(f"fwd{i}")
+            x = _first_tensor(list(args[:1])) if args else _first_tensor(kwargs.get("hidden_states"))
+            if x is not None and x.requires_grad:
+                x.register_hook(lambda g, i=i: live.close(f"bwd{i}"))
+
+        def post(module, args, output, i=i):
+            if live.backward:
+                return
+            live.close(f"fwd{i}")
+            y = _first_tensor(output)
+            if y is not None and y.requires_grad:
+                y.register_hook(lambda g, i=i: live.open(f"bwd{i}"))
+        out.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
+        out.append(layer.register_forward_hook(post))
+    return out
+
+
+def warm_up(harness, seq_len: int) -> None:
+    import torch
+
+    from scaletrain.measure.step import make_batches
+
+    (ids,) = make_batches(1, 1, seq_len, harness.vocab_size, harness.device, 0)
+    with torch.no_grad(), harness.autocast():
+        harness.model(input_ids=ids, labels=ids)
+
+
+def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """One forward + loss + backward at micro-batch 1: saved bytes per scope, the largest per-token tensor per
+    scope, and per layer the rise of live bytes in its forward (`fwd{i}`) and in its backward (`bwd{i}`)."""
+    import torch
+
+    from scaletrain.measure.step import make_batches, storage_key
+
+    model = harness.model
+    excluded = {storage_key(t) for t in list(model.parameters()) + list(model.buffers())}
+    rec = _Recorder(torch, excluded, count_passed=any(getattr(m, "gradient_checkpointing", False) is True
+                                                        for m in model.modules()))
+    live = _Live(torch)
+    (ids,) = make_batches(1, batch, seq_len, harness.vocab_size, harness.device, 0)
+    rec.scope = "shared"
+    hooks = rec.hooks(model) + _window_hooks(model, live)
+    try:
+        with live.mode, torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t), harness.autocast():
+            loss = model(input_ids=ids, labels=ids).loss
+        rec.alive.clear()
+        live.backward = True
+        with live.mode:
+            loss.backward()
+    finally:
+        for h in hooks:
+            h.remove()
+    del loss
+    model.zero_grad(set_to_none=True)
+    total: dict[str, int] = {}
+    largest: dict[str, int] = {}
+    for nb, scope, shape, dtype in rec.seen.values():
+        if scope == "loss" or (shape and shape[-1] == SLICE_VOCAB):
+            continue              # logits, log-softmax, labels: the engine's cross-entropy terms
+        total[scope] = total.get(scope, 0) + nb
+        if list(shape).count(seq_len) == 1:
+            largest[scope] = max(largest.get(scope, 0), nb // (seq_len * batch))
+    looped = {i: n for i, n in live.calls.items() if n > 1}
+    if looped:
+        i, n = next(iter(looped.items()))
+        raise TraceError(f"its decoder layer {i} ran {n} times in one forward (a looped or recurrent stack): the "
+                         "traced layer model counts each layer once, so it is not planned rather than under-counted")
+    return total, largest, live.close_all()

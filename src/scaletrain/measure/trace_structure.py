@@ -1,0 +1,264 @@
+"""The traced model's structure, on the meta device: its layer kinds by signature, the prefix slice that holds one
+of each, the lengths the slice is traced at, and peft's count of LoRA on it (measure/trace.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from typing import Any
+
+from scaletrain.engine.catalog.traced import MAX_GRANULE
+from scaletrain.measure.saved_activations import decoder_layers
+from scaletrain.measure.trace_fit import TraceError
+
+# The gated delta rule's torch kernel pads every sequence to a multiple of its 64-token chunk
+# (transformers/models/qwen3_next/modeling_qwen3_next.py torch_chunk_gated_delta_rule(chunk_size=64)); 64 is also a
+# multiple of every smaller power-of-two tile. Trace lengths are multiples of it and of the config's chunk sizes.
+BASE_GRANULE = 64
+TRACE_MULTIPLES = (1, 2, 3, 4)   # lengths granule × these: three fit, the fourth checks
+# A fitted half may miss the checking length by this share of the slice's saved bytes there (MoE routing of a
+# random init moves a few tokens between experts from one length to the next); else the trace refuses.
+FIT_TOLERANCE = 0.02
+# A sliding window or attention chunk the planned sequences exceed is traced as this one, shorter than the traced
+# lengths, so its masks and repeated k/v are in the fit.
+WINDOWED_TRACE = 8
+# The slice's vocabulary: prime, so no hidden, head or MLP width equals it and the vocabulary-wide tensors
+# (logits, log-softmax) can be told apart by their last dimension.
+SLICE_VOCAB = 509
+# The most the slice's weights may take in the traced dtype on this CPU.
+MAX_SLICE_BYTES = 4 << 30
+ATTN_NAMES = ("self_attn", "attention", "attn", "self_attention", "mixer", "mamba", "linear_attn", "temporal_block")
+MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe")
+DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+# attributes that number a layer rather than shape it (left out of the signature)
+_NUMBERING = re.compile(r"idx|index|layer_id|layer_num|layer_no|block_id", re.I)
+
+
+# ---- the model, on the meta device ----------------------------------------------------------------------------
+
+def _meta_model(config: dict):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from scaletrain.trainer import model as model_lib
+
+    conf = model_lib.hf_config(config)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(conf)
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.tie_weights()
+    return model
+
+
+def block_linears(layer) -> dict[str, list]:
+    """name → [in, out, bias] of each nn.Linear in one block: the leaf name (what peft matches a target against
+    by suffix), or the path within the block when two linears share a leaf name. Only modules that compute as
+    nn.Linear does: a subclass with its own forward (an MoE router answering a tuple) is no LoRA target."""
+    import torch
+
+    # an nn.Linear subclass with its own forward (an MoE router that answers a tuple) is not a linear LoRA can wrap
+    found = [(n, m) for n, m in layer.named_modules()
+             if isinstance(m, torch.nn.Linear) and type(m).forward is torch.nn.Linear.forward]
+    leaves = [n.rsplit(".", 1)[-1] for n, _ in found]
+    out = {}
+    for (path, mod), leaf in zip(found, leaves):
+        key = leaf if leaves.count(leaf) == 1 else path
+        out[key] = [int(mod.in_features), int(mod.out_features), mod.bias is not None]
+    return out
+
+
+def _plain(v: Any) -> bool:
+    return v is None or isinstance(v, (bool, int, float, str)) or (
+        isinstance(v, (tuple, list)) and len(v) <= 16 and all(isinstance(x, (bool, int, float, str)) for x in v))
+
+
+def layer_signature(layer) -> str:
+    """What makes two decoder layers the same kind: classes, plain attributes and parameter shapes of the module
+    tree (a layer's number left out)."""
+    parts = [type(layer).__name__]
+    for name, mod in layer.named_modules():
+        attrs = sorted((k, repr(v)) for k, v in vars(mod).items()
+                       if not k.startswith("_") and k != "training" and _plain(v) and not _NUMBERING.search(k))
+        parts.append(f"{name}:{type(mod).__name__}:{attrs}")
+    for name, p in layer.named_parameters():
+        parts.append(f"{name}:{tuple(p.shape)}:{p.dtype}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def _norm_modules(layer) -> int:
+    """Modules of the block that own parameters and are not linears (its norms)."""
+    import torch
+
+    return sum(1 for _, m in layer.named_modules() if not isinstance(m, torch.nn.Linear)
+               and any(True for _ in m.parameters(recurse=False)))
+
+
+def _kinds(layers) -> tuple[list[dict], list[int], list[str]]:
+    """The layers grouped by signature, in order of first appearance: (kinds, kind of each layer, signatures)."""
+    sigs = [layer_signature(layer) for layer in layers]
+    order: dict[str, int] = {}
+    kinds: list[dict] = []
+    for i, (sig, layer) in enumerate(zip(sigs, layers)):
+        if sig not in order:
+            order[sig] = len(kinds)
+            params = list(layer.parameters())
+            kinds.append({"first": i, "count": 0, "label": type(layer).__name__,
+                          "params": sum(int(p.numel()) for p in params), "tensors": len(params),
+                          "linears": block_linears(layer), "norms": _norm_modules(layer)})
+        kinds[order[sig]]["count"] += 1
+    return kinds, [order[s] for s in sigs], sigs
+
+
+def structure(config: dict) -> dict[str, Any]:
+    """The real model's parameters, its layer kinds and the slice that holds one of each (meta device)."""
+    model = _meta_model(config)
+    unique = {id(p): p for p in model.parameters()}
+    layers = decoder_layers(model)
+    if not layers:
+        raise TraceError("transformers' model has no list of decoder layers to trace")
+    emb = model.get_input_embeddings()
+    head = model.get_output_embeddings()
+    emb_params = int(emb.weight.numel()) if emb is not None and hasattr(emb, "weight") else 0
+    tied = head is not None and emb is not None and getattr(head, "weight", None) is getattr(emb, "weight", 0)
+    head_params = 0 if head is None or tied else sum(int(p.numel()) for p in head.parameters())
+    kinds, layer_kinds, sigs = _kinds(layers)
+    linears: dict[str, list] = {}
+    for k in kinds:
+        for name, shape in k["linears"].items():
+            linears.setdefault(name, shape)
+    largest = max(kinds, key=lambda k: (k["params"], k["tensors"]))
+    return {
+        "params": int(sum(p.numel() for p in unique.values())),
+        "embedding_params": emb_params, "lm_head_params": head_params, "tied": bool(tied),
+        "block_params": largest["params"], "block_tensors": largest["tensors"], "linears": linears,
+        "block_norms": largest["norms"], "tensor_count": len(unique),
+        "kinds": kinds, "layer_kinds": layer_kinds, "slice_layers": _slice_depth(config, sigs),
+        "attn_implementations": [a for a, flag in (("eager", True), ("sdpa", "_supports_sdpa"),
+                                                   ("flash", "_supports_flash_attn"))
+                                 if flag is True or getattr(type(model), flag, False)],
+        "sizes": config_sizes(model.config),
+    }
+
+
+SIZE_NAMES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "intermediate_size", "vocab_size")
+
+
+def config_sizes(conf) -> dict[str, int]:
+    """The sizes the engine reads, as transformers' config object answers them (its attribute_map turns GPT-2's
+    n_embd, n_layer, n_head into hidden_size, num_hidden_layers, num_attention_heads)."""
+    out = {}
+    for name in SIZE_NAMES:
+        try:
+            v = getattr(conf, name)
+        except (AttributeError, KeyError, TypeError, ValueError):
+            continue
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            out[name] = v
+    return out
+
+
+# ---- the slice ------------------------------------------------------------------------------------------------
+def _depth_key(config: dict) -> str:
+    for key in DEPTH_KEYS:
+        if isinstance(config.get(key), int) and not isinstance(config.get(key), bool):
+            return key
+    raise TraceError("config.json names no number of layers (num_hidden_layers)")
+
+
+def prefix_config(config: dict, n: int) -> dict:
+    """The config of the first `n` layers: per-layer lists and strings cut to n, layer-numbered maps and index
+    lists kept below n; the vocabulary small, special token ids moved inside it."""
+    cfg = dict(config)
+    key = _depth_key(cfg)
+    depth = cfg[key]
+    for k, v in config.items():
+        if isinstance(v, (list, str)) and len(v) == depth and depth > 1 and k not in ("model_type",):
+            cfg[k] = v[:n]
+        elif isinstance(v, dict) and v and all(str(x).isdigit() for x in v) and "layer" in k:
+            cfg[k] = {x: y for x, y in v.items() if int(x) < n}
+        elif (isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+              and "layer" in k and max(v) < depth):
+            cfg[k] = [x for x in v if x < n]
+    cfg[key] = n
+    cfg["vocab_size"] = SLICE_VOCAB
+    for k in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+        v = cfg.get(k)
+        if isinstance(v, int) and v >= SLICE_VOCAB:
+            cfg[k] = SLICE_VOCAB - 1
+        elif isinstance(v, list):
+            cfg[k] = [x if not isinstance(x, int) or x < SLICE_VOCAB else SLICE_VOCAB - 1 for x in v]
+    return cfg
+
+
+def _slice_depth(config: dict, sigs: list[str]) -> int:
+    """The shortest prefix holding every kind whose layers are signed as the real model's first layers."""
+    depth = len(sigs)
+    firsts = {}
+    for i, s in enumerate(sigs):
+        firsts.setdefault(s, i)
+    n = max(max(firsts.values()) + 1, min(2, depth))
+    while n < depth:
+        try:
+            got = [layer_signature(x) for x in decoder_layers(_meta_model(prefix_config(config, n)))]
+        except Exception:          # noqa: BLE001 - a prefix transformers refuses: try a longer one
+            got = []
+        if got == sigs[:n]:
+            return n
+        n += 1
+    return depth
+
+
+def check_slice_size(struct: dict, precision: str, model_type: str) -> None:
+    per = 4 if precision in ("fp32", "bf16") else 2
+    n = struct["slice_layers"]
+    kinds = struct["kinds"]
+    need = per * sum(kinds[k]["params"] for k in struct["layer_kinds"][:n])
+    if need > MAX_SLICE_BYTES:
+        raise TraceError(f"the {n}-layer slice of {model_type} that holds each of its {len(kinds)} layer kinds is "
+                         f"{need / 2**30:.1f} GiB in the traced dtype, over the {MAX_SLICE_BYTES >> 30} GiB a trace "
+                         "may take on this CPU (no reduced-width trace is proven exact for it)")
+
+
+def granule(config: dict) -> int:
+    """Trace lengths are multiples of this: the gated delta rule's chunk and every kernel chunk the config names."""
+    g = BASE_GRANULE
+    for k, v in config.items():
+        if "chunk" in k and isinstance(v, int) and not isinstance(v, bool) and 1 < v <= MAX_GRANULE:
+            g = g * v // math.gcd(g, v)
+    return g
+
+
+def shrink_windows(cfg: dict, regime: dict) -> None:
+    """A window or attention chunk shorter than the planned sequences: traced as one shorter than the traced ones."""
+    if regime.get("windowed"):
+        cfg["sliding_window"] = WINDOWED_TRACE
+    if regime.get("chunked"):
+        for k, v in list(cfg.items()):
+            if "chunk" in k and isinstance(v, int) and v > MAX_GRANULE:
+                cfg[k] = WINDOWED_TRACE
+
+
+def lora_count(config: dict, targets) -> dict[str, int]:
+    """peft's own count on the meta-device model: trainable parameters per unit of rank and adapted modules, as the
+    trainer's add_lora builds them (checked linear in the rank at ranks 1 and 2)."""
+    from peft.tuners.lora import LoraLayer
+
+    from scaletrain.trainer import model as model_lib
+
+    counts = []
+    for rank in (1, 2):
+        model = model_lib.add_lora(_meta_model(config), rank=rank, alpha=2 * rank, dropout=0.0,
+                                   targets=list(targets) if targets else "all-linear", quantized=False,
+                                   grad_ckpt=False)
+        trainable = sum(int(p.numel()) for p in model.parameters() if p.requires_grad)
+        adapted = sum(1 for _, m in model.named_modules() if isinstance(m, LoraLayer))
+        counts.append((trainable, adapted))
+    if counts[1][0] != 2 * counts[0][0]:
+        raise TraceError(f"peft's LoRA parameters are not linear in the rank here ({counts[0][0]} at rank 1, "
+                         f"{counts[1][0]} at rank 2)")
+    if counts[0][1] == 0:
+        raise TraceError(f"peft adapts no module of {config.get('model_type')} for the targets "
+                         f"{', '.join(targets) if targets else 'all-linear'}")
+    return {"per_rank": counts[0][0], "adapted": counts[0][1]}
