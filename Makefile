@@ -1,11 +1,21 @@
 # The two commands the README promises: `make demo` and `make test`. Both build .venv first.
-# `make test` builds the docs site first (`make docs`: the command reference is current, `mkdocs build --strict`).
+# `make test` builds the docs site first (`make docs`: the command reference is current, `mkdocs build --strict`),
+# then runs every test. `make test-fast` is the inner loop: no multi-process training, no profiler ground truth.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# DeepSpeed on a CPU JIT-builds its shared-memory comm op on first use (about 80 s of g++): built once with the venv,
+# into the venv, so no test pays it and another venv's build never collides with this one's
+export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions
+# pytest-xdist (the dev extra) when the venv has it: JOBS workers, each test file one unit of work
+# (tests/conftest.py); one process with JOBS=1 or without xdist. Deferred (=): evaluated after the venv is built.
+JOBS   ?= 2
+DS_OP   = $(PY) -c 'from scaletrain.trainer.distributed import load_deepspeed_cpu_comm_op as f; f()'
+PYTEST_ARGS ?=
+XDIST   = $(if $(filter 1,$(JOBS)),,$(shell $(PY) -c 'import xdist' 2>/dev/null && printf '%s' '-n $(JOBS) --dist loadgroup'))
 
-.PHONY: venv demo test docs docs-images bench clean
+.PHONY: venv demo test test-fast ds-op docs docs-images bench clean
 
 venv: $(STAMP)
 
@@ -17,13 +27,23 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q torch==2.13.0
 	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation deepspeed
 	$(PY) -m pip install -q -e '.[train,dev,wandb]'
+	$(DS_OP)
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/scaletrain --preset cpu-tiny --headless
 
-test: $(STAMP) docs
-	$(PY) -m pytest -q
+test: $(STAMP) ds-op docs
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+
+# the inner loop (about 2 minutes on 2 cores): every test but the multi-process training runs (`slow`) and the
+# profiler/tracing ground truth (`heavy`); `make test` runs them all
+test-fast: $(STAMP)
+	$(PY) -m pytest -q $(XDIST) -m "not slow and not heavy" $(PYTEST_ARGS)
+
+# DeepSpeed's CPU comm op, built (or found built) the way the trainer loads it: a no-op of seconds once built
+ds-op: $(STAMP)
+	$(DS_OP)
 
 # Offline: the reference is checked, not fetched or rewritten; the site goes to site/ (not committed).
 docs: $(STAMP)
@@ -32,9 +52,9 @@ docs: $(STAMP)
 
 # The README's pictures are the test suite's snapshots: copy them after a snapshot update.
 docs-images:
-	cp 'tests/__snapshots__/test_wizard_snapshots/test_preset_plan_says_what_its_pins_cost[h200x4-fast-120x40].svg' \
+	cp 'tests/frontends/__snapshots__/test_wizard_snapshots/test_preset_plan_says_what_its_pins_cost[h200x4-fast-120x40].svg' \
 	   docs/images/wizard-plan.svg
-	cp 'tests/__snapshots__/test_monitor_snapshots/test_monitor_8_gpus[120x40].svg' docs/images/monitor.svg
+	cp 'tests/frontends/__snapshots__/test_monitor_snapshots/test_monitor_8_gpus[120x40].svg' docs/images/monitor.svg
 
 bench: $(STAMP)
 	$(PY) bench/bench_plan.py

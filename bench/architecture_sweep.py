@@ -37,7 +37,7 @@ DIAGONAL = (("full", False), ("lora", True))
 NAMED = ("deepseek_v3", "jamba", "qwen3_next", "llama4_text", "glm4_moe", "ernie4_5_moe", "phimoe")
 FAMILY_TIMEOUT_S = 900
 # a fixed CI subset: one of each layer-stack shape (dense first then MoE, interleaved MoE, mamba/attention/MoE,
-# linear/full attention, sliding pattern, plain) — tests/test_architecture_sweep.py runs it
+# linear/full attention, sliding pattern, plain) — tests/trainer/test_architecture_sweep.py runs it
 CI_SUBSET = ("deepseek_v3", "jamba", "qwen3_next", "llama4_text", "phimoe", "starcoder2")
 
 

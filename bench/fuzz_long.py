@@ -1,4 +1,4 @@
-"""The fuzz properties of tests/test_fuzz.py, run for longer (issue 29, build 6): each property in turn with a large
+"""The fuzz properties of tests/frontends/test_fuzz.py, run for longer (issue 29, build 6): each property in turn with a large
 max_examples until --minutes run out (default 30), recording what each found in bench/results/fuzz_long-vm.json with
 the machine, its load and the versions. Run at low priority: `nice -n 10 python bench/fuzz_long.py`.
 
@@ -61,7 +61,7 @@ def main() -> int:
     if a.only:
         props = {k: v for k, v in props.items() if k in a.only}
     started = time.time()
-    record = {"what": "tests/test_fuzz.py's properties (the CLI contract: exit 0 with a result, or one line ≤ 500 "
+    record = {"what": "tests/frontends/test_fuzz.py's properties (the CLI contract: exit 0 with a result, or one line ≤ 500 "
                       "characters and exit 2/3; no traceback, hang, write outside the example's folder or child left), "
                       "each run in turn with a large max_examples until the time is up",
               "machine": machine(), "versions": _versions(), "minutes": a.minutes,

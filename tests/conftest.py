@@ -1,7 +1,19 @@
-"""Hermetic tests: no user calibration profile leaks in, and no process a test started outlives it."""
+"""Hermetic tests: no user calibration profile leaks in, and no process a test started outlives it.
 
+Shared, session-scoped trained runs (`ddp_run`, `zero3_run`, `fsdp_run`): one real 2-rank training each, asserted on
+by every test that needs "a run that trained" instead of each launching its own. They are read-only: a test that
+changes a run (exports another step, edits a file) copies it first (`copy_run`). Under pytest-xdist every test that
+uses one is sent to the same worker (its `xdist_group`), so each run is trained once per session.
+"""
+
+from __future__ import annotations
+
+import io
 import os
+import shutil
 import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import psutil
 import pytest
@@ -27,3 +39,126 @@ def _no_stray_processes():
         except psutil.Error:
             pass
     psutil.wait_procs(strays, timeout=5)
+
+
+# ---- shared trained runs ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrainedRun:
+    """A finished 2-rank run of scaletrain/tiny-qwen2 (the RunDir) and what launching it said."""
+    run: object                 # scaletrain.engine.run.layout.RunDir
+    exit_code: int
+    console: str                # stream_run's console (ddp_run) or "" (launched with launch())
+    baton: Path | None = None   # zero3_run: the stale DeepSpeed build lock it started over
+
+    def ok(self):
+        """The run, once its training is known to have finished with exit code 0."""
+        assert self.exit_code == 0, self.console + self.run.rank_log(0).read_text()[-3000:]
+        return self.run
+
+    def copy(self, to: Path):
+        """A writable copy of the run (a run folder travels: tests/e2e/test_portable_run.py); the shared one stays as
+        it was trained for the tests after this one."""
+        from scaletrain.engine.run.layout import RunDir
+
+        shutil.copytree(self.ok().path, to, symlinks=True)
+        return RunDir(to)
+
+
+def _launched(tmp: Path, strategy: str, env: dict[str, str] | None = None, **train) -> TrainedRun:
+    from scaletrain.engine.launch.launcher import launch
+    from test_train_cpu import deadline_tick, make_run, write_dataset
+
+    run = make_run(tmp, strategy, dataset=str(write_dataset(tmp / "data.jsonl")), **train)
+    res = launch(run.path, on_tick=deadline_tick(), env=env)
+    return TrainedRun(run, res.exit_code, "")
+
+
+def _stale_deepspeed_baton(root: Path) -> tuple[Path, dict[str, str]]:
+    """A torch extensions folder of the run's own (TORCH_EXTENSIONS_DIR) holding DeepSpeed's CPU comm op as built
+    for this venv (copied, so not built again) and the `lock` file a rank killed while torch's FileBaton held it
+    leaves (O_EXCL, empty). Its own folder: a DeepSpeed run of another test running beside it cannot take the
+    stale lock away first."""
+    from deepspeed.accelerator import get_accelerator
+    from torch.utils.cpp_extension import _get_build_directory
+
+    from scaletrain.trainer.distributed import load_deepspeed_cpu_comm_op
+
+    load_deepspeed_cpu_comm_op()            # built whole first (`make ds-op` did it already: then a quick load)
+    name = get_accelerator().create_op_builder("ShareMemCommBuilder").name
+    built = Path(_get_build_directory(name, verbose=False))
+    own = root / built.name                    # torch's layout under TORCH_EXTENSIONS_DIR: ROOT/NAME
+    shutil.copytree(built, own, dirs_exist_ok=True, ignore=shutil.ignore_patterns("lock", "*.flock"))
+    (own / "lock").write_text("")
+    return own / "lock", dict(os.environ, TORCH_EXTENSIONS_DIR=str(root))
+
+
+@pytest.fixture(scope="session")
+def ddp_run(tmp_path_factory) -> TrainedRun:
+    """`scaletrain launch`'s path (progress.stream_run → launcher → accelerate/torchrun → trainer) on the bundled
+    demo data: 24 steps with warmup and cosine decay, checkpoints at 10, 20 and 24, the last exported."""
+    from rich.console import Console
+
+    from scaletrain.tui.monitor.stream import stream_run
+    from test_train_cpu import make_run
+
+    run = make_run(tmp_path_factory.mktemp("ddp-run"), "ddp", lr=5e-3, max_steps=24, checkpoint_every=10,
+                   warmup_ratio=0.1)
+    out = io.StringIO()
+    code = stream_run(run.path, console=Console(file=out, width=240, force_terminal=False))
+    return TrainedRun(run, code, out.getvalue())
+
+
+@pytest.fixture(scope="session")
+def zero3_run(tmp_path_factory) -> TrainedRun:
+    """DeepSpeed ZeRO-3 over 2 ranks, 12 steps, checkpoints at 6 and 12, the last exported through DeepSpeed's
+    gather; started over a stale DeepSpeed build lock (`baton`: that lock's path)."""
+    tmp = tmp_path_factory.mktemp("zero3-run")
+    baton, env = _stale_deepspeed_baton(tmp / "torch_extensions")
+    trained = _launched(tmp, "zero3", env=env, lr=5e-3, max_steps=12, checkpoint_every=6, warmup_ratio=0.1)
+    return replace(trained, baton=baton)
+
+
+@pytest.fixture(scope="session")
+def fsdp_run(tmp_path_factory) -> TrainedRun:
+    """FSDP2 (torch's fully_shard, applied by the trainer) over 2 ranks, 12 steps, DCP checkpoints at 6 and 12, the
+    last exported from its shards."""
+    return _launched(tmp_path_factory.mktemp("fsdp-run"), "fsdp", lr=5e-3, max_steps=12, checkpoint_every=6,
+                     warmup_ratio=0.1)
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory) -> TrainedRun:
+    """`make demo` as a user types it, shortened: the `scaletrain` console script, `--preset cpu-tiny --headless`
+    (DDP on 2 processes, the bundled demo data), 12 steps with checkpoints at 6 and 12, step 12 exported; the
+    console is what it printed (stdout and stderr)."""
+    import subprocess
+    import sys
+
+    run = tmp_path_factory.mktemp("demo-run") / "ddp"
+    scaletrain = os.path.join(os.path.dirname(sys.executable), "scaletrain")
+    proc = subprocess.run([scaletrain, "--preset", "cpu-tiny", "--headless", "--run-dir", str(run), "--set",
+                           "strategy=ddp", "--set", "train.max_steps=12", "--set", "train.checkpoint_every=6"],
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"),
+                          stdin=subprocess.DEVNULL, timeout=420)
+    from scaletrain.engine.run.layout import RunDir
+
+    return TrainedRun(RunDir(run), proc.returncode, proc.stdout + proc.stderr)
+
+
+SHARED_RUNS = ("ddp_run", "zero3_run", "fsdp_run", "demo_run")
+
+
+# ---- scheduling under pytest-xdist (`make test`: -n 2 --dist loadgroup) -----------------------------------------
+@pytest.hookimpl(tryfirst=True)         # before xdist's own hook reads the groups into the node ids
+def pytest_collection_modifyitems(config, items):
+    """Each test file is one unit of work (its module-scoped fixtures are built once), except that the tests of a
+    shared trained run go together wherever they are; files with multi-process or heavy tests start first, so the
+    two workers do not end on one long file. Files stay whole and in their order otherwise."""
+    heavy = {it.nodeid.split("::", 1)[0] for it in items
+             if it.get_closest_marker("slow") or it.get_closest_marker("heavy")}
+    items.sort(key=lambda it: it.nodeid.split("::", 1)[0] not in heavy)
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        shared = [f for f in SHARED_RUNS if f in getattr(item, "fixturenames", ())]
+        item.add_marker(pytest.mark.xdist_group(shared[0] if shared else item.nodeid.split("::", 1)[0]))

@@ -133,7 +133,7 @@ def measure_cpu_memory(plan: Plan) -> tuple[int, Plan, tuple[str, ...]]:
 
 def _measure_objective_memory(plan: Plan) -> int:
     """Reward/DPO/GRPO: one real TRL step of the plan's per-process configuration under the profiler
-    (measure/objective_step.py, the same ground truth as tests/test_objectives_groundtruth.py)."""
+    (measure/objective_step.py, the same ground truth as tests/trainer/test_objectives_groundtruth.py)."""
     from scaletrain.engine.choices import choices_of
     from scaletrain.trainer.objective_build import ObjectiveRun
     from scaletrain.measure.objective_step import measure_objective_step

@@ -420,7 +420,7 @@ def analytic_types() -> str:
 def _with_trace(arch: ModelArch, structure: Mapping[str, Any] | None = None) -> ModelArch:
     """A model_type without an analytic layout: its real modules and exact counts from a trace (cached; the first
     time a subprocess builds it on the meta device, engine/catalog/traced.py), or as its catalog entry recorded one
-    (tests/test_traced.py checks those against a fresh trace)."""
+    (tests/engine/test_traced.py checks those against a fresh trace)."""
     from dataclasses import replace
 
     struct = structure if structure is not None else _traced.structure(arch.config, analytic_types())

@@ -18,7 +18,7 @@ these out, so the config class's own defaults decide, not the absence of a key:
                        window to sliding_window // 2 + 1
   llama, olmo2, olmoe  no window (olmoe passes a stray `sliding_window` to attention, but masks causally only)
 
-tests/test_layer_types.py builds each spelling with AutoConfig.for_model and compares.
+tests/engine/test_layer_types.py builds each spelling with AutoConfig.for_model and compares.
 """
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: st
     linears keep of their inputs (see _reader_saved), q/k/v as attention receives them (sdpa/flash keep k and v at
     the kv-head width and an fp32 log-sum-exp; eager repeats k and v to all heads and keeps the fp32 softmax and its
     16-bit cast), the attention output, and the MLP's gate, up, act(gate) and act·up. LoRA adds each adapter's
-    rank-r intermediate. Checked byte for byte against torch's saved-tensor hooks (tests/test_memory_saved.py).
+    rank-r intermediate. Checked byte for byte against torch's saved-tensor hooks (tests/trainer/test_memory_saved.py).
     MoE models: the MLP half is moe_activations.py's; `kind` "moe" / "dense" gives one block kind, None the
     average over the model's blocks (dense layers of mlp_only_layers included), rounded up.
     """

@@ -12,10 +12,10 @@ The peak of a training step is the largest of a few moments, not the sum of ever
 The parts, in reading order: numerics.py says which dtype every tensor has in the launched stack; states.py the
 weights, optimizer states and gradients per GPU; activations.py lists, per token, what one decoder block saves for
 backward under those dtypes (checked byte for byte against torch's saved-tensor hooks on CPU,
-tests/test_memory_saved.py) and what lives outside the blocks. Here, `simulate_step` walks the moments above for
+tests/trainer/test_memory_saved.py) and what lives outside the blocks. Here, `simulate_step` walks the moments above for
 one micro-batch and `estimate_memory` reports the breakdown at the peak, plus CUDA context, workspaces and the
 allocator reserve. Every term is named after what it is; every constant says where it came from.
-Ground truth: tests/test_memory_groundtruth.py compares whole steps against torch.profiler on CPU, and
+Ground truth: tests/trainer/test_memory_groundtruth.py compares whole steps against torch.profiler on CPU, and
 bench/results/h100-2026-11-23.json against torch.cuda.max_memory_allocated on an H100.
 """
 

@@ -17,7 +17,7 @@ Under LoRA, a frozen expert weight saves nothing of its input; where peft adapts
 names it converts on qwen3_moe, olmoe and mixtral, catalog/moe.py PEFT_EXPERT_TARGETS, or the target `experts` on
 every family through target_parameters) its ParamWrapper computes W + ΔW, which the experts save whole (a per-block
 constant; gpt_oss's frozen biases add nothing, and the adapters' rank changes nothing saved). Every
-term is checked byte for byte against torch's saved-tensor hooks in tests/test_moe_memory.py.
+term is checked byte for byte against torch's saved-tensor hooks in tests/engine/test_moe_memory.py.
 """
 
 from __future__ import annotations

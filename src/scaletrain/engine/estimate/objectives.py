@@ -19,7 +19,7 @@ memory.py's `simulate_step` walks forward → loss → backward → step for eve
                 allocator); or vLLM on separate GPUs (nothing here).
 
 Every constant names the line it was read from; the CPU tile counts were checked against torch.profiler on the
-kernel alone and match to the byte (tests/test_objectives_groundtruth.py checks whole steps).
+kernel alone and match to the byte (tests/trainer/test_objectives_groundtruth.py checks whole steps).
 """
 
 from __future__ import annotations

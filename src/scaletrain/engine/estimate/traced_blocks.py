@@ -13,7 +13,7 @@ four lengths, fitted as c0 + c1·S + c2·S² with non-negative coefficients):
 Kernel rules kept from the analytic families: on a GPU, FlashAttention-2's backward workspace and the MLP's
 gradients beside the CPU-traced moments (the larger kept); the output head's 16-bit copy (a V×h linear; the trace's
 small vocabulary does not show the real one). The logits and cross-entropy are the engine's generic head terms
-(objectives.py), as for every family. tests/test_traced.py and bench/architecture_sweep.py check whole steps
+(objectives.py), as for every family. tests/engine/test_traced.py and bench/architecture_sweep.py check whole steps
 against torch.profiler.
 """
 

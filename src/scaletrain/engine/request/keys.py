@@ -88,7 +88,7 @@ def plan_keys() -> list[PlanKey]:
            for k, meaning, default in PRESET_TOP_KEYS]
     for section, cls in (("request", PlanRequest), ("train", TrainOptions)):
         for dc_field in dataclasses.fields(cls):
-            f = _field_for(section, dc_field.name)          # every key has one (tests/test_cli_ecosystem.py)
+            f = _field_for(section, dc_field.name)          # every key has one (tests/frontends/test_cli_ecosystem.py)
             if f is None:
                 out.append(PlanKey(section, dc_field.name, "", _words(_dataclass_default(cls, dc_field.name)), None))
                 continue

@@ -2,7 +2,7 @@
 export it writes at the end, and the logs; `scaletrain launch` compares it with the free space of the run directory's filesystem before any rank starts.
 
 One checkpoint, by writer (file layouts measured on this project's CPU runs, deepspeed 0.19.8 / accelerate 1.15,
-2 ranks; tests/test_disk.py checks the formula against real checkpoints):
+2 ranks; tests/engine/test_disk.py checks the formula against real checkpoints):
   accelerate (DDP, FSDP)  model.safetensors: the whole state dict as the model holds it (fp32 masters, bf16 weights,
                           a LoRA model's frozen base in its load dtype plus fp32 adapters); optimizer.bin: AdamW's two
                           fp32 moments per trainable weight; random_states_<rank>.pkl per rank

@@ -1,0 +1,137 @@
+"""How long the test suite takes: `make test` (≤ 10 minutes on 2 cores) and `make test-fast` (≤ 2 minutes).
+
+Runs the suite the way the Makefile does and writes bench/results/suite_time-<target>-<machine>.json: wall seconds,
+CPU seconds (user + system of pytest and everything it started, ranks included), the machine's load sampled every
+10 s (other work on the cores stretches the wall time, much less the CPU time), the versions, the exact command, the
+pytest summary and the tests that cost the most CPU.
+
+    python bench/suite_time.py                        # `make test` in this checkout (its .venv)
+    python bench/suite_time.py --target test-fast
+    python bench/suite_time.py --python /path/to/venv/bin/python --jobs 2   # pytest directly, as the Makefile does
+
+With --python the DeepSpeed CPU op is built (or found built) first, timed apart, as `make ds-op` does; the docs
+build that `make test` also runs is then not part of the time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from scaletrain.engine.fileio import atomic_write
+
+from machine import machine  # bench/machine.py
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+FAST = "not slow and not heavy"            # the Makefile's test-fast selection
+PACKAGES = ("torch", "transformers", "accelerate", "deepspeed", "peft", "trl", "textual", "pytest", "xdist")
+TARGET_SECONDS = {"test": 600, "test-fast": 120}
+
+
+def versions(python: str) -> dict:
+    code = ("import importlib, json, platform; v = {'python': platform.python_version()}\n"
+            f"for p in {PACKAGES!r}:\n"
+            "    try: v[p] = importlib.import_module(p).__version__\n"
+            "    except Exception: v[p] = None\n"
+            "print(json.dumps(v))")
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    return json.loads(out.stdout) if out.returncode == 0 else {"error": out.stderr[-500:]}
+
+
+def commands(args: argparse.Namespace) -> list[list[str]]:
+    if args.python is None:
+        return [["make", args.target, f"JOBS={args.jobs}", "PYTEST_ARGS=-p suite_plugin"]]
+    xdist = ["-n", str(args.jobs), "--dist", "loadgroup"] if args.jobs > 1 else []
+    select = ["-m", FAST] if args.target == "test-fast" else []
+    ds_op = [args.python, "-c", "from scaletrain.trainer.distributed import load_deepspeed_cpu_comm_op as f; f()"]
+    pytest = [args.python, "-m", "pytest", "-q", *xdist, *select, "-p", "suite_plugin"]
+    return ([ds_op] if args.target == "test" else []) + [pytest]
+
+
+class LoadSampler(threading.Thread):
+    def __init__(self, every_seconds: float = 10.0):
+        super().__init__(daemon=True)
+        self.samples: list[float] = [os.getloadavg()[0]]
+        self.every, self.stop = every_seconds, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(self.every):
+            self.samples.append(os.getloadavg()[0])
+
+    def summary(self) -> dict:
+        s = self.samples
+        return {"min": round(min(s), 2), "mean": round(sum(s) / len(s), 2), "max": round(max(s), 2),
+                "samples": len(s), "every_seconds": self.every}
+
+
+def timed(argv: list[str], env: dict[str, str]) -> dict:
+    """One command: wall and CPU seconds (its whole process tree, once waited for), exit code, output's tail."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    p = subprocess.run(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    out = p.stdout + p.stderr
+    summary = [ln for ln in out.splitlines() if re.search(r"\d+ (passed|failed)", ln)]
+    return {"command": " ".join(argv), "exit_code": p.returncode, "wall_seconds": round(wall, 1),
+            "cpu_seconds": round(cpu, 1), "summary": summary[-1].strip("= ") if summary else None,
+            "output_tail": out[-2000:] if p.returncode else ""}
+
+
+def costliest(path: Path, n: int) -> tuple[list[dict], int]:
+    rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+    return sorted(rows, key=lambda r: -r["cpu_seconds"])[:n], len(rows)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", choices=sorted(TARGET_SECONDS), default="test")
+    ap.add_argument("--python", help="run pytest with this interpreter instead of `make` (default: make)")
+    ap.add_argument("--jobs", type=int, default=2, help="pytest-xdist workers, 1: serial (default 2)")
+    ap.add_argument("--machine", help="a name for the machine in the file name (default: the hostname)")
+    ap.add_argument("--top", type=int, default=25, help="how many of the costliest tests to record")
+    args = ap.parse_args()
+    if args.jobs < 1:
+        ap.error("--jobs must be 1 or more")
+    per_test = Path(tempfile.mkdtemp(prefix="suite-time-")) / "tests.jsonl"
+    env = dict(os.environ, SUITE_TIME_TESTS=str(per_test),
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "bench"), os.environ.get("PYTHONPATH")) if p))
+    load = LoadSampler()
+    load.start()
+    steps = [timed(argv, env) for argv in commands(args)]
+    load.stop.set()
+    top, counted = costliest(per_test, args.top)
+    wall = sum(s["wall_seconds"] for s in steps)
+    result = {
+        "benchmark": "suite_time", "target": f"make {args.target}", "jobs": args.jobs,
+        "machine": {**machine(), "name": args.machine or socket.gethostname(),
+                    "load_average_1m_at_end": os.getloadavg()[0], "load_1m_during": load.summary()},
+        "versions": versions(args.python or str(ROOT / ".venv" / "bin" / "python")),
+        "steps": steps, "wall_seconds": round(wall, 1),
+        "cpu_seconds": round(sum(s["cpu_seconds"] for s in steps), 1),
+        "target_wall_seconds": TARGET_SECONDS[args.target], "within_target": wall <= TARGET_SECONDS[args.target],
+        "tests_timed": counted, "costliest_tests_by_cpu": top,
+        "ok": all(s["exit_code"] == 0 for s in steps),
+    }
+    name = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in result["machine"]["name"])
+    out = RESULTS / f"suite_time-{args.target}-{name}.json"
+    atomic_write(out, json.dumps(result, indent=2, ensure_ascii=False) + "\n", backup=False)   # ours: no backup
+    print(json.dumps({k: v for k, v in result.items() if k != "costliest_tests_by_cpu"}, indent=2))
+    print(f"wrote {out}", file=sys.stderr)
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

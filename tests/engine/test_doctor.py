@@ -1,0 +1,297 @@
+"""Failure doctor: classification of real log formats, the first failing rank, evidence, remedies, the CLI.
+
+Fixtures (tests/fixtures/logs): `elastic_torch213_*`, `host_cpu_allocator_oom`, `config_accelerate_unknown_keys`
+and `config_deepspeed_*` were produced by running torch 2.13 / accelerate 1.15 / DeepSpeed 0.19.8 on this CPU
+host; the GPU-only ones (CUDA OOM wordings, NCCL, fp16 loss scale) are written in the formats of the sources the
+reference quotes (CUDACachingAllocator.cpp, ProcessGroupNCCL.cpp, DeepSpeed loss_scaler.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scaletrain.engine.doctor.signatures import KINDS, parse_size
+from scaletrain.engine.doctor.diagnosis import diagnose, diagnose_paths
+from scaletrain.engine.run.plan_document import PlanDocument
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.request.presets import load_preset
+from scaletrain.engine.doctor.remedies import rank_remedies
+from scaletrain.engine.request.request import PlanRequest
+from scaletrain.engine.plan.planner import make_plan
+from scaletrain.tui.cli.main import main
+
+LOGS = Path(__file__).parents[1] / "fixtures" / "logs"
+GiB = 1024**3
+
+
+def diag(name: str, **kw):
+    return diagnose([LOGS / name], with_remedies=kw.pop("with_remedies", False), **kw)
+
+
+# (fixture, kind, rank, gpu)
+CASES = [
+    ("torch_current_oom_4090x8_r3.log", "cuda_oom", 3, 3),
+    ("torch2x_oom_gpu3.log", "cuda_oom", None, 3),
+    ("torch21_oom_capacty_gpu1.log", "cuda_oom", None, 1),
+    ("torch1x_oom_gpu3.log", "cuda_oom", None, 3),
+    ("cuda_runtime_oom__rank-2.log", "cuda_oom", 2, 2),
+    ("deepspeed_zero3_gather_oom_gpu2.log", "cuda_oom_zero3_gather", 2, 2),
+    ("host_cpu_allocator_oom.log", "host_oom", None, None),
+    ("elastic_torch213_sigkill_r3.log", "host_oom", 3, None),
+    ("elastic_torch20_sigkill.log", "host_oom", 0, None),
+    ("elastic_torch213_sigabrt_r3.log", "unknown", 3, None),
+    ("elastic_torch213_exception_r3.log", "unknown", 3, None),
+    ("nccl_watchdog_timeout_torch24.log", "nccl_timeout", 3, None),
+    ("nccl_watchdog_timeout_torch113.log", "nccl_timeout", 6, None),
+    ("nccl_error_unhandled_system.log", "nccl_error", 1, None),
+    ("nccl_internal_error__rank-0.log", "nccl_error", 0, None),
+    ("deepspeed_fp16_loss_scale_minimum.log", "fp16_overflow", 0, None),
+    ("config_accelerate_unknown_keys.log", "config_error", None, None),
+    ("config_accelerate_deepspeed_file_conflict.log", "config_error", None, None),
+    ("config_deepspeed_batch_assertion.log", "config_error", 0, None),
+    ("config_deepspeed_zero_validation.log", "config_error", 0, None),
+    ("transformers_gpt_oss_no_sdpa__rank-0.log", "config_error", 0, None),
+]
+
+
+@pytest.mark.parametrize("name,kind,rank,gpu", CASES, ids=[c[0] for c in CASES])
+def test_classifies_each_real_format(name, kind, rank, gpu):
+    d = diag(name)
+    assert (d.kind, d.rank, d.gpu) == (kind, rank, gpu), d.summary
+    assert d.kind in KINDS
+    text = (LOGS / name).read_text().splitlines()
+    assert d.evidence and all(line in text for line in d.evidence)     # evidence is quoted, never paraphrased
+
+
+def test_every_fixture_is_covered():
+    named = {c[0] for c in CASES} | {p.name for p in LOGS.glob("set_*")}
+    assert named == {p.name for p in LOGS.glob("*.log")}
+
+
+@pytest.mark.parametrize("name,tried,total,free", [
+    ("torch_current_oom_4090x8_r3.log", "2.32 GiB", "23.65 GiB", "1.19 GiB"),
+    ("torch21_oom_capacty_gpu1.log", "6.37 GiB", "79.11 GiB", "2.93 GiB"),
+    ("torch1x_oom_gpu3.log", "2.00 GiB", "23.65 GiB", "1.21 GiB"),
+    ("deepspeed_zero3_gather_oom_gpu2.log", "512.00 MiB", "31.75 GiB", "301.50 MiB"),
+])
+def test_oom_numbers_are_parsed_from_every_wording(name, tried, total, free):
+    x = diag(name).details
+    assert x["tried_to_allocate_bytes"] == parse_size(tried)
+    assert x["gpu_total_bytes"] == parse_size(total)
+    assert x["gpu_free_bytes"] == parse_size(free)
+
+
+def test_parse_size_units():
+    assert parse_size("2.00 GiB") == 2 * GiB
+    assert parse_size("274.00 MiB") == 274 * 1024**2
+    assert parse_size("0 bytes") == 0
+    assert parse_size("1.5 GB") == 1_500_000_000
+    with pytest.raises(ValueError):
+        parse_size("lots")
+
+
+def test_sigtermed_ranks_are_not_the_cause():
+    d = diag("elastic_torch213_sigkill_r3.log")           # ranks 0,1,2 are listed first, all -15
+    assert d.rank == 3 and d.kind == "host_oom"
+    assert any("(SIGKILL)" in line for line in d.evidence)
+
+
+def test_first_failing_rank_from_exit_codes_beats_its_peers_fallout():
+    logs = sorted(LOGS.glob("set_hostoom__rank-*.log"))
+    d = diagnose(logs, exit_codes={0: -15, 1: -15, 2: -9, 3: -15}, with_remedies=False)
+    assert (d.kind, d.rank) == ("host_oom", 2)
+    assert {s.split(":")[0] for s in d.secondary} == {"rank 0", "rank 1", "rank 3"}
+    # without exit codes: the one rank that stopped logging while its peers lost it is still named
+    d = diagnose(logs, with_remedies=False)
+    assert d.rank == 2 and "stopped logging" in d.summary
+
+
+def test_oom_beats_the_nccl_timeouts_it_caused(tmp_path):
+    (tmp_path / "rank-0.log").write_text((LOGS / "nccl_watchdog_timeout_torch24.log").read_text())
+    oom = [ln.removeprefix("[rank3]: ") for ln in (LOGS / "torch_current_oom_4090x8_r3.log").read_text().splitlines()
+           if ln.startswith("[rank3]: ")]
+    (tmp_path / "rank-5.log").write_text("\n".join(oom) + "\n")
+    d = diagnose([tmp_path / "rank-0.log", tmp_path / "rank-5.log"], with_remedies=False)
+    assert (d.kind, d.rank, d.gpu) == ("cuda_oom", 5, 3)
+
+
+def test_earliest_timestamp_wins_between_two_real_causes(tmp_path):
+    line = ("[2026-11-21 10:00:{s:02d},000] [ERROR] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+            "1.00 GiB. GPU {g} has a total capacity of 23.65 GiB of which 10.00 MiB is free.")
+    (tmp_path / "rank-0.log").write_text(line.format(s=9, g=0) + "\n")
+    (tmp_path / "rank-1.log").write_text(line.format(s=5, g=1) + "\n")
+    d = diagnose(sorted(tmp_path.glob("*.log")), with_remedies=False)
+    assert (d.rank, d.gpu) == (1, 1)
+
+
+def test_an_earlier_launch_in_the_same_log_is_history(tmp_path):
+    old = (LOGS / "torch1x_oom_gpu3.log").read_text()
+    p = tmp_path / "rank-0.log"
+    p.write_text(old + "==> scaletrain launch 2026-11-22T00:30:11 <==\nstep 3/8 loss 6.43\n")
+    d = diagnose([p], exit_codes={0: -9}, with_remedies=False)
+    assert d.kind == "host_oom"                            # the OOM before the relaunch marker is not this failure
+
+
+def test_no_signature_is_unknown_with_the_tail(tmp_path):
+    p = tmp_path / "rank-0.log"
+    p.write_text("step 1/4 loss 2.0\nstep 2/4 loss 1.9\n")
+    d = diagnose([p], exit_codes={0: 1}, with_remedies=False)
+    assert d.kind == "unknown" and d.evidence[-1] == "step 2/4 loss 1.9"
+
+
+# ---- JSON contract and remedies ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def plan_4090x8() -> dict:
+    """The issue's plan, from the bundled preset (the same fields as the issue's PlanRequest)."""
+    preset = load_preset("4090x8")
+    plan = make_plan(PlanRequest(**preset.request_fields()))
+    assert (plan.setup.micro_batch, plan.setup.grad_accum, plan.setup.effective_batch) == (2, 8, 128)
+    return plan.to_json()
+
+
+def test_issue_acceptance_diagnose_json_for_the_4090x8_oom(tmp_path, capsys, plan_4090x8):
+    pj = tmp_path / "plan.json"
+    pj.write_text(json.dumps(plan_4090x8))
+    rc = main(["diagnose", str(LOGS / "torch_current_oom_4090x8_r3.log"), "--plan", str(pj), "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"kind", "rank", "node", "gpu", "summary", "evidence", "peers", "remedies", "notes",
+                        "restarts"}
+    assert (out["kind"], out["rank"], out["gpu"], out["restarts"]) == ("cuda_oom", 3, 3, [])
+    assert all(set(r) == {"title", "changes", "predicted_per_gpu_bytes", "predicted_step_seconds",
+                          "effective_batch", "time_scale", "memory_scale"} for r in out["remedies"])
+    assert out["notes"] == [] and all(r["time_scale"] is None for r in out["remedies"])   # no steps measured
+    card_usable = plan_4090x8["memory"]["usable_bytes"]          # 24 GB card less the plan's headroom
+    first, second = out["remedies"][:2]
+    assert first["predicted_per_gpu_bytes"] <= card_usable and second["predicted_per_gpu_bytes"] <= card_usable
+    assert first["effective_batch"] == 128
+    assert first["predicted_step_seconds"] > 0
+
+
+def test_oom_remedies_are_the_planners_ranking(plan_4090x8):
+    d = diagnose([LOGS / "torch_current_oom_4090x8_r3.log"], PlanDocument.from_json(plan_4090x8))
+    _, plan = PlanDocument.from_json(plan_4090x8).replan()
+    ranked = rank_remedies(plan, d.failure_dict())
+    assert [r.title for r in d.remedies] == [r.title for r in ranked]
+    assert [r.predicted_per_gpu_bytes for r in d.remedies] == [r.predicted_per_gpu_bytes for r in ranked]
+    # the hardware-changing remedy is listed, but a relaunch on the same machines cannot apply it
+    assert all(r.applicable == ("gpus" not in r.changes) for r in d.remedies)
+
+
+def test_plan_from_json_reproduces_the_plan(plan_4090x8):
+    _, plan = PlanDocument.from_json(plan_4090x8).replan()
+    assert plan.memory.total_bytes == plan_4090x8["memory"]["per_gpu_bytes"]["total"]
+    assert plan.setup.effective_batch == 128
+
+
+def test_nccl_timeout_remedies_carry_the_plans_numbers(plan_4090x8):
+    d = diagnose([LOGS / "nccl_watchdog_timeout_torch24.log"], PlanDocument.from_json(plan_4090x8))
+    assert d.remedies
+    for r in d.remedies:
+        assert r.predicted_per_gpu_bytes == plan_4090x8["memory"]["per_gpu_bytes"]["total"]
+        assert r.effective_batch == 128
+        assert all(k.startswith("env.") for k in r.changes)
+    assert any("NCCL_DEBUG" in "".join(r.changes) for r in d.remedies)
+
+
+def test_host_oom_with_offload_suggests_less_offload_with_predictions():
+    plan = make_plan(PlanRequest(model="Qwen/Qwen2.5-7B-Instruct", gpus="8xH100", strategy="zero3", offload="all",
+                                 micro_batch=1, grad_accum=4, grad_ckpt=True, seq_len=2048))
+    d = diagnose([LOGS / "elastic_torch213_sigkill_r3.log"], PlanDocument.from_json(plan.to_json()))
+    assert d.kind == "host_oom"
+    by_change = {r.changes.get("offload"): r for r in d.remedies if r.changes}
+    assert set(by_change) == {"optimizer", "none"}
+    opt = make_plan(PlanRequest(model="Qwen/Qwen2.5-7B-Instruct", gpus="8xH100", strategy="zero3",
+                                offload="optimizer", micro_batch=1, grad_accum=4, grad_ckpt=True, seq_len=2048))
+    assert by_change["optimizer"].predicted_per_gpu_bytes == opt.memory.total_bytes
+    assert any(not r.applicable and "host RAM" in r.title for r in d.remedies)
+
+
+def test_fp16_overflow_suggests_bf16_on_a_card_that_has_it():
+    plan = make_plan(PlanRequest(model="Qwen/Qwen2.5-0.5B-Instruct", gpus="4xA100-80GB", precision="fp16",
+                                 strategy="zero2", micro_batch=2, grad_accum=4, grad_ckpt=False, offload="none"))
+    d = diagnose([LOGS / "deepspeed_fp16_loss_scale_minimum.log"], PlanDocument.from_json(plan.to_json()))
+    assert d.remedies[0].changes == {"precision": "bf16"}
+
+
+# ---- CLI --------------------------------------------------------------------------------------------------------
+def test_cli_text_output_and_bad_input(capsys, tmp_path):
+    assert main(["diagnose", str(LOGS / "elastic_torch213_sigkill_r3.log")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("host_oom rank 3:")
+    assert main(["diagnose", str(tmp_path / "missing.log")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not exist" in err[0]
+    (tmp_path / "bad.json").write_text("{not json")
+    assert main(["diagnose", str(LOGS / "torch1x_oom_gpu3.log"), "--plan", str(tmp_path / "bad.json")]) == 2
+    assert "is not JSON" in capsys.readouterr().err
+    assert main(["diagnose", str(LOGS / "torch1x_oom_gpu3.log"), "--exit-code", "three"]) == 2
+    assert "RANK=CODE" in capsys.readouterr().err
+
+
+def test_cli_reads_a_run_directory(tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    for p in LOGS.glob("set_hostoom__rank-*.log"):
+        (run / "logs" / p.name.split("__")[1]).write_text(p.read_text())
+    (run / "status.json").write_text(json.dumps({"state": "failed", "exit_code": 137, "first_failing_rank": 2,
+                                                 "exit_codes": {"0": -15, "1": -15, "2": -9, "3": -15}}))
+    d = diagnose_paths([run])
+    assert (d.kind, d.rank) == ("host_oom", 2)
+    with pytest.raises(ScaletrainError, match="not a run directory"):
+        diagnose_paths([tmp_path])
+
+
+def test_an_attention_the_model_lacks_is_named_with_replanned_remedies():
+    """gpt_oss built with sdpa (a --script run; the plan itself refuses it): a config error naming the class and
+    the attention, and the remedies re-planned with eager / flash attention (numbers from the planner)."""
+    d = diag("transformers_gpt_oss_no_sdpa__rank-0.log", with_remedies=True)
+    assert d.kind == "config_error" and d.details["attn_unsupported"] == "sdpa"
+    assert "GptOssForCausalLM has no sdpa attention" in d.summary
+    assert [r.changes for r in d.remedies] == [{"attn": "eager"}, {"attn": "flash"}]
+    req = PlanRequest(model="openai/gpt-oss-20b", gpus="1xH100", method="lora", attn="flash", grad_ckpt=True,
+                      micro_batch=1, grad_accum=4, seq_len=2048)
+    plan = make_plan(req)
+    d = diagnose([LOGS / "transformers_gpt_oss_no_sdpa__rank-0.log"], PlanDocument.from_json(plan.to_json()))
+    eager = make_plan(req.with_(attn="eager"))
+    assert d.remedies[0].changes == {"attn": "eager"}
+    assert d.remedies[0].predicted_per_gpu_bytes == eager.memory.total_bytes
+
+
+# ---- issue 33: a run torchelastic restarted (tests/fixtures/logs/elastic_restart_run: the logs and status.json of
+# tests/test_elastic_restart.py's run, rank 1 SIGKILLed after the step-4 checkpoint, max_restarts 2) -------------
+RESTARTED = LOGS / "elastic_restart_run"
+
+
+def test_a_run_that_finished_after_a_restart_is_restarted_not_killed(capsys):
+    d = diagnose_paths([RESTARTED])
+    assert d.kind == "restarted" and d.rank == 1
+    assert d.summary == ("the run finished after 1 elastic restart (restart 1: rank 1 killed by SIGKILL, resumed "
+                         "from step 4)")
+    assert d.restarts == ("restart 1: rank 1 killed by SIGKILL, resumed from step 4",) and not d.remedies
+    assert any("failed (exitcode: -9) local_rank: 1" in e for e in d.evidence)
+    assert any("elastic restart 1 of 2" in e for e in d.evidence)
+    assert main(["diagnose", str(RESTARTED), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kind"] == "restarted" and out["restarts"] == list(d.restarts)
+
+
+def test_a_run_that_failed_after_a_restart_names_both(tmp_path):
+    """The same logs with a final failure recorded: the failure is diagnosed as usual, and its summary says the run
+    had been restarted first."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(RESTARTED, run)
+    st = json.loads((run / "status.json").read_text())
+    st.update(state="failed", exit_code=137, first_failing_rank=1, failing_rank_exit_code=-9,
+              exit_codes={"0": -15, "1": -9}, oom_kills=0)
+    (run / "status.json").write_text(json.dumps(st))
+    d = diagnose_paths([run])
+    assert d.kind == "killed" and d.rank == 1
+    assert d.summary.endswith("; after 1 elastic restart (restart 1: rank 1 killed by SIGKILL, resumed from step 4)")
+    assert d.restarts == ("restart 1: rank 1 killed by SIGKILL, resumed from step 4",)
+    assert "restarted" in KINDS

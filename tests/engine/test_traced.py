@@ -1,0 +1,251 @@
+"""Traced model families: a model_type without an analytic layout is measured, not planned as Llama.
+
+phi3 (fused qkv_proj / gate_up_proj), granite (Llama-like with multipliers) and glm4 (four norms per block, fused
+gate_up_proj, biased q/k/v) have no analytic layout: their structure and saved bytes come from measure/trace.py
+(a 2-layer slice at the real widths), cached by engine/catalog/traced.py. The engine's allocated peak is checked
+against torch.profiler's measured peak of one real optimizer step (measure/step.py), parameters exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from scaletrain.engine.catalog.architectures import _FAMILIES, arch_from_config, catalog_entry, load_model
+from scaletrain.engine.catalog.hardware import parse_gpus
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.catalog import traced
+from scaletrain.engine.estimate.activations import block_activations
+from scaletrain.engine.estimate.memory import estimate_memory
+from scaletrain.engine.estimate.setup import TrainingSetup
+from scaletrain.engine.estimate.traced_blocks import trace_regime
+
+FAMILIES = ("phi3", "granite", "glm4")
+# each block's nn.Linear modules as transformers 5 names them (what peft matches LoRA targets against)
+LINEARS = {"phi3": {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"},
+           "granite": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
+           "glm4": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"}}
+# each family full and LoRA, checkpointing on and off (bench/cpu_groundtruth.py runs all twelve combinations)
+CASES = [("phi3", "full", False), ("phi3", "lora", True), ("granite", "full", False), ("granite", "lora", True),
+         ("glm4", "full", True), ("glm4", "lora", False)]
+B, S, RANK = 2, 128, 8
+
+
+def _config(family: str) -> dict:
+    return dict(catalog_entry(f"scaletrain/tiny-{family}")["config"])
+
+
+def _regime(family: str, method: str) -> dict:
+    lora = method == "lora"
+    return {"method": method, "lora_rank": RANK if lora else 0, "lora_targets": sorted(LINEARS[family]) if lora
+            else None, "precision": "fp32", "attn": "sdpa"}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One cache for the module, filled by measure/trace.py in this process (torch is imported here anyway; the
+    subprocess path is what the starcoder2 and refusal tests run)."""
+    from scaletrain.measure.trace import run
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SCALETRAIN_CACHE", str(tmp_path_factory.mktemp("traces")))
+    for family in FAMILIES:
+        regimes = [_regime(family, m) for m in ("full", "lora")]
+        regimes += [dict(r, grad_ckpt=True) for r in regimes]      # checkpointing's recompute is traced too
+        assert traced.prefetch(_config(family), regimes, "test", run) == 4
+    yield
+    mp.undo()
+
+
+def _setup(family: str, method: str, ckpt: bool) -> TrainingSetup:
+    arch = arch_from_config(_config(family), f"tiny-{family}")
+    return TrainingSetup(model=arch, hardware=parse_gpus("1xCPU"), method=method, lora_rank=RANK,
+                         strategy="ddp", precision="fp32", optimizer_impl="for-loop", attn="sdpa", grad_ckpt=ckpt,
+                         micro_batch=B, seq_len=S, device="cpu")
+
+
+@pytest.mark.heavy                      # the module's traced families (30 CPU s on the loaded VM)
+def test_a_traced_family_is_not_llama_and_reads_its_trace(cache):
+    for family in FAMILIES:
+        s = _setup(family, "lora", False)
+        m = s.model
+        assert m.memory_source == "traced" and m.family != _FAMILIES["llama"] and m.family["traced"]
+        assert set(m.linear_shapes()) == LINEARS[family] and set(s.lora_targets) == LINEARS[family]
+        assert trace_regime(s) == _regime(family, "lora")       # the prefetched answer is the one planning reads
+        (kind,) = traced.activations(m.config, trace_regime(s), "")["kinds"]
+        layer = block_activations(s)
+        assert kind["count"] == m.num_layers
+        assert layer.saved_attn == B * S * kind["attn"][1] + B * S * S * kind["attn"][2]
+        assert layer.saved_mlp == B * S * kind["mlp"][1] + B * S * S * kind["mlp"][2]
+        assert m.to_json()["memory_source"] == "traced"       # this process traced it (the fixture)
+        assert m.memory_source_line() == f"memory: traced from a 2-layer slice of {family} (one layer kind)"
+    llama = load_model("scaletrain/tiny-llama")
+    assert llama.memory_source == "analytic" and llama.to_json()["memory_source"] == "analytic"
+
+
+@pytest.mark.heavy                      # the module's traced families (30 CPU s on the loaded VM)
+def test_the_engine_predicts_the_measured_peak(cache):
+    from scaletrain.measure.step import measure_step
+
+    errors = []
+    for family, method, ckpt in CASES:
+        s = _setup(family, method, ckpt)
+        predicted = estimate_memory(s).allocated_peak_bytes
+        m = measure_step(_config(family), method=method, lora_rank=RANK, lora_alpha=2 * RANK,
+                         lora_targets=s.lora_targets, micro_batch=B, seq_len=S, grad_ckpt=ckpt, attn="sdpa",
+                         precision="fp32", device="cpu", optimizer_impl="for-loop")
+        lora = s.trainable_params if method == "lora" else 0
+        assert (s.model.params + lora, s.trainable_params) == (m.params, m.trainable_params), (family, method)
+        err = (predicted - m.peak_allocated_bytes) / m.peak_allocated_bytes
+        assert -0.03 <= err <= 0.08, (family, method, ckpt, err)
+        errors.append(abs(err))
+    assert statistics.median(errors) <= 0.03
+
+
+@pytest.mark.heavy                      # the module's traced families (30 CPU s on the loaded VM)
+def test_the_cache_is_hit_without_a_subprocess_or_torch(cache, monkeypatch):
+    def no_subprocess(*a, **k):
+        raise AssertionError("a cached trace ran a subprocess")
+
+    monkeypatch.setattr(subprocess, "run", no_subprocess)
+    _, hit = traced.trace(_config("glm4"), _regime("glm4", "full"), "")
+    assert hit
+    code = ("import sys; from scaletrain.engine.catalog.architectures import load_model; "
+            "from scaletrain.engine.catalog.hardware import parse_gpus; "
+            "from scaletrain.engine.estimate.setup import TrainingSetup; "
+            "from scaletrain.engine.estimate.memory import estimate_memory; "
+            "s = TrainingSetup(model=load_model('scaletrain/tiny-glm4'), hardware=parse_gpus('1xCPU'), "
+            "method='full', strategy='ddp', precision='fp32', optimizer_impl='for-loop', attn='sdpa', "
+            "micro_batch=2, seq_len=256, device='cpu'); estimate_memory(s); "
+            "print(s.model.to_json()['memory_source'], 'torch' in sys.modules)")
+    monkeypatch.undo()
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "traced (cached) False" and "tracing" not in r.stderr, r.stderr
+
+
+@pytest.mark.heavy                      # traces a family
+def test_a_family_transformers_knows_is_traced(tmp_path, monkeypatch, capsys):
+    """starcoder2: LayerNorm with biases, a two-linear MLP (c_fc, c_proj), tied embeddings."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    monkeypatch.setenv("SCALETRAIN_CACHE", str(tmp_path / "traces"))
+    cfg = {"model_type": "starcoder2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "bos_token_id": 1,
+           "eos_token_id": 2, "pad_token_id": 0}
+    regime = {"method": "full", "lora_rank": 0, "lora_targets": None, "precision": "fp32", "attn": "sdpa"}
+    assert traced.prefetch(cfg, [regime], "test") == 1
+    assert capsys.readouterr().err.startswith("tracing starcoder2 (full, fp32, sdpa) … ")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    arch = load_model(str(tmp_path / "config.json"))
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg))
+    assert arch.params == sum(p.numel() for p in {id(p): p for p in hf.parameters()}.values())
+    assert set(arch.linear_shapes()) == {"q_proj", "k_proj", "v_proj", "o_proj", "c_fc", "c_proj"}
+    s = TrainingSetup(model=arch, hardware=parse_gpus("1xCPU"), method="full", strategy="ddp", precision="fp32",
+                      attn="sdpa", micro_batch=1, seq_len=64, device="cpu")
+    assert trace_regime(s) == regime and block_activations(s).saved > 0
+
+
+def test_a_family_transformers_does_not_know_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCALETRAIN_CACHE", str(tmp_path / "traces"))
+    cfg = {"model_type": "no_such_family", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "vocab_size": 512}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = subprocess.run([sys.executable, "-m", "scaletrain.tui.cli.main", "plan", "--model",
+                        str(tmp_path / "config.json"), "--gpus", "1xCPU"], capture_output=True, text=True,
+                       timeout=300)
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert len(lines) == 1 and len(lines[0].removeprefix("scaletrain: error: ")) <= 300, r.stderr
+    assert "no_such_family" in lines[0] and "no analytic layout" in lines[0]
+    with pytest.raises(ScaletrainError):
+        arch_from_config(cfg, "x")
+
+
+def test_a_layer_too_large_for_the_cpu_is_refused_before_it_is_built():
+    """A 16k-wide glm4 layer is ~13 GiB in fp32: the trace says so in one line instead of allocating it."""
+    from scaletrain.measure.trace import TraceError, run
+
+    cfg = dict(_config("glm4"), hidden_size=16384, intermediate_size=65536, num_attention_heads=128,
+               num_key_value_heads=8, head_dim=128)
+    with pytest.raises(TraceError, match=r"the 2-layer slice of glm4 .* is \d+\.\d GiB .* over the 4 GiB") as e:
+        run({"config": cfg, "regime": _regime("glm4", "full")})
+    assert "\n" not in str(e.value) and len(str(e.value)) <= 280
+
+
+@pytest.mark.parametrize("model_type, counts, slice_layers", [
+    ("deepseek_v3", [1, 5], 2),          # first_k_dense_replace: one dense layer, then MoE layers
+    ("jamba", [2, 3, 1], 5),             # mamba + dense MLP, mamba + MoE (odd layers), attention at layer 4
+    ("qwen3_next", [5, 1], 4),           # linear attention, full attention every 4th (full_attention_interval)
+])
+def test_layers_are_grouped_by_what_they_are_and_the_slice_holds_each_kind(model_type, counts, slice_layers):
+    """Kinds come from the module tree (classes, plain attributes, parameter shapes), not from a family table; the
+    slice is the shortest prefix whose layers are the real model's first layers, one of each kind."""
+    from scaletrain.measure.tiny_configs import config_dict
+    from scaletrain.measure.trace import structure
+
+    st = structure(config_dict(model_type))
+    assert sorted(k["count"] for k in st["kinds"]) == sorted(counts), st["kinds"]
+    assert st["slice_layers"] == slice_layers and len(st["layer_kinds"]) == sum(counts)
+    assert set(st["layer_kinds"][:slice_layers]) == set(range(len(counts)))
+    assert st["block_params"] == max(k["params"] for k in st["kinds"])
+
+
+@pytest.mark.heavy                      # traces a family
+def test_three_fresh_caches_trace_the_same_bytes(tmp_path, monkeypatch):
+    """The recorder keeps every saved tensor alive while it counts: no freed address is reused and taken for an
+    earlier tensor, so a trace is a measurement that repeats (qwen3_next gave 527, 956 and 527 MiB before)."""
+    from scaletrain.measure.tiny_configs import config_dict
+
+    cfg = config_dict("qwen3_next")
+    regime = {"method": "full", "lora_rank": 0, "lora_targets": None, "precision": "fp32", "attn": "sdpa"}
+    answers = []
+    for i in range(3):
+        monkeypatch.setenv("SCALETRAIN_CACHE", str(tmp_path / f"cache{i}"))
+        traced._WORKER.stop()                    # a fresh trace process each time
+        answers.append(traced.trace(cfg, regime, "test")[0]["activations"])
+    assert answers[0] == answers[1] == answers[2]
+    assert all(k["attn"][1] > 0 and k["mlp"][1] > 0 for k in answers[0]["kinds"])
+
+
+def test_the_structure_a_catalog_entry_records_is_what_a_trace_finds():
+    """The tiny traced entries carry their structure (so listing the catalog runs no trace): it must be what
+    transformers builds today."""
+    from scaletrain.measure.trace import structure
+
+    for family in FAMILIES:
+        entry = catalog_entry(f"scaletrain/tiny-{family}")
+        assert entry["traced_structure"] == structure(entry["config"]), family
+        assert load_model(f"scaletrain/tiny-{family}").params == entry["traced_structure"]["params"]
+
+
+def test_the_fit_is_exact_non_negative_and_checked_or_refuses():
+    from scaletrain.measure.trace import TraceError, fit
+
+    f = lambda S: 4096 + 1234 * S + 64 * S * S          # noqa: E731 - weight copies, per token, eager softmax
+    assert fit([(S, f(S)) for S in (64, 128, 192, 256)]) == [4096, 1234, 64]
+    # three points through a parabola that dips below zero between them: never a negative coefficient
+    pts = [(64, 64 * 100), (128, 128 * 100 + 10_000), (192, 192 * 100 + 10_000), (256, 256 * 100 + 10_000)]
+    c = fit(pts, "layer1.mlp", slack=20_000)
+    assert min(c) >= 0 and all(c[0] + c[1] * x + c[2] * x * x >= 0 for x in range(0, 4096, 64))
+    with pytest.raises(TraceError, match="layer1.mlp: saved bytes .* not c0 \\+ c1·S \\+ c2·S² with c ≥ 0"):
+        fit(pts, "layer1.mlp")
+    with pytest.raises(TraceError, match="off by"):        # the fourth length is not what the first three say
+        fit([(64, 6400), (128, 12800), (192, 19200), (256, 40000)], "x")
+
+
+def test_a_looped_stack_is_refused_in_one_line():
+    """hrm_text runs its layers several times per forward: counting each layer once would under-count it, so the
+    trace says so instead of planning it."""
+    from scaletrain.measure.tiny_configs import config_dict
+    from scaletrain.measure.trace import TraceError, run
+
+    regime = {"method": "full", "lora_rank": 0, "lora_targets": None, "precision": "fp32", "attn": "sdpa"}
+    with pytest.raises(TraceError, match=r"decoder layer \d+ ran \d+ times in one forward") as e:
+        run({"config": config_dict("hrm_text"), "regime": regime})
+    assert "\n" not in str(e.value)

@@ -1,0 +1,52 @@
+"""CI's share of bench/architecture_sweep.py: families outside the analytic table, built from transformers' own
+config defaults (shrunk), traced by the engine and measured whole by torch.profiler — layer stacks of different
+shapes (dense first then MoE, 3:1 linear/full attention, a plain dense stack with LayerNorm and a two-linear MLP).
+The whole sweep (every causal LM transformers ships) is bench/results/architecture_sweep.json."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from architecture_sweep import one_family  # noqa: E402
+
+SUBSET = [("deepseek_v3", (("full", False), ("lora", True))),
+          ("qwen3_next", (("full", True),)),
+          ("starcoder2", (("lora", False),))]
+
+
+@pytest.mark.heavy                      # tens of CPU seconds a family: traced, built whole, profiled
+@pytest.mark.parametrize("model_type, cases", SUBSET, ids=[m for m, _ in SUBSET])
+def test_a_traced_family_plans_what_its_full_build_measures(model_type, cases, tmp_path, monkeypatch):
+    monkeypatch.setenv("SCALETRAIN_CACHE", str(tmp_path / "traces"))
+    row = one_family(model_type, cases)
+    assert "refused" not in row, row.get("refused")
+    assert row["memory_source"] == "traced"
+    for case in row["cases"]:
+        assert "refused" not in case, case
+        assert case["params_exact"], case            # parameters and trainable parameters, exactly (peft's count)
+        # the planner's side: never under the measured peak by more than 2 %, over by at most 5 %
+        assert -0.02 <= case["error"] <= 0.05, (model_type, case)
+
+
+def test_the_sweep_covers_every_causal_lm_transformers_ships():
+    """The recorded sweep names every model_type of the installed transformers' causal-LM mapping: planned, or
+    refused with its reason."""
+    import json
+
+    from architecture_sweep import RESULTS, model_types
+
+    recorded = json.loads(RESULTS.read_text())
+    rows = {r["model_type"]: r for r in recorded["rows"]}
+    import transformers
+
+    if recorded["versions"]["transformers"] != transformers.__version__:
+        pytest.skip(f"recorded with transformers {recorded['versions']['transformers']}")
+    assert set(rows) | set(recorded.get("not_run", ())) == set(model_types())
+    assert not set(rows) & set(recorded.get("not_run", ()))
+    assert all(("refused" in r) != ("cases" in r) for r in rows.values())
+    assert all(c.get("params_exact") for r in rows.values() for c in r.get("cases", []) if "error" in c)
