@@ -114,7 +114,7 @@ def test_field_facts_are_properties_of_the_declaration():
         assert FIELD[f.name].relaunch == f.metadata["relaunch"]
 
 
-OLD_PLAN = Path(__file__).resolve().parent / "fixtures" / "plan_written_by_12eadae.json"
+OLD_PLAN = Path(__file__).resolve().parents[1] / "fixtures" / "plan_written_by_12eadae.json"
 ADDED_SINCE_ISSUE_12 = ("master_weights", "optimizer_impl", "experts_impl", "loop", "loss")
 
 

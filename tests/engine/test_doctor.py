@@ -262,7 +262,7 @@ def test_an_attention_the_model_lacks_is_named_with_replanned_remedies():
 
 
 # ---- issue 33: a run torchelastic restarted (tests/fixtures/logs/elastic_restart_run: the logs and status.json of
-# tests/test_elastic_restart.py's run, rank 1 SIGKILLed after the step-4 checkpoint, max_restarts 2) -------------
+# tests/e2e/test_elastic_restart.py's run, rank 1 SIGKILLed after the step-4 checkpoint, max_restarts 2) -------------
 RESTARTED = LOGS / "elastic_restart_run"
 
 

@@ -1,7 +1,7 @@
 """Issue 30, item 6: see everything. The full-screen log (`l`: all ranks or one, follows the tail, scrolls, `/`
 searches, progress bars folded) and the history view (`h`: each GPU's utilization, memory against the plan's
 predicted line and power over the last minutes, the processes on it with their memory, each NVML field N/A on its
-own) through Textual's pilot; NVML's per-process memory through a pynvml-shaped fake, as tests/test_hardware.py.
+own) through Textual's pilot; NVML's per-process memory through a pynvml-shaped fake, as tests/engine/test_hardware.py.
 
 No GPU here: tests/fixtures/nvml/synthetic_history_procs.jsonl is what the recorder writes from a scripted NVML
 (tests/test_sampler.history_devices, checked there), not a real GPU's recording — two GPUs, per-process memory with
