@@ -15,7 +15,7 @@ DS_OP   = $(PY) -c 'from scaletrain.trainer.distributed import load_deepspeed_cp
 PYTEST_ARGS ?=
 XDIST   = $(if $(filter 1,$(JOBS)),,$(shell $(PY) -c 'import xdist' 2>/dev/null && printf '%s' '-n $(JOBS) --dist loadgroup'))
 
-.PHONY: venv demo test test-fast ds-op docs docs-images bench clean
+.PHONY: venv demo test test-fast ds-op specs-venv docs docs-images bench clean
 
 venv: $(STAMP)
 
@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(VENV)/bin/scaletrain --preset cpu-tiny --headless
 
-test: $(STAMP) ds-op docs
+test: $(STAMP) ds-op docs specs-venv
 	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # the inner loop (about 2 minutes on 2 cores): every test but the multi-process training runs (`slow`) and the
@@ -44,6 +44,17 @@ test-fast: $(STAMP)
 # DeepSpeed's CPU comm op, built (or found built) the way the trainer loads it: a no-op of seconds once built
 ds-op: $(STAMP)
 	$(DS_OP)
+
+# SkyPilot's own task loader for the job-spec tests (tests/engine/test_jobspecs.py): skypilot cannot be installed
+# beside the train extra's transformers, so it gets a venv of its own that the tests run it in.
+SPECS_VENV  := .venv-specs
+SPECS_STAMP := $(SPECS_VENV)/.installed
+specs-venv: $(SPECS_STAMP)
+
+$(SPECS_STAMP):
+	$(PYTHON) -m venv $(SPECS_VENV)
+	$(SPECS_VENV)/bin/python -m pip install -q 'skypilot==0.14.1'
+	touch $(SPECS_STAMP)
 
 # Offline: the reference is checked, not fetched or rewritten; the site goes to site/ (not committed).
 docs: $(STAMP)
@@ -60,4 +71,4 @@ bench: $(STAMP)
 	$(PY) bench/bench_plan.py
 
 clean:
-	rm -rf $(VENV) build site *.egg-info
+	rm -rf $(VENV) $(SPECS_VENV) build site *.egg-info
