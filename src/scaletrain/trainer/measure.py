@@ -85,11 +85,6 @@ class MeasuredStep:
     step_seconds: float = 0.0
 
 
-# --------------------------------------------------------------------------------------------
-# helpers (torch imported lazily)
-# --------------------------------------------------------------------------------------------
-
-
 def _local(t):
     """A DTensor's shard on this rank (FSDP's parameters, gradients and optimizer state), else the tensor."""
     return t.to_local() if hasattr(t, "to_local") else t
@@ -335,9 +330,6 @@ def _full_step(setup: StepHarness, batches) -> None:
     _finish_step(setup)
 
 
-# --------------------------------------------------------------------------------------------
-# public API
-# --------------------------------------------------------------------------------------------
 
 
 def _live_state_bytes(setup: StepHarness, batches) -> int:

@@ -135,16 +135,38 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
         grads = ms.gradients_backward + (head_grad if (m.tie_embeddings and m.vocab_head) else 0)   # tied: below
     acts -= final + head.labels
     block_grad = _grad_share(m.block_params() if full else s.trainable_params // max(L, 1), s)
-    big = layer.worst or layer      # a stack of unlike layers: each block's moment as its largest kind's
+    acts, grads = _blocks_backward(s, mark, layer.worst or layer, out["window_mask"], acts, grads, block_grad,
+                                   per_block_saved, (gather_block, grad_gather_block), t, ms.grows_in_backward)
+    grads = max(grads, ms.gradients_backward)
+    # the embedding's backward writes a dense V×h gradient; with tied embeddings autograd adds it to lm_head's,
+    # which waits in the engine's input buffer from the head's backward on (beside an accumulation buffer too): out of place (a third V×h tensor) unless lm_head's gradient is a
+    # fresh fp32 copy of autocast's 16-bit one, which the engine may add into (torch/csrc/autograd/input_buffer.cpp)
+    tied = m.tie_embeddings and m.vocab_head
+    embed_bwd = (_grad_share(m.vocab_size * h, s, root=True) * (1 if nm.trainable_copies else 2)
+                 if (full and tied) else 0)
+    mark("backward", acts, 0, grads, opt_extra=embed_bwd)
+    # optimizer step
+    mark("step", 0, 0, ms.gradients_step, opt_extra=ms.step_temporaries)
+    if not gen.peak:
+        del peaks.phase_peaks["generation"]
+    return {"phase_peaks": peaks.phase_peaks, "parts": peaks.parts, "states": ms, "head": head, "generation": gen}
+
+
+def _blocks_backward(s: TrainingSetup, mark: Any, big: Any, window_mask: int, acts: int, grads: int,
+                     block_grad: int, per_block_saved: int, gathers: tuple[int, int], t: int,
+                     grows: bool) -> tuple[int, int]:
+    """Backward through the blocks, last first; `big` is a block's moment as its largest kind's (a stack of unlike
+    layers). Under checkpointing the block's own tensors (and autocast's weight copies) are recomputed on top of its
+    saved input. FSDP: a block's own gradients are in bwd_peak as in one process; the reduce-scatter input of the
+    block before it in backward (its whole gradients) is kept until this block's post-backward
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py post_backward: reduce_scatter_states)."""
+    gather_block, grad_gather_block = gathers
     fsdp = s.strategy == "fsdp"
-    for k in range(L):
-        # under checkpointing the block's own tensors (and autocast's weight copies) are recomputed on top of
-        # its saved input. FSDP: a block's own gradients are in bwd_peak as in one process; the reduce-scatter input
-        # of the block before it in backward (its whole gradients) is kept until this block's post-backward
-        # (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py post_backward: reduce_scatter_states)
+    recompute = s.grad_ckpt
+    for k in range(s.model.num_layers):
         held = (grad_gather_block if k else 0) if fsdp else grad_gather_block
         below = acts - per_block_saved
-        recomputed = per_block_saved + big.weight_copies + out["window_mask"] if recompute else 0
+        recomputed = per_block_saved + big.weight_copies + window_mask if recompute else 0
         mark("backward", below + recomputed + big.bwd_peak, 0, grads, gather=gather_block + held)
         if fsdp:   # the block's post-backward: its whole gradients and their copy in the reduce-scatter input
             mark("backward", below + _waiting_grad(s, t), 0, grads, gather=gather_block + 2 * grad_gather_block)
@@ -152,20 +174,9 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
             mark("backward", below + recomputed + big.saved + big.recompute_transient + _waiting_grad(s, t),
                  0, grads, gather=gather_block + (held if fsdp else 0))
         acts -= per_block_saved
-        if ms.grows_in_backward:
+        if grows:
             grads += block_grad
-    grads = max(grads, ms.gradients_backward)
-    # the embedding's backward writes a dense V×h gradient; with tied embeddings autograd adds it to lm_head's,
-    # which waits in the engine's input buffer from the head's backward on (beside an accumulation buffer too): out of place (a third V×h tensor) unless lm_head's gradient is a
-    # fresh fp32 copy of autocast's 16-bit one, which the engine may add into (torch/csrc/autograd/input_buffer.cpp)
-    tied = m.tie_embeddings and m.vocab_head
-    embed_bwd = _grad_share(m.vocab_size * h, s, root=True) * (1 if nm.trainable_copies else 2) if (full and tied) else 0
-    mark("backward", acts, 0, grads, opt_extra=embed_bwd)
-    # optimizer step
-    mark("step", 0, 0, ms.gradients_step, opt_extra=ms.step_temporaries)
-    if not gen.peak:
-        del peaks.phase_peaks["generation"]
-    return {"phase_peaks": peaks.phase_peaks, "parts": peaks.parts, "states": ms, "head": head, "generation": gen}
+    return acts, grads
 
 
 def _waiting_grad(s: TrainingSetup, tokens: int) -> int:

@@ -15,7 +15,8 @@ from typing import Any, Callable, Sequence
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import GPU_CATALOG, parse_gpus
 from scaletrain.engine.catalog.architectures import catalog_ids, load_model
-from scaletrain.engine.model.setup import check_num_generations, check_objective_strategy, check_prompt_len
+from scaletrain.engine.model.setup import (check_num_generations, check_objective_strategy,
+                                           check_prompt_len)
 from scaletrain.engine.request.fields import FIELD
 from scaletrain.engine.request.records import check_data
 from scaletrain.engine.request.request import objective_lengths, resolve_hardware
