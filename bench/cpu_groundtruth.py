@@ -40,6 +40,8 @@ class Case:
                                                   # `experts`: the fused experts through peft's target_parameters
     loop: str = "trainer"        # the loop that runs the step (measure/step.py LOOPS) and that the plan is for
     loss: str = "standard"             # "chunked": --loss chunked (trainer/chunked_loss.py)
+    strategy: str = "ddp"              # "fsdp": fully_shard on 2 gloo ranks (measure/fsdp_step.py), per-rank peaks
+    ranks: int = 1
 
     @property
     def measure_precision(self) -> str:
@@ -80,6 +82,8 @@ class Case:
             bits.append(f"loop={self.loop}")
         if self.loss != "standard":
             bits.append(f"loss={self.loss}")
+        if self.strategy != "ddp":
+            bits.append(f"{self.strategy}×{self.ranks}")
         return " ".join(bits)
 
 
@@ -252,7 +256,26 @@ _BIG_VOCAB = (("vocab_size", 32768),)
 AMP_LOOP_CASES = [Case("scaletrain/tiny-qwen2", loop=loop, precision="bf16", grad_ckpt=ckpt, optimizer_impl="fused",
                        overrides=_BIG_VOCAB)
                   for loop in ("trainer", "accelerate-loop", "hf-trainer", "trl") for ckpt in (False, True)]
-CASES += MOE_CASES + TRACED + LOOP_CASES + CHUNKED_CASES + AMP_LOOP_CASES
+# issue 29: FSDP2 as the trainer applies it (fully_shard per decoder block, then the root) on 2 gloo ranks, each
+# rank's peak against the per-GPU plan for --strategy fsdp on 2 GPUs: vocabulary- and activation-dominated, full
+# and LoRA, checkpointing on and off, a dense model and an MoE
+_FSDP = {"strategy": "fsdp", "ranks": 2}
+FSDP_CASES = [
+    Case("scaletrain/tiny-llama", **_FSDP),
+    Case("scaletrain/tiny-llama", grad_ckpt=True, **_FSDP),
+    Case("scaletrain/tiny-llama", method="lora", **_FSDP),
+    Case("scaletrain/tiny-llama", method="lora", grad_ckpt=True, **_FSDP),
+    Case("scaletrain/tiny-llama", seq_len=512, micro_batch=1, overrides=_WIDE, **_FSDP),
+    Case("scaletrain/tiny-llama", grad_ckpt=True, seq_len=512, micro_batch=1, overrides=_WIDE, **_FSDP),
+    Case("scaletrain/tiny-llama", method="lora", seq_len=512, micro_batch=1, overrides=_WIDE, **_FSDP),
+    Case("scaletrain/tiny-qwen3-moe", seq_len=512, micro_batch=1, overrides=_MOE4, **_FSDP),
+    Case("scaletrain/tiny-qwen3-moe", method="lora", grad_ckpt=True, overrides=_MOE4, **_FSDP),
+    Case("scaletrain/tiny-qwen3-moe", grad_ckpt=True, seq_len=512, micro_batch=1, overrides=_MOE4, **_FSDP),
+]
+# CI's FSDP rows (tests/test_memory_groundtruth.py), small enough for a loaded CI machine: full fine-tuning, and LoRA
+# with checkpointing
+FSDP_QUICK = [FSDP_CASES[i] for i in (0, 3)]
+CASES += MOE_CASES + TRACED + LOOP_CASES + CHUNKED_CASES + AMP_LOOP_CASES + FSDP_CASES
 QUICK = [CASES[i] for i in (0, 2, 3, 4, 6, 9, 10, 13, 15, 17, 19, 23, 25, 26, 29, 31, 33)] + [
     MOE_CASES[i] for i in (0, 1, 6, 11)] + [LOOP_CASES[i] for i in (3, 6, 9, 14)] + [
     CHUNKED_CASES[i] for i in (0, 1)]
@@ -275,17 +298,57 @@ def setup_for(case: Case) -> TrainingSetup:
     from scaletrain.engine.catalog.architectures import arch_from_config
     model = arch_from_config(config_for(case), case.model)
     return TrainingSetup(
-        model=model, hardware=parse_gpus("1xCPU"), method=case.method,
-        lora_rank=case.lora_rank, lora_targets=case.lora_targets or model.default_lora_targets, strategy="ddp", precision=case.precision,
+        model=model, hardware=parse_gpus(f"{case.ranks}xCPU"), method=case.method,
+        lora_rank=case.lora_rank, lora_targets=case.lora_targets or model.default_lora_targets,
+        strategy=case.strategy, precision=case.precision,
         master_weights=case.master_weights, base_bits=case.base_bits, optimizer_impl=case.optimizer_impl,
         attn=case.attn, grad_ckpt=case.grad_ckpt, micro_batch=case.micro_batch, grad_accum=case.grad_accum,
         seq_len=case.seq_len, device="cpu", experts_impl=case.experts_impl, loop=case.loop, loss=case.loss,
     )
 
 
+def run_cases(cases: list[Case]) -> list[dict]:
+    """Every case's row, in order; the FSDP cases share one 2-rank process group (measure/fsdp_step.py)."""
+    from scaletrain.measure.fsdp_step import measure_fsdp_steps
+
+    fsdp = [c for c in cases if c.strategy == "fsdp"]
+    ranks = measure_fsdp_steps([(config_for(c), _fsdp_kwargs(c)) for c in fsdp]) if fsdp else []
+    by_case = dict(zip(fsdp, ranks))
+    return [_row(c, by_case[c]) if c in by_case else run_case(c) for c in cases]
+
+
+def _fsdp_kwargs(case: Case) -> dict:
+    if case.precision != "fp32" or case.loop != "trainer" or case.loss != "standard" or case.grad_accum != 1:
+        raise ValueError(f"{case.label}: the FSDP rows measure fp32 trainer steps")
+    return dict(method=case.method, lora_rank=case.lora_rank, lora_alpha=2 * case.lora_rank,
+                lora_targets=setup_for(case).lora_targets, micro_batch=case.micro_batch, seq_len=case.seq_len,
+                grad_ckpt=case.grad_ckpt, attn=case.attn, optimizer_impl=case.optimizer_impl, grad_accum=1, seed=0,
+                warmup_steps=1)
+
+
+def _row(case: Case, ranks: list) -> dict:
+    """The FSDP row: the per-GPU plan against the largest rank's peak (every rank's peak recorded)."""
+    s = setup_for(case)
+    worst = max(ranks, key=lambda m: m.peak_allocated_bytes)
+    return {**_row_head(case), "ranks_peak_bytes": [m.peak_allocated_bytes for m in ranks],
+            **predicted_vs_measured(s, estimate_memory(s), worst)}
+
+
+def _row_head(case: Case) -> dict:
+    return {
+        "case": case.label, "model": case.model, "method": case.method, "attn": case.attn,
+        "precision": case.precision, "measure_precision": case.measure_precision,
+        "optimizer_impl": case.optimizer_impl,
+        "grad_ckpt": case.grad_ckpt, "micro_batch": case.micro_batch, "seq_len": case.seq_len,
+        "grad_accum": case.grad_accum, "loop": case.loop, "strategy": case.strategy, "ranks": case.ranks,
+    }
+
+
 def run_case(case: Case) -> dict:
     from scaletrain.measure.step import measure_step
 
+    if case.strategy == "fsdp":
+        return run_cases([case])[0]
     s = setup_for(case)
     mem = estimate_memory(s)
     measured = measure_step(
@@ -294,14 +357,7 @@ def run_case(case: Case) -> dict:
         seq_len=case.seq_len, grad_ckpt=case.grad_ckpt, attn=case.attn, precision=case.measure_precision,
         optimizer="adamw", grad_accum=case.grad_accum, device="cpu", optimizer_impl=case.optimizer_impl,
         loop=case.loop, loss=case.loss)
-    return {
-        "case": case.label, "model": case.model, "method": case.method, "attn": case.attn,
-        "precision": case.precision, "measure_precision": case.measure_precision,
-        "optimizer_impl": case.optimizer_impl,
-        "grad_ckpt": case.grad_ckpt, "micro_batch": case.micro_batch, "seq_len": case.seq_len,
-        "grad_accum": case.grad_accum, "loop": case.loop,
-        **predicted_vs_measured(s, mem, measured),
-    }
+    return {**_row_head(case), **predicted_vs_measured(s, mem, measured)}
 
 
 def markdown(rows: list[dict]) -> str:
@@ -310,7 +366,7 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_groundtruth(argv, cases=CASES, quick=QUICK, run_case=run_case, markdown=markdown,
+    return run_groundtruth(argv, cases=CASES, quick=QUICK, run_case=run_case, run_cases=run_cases, markdown=markdown,
                            out_name="cpu_groundtruth.json", command="python bench/cpu_groundtruth.py")
 
 

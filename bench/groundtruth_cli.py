@@ -41,7 +41,8 @@ def predicted_vs_measured(s, mem, measured, **extra_pairs: tuple[int, int]) -> d
 
 def run_groundtruth(argv: list[str] | None, *, cases: Sequence, quick: Sequence, run_case: Callable[[object], dict],
                     markdown: Callable[[list[dict]], str], out_name: str, command: str,
-                    libraries: Sequence[str] = ("torch", "transformers")) -> int:
+                    libraries: Sequence[str] = ("torch", "transformers"),
+                    run_cases: Callable[[list], list[dict]] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / out_name))
@@ -52,7 +53,7 @@ def run_groundtruth(argv: list[str] | None, *, cases: Sequence, quick: Sequence,
     chosen = quick if args.quick else cases
     if args.only:
         chosen = [c for c in chosen if args.only in c.label]
-    rows = [run_case(c) for c in chosen]
+    rows = run_cases(list(chosen)) if run_cases else [run_case(c) for c in chosen]
     print(markdown(rows))
     if not args.no_write:
         versions = {name: importlib.import_module(name).__version__ for name in libraries}

@@ -125,9 +125,10 @@ def test_lora_run_leaves_an_adapter_and_a_merged_model_equal_to_base_plus_adapte
     run = write_run_dir(make_plan(req), req, TrainOptions(lr=1e-2, max_steps=4, checkpoint_every=4), tmp_path / "run")
     _launch(run)
     if strategy == "fsdp":       # the frozen base and the adapters sharded alike; only the adapters train
-        from test_train_cpu import FSDP_LINE, assert_fsdp_sharded
+        from test_train_cpu import FSDP_LINE, assert_checkpoint_size, assert_fsdp_sharded
 
         assert_fsdp_sharded(run, 4)
+        assert_checkpoint_size(run, 4)    # the LoRA run's DCP shards against the plan's disk model
         header = next(line for line in run.rank_log(0).read_text().splitlines() if "(lora, fsdp, fp32)" in line)
         trainable, frozen = (int(re.search(rf"{k} float32 ([\d,]+)", header)[1].replace(",", ""))
                              for k in ("trainable", "frozen"))

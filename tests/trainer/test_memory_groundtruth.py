@@ -90,3 +90,22 @@ def test_every_loop_kind_under_autocast_within_1pct_where_the_logits_matter():
     assert {r["grad_ckpt"] for r in picked} == {True, False}
     table = "\n".join(f"{r['case']}: {100 * r['error']:+.2f}%" for r in picked)
     assert max(abs(r["error"]) for r in picked) <= 0.01, table
+
+
+def test_fsdp_rows_on_two_gloo_ranks_within_3pct():
+    """Issue 29: FSDP2 as the trainer applies it (fully_shard per decoder block, then the root) on 2 gloo ranks, full
+    fine-tuning and LoRA with checkpointing (tiny llama, vocabulary-dominated), each rank's profiler peak against
+    the plan's per-GPU peak for --strategy fsdp on 2 GPUs: within 3 %; the parameters are DTensor shards whose bytes
+    (and AdamW's) are half the model's, exactly as the plan says."""
+    from cpu_groundtruth import FSDP_QUICK, run_cases
+
+    picked = run_cases(FSDP_QUICK)
+    assert {r["grad_ckpt"] for r in picked} == {True, False} and {r["ranks"] for r in picked} == {2}
+    assert {r["method"] for r in picked} == {"full", "lora"}
+    table = "\n".join(f"{r['case']}: {100 * r['error']:+.2f}% (ranks {r['ranks_peak_bytes']})" for r in picked)
+    for r in picked:
+        for k in ("params", "trainable", "weights_bytes", "optimizer_bytes"):
+            assert r[f"{k}_predicted"] == r[f"{k}_measured"], (r["case"], k)
+    full = next(r for r in picked if r["method"] == "full")
+    assert full["weights_bytes_measured"] * 2 == full["params_measured"] * 4      # fp32 weights, half on each rank
+    assert max(abs(r["error"]) for r in picked) <= 0.03, table

@@ -243,6 +243,7 @@ def test_fsdp_two_ranks_train_sharded_with_dcp_checkpoints(fsdp_run):
     assert_trained(run, 12)
     for step in (6, 12):
         assert_fsdp_sharded(run, step)
+    assert_checkpoint_size(run, 12)       # the DCP shards, their records and .metadata (engine/run/disk.py)
 
 
 def test_a_run_that_is_not_its_plans_strategy_is_refused_in_one_line(tmp_path):

@@ -24,6 +24,7 @@ class CpuTimelineReading:
     counter_peak_delta: int  # allocator counter: max(total_allocated) - total at window start
     coalesced_peak_bytes: int  # max row sum of MemoryProfileTimeline._coalesce_timeline (us buckets)
     n_events: int
+    source: str = "timeline"   # or "allocation events" (allocation_events_reading: the timeline could not be built)
 
 
 def read_cpu_timeline(prof) -> CpuTimelineReading:
@@ -117,3 +118,36 @@ def _allocator_counter_peak(nodes, device) -> int:
         return 0
     start = allocs[0].total_allocated - allocs[0].alloc_size
     return max(a.total_allocated for a in allocs) - start
+
+
+def allocation_events_reading(prof, live_before: int, exc: Exception) -> CpuTimelineReading:
+    """The profiler's raw allocation events when its data-flow graph cannot be built (torch 2.13 asserts "duplicate
+    outputs" / "version mismatch" on some FSDP2 steps over gloo, whose worker threads drop tensors the main thread
+    allocated). Walked in time order: a free of a storage allocated before the window is live-at-start memory too
+    (FSDP2's last all-gather buffer of the previous step, say), so it is added to `live_before` (the parameters,
+    buffers, optimizer state and batch the caller counted); the peak is that plus the running sum's maximum. On the
+    FSDP steps whose timeline did build, this gives the timeline's peak byte for byte (bench/cpu_groundtruth.py)."""
+    from torch._C._profiler import _EventType
+    from torch.profiler._memory_profiler import OpTree
+
+    cpu = "cpu"
+    events = sorted((e for e in OpTree(prof.profiler.kineto_results).sorted_nodes
+                     if e.typed[0] == _EventType.Allocation and e.typed[1].device.type == cpu),
+                    key=lambda e: e.start_time_ns)
+    running = peak = freed_before = 0
+    allocated: set[int] = set()
+    for e in events:
+        f = e.typed[1]
+        if f.alloc_size > 0:
+            allocated.add(f.ptr)
+        elif f.ptr in allocated:
+            allocated.discard(f.ptr)
+        else:
+            freed_before -= f.alloc_size
+        running += f.alloc_size
+        peak = max(peak, running)
+    pre = live_before + freed_before
+    return CpuTimelineReading(
+        peak_bytes=pre + peak, peak_by_category={"PREEXISTING": pre, "unknown": peak}, preexisting_bytes=pre,
+        preexisting_by_category={"PREEXISTING": pre}, end_bytes=pre + running, counter_peak_delta=peak,
+        coalesced_peak_bytes=0, n_events=len(events), source=f"allocation events ({str(exc).split(':')[0]})")

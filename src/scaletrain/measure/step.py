@@ -22,22 +22,14 @@ hand model params + Adam state + saved-for-backward bytes + d(log_softmax) + d(l
 CUDA: ``torch.cuda.reset_peak_memory_stats()`` after warm-up, ``max_memory_allocated`` /
 ``max_memory_reserved`` over the measured step, step time = median of 3 further synchronised steps.
 
-Optimizer implementation (torch 2.13, defaults, no ``foreach``/``fused`` forced):
-``torch.optim.AdamW`` resolves ``foreach=None`` through ``_default_to_fused_or_foreach``; foreach is
-only picked when every param is on a device in ``_get_foreach_kernels_supported_devices()``
-(cuda, xpu, mtia, privateuse1), fused is never the default.  So:
-  * CPU  -> single-tensor loop (``_single_tensor_adam``).  Per parameter tensor it does in place
-    ``param.mul_(1-lr*wd)``, ``exp_avg.lerp_``, ``exp_avg_sq.mul_().addcmul_()``, then
-    ``denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)`` -- two param-sized temporaries alive at
-    once (the sqrt result and the quotient) -- then ``param.addcdiv_``.  Step temporary peak is
-    therefore ~2 x the largest single parameter tensor (fp32), not a function of the total size.
-  * CUDA -> foreach (``_multi_tensor_adam``): ``exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)``
-    allocates one full copy of all (trainable) params per device/dtype group, then updates in
-    place; step temporary peak ~1 x trainable param bytes (fp32 state dtype).
-  ``state["step"]`` is a 0-dim float32 tensor per parameter on CPU (4 bytes each) when not
-  capturable/fused; it is counted in ``optimizer_state_bytes``.
-SGD(momentum=0.9): one momentum buffer per param, no step tensor; the default on CPU is again the
-single-tensor loop.
+Optimizer implementation (torch 2.13, nothing forced): AdamW's foreach is only the default on cuda/xpu/mtia,
+fused never. CPU: the single-tensor loop, whose ``denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)`` holds two
+temporaries of the largest parameter tensor at once. CUDA: foreach, whose ``_foreach_sqrt(exp_avg_sqs)`` copies
+every second moment (one trainable-size fp32 temporary). ``state["step"]`` is a 0-dim fp32 tensor per parameter on
+CPU (counted in ``optimizer_state_bytes``). SGD(momentum=0.9): one momentum buffer per parameter, no step tensor.
+
+FSDP (measure/fsdp_step.py): each rank's harness is sharded after it is built, its optimizer rebuilt over the
+shards, and measured here (``measure_harness``); a DTensor counts its local shard.
 
 This module must stay cheap to import: torch / transformers / peft are imported inside functions.
 """
@@ -52,7 +44,8 @@ from typing import Any
 
 from scaletrain.engine.vocabulary import Attention, LossImpl, Method
 from scaletrain.trainer import model as model_lib
-from scaletrain.measure.memory_timeline import counter_only_reading, read_cpu_timeline
+from scaletrain.measure.memory_timeline import (allocation_events_reading, counter_only_reading,
+                                                 read_cpu_timeline)
 
 __all__ = [
     "MeasuredStep",
@@ -92,22 +85,23 @@ class MeasuredStep:
     step_seconds: float = 0.0
 
 
-# --------------------------------------------------------------------------------------------
-# helpers (torch imported lazily)
-# --------------------------------------------------------------------------------------------
+def _local(t):
+    """A DTensor's shard on this rank (FSDP's parameters, gradients and optimizer state), else the tensor."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def storage_key(t) -> tuple[str, int]:
-    st = t.untyped_storage()
+    st = _local(t).untyped_storage()
     return (str(t.device), st.data_ptr())
 
 
 def unique_storage_bytes(tensors) -> int:
-    """Bytes of the unique storages behind ``tensors`` (tied / aliased tensors count once)."""
+    """Bytes of the unique storages behind ``tensors`` (tied / aliased tensors count once; a DTensor: its shard)."""
     seen: dict[tuple[str, int], int] = {}
     for t in tensors:
         if t is None:
             continue
+        t = _local(t)
         st = t.untyped_storage()
         key = (str(t.device), st.data_ptr())
         seen[key] = max(seen.get(key, 0), st.nbytes())
@@ -117,7 +111,7 @@ def unique_storage_bytes(tensors) -> int:
 def _unique_params(model) -> list:
     out, seen = [], set()
     for p in model.parameters():
-        k = (storage_key(p), p.storage_offset(), tuple(p.shape))
+        k = (storage_key(p), _local(p).storage_offset(), tuple(p.shape))
         if k in seen:
             continue
         seen.add(k)
@@ -336,9 +330,6 @@ def _full_step(setup: StepHarness, batches) -> None:
     _finish_step(setup)
 
 
-# --------------------------------------------------------------------------------------------
-# public API
-# --------------------------------------------------------------------------------------------
 
 
 def _live_state_bytes(setup: StepHarness, batches) -> int:
@@ -378,6 +369,8 @@ def _profile_cpu_step(setup: StepHarness, lead: list, measured: list,
         step_seconds = time.perf_counter() - t0
     try:
         reading = read_cpu_timeline(prof)
+    except AssertionError as exc:   # its data-flow graph refused the step: the raw allocation events
+        reading = allocation_events_reading(prof, live_before, exc)
     except Exception as exc:  # private profiler API: degrade to the allocator counter
         reading = counter_only_reading(prof, live_before, exc)
     # The timeline's PREEXISTING entries only cover tensors some op touched during the window
@@ -409,8 +402,6 @@ def measure_step(hf_config: dict, *, method: str = "full", lora_rank: int = 8, l
     """
     check_arguments(method, attn, precision, optimizer, device, grad_accum, micro_batch, seq_len, warmup_steps,
                     optimizer_impl, loop)
-    import torch
-
     setup = build_harness(hf_config, method=method, lora_rank=lora_rank, lora_alpha=lora_alpha,
                           lora_targets=lora_targets, grad_ckpt=grad_ckpt, attn=attn, precision=precision,
                           optimizer=optimizer, device=device, seed=seed, optimizer_impl=optimizer_impl,
@@ -428,6 +419,16 @@ def measure_step(hf_config: dict, *, method: str = "full", lora_rank: int = 8, l
             setup, loop=loop, micro_batch=micro_batch, seq_len=seq_len, grad_accum=grad_accum, precision=precision,
             optimizer_impl=optimizer_impl, grad_ckpt=grad_ckpt, warmup_steps=warmup_steps, seed=seed,
             storage_bytes=unique_storage_bytes))
+    return measure_harness(setup, micro_batch=micro_batch, seq_len=seq_len, grad_accum=grad_accum, seed=seed,
+                           warmup_steps=warmup_steps, debug=_debug)
+
+
+def measure_harness(setup: StepHarness, *, micro_batch: int, seq_len: int, grad_accum: int = 1, seed: int = 0,
+                    warmup_steps: int = 1, debug: dict | None = None) -> MeasuredStep:
+    """The warm-up steps and the measured step of a built harness (measure_step's, or one whose model another
+    module wrapped and whose optimizer it rebuilt: measure/fsdp_step.py)."""
+    import torch
+
     dev = setup.device
     model, opt = setup.model, setup.optimizer
 
@@ -462,7 +463,7 @@ def measure_step(hf_config: dict, *, method: str = "full", lora_rank: int = 8, l
     handle = opt.register_step_pre_hook(_pre_step_hook)
     try:
         if dev == "cpu":
-            peak, peak_by_cat, step_seconds = _profile_cpu_step(setup, lead, measured, _debug)
+            peak, peak_by_cat, step_seconds = _profile_cpu_step(setup, lead, measured, debug)
             peak_reserved = None
         else:
             torch.cuda.synchronize(dev)

@@ -76,7 +76,7 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     ref_weights = reference_weight_bytes(s)
     static = ms.weights + ms.optimizer + ref_weights
 
-    gather_block, gather_head, grad_gather_block = _gathers(s, head.weight_params)
+    gather_block, gather_head, grad_gather_block, root = _gathers(s, head.weight_params)
 
     # what checkpointing keeps per block, and what recomputing one block costs in backward
     mask = seqs * s.seq_len * s.seq_len * nm.residual * eager_masks(s) if eager_attention(s) else 0
@@ -90,7 +90,7 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
 
     grads = ms.gradients_persistent
     # accelerate-loop: the previous micro-step's outputs during forward, this one's from the loss to the next forward
-    peaks = _Peaks(static, held_outputs_bytes(s, b))
+    peaks = _Peaks(static, held_outputs_bytes(s, b), root)
     mark = peaks.mark
 
     # GRPO: the completions are generated (no grad) before the first micro-step of the optimizer step
@@ -117,11 +117,13 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
         mark("loss", acts + reference_forward_bytes(s, layer.fwd_transient, b), head.saved, grads)
     # backward through the loss (sft: log_softmax's saved output + its grad + the input grad; TRL's fused head:
     # the recomputed tiles, with the fp32 weight gradient allocated up front)
-    head_grad_gather = gather_head if full else 0   # ZeRO-3/FSDP: the unsharded head gradient
+    head_grad_gather = gather_head if full and s.strategy == "zero3" else 0   # the unsharded head gradient (FSDP:
+    # counted whole by _grad_share)
     mark("backward", acts, head.saved + head.backward_transient, grads, gather=gather_head)
     # head backward: its output's gradient (compute dtype) is consumed; the head's weight gradient appears
     # (16-bit under autocast, then converted to the fp32 gradient)
-    head_grad = _grad_share(head.weight_params, s) if full and not (uses_deepspeed(s) and s.precision != "fp32") else 0
+    head_grad = (_grad_share(head.weight_params, s, root=True)
+                 if full and not (uses_deepspeed(s) and s.precision != "fp32") else 0)
     head_cast = c * head.weight_params if (full and nm.trainable_copies and not head.weight_grad_early) else 0
     if ms.grows_in_backward:
         mark("backward", acts, head.output_grad, grads + head_grad, opt_extra=head_cast,
@@ -133,31 +135,48 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
         grads = ms.gradients_backward + (head_grad if (m.tie_embeddings and m.vocab_head) else 0)   # tied: below
     acts -= final + head.labels
     block_grad = _grad_share(m.block_params() if full else s.trainable_params // max(L, 1), s)
-    big = layer.worst or layer      # a stack of unlike layers: each block's moment as its largest kind's
-    for _ in range(L):
-        # under checkpointing the block's own tensors (and autocast's weight copies) are recomputed on top of
-        # its saved input
-        below = acts - per_block_saved
-        recomputed = per_block_saved + big.weight_copies + out["window_mask"] if recompute else 0
-        mark("backward", below + recomputed + big.bwd_peak, 0, grads, gather=gather_block + grad_gather_block)
-        if recompute:   # the recompute's forward at down_proj, the gradient of the block's output waiting
-            mark("backward", below + recomputed + big.saved + big.recompute_transient + _waiting_grad(s, t),
-                 0, grads, gather=gather_block)
-        acts -= per_block_saved
-        if ms.grows_in_backward:
-            grads += block_grad
+    acts, grads = _blocks_backward(s, mark, layer.worst or layer, out["window_mask"], acts, grads, block_grad,
+                                   per_block_saved, (gather_block, grad_gather_block), t, ms.grows_in_backward)
     grads = max(grads, ms.gradients_backward)
     # the embedding's backward writes a dense V×h gradient; with tied embeddings autograd adds it to lm_head's,
     # which waits in the engine's input buffer from the head's backward on (beside an accumulation buffer too): out of place (a third V×h tensor) unless lm_head's gradient is a
     # fresh fp32 copy of autocast's 16-bit one, which the engine may add into (torch/csrc/autograd/input_buffer.cpp)
     tied = m.tie_embeddings and m.vocab_head
-    embed_bwd = _grad_share(m.vocab_size * h, s) * (1 if nm.trainable_copies else 2) if (full and tied) else 0
+    embed_bwd = (_grad_share(m.vocab_size * h, s, root=True) * (1 if nm.trainable_copies else 2)
+                 if (full and tied) else 0)
     mark("backward", acts, 0, grads, opt_extra=embed_bwd)
     # optimizer step
     mark("step", 0, 0, ms.gradients_step, opt_extra=ms.step_temporaries)
     if not gen.peak:
         del peaks.phase_peaks["generation"]
     return {"phase_peaks": peaks.phase_peaks, "parts": peaks.parts, "states": ms, "head": head, "generation": gen}
+
+
+def _blocks_backward(s: TrainingSetup, mark: Any, big: Any, window_mask: int, acts: int, grads: int,
+                     block_grad: int, per_block_saved: int, gathers: tuple[int, int], t: int,
+                     grows: bool) -> tuple[int, int]:
+    """Backward through the blocks, last first; `big` is a block's moment as its largest kind's (a stack of unlike
+    layers). Under checkpointing the block's own tensors (and autocast's weight copies) are recomputed on top of its
+    saved input. FSDP: a block's own gradients are in bwd_peak as in one process; the reduce-scatter input of the
+    block before it in backward (its whole gradients) is kept until this block's post-backward
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py post_backward: reduce_scatter_states)."""
+    gather_block, grad_gather_block = gathers
+    fsdp = s.strategy == "fsdp"
+    recompute = s.grad_ckpt
+    for k in range(s.model.num_layers):
+        held = (grad_gather_block if k else 0) if fsdp else grad_gather_block
+        below = acts - per_block_saved
+        recomputed = per_block_saved + big.weight_copies + window_mask if recompute else 0
+        mark("backward", below + recomputed + big.bwd_peak, 0, grads, gather=gather_block + held)
+        if fsdp:   # the block's post-backward: its whole gradients and their copy in the reduce-scatter input
+            mark("backward", below + _waiting_grad(s, t), 0, grads, gather=gather_block + 2 * grad_gather_block)
+        if recompute:   # the recompute's forward at down_proj, the gradient of the block's output waiting
+            mark("backward", below + recomputed + big.saved + big.recompute_transient + _waiting_grad(s, t),
+                 0, grads, gather=gather_block + (held if fsdp else 0))
+        acts -= per_block_saved
+        if grows:
+            grads += block_grad
+    return acts, grads
 
 
 def _waiting_grad(s: TrainingSetup, tokens: int) -> int:
@@ -171,14 +190,16 @@ def _waiting_grad(s: TrainingSetup, tokens: int) -> int:
 class _Peaks:
     """The step's running peaks: each phase's highest total, and the parts of the highest of all."""
 
-    def __init__(self, static: int, held_logits: int = 0):
+    def __init__(self, static: int, held_logits: int = 0, root: int = 0):
         self.static = static
         self.held_logits = held_logits   # logits a loop keeps at every moment, counted with the logits
+        self.root = root                 # FSDP: the root unit, whole from the first forward to the end of backward
         self.parts: dict[str, Any] = {}
         self.phase_peaks = {"generation": 0, "forward": 0, "loss": 0, "backward": 0, "step": 0}
 
     def mark(self, phase: str, act: int, logit: int, grad: int, opt_extra: int = 0, gather: int = 0) -> None:
         logit += self.held_logits
+        gather += self.root if phase in ("forward", "loss", "backward") else 0
         total = self.static + grad + act + logit + opt_extra + gather
         if total > self.phase_peaks[phase]:
             self.phase_peaks[phase] = total
@@ -187,27 +208,50 @@ class _Peaks:
                               gradients=grad, optimizer_extra=opt_extra)
 
 
-def _gathers(s: TrainingSetup, head_weight_params: int) -> tuple[int, int, int]:
+def _gathers(s: TrainingSetup, head_weight_params: int) -> tuple[int, int, int, int]:
     """ZeRO-3 / FSDP: the gathered 16-bit copy of the block being computed plus the prefetched next one; the
     embedding matrix is gathered for the lookup and again (tied) for the output head; full fine-tuning's block
-    gradient is unsharded too. (block, head, block gradient) bytes; zeros for other strategies."""
+    gradient is unsharded too. (block, head, block gradient, root) bytes; zeros for other strategies."""
     m = s.model
     if not (s.strategy in ("zero3", "fsdp") and s.world_size > 1):
-        return 0, 0, 0
+        return 0, 0, 0, 0
     gb = 2 if s.precision != "fp32" else 4
     blk = m.block_params()
-    prefetch = min(blk, DS_PREFETCH_BUCKET_ELEMS) if s.strategy == "zero3" else blk
+    if s.strategy == "fsdp":
+        return _fsdp_gathers(s, gb, blk)
+    prefetch = min(blk, DS_PREFETCH_BUCKET_ELEMS)
     gather_head = gb * (m.embedding_params if m.tie_embeddings or not m.vocab_head else head_weight_params)
-    return gb * (blk + prefetch), gather_head, gb * blk if s.method == "full" else 0
+    return gb * (blk + prefetch), gather_head, gb * blk if s.method == "full" else 0, 0
 
 
-def _grad_share(n_params: int, s: TrainingSetup) -> int:
-    """Gradient bytes a group of parameters adds on this GPU as backward reaches it."""
+def _fsdp_gathers(s: TrainingSetup, gb: int, blk: int) -> tuple[int, int, int, int]:
+    """FSDP2 as the trainer wraps it (trainer/fsdp.py: fully_shard on every decoder block, then on the root), read off
+    torch.profiler's memory timeline of 2-rank gloo steps (bench/cpu_groundtruth.py, the FSDP rows; torch 2.13's
+    torch/distributed/fsdp/_fully_shard says why):
+      root      every parameter outside the blocks (embeddings, final norm, lm_head) is one unit that FSDP2 does not
+                reshard after forward: whole from the first forward to the end of backward;
+      block     the block being computed is whole, and beside it one more block-sized buffer: in forward the flat
+                all-gather output FSDP2 keeps until the next all-gather (comm_ctx.all_gather_state), in backward the
+                next block, prefetched;
+      head      between the last block's forward and the first block's backward (the loss) that last all-gather
+                buffer: one block;
+      gradient  a block's unsharded gradients before its reduce-scatter (the adapters' under LoRA).
+    LoRA's adapters are sharded with their block, so each block gathers them too."""
+    m = s.model
+    adapters = s.trainable_params // max(m.num_layers, 1) if s.method != "full" else 0
+    unit = gb * (blk + adapters)
+    root = gb * max(0, m.params - sum(m.block_params(dense) * n for dense, n in m.block_kinds()))
+    return 2 * unit, unit, gb * (blk if s.method == "full" else adapters), root
+
+
+def _grad_share(n_params: int, s: TrainingSetup, root: bool = False) -> int:
+    """Gradient bytes a group of parameters adds on this GPU as backward reaches it. FSDP's root unit (embeddings,
+    lm_head) keeps its gradients whole until its reduce-scatter at the end of backward (`root`)."""
     nm = numerics(s)
     if s.method != "full":
         return nm.adapter * n_params
     per = nm.weight
-    if s.strategy in ("zero2", "zero3", "fsdp"):
+    if s.strategy in ("zero2", "zero3") or (s.strategy == "fsdp" and not root):
         return per * n_params // s.world_size
     return per * n_params
 

@@ -228,9 +228,19 @@ def check_num_generations(n: Any) -> None:
                               f"of one prompt (got {n!r})")
 
 
+def check_objective_strategy(objective: str, strategy: str, on_cpu: bool) -> None:
+    """TRL's trainers (reward/dpo/grpo) take accelerate's FSDP plugin, which a CPU host drops (the bundled trainer's
+    own fully_shard does not serve them): refused at plan time (TrainingSetup) and again at launch
+    (engine/run/configs.check_strategy, for a plan written on a GPU host and launched on a CPU one), in one line."""
+    if strategy == "fsdp" and objective != "sft" and on_cpu:
+        raise ScaletrainError(f"--objective {objective} runs TRL's trainer, whose accelerate drops FSDP on a CPU "
+                              "host and would train DDP instead; use --strategy ddp or zero3 on CPU")
+
+
 def _check_objective(s: TrainingSetup) -> None:
     """The objective's own knobs, each refused in one line where it does not apply."""
     obj = s.objective
+    check_objective_strategy(str(obj), str(s.strategy), s.device == "cpu")
     if obj in ("sft", "reward") and s.ref_model != "none":
         raise ScaletrainError(f"--ref-model {s.ref_model} applies to dpo and grpo; a {obj} step has no reference "
                               "model (use --ref-model none)")

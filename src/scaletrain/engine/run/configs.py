@@ -15,6 +15,7 @@ import yaml
 from scaletrain.engine.estimate.states import (DS_ALLGATHER_BUCKET_ELEMS, DS_PREFETCH_BUCKET_ELEMS,
                                             DS_REDUCE_BUCKET_ELEMS, DS_SUB_GROUP_ELEMS)
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.estimate.setup import check_objective_strategy
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.run.layout import RunDir
 from scaletrain.engine.request.options import TrainOptions
@@ -80,9 +81,7 @@ def check_strategy(path: Any, got: Any, strategy: str, world_size: int, objectiv
         raise ScaletrainError(f"{path} has distributed_type {got!r} but the plan's strategy {strategy} on "
                               f"{world_size} process(es) needs {want!r}; restore it, or write the run directory "
                               "again for another strategy")
-    if strategy == "fsdp" and objective != "sft" and on_cpu:
-        raise ScaletrainError(f"--objective {objective} runs TRL's trainer, whose accelerate drops FSDP on a CPU "
-                              "host and would train DDP instead; use --strategy ddp or zero3 on CPU")
+    check_objective_strategy(objective, strategy, on_cpu)
 
 
 def _zero3_init(plan: Plan, train: TrainOptions) -> bool:

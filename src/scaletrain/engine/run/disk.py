@@ -3,7 +3,10 @@ export it writes at the end, and the logs; `scaletrain launch` compares it with 
 
 One checkpoint, by writer (file layouts measured on this project's CPU runs, deepspeed 0.19.8 / accelerate 1.15,
 2 ranks; tests/engine/test_disk.py checks the formula against real checkpoints):
-  accelerate (DDP, FSDP)  model.safetensors: the whole state dict as the model holds it (fp32 masters, bf16 weights,
+  FSDP (the trainer's)    dcp/: DCP shards, every rank its chunk of each tensor of the model's state dict (tied weights
+                          under both names) and of AdamW's state (exp_avg, exp_avg_sq; `step` once), a torch.save
+                          record per chunk, and .metadata; rng-<rank>.pt per rank (_dcp_tensor_bytes, DCP_ENTRY_BYTES)
+  accelerate (DDP)        model.safetensors: the whole state dict as the model holds it (fp32 masters, bf16 weights,
                           a LoRA model's frozen base in its load dtype plus fp32 adapters); optimizer.bin: AdamW's two
                           fp32 moments per trainable weight; random_states_<rank>.pkl per rank
   DeepSpeed ZeRO 1-3      the optimizer partitions: fp32 master, exp_avg, exp_avg_sq per trainable weight (12 bytes);
@@ -35,6 +38,11 @@ SERIALIZATION_FRACTION = 0.02
 PER_FILE_BYTES = 16 * KiB
 # Logs: a metrics.jsonl line (~300 B) plus each rank's peaks and telemetry (~250 B), and each rank's log lines
 # (~200 B per step: the step line, warnings); TensorBoard events (~150 B per step).
+# DCP (trainer/fsdp.py save_sharded, torch 2.13): each stored chunk costs a torch.save record in its rank's .distcp and
+# an entry in .metadata, beside its bytes. Measured on the 2-rank cpu-tiny checkpoints (tests/test_disk.py): full
+# fine-tuning 210 entries, 323,938 B of records + 55,729 B of .metadata (1.8 KiB each); LoRA 263 entries, 412,643 +
+# 89,226 B (1.9 KiB each). Counted as 2 KiB per entry.
+DCP_ENTRY_BYTES = 2 * KiB
 LOG_BYTES_PER_STEP = 650
 LOG_BYTES_PER_RANK_STEP = 450
 
@@ -87,6 +95,9 @@ def checkpoint_bytes(setup: Any) -> int:
         else:
             frozen_bytes = nm.frozen * frozen
         weights = frozen_bytes + nm.adapter * trainable
+    if setup.strategy == "fsdp" and setup.objective == "sft":     # the bundled trainer's DCP shards
+        tied = m.embedding_params if (m.tie_embeddings and m.vocab_head) else 0
+        return _dcp_checkpoint_bytes(setup, weights, (nm.weight if setup.method == "full" else nm.frozen) * tied)
     if uses_deepspeed(setup):
         # stage 3 keeps the trained weights in the partitions; a LoRA model's module states still hold the frozen
         # base and (measured: 99 KB of the tiny LoRA's 167 KB of adapters) adapter-sized records: all counted
@@ -101,6 +112,19 @@ def checkpoint_bytes(setup: Any) -> int:
         fixed = RNG_STATE_BYTES * world + SMALL_FILES_BYTES
     tensors = module + partitions
     return int(math.ceil(tensors * (1 + SERIALIZATION_FRACTION))) + PER_FILE_BYTES * files + fixed
+
+
+def _dcp_checkpoint_bytes(setup: Any, weights: int, tied_bytes: int) -> int:
+    """One FSDP checkpoint (trainer/fsdp.py save_sharded): the model's state dict and AdamW's, every tensor chunked over
+    the ranks, each chunk with its record and metadata entry (DCP_ENTRY_BYTES); each rank's RNG state; the small
+    files. The state dict names tied weights twice (lm_head beside embed_tokens): both are stored."""
+    m = setup.model
+    world = setup.world_size
+    trainable_tensors = m.tensor_count if setup.method == "full" else 2 * m.adapted_linears(setup.lora_targets)
+    model_tensors = m.tensor_count + (1 if tied_bytes else 0) + (trainable_tensors if setup.method != "full" else 0)
+    tensors = weights + tied_bytes + 8 * setup.trainable_params + 4 * trainable_tensors
+    entries = world * (model_tensors + 2 * trainable_tensors) + 2 * trainable_tensors
+    return tensors + DCP_ENTRY_BYTES * entries + RNG_STATE_BYTES * world + SMALL_FILES_BYTES
 
 
 def export_bytes(setup: Any) -> int:

@@ -15,10 +15,11 @@ from typing import Any, Callable, Sequence
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import GPU_CATALOG, parse_gpus
 from scaletrain.engine.catalog.architectures import catalog_ids, load_model
-from scaletrain.engine.estimate.setup import check_num_generations, check_prompt_len
+from scaletrain.engine.estimate.setup import (check_num_generations, check_objective_strategy,
+                                              check_prompt_len)
 from scaletrain.engine.request.fields import FIELD
 from scaletrain.engine.request.records import check_data
-from scaletrain.engine.request.request import objective_lengths
+from scaletrain.engine.request.request import objective_lengths, resolve_hardware
 from scaletrain.engine.vocabulary import Method, Objective, RefModel
 from scaletrain.tui.wizard.sources import model_weights, parse_weights
 from scaletrain.tui.wizard import run_files
@@ -192,7 +193,14 @@ def ask_model(ask: Any, state: WizardState) -> WizardState:
 def ask_objective(ask: Any, req: Any) -> dict[str, Any]:
     """The objective and its own knobs (DPO: prompt length, reference; GRPO: generations, completion length,
     reference); an empty answer keeps TRL's default, which the engine fills in."""
-    objective = ask.choice(_prompt("objective"), Objective.values(), req.objective)
+    while True:   # an objective the planned strategy cannot run here: the engine's line, and asked again
+        objective = ask.choice(_prompt("objective"), Objective.values(), req.objective)
+        try:
+            on_cpu = req.device == "cpu" if req.device else resolve_hardware(req).gpu.key == "CPU"
+            check_objective_strategy(objective, str(req.strategy or ""), on_cpu)
+            break
+        except ScaletrainError as e:
+            _say(f"  ✗ {e}")
     out: dict[str, Any] = dict(objective=objective, prompt_len=None, completion_len=None, num_generations=None,
                                ref_model=None)
     if objective not in ("dpo", "grpo"):
