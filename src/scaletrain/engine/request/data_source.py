@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import json
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import MAX_DATA_BYTES, not_regular, read_text_bounded
@@ -32,12 +32,19 @@ class DataSource:
     rows: int
 
 
-def _data_files(folder: Path) -> list[Path]:
-    files = sorted(p for p in folder.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file()
-                   and not any(part.startswith(".") for part in p.relative_to(folder).parts))
-    train = [p for p in files if any(h in p.name.lower() or h in str(p.parent.name).lower()
+def pick_data_files(names: list[str]) -> list[str]:
+    """Of a folder's (or a hub dataset's) relative file names, the data files the trainer reads: the known formats,
+    nothing hidden, the train split when one is named (a file or its folder)."""
+    files = sorted(n for n in names if PurePosixPath(n).suffix in DATA_SUFFIXES
+                   and not any(part.startswith(".") for part in PurePosixPath(n).parts))
+    train = [n for n in files if any(h in PurePosixPath(n).name.lower() or h in PurePosixPath(n).parent.name.lower()
                                      for h in TRAIN_SPLIT_HINTS)]
     return train or files
+
+
+def _data_files(folder: Path) -> list[Path]:
+    names = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
+    return [folder / n for n in pick_data_files(names)]
 
 
 _ROW_COUNTS: dict[tuple[str, int, int], int] = {}
@@ -104,8 +111,9 @@ def _from_files(spec: str, files: list[Path], where: str) -> DataSource:
     return DataSource(spec, tuple(files), kinds.pop(), rows)
 
 
-def resolve_data(spec: str) -> DataSource:
-    """The files and row count --data names; one line saying why not (missing, unknown format, not cached)."""
+def resolve_data(spec: str, fetch: bool = False) -> DataSource:
+    """The files and row count --data names; one line saying why not (missing, unknown format, not cached).
+    fetch: an HF dataset id not in the cache is downloaded when the hub can be asked (fetch_dataset)."""
     if not isinstance(spec, str) or not spec.strip():
         raise ScaletrainError(f"--data is empty; give {ACCEPTED}")
     p = Path(spec).expanduser()
@@ -125,7 +133,7 @@ def resolve_data(spec: str) -> DataSource:
     if not HF_ID.match(spec) or spec.startswith((".", "/", "~")):
         raise ScaletrainError(f"dataset {spec} does not exist; give {ACCEPTED} (or leave it unset for the bundled "
                               "demo data)")
-    snap = cached_dataset(spec)
+    snap = fetch_dataset(spec) if fetch else cached_dataset(spec)
     if snap is None:
         raise ScaletrainError(f"dataset {spec}: not a file or folder, and not in the HF cache at {cache_roots()[0]} "
                               f"(read offline); download it once (huggingface-cli download --repo-type dataset "
@@ -149,3 +157,28 @@ def cached_dataset(repo_id: str) -> Path | None:
         except (OSError, ValueError):
             continue
     return None
+
+
+def is_hub_dataset(spec: str | None) -> bool:
+    """--data names an HF dataset id (org/name), not a file or folder on this machine."""
+    from scaletrain.engine.catalog.hub import HF_ID
+
+    if not isinstance(spec, str) or not HF_ID.match(spec) or spec.startswith((".", "/", "~")):
+        return False
+    try:
+        return not Path(spec).expanduser().exists()
+    except (OSError, ValueError):
+        return False
+
+
+def fetch_dataset(repo_id: str, progress: bool | None = None) -> Path | None:
+    """The dataset's snapshot folder: the cached one, else its data files downloaded from the hub (a progress bar on
+    a terminal); None when the hub cannot be asked (offline: the caller says so). A refusal is one line."""
+    from scaletrain.engine.catalog.hub import unavailable
+    from scaletrain.engine.request.hub_files import download, hub_files
+
+    snap = cached_dataset(repo_id)
+    if snap is not None or unavailable() is not None:
+        return snap
+    files = hub_files(repo_id, "dataset")
+    return download(files, progress)
