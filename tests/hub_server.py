@@ -11,13 +11,15 @@ _iter_repo_tree_pages, file_download.py get_hf_file_metadata/http_get, utils/_ht
 
 Errors carry the hub's headers: X-Error-Code RepoNotFound (404, or 401 for a private repo without its token),
 GatedRepo (401 without a token, 403 with one that was not granted access), EntryNotFound (404). A gated repo's
-metadata is public (as on the hub); its files are not. Loopback only; one thread per request, daemon threads.
+metadata is public (as on the hub); its files are not. A file can be cut off mid-transfer once (drop_at), to see
+the client resume it with a Range request. Loopback only; one thread per request, daemon threads.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,13 +33,12 @@ class Repo:
     gated: bool = False                 # files need a token that `granted` holds
     private: bool = False               # everything needs a token that `granted` holds
     granted: tuple[str, ...] = ()       # tokens with access
+    drop_at: dict[str, int] = field(default_factory=dict)   # file → bytes after which its first GET is cut off
 
-    @property
-    def sha(self) -> str:
-        h = hashlib.sha1()
-        for name in sorted(self.files):
-            h.update(name.encode() + b"\0" + hashlib.sha1(self.files[name]).digest())
-        return h.hexdigest()
+    def __post_init__(self) -> None:
+        """Blob ids and the commit, once (hashing per request would time a large file's requests out)."""
+        self.oids = {name: hashlib.sha1(data).hexdigest() for name, data in self.files.items()}
+        self.sha = hashlib.sha1("".join(f"{n}\0{o}\n" for n, o in sorted(self.oids.items())).encode()).hexdigest()
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Hub:
     """repos: {"models/ORG/NAME" | "datasets/ORG/NAME": Repo}; requests: (method, path) of every request seen."""
     repos: dict[str, Repo] = field(default_factory=dict)
     requests: list[tuple[str, str]] = field(default_factory=list)
+    ranges: list[tuple[str, str]] = field(default_factory=list)       # (path, Range header) of resumed GETs
     server: ThreadingHTTPServer | None = None
 
     def add(self, kind: str, repo_id: str, folder_or_files: Path | dict[str, bytes], **kw) -> Repo:
@@ -155,7 +157,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         tail = rest[2:]
         if tail[:1] == ["tree"]:
-            self._json([{"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+            self._json([{"type": "file", "path": name, "size": len(data), "oid": repo.oids[name]}
                         for name, data in sorted(repo.files.items())], head)
             return
         if tail and tail[:1] != ["revision"]:
@@ -163,7 +165,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._json({"id": repo_id, "sha": repo.sha, "private": repo.private,
                     "gated": "manual" if repo.gated else False, "disabled": False,
-                    "siblings": [{"rfilename": name, "size": len(data), "blobId": hashlib.sha1(data).hexdigest()}
+                    "siblings": [{"rfilename": name, "size": len(data), "blobId": repo.oids[name]}
                                  for name, data in sorted(repo.files.items())]}, head)
 
     def _resolve(self, kind: str, repo_id: str, filename: str, head: bool) -> None:
@@ -174,10 +176,22 @@ class _Handler(BaseHTTPRequestHandler):
         if data is None:
             self._error(404, "EntryNotFound", f"{filename} does not exist", head, commit=repo.sha)
             return
-        headers = {"X-Repo-Commit": repo.sha, "ETag": f'"{hashlib.sha1(data).hexdigest()}"',
+        headers = {"X-Repo-Commit": repo.sha, "ETag": f'"{repo.oids[filename]}"',
                    "Content-Type": "application/octet-stream", "Accept-Ranges": "bytes"}
         rng = self.headers.get("Range")
+        cut = repo.drop_at.pop(filename, None) if not head and not rng else None
+        if cut is not None:                 # a connection that drops mid-file: headers, part of the body, closed
+            self.send_response(200)
+            for k, v in {**headers, "Content-Length": str(len(data))}.items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data[:cut])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
         if rng and rng.startswith("bytes=") and not head:
+            self.hub.ranges.append((self.path, rng))
             start = int(rng[len("bytes="):].split("-")[0] or 0)
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
             self._send(206, data[start:], headers)

@@ -160,6 +160,21 @@ def test_a_weights_repo_without_a_tokenizer_is_refused_before_any_rank(hub, tmp_
     assert "model.safetensors" in _cached(tmp_path, "models", "org/notok")    # the weights came; the run did not
 
 
+def test_a_download_cut_off_midway_resumes_where_it_stopped(hub, tmp_path):
+    from huggingface_hub.constants import DOWNLOAD_CHUNK_SIZE      # the client keeps whole chunks of a cut transfer
+
+    weights = os.urandom(2 * DOWNLOAD_CHUNK_SIZE + 12345)
+    hub.add("models", "org/big", {"config.json": b"{}", "model.safetensors": weights},
+            drop_at={"model.safetensors": DOWNLOAD_CHUNK_SIZE + 1000})
+    code = ("from scaletrain.engine.request.hub_files import download, hub_files; "
+            "print(download(hub_files('org/big'), progress=False))")
+    proc = subprocess.run([sys.executable, "-c", code], env=_env(tmp_path, hub), cwd=tmp_path, capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=CLI_TIMEOUT_SECONDS)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (Path(proc.stdout.strip()) / "model.safetensors").read_bytes() == weights
+    assert [r for p, r in hub.ranges if p.endswith("/model.safetensors")] == [f"bytes={DOWNLOAD_CHUNK_SIZE}-"]
+
+
 # ---- data ---------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_hub_dataset_is_downloaded_and_trained_on(hub, tmp_path):

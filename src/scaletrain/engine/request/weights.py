@@ -153,7 +153,27 @@ def weights_mismatch(model_source: str | None, arch: Any) -> str | None:
     return None
 
 
+_ASKED: dict[tuple[str, ...], tuple[float, tuple[Any, str | None]]] = {}
+ASKED_TTL_SECONDS = 60.0          # one `plan` asks the hub once (the note, the verdict, --json share the answer)
+
+
 def weights_download(model_source: str | None) -> tuple[Any, str | None]:
+    """_weights_download, the hub's answer reused for a minute (same id, endpoint, token and cache)."""
+    import time
+
+    if model_source is None or model_source == RANDOM_INIT:
+        return None, None
+    key = (model_source, *(os.environ.get(k, "") for k in ("HF_ENDPOINT", "HF_TOKEN", "HF_HUB_CACHE", "HF_HOME",
+                                                            "HF_HUB_OFFLINE")))
+    hit = _ASKED.get(key)
+    if hit is not None and time.monotonic() - hit[0] < ASKED_TTL_SECONDS:
+        return hit[1]
+    answer = _weights_download(model_source)
+    _ASKED[key] = (time.monotonic(), answer)
+    return answer
+
+
+def _weights_download(model_source: str | None) -> tuple[Any, str | None]:
     """(HubFiles of what the launch downloads, note) for HF weights not (all) in this machine's HF cache: when the
     hub can be asked, its metadata says how much ('downloads 15.2 GiB at launch …') or why it would refuse (gated,
     missing, no access: said now, and the launch stops there); offline, where they must come from. (None, None)
