@@ -1,9 +1,11 @@
 """--data: where a run's training records come from, and how many there are (the plan's dataset size).
 
-A local file (JSONL, JSON, Parquet, CSV), a folder of them, or an HF dataset id already in the hub cache
-(<cache>/datasets--ORG--NAME/snapshots/<rev>/..., read offline). Counting rows here is torch-free and cheap (JSONL
-lines, Parquet metadata, CSV rows, a JSON array's length) so `scaletrain plan --data` stays fast; the trainer reads
-the same files through the `datasets` library (trainer/data.py), so one resolution serves both.
+A local file (JSONL, JSON, Parquet, CSV), a folder of them, or an HF dataset id: read from the hub cache
+(<cache>/datasets--ORG--NAME/snapshots/<rev>/...), where the CLI's plan and the launcher first download its data
+files when the hub can be asked (fetch_dataset, engine/request/hub_files.py); offline, it must be cached. Counting
+rows here is torch-free and cheap (JSONL lines, Parquet metadata, CSV rows, a JSON array's length) so
+`scaletrain plan --data` stays fast; the trainer reads the same files through the `datasets` library
+(trainer/data.py), so one resolution serves both.
 """
 
 from __future__ import annotations
@@ -11,14 +13,13 @@ from __future__ import annotations
 import csv
 import json
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.request.data_files import DATA_SUFFIXES, cached_dataset, pick_data_files
 from scaletrain.engine.fileio import MAX_DATA_BYTES, not_regular, read_text_bounded
 
-DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-ACCEPTED = "a JSONL/JSON/Parquet/CSV file, a folder of them, or an HF dataset id in the local HF cache"
-TRAIN_SPLIT_HINTS = ("train",)
+ACCEPTED = "a JSONL/JSON/Parquet/CSV file, a folder of them, or an HF dataset id (org/name)"
 
 
 @dataclass(frozen=True)
@@ -30,16 +31,6 @@ class DataSource:
     files: tuple[Path, ...]
     builder: str                 # the datasets builder that reads them: json | parquet | csv
     rows: int
-
-
-def pick_data_files(names: list[str]) -> list[str]:
-    """Of a folder's (or a hub dataset's) relative file names, the data files the trainer reads: the known formats,
-    nothing hidden, the train split when one is named (a file or its folder)."""
-    files = sorted(n for n in names if PurePosixPath(n).suffix in DATA_SUFFIXES
-                   and not any(part.startswith(".") for part in PurePosixPath(n).parts))
-    train = [n for n in files if any(h in PurePosixPath(n).name.lower() or h in PurePosixPath(n).parent.name.lower()
-                                     for h in TRAIN_SPLIT_HINTS)]
-    return train or files
 
 
 def _data_files(folder: Path) -> list[Path]:
@@ -139,24 +130,6 @@ def resolve_data(spec: str, fetch: bool = False) -> DataSource:
                               f"(read offline); download it once (huggingface-cli download --repo-type dataset "
                               f"{spec}) or give a local file")
     return _from_files(spec, _data_files(snap), f"{spec} ({snap})")
-
-
-def cached_dataset(repo_id: str) -> Path | None:
-    """The snapshot folder of a dataset repository in the hub cache (refs/main, else the newest), or None."""
-    from scaletrain.engine.catalog.hub import cache_roots
-
-    for root in cache_roots():
-        repo = root / ("datasets--" + repo_id.replace("/", "--"))
-        try:
-            ref = repo / "refs" / "main"
-            if ref.is_file() and (repo / "snapshots" / ref.read_text().strip()).is_dir():
-                return repo / "snapshots" / ref.read_text().strip()
-            snaps = sorted((repo / "snapshots").glob("*"), key=lambda q: q.stat().st_mtime, reverse=True)
-            if snaps:
-                return snaps[0]
-        except (OSError, ValueError):
-            continue
-    return None
 
 
 def is_hub_dataset(spec: str | None) -> bool:

@@ -6,7 +6,7 @@ run that downloads inside every rank races N processes over one cache and fails 
 the launcher downloads once per node before the ranks start (engine/launch/prefetch.py), the plan says how much
 it will download, and a gated, missing or unauthorised repository is one line first. Only what the run loads is
 fetched: config, generation config, tokenizer files and the weights transformers reads (safetensors; the .bin
-pickles only for a repo without them); of a dataset, the data files the trainer reads (data_source.pick_data_files).
+pickles only for a repo without them); of a dataset, the data files the trainer reads (data_files.pick_data_files).
 
 All of it is `huggingface_hub` (it honours HF_ENDPOINT, HF_TOKEN, HF_HUB_CACHE/HF_HOME and HF_HUB_OFFLINE): the
 size comes from one metadata request (repo info with file sizes), the download is snapshot_download into the HF
@@ -23,6 +23,7 @@ from typing import Any
 
 from scaletrain.engine.catalog.hub import error_line
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.request.data_files import pick_data_files
 from scaletrain.engine.units import fmt_bytes, fmt_seconds
 
 # What transformers reads for AutoConfig, AutoTokenizer, AutoModelForCausalLM and GenerationConfig.
@@ -103,8 +104,6 @@ def _listing(repo_id: str, kind: str) -> tuple[str, dict[str, int]]:
 def hub_files(repo_id: str, kind: str = "model") -> HubFiles:
     """What a run of `repo_id` needs from the hub (one metadata request); one line when the hub refuses. Whether the
     files may be downloaded (a gated repo's metadata is public) is known only when they are: see download()."""
-    from scaletrain.engine.request.data_source import pick_data_files
-
     try:
         sha, sizes = _listing(repo_id, kind)
     except Exception as e:          # the client's errors (HTTP, connection): one line
