@@ -41,9 +41,11 @@ class Asked:
 
         source = resolve_weights(self.weights_given, request.model)
         files, note = weights_download(source)
-        return {"source": source, "default": self.weights_given is None, "warning": weights_warning(source),
-                "problem": weights_problem(request.method, request.base_bits, source), "note": note,
-                "download": files.to_json() if files is not None else None}
+        out = {"source": source, "default": self.weights_given is None, "warning": weights_warning(source),
+               "problem": weights_problem(request.method, request.base_bits, source), "note": note}
+        if files is not None:                     # what the launch downloads (only when it downloads)
+            out["download"] = files.to_json()
+        return out
 
 
 def asked_from_args(args: Any) -> Asked:

@@ -153,27 +153,11 @@ def weights_mismatch(model_source: str | None, arch: Any) -> str | None:
     return None
 
 
-_ASKED: dict[tuple[str, ...], tuple[float, tuple[Any, str | None]]] = {}
+_ASKED: dict[tuple[str, ...], tuple[float, Any]] = {}
 ASKED_TTL_SECONDS = 60.0          # one `plan` asks the hub once (the note, the verdict, --json share the answer)
 
 
 def weights_download(model_source: str | None) -> tuple[Any, str | None]:
-    """_weights_download, the hub's answer reused for a minute (same id, endpoint, token and cache)."""
-    import time
-
-    if model_source is None or model_source == RANDOM_INIT:
-        return None, None
-    key = (model_source, *(os.environ.get(k, "") for k in ("HF_ENDPOINT", "HF_TOKEN", "HF_HUB_CACHE", "HF_HOME",
-                                                            "HF_HUB_OFFLINE")))
-    hit = _ASKED.get(key)
-    if hit is not None and time.monotonic() - hit[0] < ASKED_TTL_SECONDS:
-        return hit[1]
-    answer = _weights_download(model_source)
-    _ASKED[key] = (time.monotonic(), answer)
-    return answer
-
-
-def _weights_download(model_source: str | None) -> tuple[Any, str | None]:
     """(HubFiles of what the launch downloads, note) for HF weights not (all) in this machine's HF cache: when the
     hub can be asked, its metadata says how much ('downloads 15.2 GiB at launch …') or why it would refuse (gated,
     missing, no access: said now, and the launch stops there); offline, where they must come from. (None, None)
@@ -181,22 +165,39 @@ def _weights_download(model_source: str | None) -> tuple[Any, str | None]:
     if model_source is None or model_source == RANDOM_INIT or _local(model_source) is not None:
         return None, None
     from scaletrain.engine.catalog.hub import cache_roots, cached_file, unavailable
-    from scaletrain.engine.errors import ScaletrainError
-    from scaletrain.engine.request.hub_files import hub_files
 
     config = cached_file(model_source, "config.json")
     if config is not None and has_weight_files(config.parent):
         return None, None                     # cached: the launch only checks for a newer main
     why = unavailable() if _HF_ID.match(model_source) and "/" in model_source else "not an HF id"
     if why is None:
-        try:
-            files = hub_files(model_source, "model")
-        except ScaletrainError as e:
-            return None, f"{e}; the launch stops there"
+        files = _asked(model_source)
+        if isinstance(files, str):
+            return None, f"{files}; the launch stops there"
         return (files, files.note()) if files.missing else (None, None)
     return None, (f"the weights of {model_source} are not in the HF cache at {cache_roots()[0]}; the trainer loads "
-                  f"them offline ({why}): download them first on the machine that trains (huggingface-cli download "
+                  f"them offline: download them first on the machine that trains (huggingface-cli download "
                   f"{model_source})")
+
+
+def _asked(model_source: str) -> Any:
+    """hub_files(model_source) or the hub's refusal (a line), the answer reused for a minute (same id, endpoint,
+    token and cache)."""
+    import time
+
+    from scaletrain.engine.errors import ScaletrainError
+    from scaletrain.engine.request.hub_files import hub_files
+
+    key = (model_source, *(os.environ.get(k, "") for k in ("HF_ENDPOINT", "HF_TOKEN", "HF_HUB_CACHE", "HF_HOME")))
+    hit = _ASKED.get(key)
+    if hit is not None and time.monotonic() - hit[0] < ASKED_TTL_SECONDS:
+        return hit[1]
+    try:
+        answer: Any = hub_files(model_source, "model")
+    except ScaletrainError as e:
+        answer = str(e)
+    _ASKED[key] = (time.monotonic(), answer)
+    return answer
 
 
 def weights_note(model_source: str | None) -> str | None:
