@@ -150,6 +150,23 @@ def test_a_refused_repo_is_one_line_before_any_rank(hub, tmp_path, repo, token, 
     assert not _gets(hub, repo)                                         # not one file of it was served
 
 
+def test_a_gated_model_is_one_line_at_plan_time_too(hub, tmp_path):
+    proc = _cli(["--preset", "cpu-tiny", "--model", "org/gated", "--weights", "org/gated", "--headless",
+                 "--run-dir", str(tmp_path / "run"), *SHORT], _env(tmp_path, hub), tmp_path)
+    line = _one_line(proc)
+    assert "unknown model org/gated" in line and "model org/gated is gated on the hub" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_offline_an_uncached_hub_model_is_todays_line_before_any_rank(hub, tmp_path):
+    run = tmp_path / "run"
+    proc = _cli(["--preset", "cpu-tiny", "--weights", "org/tiny", "--headless", "--run-dir", str(run), *SHORT],
+                _env(tmp_path, hub, HF_HUB_OFFLINE="1"), tmp_path)
+    line = _one_line(proc)
+    assert "the weights of org/tiny are not in the HF cache" in line and "download them first" in line
+    assert not (run / "logs" / "rank-0.log").exists() and not hub.requests
+
+
 def test_a_weights_repo_without_a_tokenizer_is_refused_before_any_rank(hub, tmp_path):
     run = tmp_path / "run"
     proc = _cli(["--preset", "cpu-tiny", "--model", "scaletrain/tiny-qwen2", "--weights", "org/notok", "--headless",

@@ -5,8 +5,8 @@ Why here, once per node: N ranks downloading one model race over one cache and f
 (engine/request/hub_files.py: only those files, resumable, a progress bar on a terminal) when the hub can be asked,
 refuses a gated, missing or unauthorised repository in one line, and then starts the ranks with HF_HUB_OFFLINE=1:
 they read exactly the snapshot checked here, with no request per rank and file. Offline (HF_HUB_OFFLINE, or the
-hub unreachable) nothing is asked: the ranks load from the cache as before, and a dataset not cached is the same
-one line as at plan time.
+hub unreachable) nothing is asked: the ranks load from the cache as before, and weights or a dataset not cached
+are the plan's own line ("… download them first …"), said here instead of in every rank's log.
 
 Then the tokenizer: transformers 5 can return an empty tokenizer (one token, encoding every text to nothing) for a
 source whose tokenizer files are missing, and a run would train on end-of-sequence tokens alone. The trainer's own
@@ -56,9 +56,16 @@ def prefetch(train: TrainOptions, progress: bool | None = None) -> Prefetched:
             resolve_data(str(spec))                # offline and not cached: plan time's one line
     env: dict[str, str] = {}
     source = train.model_source
-    if source and source != RANDOM_INIT and online and _hub_id(source):
-        notes += _fetch_weights(source, progress)
-        env.update(RANKS_OFFLINE)
+    if source and source != RANDOM_INIT and _hub_id(source):
+        if online:
+            notes += _fetch_weights(source, progress)
+            env.update(RANKS_OFFLINE)
+        else:
+            from scaletrain.engine.request.weights import weights_note
+
+            missing = weights_note(source)         # offline and not cached: the plan's note, now before the ranks
+            if missing:
+                raise ScaletrainError(missing)
     if source and source != RANDOM_INIT:
         from scaletrain.engine.request.remote_code import check_no_remote_code
 

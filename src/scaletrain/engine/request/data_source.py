@@ -153,5 +153,11 @@ def fetch_dataset(repo_id: str, progress: bool | None = None) -> Path | None:
     snap = cached_dataset(repo_id)
     if snap is not None or unavailable() is not None:
         return snap
-    files = hub_files(repo_id, "dataset")
+    try:
+        files = hub_files(repo_id, "dataset")
+    except ScaletrainError:
+        if Path(repo_id).suffix in DATA_SUFFIXES:       # data/train.jsonl: a mistyped path, not a hub id
+            raise ScaletrainError(f"dataset {repo_id} does not exist (no such file here, nor a dataset on the hub); "
+                                  f"give {ACCEPTED}") from None
+        raise
     return download(files, progress)
