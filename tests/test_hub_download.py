@@ -154,7 +154,7 @@ def test_a_gated_model_is_one_line_at_plan_time_too(hub, tmp_path):
     proc = _cli(["--preset", "cpu-tiny", "--model", "org/gated", "--weights", "org/gated", "--headless",
                  "--run-dir", str(tmp_path / "run"), *SHORT], _env(tmp_path, hub), tmp_path)
     line = _one_line(proc)
-    assert "unknown model org/gated" in line and "model org/gated is gated on the hub" in line
+    assert "unknown model 'org/gated'" in line and "model org/gated is gated on the hub" in line
     assert not (tmp_path / "run").exists()
 
 
