@@ -47,23 +47,24 @@ def prefetch(train: TrainOptions, progress: bool | None = None) -> Prefetched:
 
     if train.script:
         return Prefetched()
-    online = unavailable() is None
-    notes: list[str] = []
-    for spec in (train.dataset, train.eval_data):
-        if is_hub_dataset(spec):
-            if online:
-                fetch_dataset(str(spec), progress)
-            resolve_data(str(spec))                # offline and not cached: plan time's one line
-    env: dict[str, str] = {}
     source = train.model_source
-    if source and source != RANDOM_INIT and _hub_id(source):
+    hub_weights = bool(source) and source != RANDOM_INIT and _hub_id(str(source))
+    datasets = [str(spec) for spec in (train.dataset, train.eval_data) if is_hub_dataset(spec)]
+    online = (hub_weights or bool(datasets)) and unavailable() is None      # the hub is probed only when needed
+    notes: list[str] = []
+    for spec in datasets:
         if online:
-            notes += _fetch_weights(source, progress)
+            fetch_dataset(spec, progress)
+        resolve_data(spec)                         # offline and not cached: plan time's one line
+    env: dict[str, str] = {}
+    if hub_weights:
+        if online:
+            notes += _fetch_weights(str(source), progress)
             env.update(RANKS_OFFLINE)
         else:
             from scaletrain.engine.request.weights import weights_note
 
-            missing = weights_note(source)         # offline and not cached: the plan's note, now before the ranks
+            missing = weights_note(str(source))         # offline and not cached: the plan's note, now before the ranks
             if missing:
                 raise ScaletrainError(missing)
     if source and source != RANDOM_INIT:
