@@ -272,7 +272,7 @@ FSDP_CASES = [
     Case("scaletrain/tiny-qwen3-moe", method="lora", grad_ckpt=True, overrides=_MOE4, **_FSDP),
     Case("scaletrain/tiny-qwen3-moe", grad_ckpt=True, seq_len=512, micro_batch=1, overrides=_MOE4, **_FSDP),
 ]
-# CI's FSDP rows (tests/test_memory_groundtruth.py), small enough for a loaded CI machine: full fine-tuning, and LoRA
+# CI's FSDP rows (tests/trainer/test_memory_groundtruth.py), small enough for a loaded CI machine: full fine-tuning, and LoRA
 # with checkpointing
 FSDP_QUICK = [FSDP_CASES[i] for i in (0, 3)]
 CASES += MOE_CASES + TRACED + LOOP_CASES + CHUNKED_CASES + AMP_LOOP_CASES + FSDP_CASES

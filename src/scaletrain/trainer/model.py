@@ -256,8 +256,10 @@ def build_model(cfg: RunConfig, device: Any) -> Any:
         model = (quantized_random_init(conf, attn, cfg.base_bits, dtype, device) if cfg.quantized_base
                  else random_init(conf, attn, dtype=dtype, device=where))
     else:
-        kwargs: dict[str, Any] = {"local_files_only": True, "attn_implementation": attn,
-                                  "dtype": getattr(torch, dtype), "trust_remote_code": False}
+        # no local_files_only: the hub when reachable (the launcher has downloaded the files and starts the ranks
+        # with HF_HUB_OFFLINE=1, engine/launch/prefetch.py), the HF cache otherwise
+        kwargs: dict[str, Any] = {"attn_implementation": attn, "dtype": getattr(torch, dtype),
+                                  "trust_remote_code": False}
         if load_config(cfg.model_id).get("model_type") in MOE_TYPES:
             kwargs["experts_implementation"] = str(cfg.experts_impl)
         if cfg.quantized_base:
@@ -271,8 +273,9 @@ def build_model(cfg: RunConfig, device: Any) -> Any:
         try:
             model = AutoModelForCausalLM.from_pretrained(src, **kwargs)
         except OSError as e:
-            raise ScaletrainError(f"cannot load model {src!r} offline ({str(e).splitlines()[0]}); give a local "
-                                  "folder or an id already in the HF cache, or model_source random-init") from None
+            raise ScaletrainError(f"cannot load model {src!r} ({str(e).splitlines()[0]}); give a local folder, an "
+                                  "HF id (downloaded at launch when the hub is reachable, else from the HF cache), "
+                                  "or model_source random-init") from None
     model.config.use_cache = False
     # the experts implementation transformers resolved and runs (every config carries the field: MoE models only)
     if getattr(model.config, "_experts_implementation", None) and moe_block_classes(model):
@@ -299,14 +302,9 @@ def tokenizer_for(model_id: str, source: str | None) -> data_mod.Tokenizer:
     """The tokenizer a run of `model_id` from weights `source` uses (random-init: bytes; else the weights' own)."""
     if source == "random-init":
         return data_mod.ByteTokenizer(int(model_config_dict(model_id)["vocab_size"]))
-    from transformers import AutoTokenizer
+    from scaletrain.trainer.tokenizer_check import load_checked
 
-    try:
-        return data_mod.HFTokenizer(AutoTokenizer.from_pretrained(source, local_files_only=True,
-                                                                  trust_remote_code=False))
-    except OSError as e:
-        raise ScaletrainError(f"cannot load the tokenizer of {source!r} offline "
-                              f"({str(e).splitlines()[0]})") from None
+    return data_mod.HFTokenizer(load_checked(str(source)))      # an empty tokenizer is an error, never a run
 
 
 def make_optimizer(cfg: RunConfig, model: Any) -> Any:

@@ -123,9 +123,7 @@ def model_path(run: ObjectiveRun, rank: int = 0) -> str:
 def model_init_kwargs(run: ObjectiveRun) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"dtype": _dtype(run), "attn_implementation": {"flash": "flash_attention_2"}.get(
         run.attn, run.attn), "trust_remote_code": False}     # TRL's from_pretrained: never a folder's code
-    if run.model_source != "random-init":
-        kwargs["local_files_only"] = True
-    return kwargs
+    return kwargs           # pretrained: the hub when reachable, else the HF cache (engine/launch/prefetch.py)
 
 
 def peft_config(run: ObjectiveRun) -> Any:

@@ -60,14 +60,9 @@ def _tokenizer(cfg: RunConfig, vocab: int) -> Any:
         from scaletrain.trainer.objective_tokenizer import byte_level_tokenizer
 
         return byte_level_tokenizer(vocab)
-    from transformers import AutoTokenizer
+    from scaletrain.trainer.tokenizer_check import load_checked
 
-    try:
-        tok = AutoTokenizer.from_pretrained(cfg.train.model_source, local_files_only=True,
-                                            trust_remote_code=False)
-    except OSError as e:
-        raise ScaletrainError(f"cannot load the tokenizer of {cfg.train.model_source!r} offline "
-                              f"({str(e).splitlines()[0]})") from None
+    tok = load_checked(str(cfg.train.model_source))       # an empty tokenizer is an error, never a run
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok

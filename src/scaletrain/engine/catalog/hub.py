@@ -64,7 +64,7 @@ def offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
 
 
-def _reachable() -> str | None:
+def reachable() -> str | None:
     """None when the hub endpoint accepts a TCP connection (or a proxy is configured: the client knows best);
     else why not, in a few words."""
     if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
@@ -78,19 +78,50 @@ def _reachable() -> str | None:
         return f"{host} unreachable: {e.strerror or e.__class__.__name__}"
 
 
+def unavailable() -> str | None:
+    """None when the hub may be asked (not HF_HUB_OFFLINE, its endpoint answers); else why not, in a few words."""
+    if offline():
+        return "the hub is off (HF_HUB_OFFLINE is set)"
+    why = reachable()
+    return None if why is None else f"the hub is unreachable ({why})"
+
+
 def fetch_config(repo_id: str) -> tuple[Path | None, str]:
     """config.json downloaded from the hub (only that file), or (None, why not: offline, unreachable, no access,
     no such repository)."""
-    if offline():
-        return None, "the hub is off (HF_HUB_OFFLINE is set)"
-    why = _reachable()
+    why = unavailable()
     if why is not None:
-        return None, f"the hub is unreachable ({why})"
-    try:
-        from huggingface_hub import hf_hub_download
-        from huggingface_hub.utils import disable_progress_bars
+        return None, why
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
-        disable_progress_bars()
+    was_off = are_progress_bars_disabled()
+    disable_progress_bars()                  # a few KiB: no bar (the launch's download shows one)
+    try:
         return Path(hf_hub_download(repo_id, "config.json")), ""
-    except Exception as e:        # GatedRepoError, RepositoryNotFoundError, HTTP errors: the client's first line
-        return None, f"the hub said: {(str(e).strip().splitlines() or [e.__class__.__name__])[0][:160]}"
+    except Exception as e:        # GatedRepoError, RepositoryNotFoundError, HTTP errors: one line
+        return None, f"the hub said: {error_line(e, repo_id)}"
+    finally:
+        if not was_off:
+            enable_progress_bars()
+
+
+def error_line(e: BaseException, repo_id: str, kind: str = "model") -> str:
+    """One line for what the hub refused: gated, missing or private, unauthorised, else the client's first line."""
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    site = (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+    page = f"{site}/{'datasets/' if kind == 'dataset' else ''}{repo_id}"
+    if isinstance(e, GatedRepoError):
+        return (f"{kind} {repo_id} is gated on the hub: accept its terms at {page} and set HF_TOKEN to a token of "
+                "that account (or `hf auth login`)")
+    if isinstance(e, RepositoryNotFoundError):
+        return (f"{kind} {repo_id} is not on the hub, or it is private and HF_TOKEN gives no access to it; check the "
+                "id (org/name) or set HF_TOKEN")
+    if isinstance(e, RevisionNotFoundError):
+        return f"{kind} {repo_id}: the hub has no such revision"
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    if status in (401, 403):
+        return f"{kind} {repo_id}: the hub refused access ({status}); set HF_TOKEN to a token with access"
+    first = (str(e).strip().splitlines() or [e.__class__.__name__])[0][:200]
+    return f"{kind} {repo_id}: the hub could not be asked ({first})"

@@ -71,12 +71,14 @@ def detached_argv(run_dir: Path, *, resume: bool = False, machine_rank: int | No
 
 def start_detached(run_dir: str | os.PathLike[str], *, resume: bool = False, env: dict[str, str] | None = None,
                    machine_rank: int | None = None, main_process_ip: str | None = None, script: str | None = None,
-                   script_args: Sequence[str] = (), wait_s: float = START_WAIT_SECONDS) -> Detached:
-    """Check the launch, start its launcher in a session of its own and return once it runs (one line on error)."""
+                   script_args: Sequence[str] = (), wait_s: float = START_WAIT_SECONDS,
+                   progress: bool | None = None) -> Detached:
+    """Check the launch (and fetch its hub files here, `progress`: a download bar, None: on a terminal), start its
+    launcher in a session of its own and return once it runs (one line on error)."""
     from scaletrain.engine.launch.launcher import prepare_launch
 
     prep = prepare_launch(run_dir, machine_rank=machine_rank, main_process_ip=main_process_ip, resume=resume,
-                          script=script, script_args=script_args)
+                          script=script, script_args=script_args, progress=progress)
     if prep.lock is not None:
         prep.lock.release()            # the launcher takes it again (a launch that slips in between is refused there)
     argv = detached_argv(prep.run.path, resume=resume, machine_rank=machine_rank, main_process_ip=main_process_ip,

@@ -45,6 +45,8 @@ from scaletrain.engine.run.disk import check_room, free_bytes
 from scaletrain.engine.run.layout import LINE_PREFIX, LINE_PREFIX_ENV, RunDir, check_host
 from scaletrain.engine.request.options import TrainOptions, bundled_demo_dataset
 from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
+from scaletrain.engine.launch.prefetch import prefetch
+from scaletrain.engine.request.data_source import is_hub_dataset
 from scaletrain.engine.launch.processes import TRACK_SECONDS, ProcessTree, oom_kill_count, process_start
 from scaletrain.engine.launch.rank_logs import RankLogs
 from scaletrain.engine.launch.registry import register_quietly
@@ -127,9 +129,8 @@ def preflight(run: RunDir, doc: PlanDocument, train: TrainOptions,
     doc.check_trainable()                 # what the trainer reads of plan.json: bad options fail here, once
     check_strategy(run.accelerate_config, cfg.get("distributed_type"), doc.training.strategy, doc.batch.world_size,
                    doc.recorded("objective") or "sft", doc.on_cpu)
-    if train.dataset is not None and not Path(train.dataset).expanduser().is_file():
-        raise ScaletrainError(f"dataset {train.dataset} does not exist; give a JSONL file (text, prompt/response or "
-                              "messages per line)")
+    if train.dataset and not is_hub_dataset(train.dataset) and not Path(train.dataset).expanduser().exists():
+        raise ScaletrainError(f"dataset {train.dataset} does not exist; give a data file or folder, or an HF id")
     if train.dataset is None:
         if not bundled_demo_dataset().is_file():
             raise ScaletrainError(f"the bundled demo data {bundled_demo_dataset()} is missing; set a dataset")
@@ -158,7 +159,8 @@ class PreparedLaunch:
     threads: int | None = None              # CPU threads per process (OMP_NUM_THREADS for every rank)
     lock: RunLock | None = field(default=None, compare=False, repr=False)   # held until launch() returns
     notes: tuple[str, ...] = ()          # what the user should know before the ranks start (one line each)
-    env: tuple[tuple[str, str], ...] = ()     # set for accelerate launch (scripts.elastic_env)
+    # set for accelerate launch and the ranks: scripts.elastic_env, prefetch.py's HF_HUB_OFFLINE once fetched
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def status(self) -> Path:
@@ -171,8 +173,9 @@ class PreparedLaunch:
 
 def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None,
                    main_process_ip: str | None = None, resume: bool = False, script: str | None = None,
-                   script_args: Sequence[str] = ()) -> PreparedLaunch:
-    """Everything short of starting a process: read and check the run directory, build the argv.
+                   script_args: Sequence[str] = (), progress: bool | None = None) -> PreparedLaunch:
+    """Everything short of starting the ranks: read and check the run directory, fetch its hub weights and data
+    (prefetch.py; `progress`: a download bar, None: on a terminal), build the argv.
     Raises ScaletrainError (one line) for anything that would only fail after the ranks start."""
     if not str(os.fspath(run_dir)).strip():
         raise ScaletrainError("RUN_DIR is empty; give a run directory written by scaletrain (it holds plan.json)")
@@ -210,11 +213,12 @@ def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None 
     offset = node * per_node
     if not train.script:                     # the bundled trainer's checkpoints and logs must fit the disk
         check_room(run.path, doc.replan()[1], train, written_bytes=_bytes_under(run.checkpoints))
+    fetched = prefetch(train, progress)                  # the hub's files on this node, the tokenizer checked
     lock = RunLock(run.node_lock(node)).acquire(_what(run, node))       # last: a refused launch leaves no lock
     return PreparedLaunch(run, argv, nprocs, single, offset, range(offset, offset + (1 if single else per_node)),
                           machine_rank=node, num_machines=nmachines, main_process_ip=str(head) if head else None,
-                          threads=threads, lock=lock, notes=loop_notes(doc, train),
-                          env=tuple(elastic_env(train, multi_node=nmachines > 1).items()))
+                          threads=threads, lock=lock, notes=loop_notes(doc, train) + fetched.notes,
+                          env=tuple({**elastic_env(train, multi_node=nmachines > 1), **fetched.env}.items()))
 
 
 def loop_notes(doc: PlanDocument, train: TrainOptions) -> tuple[str, ...]:

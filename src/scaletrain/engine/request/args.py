@@ -36,11 +36,16 @@ class Asked:
     def weights(self, request: PlanRequest) -> dict[str, Any]:
         """The weights a run of this request starts from, as the engine resolves them, with its warning and
         problem (for `plan` output: text and --json)."""
-        from scaletrain.engine.request.weights import resolve_weights, weights_note, weights_problem, weights_warning
+        from scaletrain.engine.request.weights import (resolve_weights, weights_download, weights_problem,
+                                                       weights_warning)
 
         source = resolve_weights(self.weights_given, request.model)
-        return {"source": source, "default": self.weights_given is None, "warning": weights_warning(source),
-                "problem": weights_problem(request.method, request.base_bits, source), "note": weights_note(source)}
+        files, note = weights_download(source)
+        out = {"source": source, "default": self.weights_given is None, "warning": weights_warning(source),
+               "problem": weights_problem(request.method, request.base_bits, source), "note": note}
+        if files is not None:                     # what the launch downloads (only when it downloads)
+            out["download"] = files.to_json()
+        return out
 
 
 def asked_from_args(args: Any) -> Asked:
@@ -69,6 +74,7 @@ def asked_from_args(args: Any) -> Asked:
         fields["loop"] = Loop.ACCELERATE_LOOP.value
     data = str(args.data) if getattr(args, "data", None) else (train.dataset if preset_name else None)
     weights = str(args.weights) if getattr(args, "weights", None) else (train.model_source if preset_name else None)
+    _fetch_data(data, train)
     _check_records(data, train, fields)
     profile = None
     if data is not None and fields.get("dataset_size") is None:
@@ -85,6 +91,16 @@ def asked_from_args(args: Any) -> Asked:
                 held_out = math.ceil(train.eval_fraction * profile.blocks) if train.eval_fraction else 0
                 fields["dataset_size"] = profile.blocks - held_out    # less the eval split (trainer/evaluate.py)
     return Asked(fields, train, data, weights, profile)
+
+
+def _fetch_data(data: str | None, train: TrainOptions) -> None:
+    """An HF dataset id not in the cache is downloaded now when the hub can be asked (its rows are the plan's
+    dataset size; a progress bar on a terminal): the launch then finds it here (and fetches it on other nodes)."""
+    from scaletrain.engine.request.data_source import fetch_dataset, is_hub_dataset
+
+    for spec in (data, train.eval_data):
+        if is_hub_dataset(spec):
+            fetch_dataset(str(spec))
 
 
 def _check_records(data: str | None, train: TrainOptions, fields: dict[str, Any]) -> None:

@@ -1,9 +1,11 @@
 """--data: where a run's training records come from, and how many there are (the plan's dataset size).
 
-A local file (JSONL, JSON, Parquet, CSV), a folder of them, or an HF dataset id already in the hub cache
-(<cache>/datasets--ORG--NAME/snapshots/<rev>/..., read offline). Counting rows here is torch-free and cheap (JSONL
-lines, Parquet metadata, CSV rows, a JSON array's length) so `scaletrain plan --data` stays fast; the trainer reads
-the same files through the `datasets` library (trainer/data.py), so one resolution serves both.
+A local file (JSONL, JSON, Parquet, CSV), a folder of them, or an HF dataset id: read from the hub cache
+(<cache>/datasets--ORG--NAME/snapshots/<rev>/...), where the CLI's plan and the launcher first download its data
+files when the hub can be asked (fetch_dataset, engine/request/hub_files.py); offline, it must be cached. Counting
+rows here is torch-free and cheap (JSONL lines, Parquet metadata, CSV rows, a JSON array's length) so
+`scaletrain plan --data` stays fast; the trainer reads the same files through the `datasets` library
+(trainer/data.py), so one resolution serves both.
 """
 
 from __future__ import annotations
@@ -14,11 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.request.data_files import DATA_SUFFIXES, cached_dataset, pick_data_files
 from scaletrain.engine.fileio import MAX_DATA_BYTES, not_regular, read_text_bounded
 
-DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-ACCEPTED = "a JSONL/JSON/Parquet/CSV file, a folder of them, or an HF dataset id in the local HF cache"
-TRAIN_SPLIT_HINTS = ("train",)
+ACCEPTED = "a JSONL/JSON/Parquet/CSV file, a folder of them, or an HF dataset id (org/name)"
 
 
 @dataclass(frozen=True)
@@ -33,11 +34,8 @@ class DataSource:
 
 
 def _data_files(folder: Path) -> list[Path]:
-    files = sorted(p for p in folder.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file()
-                   and not any(part.startswith(".") for part in p.relative_to(folder).parts))
-    train = [p for p in files if any(h in p.name.lower() or h in str(p.parent.name).lower()
-                                     for h in TRAIN_SPLIT_HINTS)]
-    return train or files
+    names = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
+    return [folder / n for n in pick_data_files(names)]
 
 
 _ROW_COUNTS: dict[tuple[str, int, int], int] = {}
@@ -104,8 +102,9 @@ def _from_files(spec: str, files: list[Path], where: str) -> DataSource:
     return DataSource(spec, tuple(files), kinds.pop(), rows)
 
 
-def resolve_data(spec: str) -> DataSource:
-    """The files and row count --data names; one line saying why not (missing, unknown format, not cached)."""
+def resolve_data(spec: str, fetch: bool = False) -> DataSource:
+    """The files and row count --data names; one line saying why not (missing, unknown format, not cached).
+    fetch: an HF dataset id not in the cache is downloaded when the hub can be asked (fetch_dataset)."""
     if not isinstance(spec, str) or not spec.strip():
         raise ScaletrainError(f"--data is empty; give {ACCEPTED}")
     p = Path(spec).expanduser()
@@ -125,7 +124,7 @@ def resolve_data(spec: str) -> DataSource:
     if not HF_ID.match(spec) or spec.startswith((".", "/", "~")):
         raise ScaletrainError(f"dataset {spec} does not exist; give {ACCEPTED} (or leave it unset for the bundled "
                               "demo data)")
-    snap = cached_dataset(spec)
+    snap = fetch_dataset(spec) if fetch else cached_dataset(spec)
     if snap is None:
         raise ScaletrainError(f"dataset {spec}: not a file or folder, and not in the HF cache at {cache_roots()[0]} "
                               f"(read offline); download it once (huggingface-cli download --repo-type dataset "
@@ -133,19 +132,32 @@ def resolve_data(spec: str) -> DataSource:
     return _from_files(spec, _data_files(snap), f"{spec} ({snap})")
 
 
-def cached_dataset(repo_id: str) -> Path | None:
-    """The snapshot folder of a dataset repository in the hub cache (refs/main, else the newest), or None."""
-    from scaletrain.engine.catalog.hub import cache_roots
+def is_hub_dataset(spec: str | None) -> bool:
+    """--data names an HF dataset id (org/name), not a file or folder on this machine."""
+    from scaletrain.engine.catalog.hub import HF_ID
 
-    for root in cache_roots():
-        repo = root / ("datasets--" + repo_id.replace("/", "--"))
-        try:
-            ref = repo / "refs" / "main"
-            if ref.is_file() and (repo / "snapshots" / ref.read_text().strip()).is_dir():
-                return repo / "snapshots" / ref.read_text().strip()
-            snaps = sorted((repo / "snapshots").glob("*"), key=lambda q: q.stat().st_mtime, reverse=True)
-            if snaps:
-                return snaps[0]
-        except (OSError, ValueError):
-            continue
-    return None
+    if not isinstance(spec, str) or not HF_ID.match(spec) or spec.startswith((".", "/", "~")):
+        return False
+    try:
+        return not Path(spec).expanduser().exists()
+    except (OSError, ValueError):
+        return False
+
+
+def fetch_dataset(repo_id: str, progress: bool | None = None) -> Path | None:
+    """The dataset's snapshot folder: the cached one, else its data files downloaded from the hub (a progress bar on
+    a terminal); None when the hub cannot be asked (offline: the caller says so). A refusal is one line."""
+    from scaletrain.engine.catalog.hub import unavailable
+    from scaletrain.engine.request.hub_files import download, hub_files
+
+    snap = cached_dataset(repo_id)
+    if snap is not None or unavailable() is not None:
+        return snap
+    try:
+        files = hub_files(repo_id, "dataset")
+    except ScaletrainError:
+        if Path(repo_id).suffix in DATA_SUFFIXES:       # data/train.jsonl: a mistyped path, not a hub id
+            raise ScaletrainError(f"dataset {repo_id} does not exist (no such file here, nor a dataset on the hub); "
+                                  f"give {ACCEPTED}") from None
+        raise
+    return download(files, progress)

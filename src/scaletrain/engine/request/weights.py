@@ -12,7 +12,8 @@ carries a warning. The front ends (CLI, headless, wizard) call these functions; 
     weights_problem(method, base_bits, source)    one line why these weights cannot be used, else None (custom
                                                   code included: engine/request/remote_code.py)
     weights_mismatch(source, arch)                one line when local/cached weights are another architecture
-    weights_note(model_source)                    a note when HF weights are not in the local cache yet
+    weights_note(model_source)                    a note when HF weights are not in the local cache yet: what the
+                                                  launch downloads (hub reachable), else where they must come from
 """
 
 from __future__ import annotations
@@ -152,16 +153,55 @@ def weights_mismatch(model_source: str | None, arch: Any) -> str | None:
     return None
 
 
-def weights_note(model_source: str | None) -> str | None:
-    """A note (not an error: the plan is still right, and the run may go to another machine) when an HF id's
-    weights are not in this machine's HF cache: the bundled trainer loads them offline, so they must be there
-    first."""
+_ASKED: dict[tuple[str, ...], tuple[float, Any]] = {}
+ASKED_TTL_SECONDS = 60.0          # one `plan` asks the hub once (the note, the verdict, --json share the answer)
+
+
+def weights_download(model_source: str | None) -> tuple[Any, str | None]:
+    """(HubFiles of what the launch downloads, note) for HF weights not (all) in this machine's HF cache: when the
+    hub can be asked, its metadata says how much ('downloads 15.2 GiB at launch …') or why it would refuse (gated,
+    missing, no access: said now, and the launch stops there); offline, where they must come from. (None, None)
+    for random-init, a local folder, or weights the cache holds."""
     if model_source is None or model_source == RANDOM_INIT or _local(model_source) is not None:
-        return None
-    from scaletrain.engine.catalog.hub import cache_roots, cached_file
+        return None, None
+    from scaletrain.engine.catalog.hub import cache_roots, cached_file, unavailable
 
     config = cached_file(model_source, "config.json")
     if config is not None and has_weight_files(config.parent):
-        return None
-    return (f"the weights of {model_source} are not in the HF cache at {cache_roots()[0]}; the trainer loads them "
-            f"offline: download them first on the machine that trains (huggingface-cli download {model_source})")
+        return None, None                     # cached: the launch only checks for a newer main
+    why = unavailable() if _HF_ID.match(model_source) and "/" in model_source else "not an HF id"
+    if why is None:
+        files = _asked(model_source)
+        if isinstance(files, str):
+            return None, f"{files}; the launch stops there"
+        return (files, files.note()) if files.missing else (None, None)
+    return None, (f"the weights of {model_source} are not in the HF cache at {cache_roots()[0]}; the trainer loads "
+                  f"them offline: download them first on the machine that trains (huggingface-cli download "
+                  f"{model_source})")
+
+
+def _asked(model_source: str) -> Any:
+    """hub_files(model_source) or the hub's refusal (a line), the answer reused for a minute (same id, endpoint,
+    token and cache)."""
+    import time
+
+    from scaletrain.engine.errors import ScaletrainError
+    from scaletrain.engine.request.hub_files import hub_files
+
+    key = (model_source, *(os.environ.get(k, "") for k in ("HF_ENDPOINT", "HF_TOKEN", "HF_HUB_CACHE", "HF_HOME")))
+    hit = _ASKED.get(key)
+    if hit is not None and time.monotonic() - hit[0] < ASKED_TTL_SECONDS:
+        return hit[1]
+    try:
+        answer: Any = hub_files(model_source, "model")
+    except ScaletrainError as e:
+        answer = str(e)
+    _ASKED[key] = (time.monotonic(), answer)
+    return answer
+
+
+def weights_note(model_source: str | None) -> str | None:
+    """A note (not an error: the plan is still right, and the run may go to another machine) when an HF id's
+    weights are not in this machine's HF cache: what the launch downloads, or, offline, that they must be there
+    first (weights_download)."""
+    return weights_download(model_source)[1]

@@ -39,7 +39,7 @@ PER_FILE_BYTES = 16 * KiB
 # Logs: a metrics.jsonl line (~300 B) plus each rank's peaks and telemetry (~250 B), and each rank's log lines
 # (~200 B per step: the step line, warnings); TensorBoard events (~150 B per step).
 # DCP (trainer/fsdp.py save_sharded, torch 2.13): each stored chunk costs a torch.save record in its rank's .distcp and
-# an entry in .metadata, beside its bytes. Measured on the 2-rank cpu-tiny checkpoints (tests/test_disk.py): full
+# an entry in .metadata, beside its bytes. Measured on the 2-rank cpu-tiny checkpoints (tests/engine/test_disk.py): full
 # fine-tuning 210 entries, 323,938 B of records + 55,729 B of .metadata (1.8 KiB each); LoRA 263 entries, 412,643 +
 # 89,226 B (1.9 KiB each). Counted as 2 KiB per entry.
 DCP_ENTRY_BYTES = 2 * KiB

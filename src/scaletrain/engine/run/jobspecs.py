@@ -181,13 +181,13 @@ def _hub_id(train: "TrainOptions") -> str | None:
 
 
 def _fetch_weights(train: "TrainOptions") -> str:
-    """Shell lines downloading the weights into the node's HF cache (the trainer loads them offline), or none."""
+    """A comment line saying where hub weights come from (`scaletrain launch` downloads only the files the run loads
+    into the node's HF cache before its ranks start, engine/launch/prefetch.py), or none."""
     hub = _hub_id(train)
     if hub is None:
         return ""
-    return ("# the trainer loads the weights offline (local_files_only): fetch them into this node's HF cache\n"
-            "python -c 'import sys; from huggingface_hub import snapshot_download; snapshot_download(sys.argv[1])' "
-            f"{shlex.quote(hub)}\n")
+    return (f"# scaletrain launch downloads {shlex.quote(hub)} (the files the run loads) into this node's HF cache "
+            "before the ranks start; a gated repo needs HF_TOKEN\n")
 
 
 def _paths_note(train: "TrainOptions") -> list[str]:

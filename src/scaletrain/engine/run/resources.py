@@ -8,6 +8,7 @@ host RAM. This module sets each need against what there is, where that is known:
   host RAM    `--host-ram GIB` (per node) when given; else this node's RAM (engine/devices) for a plan on this
               machine (--gpus auto, the CPU device); else unknown (named GPUs: another machine), said as such
   disk        the free space where the run directory goes, for a plan on this machine; else unknown
+  HF cache    the hub files the launch downloads, against the free space of the HF cache (when there are any)
 
 and names the binding one: "does not fit: needs 1,577 GiB host RAM per node, this node has 256 GiB". A resource
 whose supply is unknown never fails the verdict; it is shown as not checked.
@@ -138,9 +139,25 @@ def _disk(plan: Any, disk: DiskNeed, run_dir: str | Path | None) -> ResourceChec
     return ResourceCheck("disk", "disk", disk.total_bytes, have, "", where, parts)
 
 
+def _download(plan: Any, files: Any) -> ResourceCheck:
+    """The hub files the launch downloads (engine/request/hub_files.HubFiles) against the HF cache's free space."""
+    from scaletrain.engine.catalog.hub import cache_roots
+
+    s = plan.setup
+    root = cache_roots()[0]
+    here = s.hardware.source == "detected" or s.device == "cpu"
+    have = free_bytes(root) if here else None
+    where = (f"{{}} free at {root}" if have is not None else
+             "not checked: the plan is for another machine" if not here else f"free space at {root} unknown")
+    n = len(files.missing)
+    return ResourceCheck("download", "HF cache", files.missing_bytes, have, "", where,
+                         f"{n} file{'s' if n != 1 else ''} of {files.repo_id} downloaded at launch")
+
+
 def resource_verdict(plan: Any, train: Any, *, host_ram_gib: float | None = None,
-                     run_dir: str | Path | None = None) -> ResourceVerdict:
-    """GPU memory, host RAM and disk of `plan` (with the trainer options `train`) against what there is."""
+                     run_dir: str | Path | None = None, download: Any = None) -> ResourceVerdict:
+    """GPU memory, host RAM and disk of `plan` (with the trainer options `train`) against what there is; with
+    `download` (the HubFiles the launch fetches, request/weights.weights_download) the HF cache's room for them."""
     m = plan.memory
     label = "GPU memory" if plan.setup.device == "cuda" else "memory"
     gpu = ResourceCheck("gpu_memory", label, m.total_bytes, m.usable_bytes, "per GPU" if plan.setup.device == "cuda"
@@ -152,4 +169,6 @@ def resource_verdict(plan: Any, train: Any, *, host_ram_gib: float | None = None
         checks.append(host)
     if not getattr(train, "script", None):          # a user script's checkpoints are its own
         checks.append(_disk(plan, disk, run_dir))
+    if download is not None and download.missing_bytes:
+        checks.append(_download(plan, download))
     return ResourceVerdict(tuple(checks))

@@ -28,7 +28,7 @@ from scaletrain.engine.run.scripts import node_launch_commands
 from scaletrain.engine.run.writers import write_run_dir, written_files
 from scaletrain.engine.request.args import asked_from_args
 from scaletrain.tui.monitor.stream import stream_run
-from scaletrain.engine.request.weights import weights_note, weights_warning
+from scaletrain.engine.request.weights import weights_download, weights_note, weights_warning
 from scaletrain.tui.views.render import print_plan, print_weights
 
 
@@ -99,7 +99,8 @@ def run_headless(args: argparse.Namespace) -> int:
                   doc_train.dataset, plan.setup.dataset_size if doc_train.dataset else None,
                   note=weights_note(doc_train.model_source))
     print_written(console, run)
-    verdict = resource_verdict(plan, train, host_ram_gib=request.host_ram, run_dir=run.path)
+    verdict = resource_verdict(plan, train, host_ram_gib=request.host_ram, run_dir=run.path,
+                               download=weights_download(doc_train.model_source)[0])
     if not verdict.fits:
         console.print(f"[bold red]{verdict.line()}[/]; nothing launched (exit {EXIT_DOES_NOT_FIT})")
         return EXIT_DOES_NOT_FIT

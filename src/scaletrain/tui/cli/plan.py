@@ -19,6 +19,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from scaletrain.engine.plan.cost import plan_cost, price_table
     from scaletrain.engine.plan.planner import make_plan
     from scaletrain.engine.run.disk import disk_need
+    from scaletrain.engine.request.weights import weights_download
     from scaletrain.engine.run.resources import resource_verdict
     from scaletrain.engine.run.resume_source import resume_for_plan
 
@@ -27,9 +28,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     asked = asked_from_args(args)
     request = asked.request()
     plan = make_plan(request)
-    verdict = resource_verdict(plan, asked.train, host_ram_gib=request.host_ram)
-    code = 0 if verdict.fits else EXIT_DOES_NOT_FIT
     weights = asked.weights(request)
+    verdict = resource_verdict(plan, asked.train, host_ram_gib=request.host_ram,
+                               download=weights_download(weights["source"])[0])
+    code = 0 if verdict.fits else EXIT_DOES_NOT_FIT
     data = asked.data
     prices = price_table(plan.setup.hardware.gpu.key, getattr(args, "gpu_price", None))
     cost = plan_cost(plan, prices)

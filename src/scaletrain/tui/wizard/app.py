@@ -182,7 +182,7 @@ class WizardApp(App[int]):
         from scaletrain.engine.launch.detach import start_detached
 
         try:
-            self.launched = start_detached(run.path)
+            self.launched = start_detached(run.path, progress=False)     # no bar under Textual
         except Exception as e:      # shown by the monitor, never a traceback
             self.launch_error = f"launch failed: {e}"
 
