@@ -37,8 +37,8 @@ from scaletrain.engine.fileio import atomic_write
 
 # The answer's format (trainer/trace.py imports it from here): a cached answer of another format is traced again.
 # 4: layer kinds, non-negative fits checked at a fourth length, trace lengths on the kernels' chunks, peft's counts,
-# the sizes as transformers reads them, the attention kernels the model class supports.
-TRACE_FORMAT = 4
+# the sizes as transformers reads them, the attention kernels the model class supports. 5: the model's buffers.
+TRACE_FORMAT = 5
 # A trace imports transformers (~10 s on a loaded 2-core machine) and builds a slice at the real widths (a
 # 9B model's two layers: a few seconds more); anything past this is stuck.
 TRACE_TIMEOUT_S = 600

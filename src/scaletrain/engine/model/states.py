@@ -86,6 +86,7 @@ def model_states(s: TrainingSetup) -> ModelStates:
     host_weights = 0
     if s.offload == "all":
         host_weights, weights = weights, 0
+    weights += m.buffer_bytes(nm.weight if s.method == "full" else nm.frozen)   # buffers: neither sharded nor offloaded
     weights += sum(r.weight_bytes() for r in s.residents)
 
     # -- optimizer (+ DeepSpeed's fp32 master) -----------------------------------------------------------------
