@@ -122,6 +122,11 @@ def _reused(row: dict | None, cfg: dict, method: str, ckpt: bool, attn: str):
     return None
 
 
+def timed_out_row(row: dict) -> bool:
+    """A family the sweep or its trace gave up on for time (a loaded machine), not one the engine refused."""
+    return "ran past" in str(row.get("refused", ""))
+
+
 def _line(e: BaseException) -> str:
     return (" ".join(str(e).split()) or type(e).__name__)[:300]
 
@@ -184,17 +189,22 @@ def main(argv: list[str] | None = None) -> int:
 
     done = {}
     if a.resume and Path(a.out).exists():
-        done = {r["model_type"]: r for r in json.loads(Path(a.out).read_text())["rows"]}
+        done = {r["model_type"]: r for r in json.loads(Path(a.out).read_text())["rows"] if not timed_out_row(r)}
     rows = [done[t] for t in types if t in done]
     t0 = time.time()
     todo = [t for t in sorted(types, key=lambda t: (t not in NAMED, t)) if t not in done]
     lock = threading.Lock()
     out: dict = {}
 
+    timed_out: list[str] = []
+
     def one(mt: str) -> None:
         row = run_isolated(mt, str(Path(a.cache or tmp) / mt), a.reuse, a.cases)
         with lock:
-            rows.append(row)
+            if timed_out_row(row):      # a loaded machine's timeout is no verdict: left in not_run for --resume
+                timed_out.append(mt)
+            else:
+                rows.append(row)
             errs = [f"{c['method']}{'+ckpt' if c['grad_ckpt'] else ''} {c['error']:+.1%}"
                     for c in row.get("cases", []) if "error" in c]
             print(f"[{len(rows)}/{len(types)}] {mt}: {row.get('refused') or ', '.join(errs)}", flush=True)
@@ -205,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                                   "cases": a.cases,
                                   "grid_for": list(NAMED)},
                         "summary": summary(rows), "rows": sorted(rows, key=lambda r: r["model_type"]),
-                        "not_run": sorted(set(types) - {r["model_type"] for r in rows})})
+                        "not_run": sorted(set(types) - {r["model_type"] for r in rows}),
+                        "timed_out": sorted(timed_out)})
             Path(a.out).parent.mkdir(parents=True, exist_ok=True)
             Path(a.out).write_text(json.dumps(out, indent=1) + "\n")     # after every family: a partial run counts
 

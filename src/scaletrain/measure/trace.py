@@ -42,7 +42,7 @@ from typing import Any
 
 from scaletrain.engine.probes import TRACE_FORMAT
 from scaletrain.measure.trace_fit import TraceError, envelope, fit
-from scaletrain.measure.trace_record import saved_by_scope, warm_up
+from scaletrain.measure.trace_record import head_width, saved_by_scope, warm_up
 from scaletrain.measure.trace_structure import (FIT_TOLERANCE, TRACE_MULTIPLES, check_slice_size, shrink_windows,
                                                 granule, lora_count, prefix_config, structure)
 
@@ -73,7 +73,7 @@ def activations(config: dict, regime: dict, struct: dict) -> dict[str, Any]:
         warm_up(harness, lengths[0])            # lazily built buffers and caches, before anything is counted
         runs = [(S, *saved_by_scope(harness, S)) for S in lengths]
         pair = saved_by_scope(harness, lengths[1], batch=2)    # the last length's tokens as two sequences
-    out = {"seq_lens": lengths, "granule": g, "slice_layers": n,
+    out = {"seq_lens": lengths, "granule": g, "slice_layers": n, "head_out": head_width(harness.model),
            **_per_kind(runs, struct, own_saved=not regime.get("grad_ckpt"), pair=pair)}
     if regime["method"] != "full":
         out["lora"] = lora_count(config, targets)
@@ -99,7 +99,7 @@ def _per_kind(runs: list, struct: dict, own_saved: bool = True, pair: tuple | No
     checkpointing the layer saved nothing but its input, alive below it, and its backward's rise holds the
     recompute)."""
     n = struct["slice_layers"]
-    slack = int(FIT_TOLERANCE * max(sum(tot.values()) for _, tot, _, _ in runs))
+    slack = int(FIT_TOLERANCE * max(sum(v for k, v in tot.items() if k != "loss_vocab") for _, tot, _, _ in runs))
     series: dict[str, list[tuple[int, int]]] = {}
     for S, tot, _, rises in runs:
         for key, v in _series(S, tot, rises, n, own_saved).items():
@@ -122,7 +122,7 @@ def _per_kind(runs: list, struct: dict, own_saved: bool = True, pair: tuple | No
         for half in ("attn", "mlp"):
             kind[f"largest_{half}"] = max(kind[f"largest_{half}"], largest.get(f"layer{i}.{half}", 0))
     return {"kinds": kinds, "shared": fits.get("shared", zero), "final_norm": fits.get("final_norm", zero),
-            "head_input": fits.get("head_input", zero)}
+            "head_input": fits.get("head_input", zero), "loss_vocab": fits.get("loss_vocab", zero)}
 
 
 # ---- requests -------------------------------------------------------------------------------------------------

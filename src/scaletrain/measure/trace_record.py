@@ -197,6 +197,14 @@ def _window_hooks(model, live: _Live) -> list:
     return out
 
 
+def head_width(model) -> int:
+    """The output head's width (the logits' last dimension): the config's vocabulary, or a width the model class
+    sets its own way (inkling2's unpadded_vocab_size)."""
+    head = model.get_output_embeddings()
+    w = getattr(head, "weight", None)
+    return int(w.shape[0]) if w is not None and w.dim() == 2 else SLICE_VOCAB
+
+
 def warm_up(harness, seq_len: int) -> None:
     import torch
 
@@ -236,8 +244,11 @@ def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int
     model.zero_grad(set_to_none=True)
     total: dict[str, int] = {}
     largest: dict[str, int] = {}
+    vocab = head_width(model)
     for nb, scope, shape, dtype in rec.seen.values():
-        if scope == "loss" or (shape and shape[-1] == SLICE_VOCAB):
+        if scope == "loss" or (shape and shape[-1] in (SLICE_VOCAB, vocab)):
+            if scope == "loss" and shape and shape[-1] == vocab:     # what the head's tail saves over the logits
+                total["loss_vocab"] = total.get("loss_vocab", 0) + nb
             continue              # logits, log-softmax, labels: the engine's cross-entropy terms
         total[scope] = total.get(scope, 0) + nb
         if list(shape).count(seq_len) == 1:

@@ -128,17 +128,35 @@ def structure(config: dict) -> dict[str, Any]:
         for name, shape in k["linears"].items():
             linears.setdefault(name, shape)
     largest = max(kinds, key=lambda k: (k["params"], k["tensors"]))
+    float_buf, other_buf = _buffers(model, unique)
+    head_w = getattr(head, "weight", None) if head is not None else None
     return {
         "params": int(sum(p.numel() for p in unique.values())),
         "embedding_params": emb_params, "lm_head_params": head_params, "tied": bool(tied),
         "block_params": largest["params"], "block_tensors": largest["tensors"], "linears": linears,
         "block_norms": largest["norms"], "tensor_count": len(unique),
+        "buffer_float_elems": float_buf, "buffer_other_bytes": other_buf,
+        # the logits' width: the config's vocabulary, or a head its class sizes its own way (unpadded_vocab_size)
+        "head_out": int(head_w.shape[0]) if head_w is not None and head_w.dim() == 2 else None,
         "kinds": kinds, "layer_kinds": layer_kinds, "slice_layers": _slice_depth(config, sigs),
         "attn_implementations": [a for a, flag in (("eager", True), ("sdpa", "_supports_sdpa"),
                                                    ("flash", "_supports_flash_attn"))
                                  if flag is True or getattr(type(model), flag, False)],
         "sizes": config_sizes(model.config),
     }
+
+
+def _buffers(model, params: dict) -> tuple[int, int]:
+    """The model's buffers as built (a causal-mask table, position ids, rotary frequencies): resident beside the
+    weights at every moment of a step, in no parameter count. (floating-point elements, which a cast model holds
+    in its weight dtype; bytes of the rest.)"""
+    seen: dict[int, object] = {}
+    for b in model.buffers():
+        if id(b) not in params:
+            seen.setdefault(id(b), b)
+    floats = sum(int(b.numel()) for b in seen.values() if b.is_floating_point())
+    other = sum(int(b.numel()) * b.element_size() for b in seen.values() if not b.is_floating_point())
+    return floats, other
 
 
 SIZE_NAMES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",

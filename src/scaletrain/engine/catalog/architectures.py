@@ -164,6 +164,13 @@ class ModelArch:
         """The routed experts' fused parameters of one MoE block (gate_up_proj, down_proj and their biases)."""
         return self.moe.expert_weight_params(self.hidden_size) if self.moe else 0
 
+    def buffer_bytes(self, float_bytes: int) -> int:
+        """A traced model's buffers (a causal-mask table, position ids), floating ones at `float_bytes` each;
+        none counted for an analytic layout (its rotary frequencies are a few KiB)."""
+        if self.trace is None:
+            return 0
+        return int(self.trace.get("buffer_float_elems", 0)) * float_bytes + int(self.trace.get("buffer_other_bytes", 0))
+
     def block_linear_params(self, dense: bool = False) -> int:
         return sum(a * b + (b if bias else 0) for a, b, bias in self.linear_shapes(dense).values())
 
@@ -424,8 +431,10 @@ def _with_trace(arch: ModelArch, structure: Mapping[str, Any] | None = None) -> 
     from dataclasses import replace
 
     struct = structure if structure is not None else _traced.structure(arch.config, analytic_types())
+    head_out = struct.get("head_out")      # the logits' width, where the class sizes its head its own way
     return replace(arch, trace=MappingProxyType(dict(struct)), exact_params=int(struct["params"]),
-                   tie_embeddings=bool(struct["tied"]))
+                   tie_embeddings=bool(struct["tied"]),
+                   vocab_size=int(head_out) if isinstance(head_out, int) and head_out > 0 else arch.vocab_size)
 
 
 def load_model(spec: str, *, offline_only: bool = False) -> ModelArch:

@@ -83,10 +83,9 @@ def model_states(s: TrainingSetup) -> ModelStates:
     weights = trainable_weight_bytes + frozen_bytes
     if shard_param:
         weights = weights // n
-    host_weights = 0
-    if s.offload == "all":
-        host_weights, weights = weights, 0
-    weights += sum(r.weight_bytes() for r in s.residents)
+    host_weights, weights = (weights, 0) if s.offload == "all" else (0, weights)
+    buffers = m.buffer_bytes(nm.weight if s.method == "full" else nm.frozen)   # never sharded nor offloaded
+    weights += buffers + sum(r.weight_bytes() for r in s.residents)
 
     # -- optimizer (+ DeepSpeed's fp32 master) -----------------------------------------------------------------
     master_pp = 4 if (ds and s.precision != "fp32") else 0

@@ -155,6 +155,21 @@ def _moments(s: TrainingSetup, kinds: list[dict], b: int, S: int, g: int,
     return max(fwd, saved + rule_fwd), max(bwd, saved + rule_bwd)
 
 
+# what cross-entropy itself saves per logit: log_softmax's fp32 output (the engine's head terms count it)
+CROSS_ENTROPY_SAVED_PER_LOGIT = 4
+
+
+def _head_tail(act: dict[str, Any], vocab: int, b: int, S: int, g: int) -> int:
+    """What the model saves between its output head and the loss beyond cross-entropy's own (a final-logit
+    softcap's tanh: another fp32 B·S·V tensor), traced at the slice's head width and scaled to the real one."""
+    width = int(act.get("head_out") or 0)
+    lv = act.get("loss_vocab")
+    if not width or not lv:
+        return 0
+    per_logit = traced.at([0, *lv[1:]], 1, S, g) / (S * width)      # bytes per token per logit at the slice
+    return math.ceil(max(per_logit - CROSS_ENTROPY_SAVED_PER_LOGIT, 0) * b * S * vocab)
+
+
 def traced_outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> dict[str, int]:
     """activations.outside_blocks for a traced model: `shared`, `final`, `labels` (see the module doc)."""
     m = s.model
@@ -173,4 +188,5 @@ def traced_outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> d
     if (nm.trainable_copies or nm.fp32_head) and own_head:
         final += 2 * head_out * m.hidden_size
     final += hidden_saved(s, t) if chunked(s) else 0
+    final += _head_tail(act, m.vocab_size, b, S, g)
     return {"shared": shared, "final": final, "labels": 8 * t, "window_mask": 0}
