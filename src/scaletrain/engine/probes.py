@@ -17,7 +17,7 @@ PROBE_MODULE = "scaletrain.measure.probe"      # the one entry point the engine 
 TRACE_FORMAT = 5
 # data profile (engine/request/data_profile.py ↔ measure/data_profile.py)
 PROFILE_FORMAT = 2
-PROBES = ("trace", "data-profile")
+PROBES = ("trace", "data-profile", "tokenizer-check")
 
 
 def probe_argv(kind: str, *args: str) -> list[str]:

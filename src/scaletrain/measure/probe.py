@@ -2,6 +2,7 @@
 
     trace [--serve]           a model config's structure, regimes and LoRA counts (measure/trace.py)
     data-profile --data …     your data read, tokenized and blocked as the trainer will (measure/data_profile.py)
+    tokenizer-check SOURCE    the trainer's tokenizer of SOURCE loads and really tokenizes (trainer/tokenizer_check.py)
 
 Each kind is imported when asked for, so a trace server does not load the data reader and the reverse.
 """
@@ -22,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     if kind == "data-profile":
         from scaletrain.measure import data_profile
         return data_profile.main(rest)
+    if kind == "tokenizer-check":
+        from scaletrain.trainer import tokenizer_check
+        return tokenizer_check.main(rest)
     print(f"python -m scaletrain.measure.probe: give one of {', '.join(PROBES)} (got {kind or 'nothing'!r})",
           file=sys.stderr)
     return 2

@@ -1,4 +1,4 @@
-"""A tokenizer that really tokenizes, or one line: `python -m scaletrain.trainer.tokenizer_check SOURCE`.
+"""A tokenizer that really tokenizes, or one line: `python -m scaletrain.measure.probe tokenizer-check SOURCE`.
 
 Why: transformers 5 (5.24 measured) returns, for a source whose tokenizer files are missing (a weights folder
 without them, an id whose tokenizer is not in the cache), a tokenizer of one token that encodes every text to
@@ -64,7 +64,7 @@ def load_checked(source: str) -> Any:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
-        print("usage: python -m scaletrain.trainer.tokenizer_check SOURCE", file=sys.stderr)
+        print("usage: python -m scaletrain.measure.probe tokenizer-check SOURCE", file=sys.stderr)
         return 2
     try:
         load_checked(args[0])
@@ -73,6 +73,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

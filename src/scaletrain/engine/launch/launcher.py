@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 
 from scaletrain.engine.devices.detect import require_local_gpus
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.fileio import os_error_reason, read_tail, read_text_bounded, writing
+from scaletrain.engine.fileio import os_error_reason, read_text_bounded, writing
 from scaletrain.engine.launch.elastic import parse_failures, restarts
 from scaletrain.engine.run.configs import check_strategy
 from scaletrain.engine.run.disk import check_room, free_bytes
@@ -490,14 +490,3 @@ def _restore_signals(old: Any) -> None:
         signal.signal(signal.SIGINT, old[1])
         signal.signal(signal.SIGHUP, old[2])
 
-
-RANK_LOG_TAIL_BYTES = 1 << 20     # a failure report's last lines are in a log's last MiB
-
-
-def rank_log_tail(run_dir: str | os.PathLike[str], rank: int, lines: int = 20) -> list[str]:
-    """The last lines of one rank's log (for a failure report)."""
-    try:
-        tail = read_tail(RunDir(run_dir).rank_log(rank), RANK_LOG_TAIL_BYTES, "rank log")
-    except (OSError, ScaletrainError):    # missing, or a FIFO in its place: no tail to show, nothing waited on
-        return []
-    return tail.decode("utf-8", errors="replace").splitlines()[-lines:]

@@ -10,7 +10,7 @@ are the plan's own line ("… download them first …"), said here instead of in
 
 Then the tokenizer: transformers 5 can return an empty tokenizer (one token, encoding every text to nothing) for a
 source whose tokenizer files are missing, and a run would train on end-of-sequence tokens alone. The trainer's own
-check (trainer/tokenizer_check.py) runs here in a subprocess (transformers stays out of the launcher), so such a
+check (trainer/tokenizer_check.py) runs here in a probe subprocess (measure/probe.py) (transformers stays out of the launcher), so such a
 run is one line before any rank starts. A user script loads what it loads: none of this runs for one.
 """
 
@@ -23,10 +23,10 @@ import sys
 from dataclasses import dataclass, field
 
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.probes import probe_argv
 from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.units import fmt_bytes
 
-TOKENIZER_CHECK_MODULE = "scaletrain.trainer.tokenizer_check"
 TOKENIZER_CHECK_TIMEOUT_SECONDS = 600.0       # transformers' import plus a large tokenizer.json, on a busy node
 RANKS_OFFLINE = {"HF_HUB_OFFLINE": "1"}
 ERROR_PREFIX = "scaletrain: error: "          # the check's one line (trainer/tokenizer_check.py main)
@@ -114,9 +114,9 @@ def _free_bytes(path: os.PathLike[str] | str) -> int | None:
 
 
 def check_tokenizer(source: str, env: dict[str, str] | None = None) -> None:
-    """The trainer's tokenizer check of `source` in a subprocess (trainer/tokenizer_check.py): its one line when the
+    """The trainer's tokenizer check of `source` in a probe subprocess (`python -m scaletrain.measure.probe tokenizer-check`): its one line when the
     tokenizer cannot be loaded, is empty, or tokenizes a probe sentence to almost nothing."""
-    argv = [sys.executable, "-m", TOKENIZER_CHECK_MODULE, source]
+    argv = probe_argv("tokenizer-check", source)
     try:
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                               env={**os.environ, **(env or {})}, timeout=TOKENIZER_CHECK_TIMEOUT_SECONDS)

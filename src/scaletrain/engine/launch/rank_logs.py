@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from datetime import datetime
 from typing import TextIO
 
-from scaletrain.engine.fileio import DISK_FULL_ERRNOS, os_error_reason
+from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.fileio import DISK_FULL_ERRNOS, os_error_reason, read_tail
 from scaletrain.engine.launch.elastic import split_prefix
 from scaletrain.engine.run.layout import RunDir
 
@@ -80,3 +82,15 @@ class RankLogs:
                 except OSError:            # the buffered tail cannot be written either (a full disk)
                     pass
             self._files.clear()
+
+
+RANK_LOG_TAIL_BYTES = 1 << 20     # a failure report's last lines are in a log's last MiB
+
+
+def rank_log_tail(run_dir: str | os.PathLike[str], rank: int, lines: int = 20) -> list[str]:
+    """The last lines of one rank's log (for a failure report)."""
+    try:
+        tail = read_tail(RunDir(run_dir).rank_log(rank), RANK_LOG_TAIL_BYTES, "rank log")
+    except (OSError, ScaletrainError):    # missing, or a FIFO in its place: no tail to show, nothing waited on
+        return []
+    return tail.decode("utf-8", errors="replace").splitlines()[-lines:]

@@ -11,7 +11,8 @@ from typing import Sequence
 
 from rich.console import Console
 
-from scaletrain.engine.launch.launcher import launch, prepare_launch, rank_log_tail
+from scaletrain.engine.launch.launcher import launch, prepare_launch
+from scaletrain.engine.launch.rank_logs import rank_log_tail
 from scaletrain.engine.run.metrics import MetricsTail, summarize
 from scaletrain.engine.run.plan_document import read_plan_document
 from scaletrain.tui.views.progress import FAILURE_LOG_LINES, make_progress, print_outcome, progress_fields
