@@ -39,11 +39,12 @@ from typing import Any
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.layout import RunDir
 from scaletrain.engine.run.metrics import MetricsWriter, StepMetrics, truncate_metrics
-from scaletrain.engine.request.options import LR_SCHEDULES, bundled_demo_dataset
+from scaletrain.engine.request.options import bundled_demo_dataset
 from scaletrain.trainer import data as data_mod
 from scaletrain.trainer.chunked_loss import causal_lm_loss, compute_dtype_for, output_head
 from scaletrain.trainer.checkpoints import prune_checkpoints, resume_from, save_checkpoint
 from scaletrain.trainer.config import RunConfig, read_run_config
+from scaletrain.trainer.schedules import lr_scheduler
 from scaletrain.trainer.batches import TokenTable, token_table
 from scaletrain.trainer.distributed import (all_sum, barrier, check_distribution, load_deepspeed_cpu_comm_op,
                                             make_accelerator, rank_and_world, shutdown, step_stats)
@@ -158,7 +159,6 @@ def train(cfg: RunConfig, resume: bool) -> int:
 def prepare(cfg: RunConfig) -> Session:
     """The accelerator, the data and its schedule, the model, the optimizer and the LR scheduler, prepared."""
     import torch
-    from transformers import get_scheduler
 
     if cfg.uses_deepspeed and not torch.cuda.is_available():
         load_deepspeed_cpu_comm_op()
@@ -195,8 +195,7 @@ def prepare(cfg: RunConfig) -> Session:
 
         model = shard_model(model, cfg, acc.device)
     optimizer = make_optimizer(cfg, model)               # under FSDP: over the DTensor shards
-    scheduler = get_scheduler(LR_SCHEDULES[cfg.train.lr_schedule], optimizer,
-                              num_warmup_steps=sched.warmup_steps, num_training_steps=sched.total_steps)
+    scheduler = lr_scheduler(cfg.train.lr_schedule, optimizer, sched.warmup_steps, sched.total_steps)
     head = output_head(model) if cfg.loss == "chunked" else None
     if fsdp:
         optimizer = acc.prepare(optimizer)

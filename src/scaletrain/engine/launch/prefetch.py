@@ -10,8 +10,8 @@ are the plan's own line ("… download them first …"), said here instead of in
 
 Then the tokenizer: transformers 5 can return an empty tokenizer (one token, encoding every text to nothing) for a
 source whose tokenizer files are missing, and a run would train on end-of-sequence tokens alone. The trainer's own
-check (trainer/tokenizer_check.py) runs here in a probe subprocess (measure/probe.py) (transformers stays out of the launcher), so such a
-run is one line before any rank starts. A user script loads what it loads: none of this runs for one.
+check (trainer/tokenizer_check.py) runs here in a probe subprocess (measure/probe.py; transformers stays out of the
+launcher), so such a run is one line before any rank starts. A user script loads what it loads: none of this runs for one.
 """
 
 from __future__ import annotations
@@ -114,8 +114,9 @@ def _free_bytes(path: os.PathLike[str] | str) -> int | None:
 
 
 def check_tokenizer(source: str, env: dict[str, str] | None = None) -> None:
-    """The trainer's tokenizer check of `source` in a probe subprocess (`python -m scaletrain.measure.probe tokenizer-check`): its one line when the
-    tokenizer cannot be loaded, is empty, or tokenizes a probe sentence to almost nothing."""
+    """The trainer's tokenizer check of `source` in a probe subprocess (`python -m scaletrain.measure.probe
+    tokenizer-check`): its one line when the tokenizer cannot be loaded, is empty, or tokenizes a probe sentence to
+    almost nothing."""
     argv = probe_argv("tokenizer-check", source)
     try:
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
