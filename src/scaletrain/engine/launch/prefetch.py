@@ -11,7 +11,8 @@ are the plan's own line ("… download them first …"), said here instead of in
 Then the tokenizer: transformers 5 can return an empty tokenizer (one token, encoding every text to nothing) for a
 source whose tokenizer files are missing, and a run would train on end-of-sequence tokens alone. The trainer's own
 check (trainer/tokenizer_check.py) runs here in a probe subprocess (measure/probe.py; transformers stays out of the
-launcher), so such a run is one line before any rank starts. A user script loads what it loads: none of this runs for one.
+launcher), so such a run is one line before any rank starts. A user script loads what it loads: none of this runs for
+one.
 """
 
 from __future__ import annotations
