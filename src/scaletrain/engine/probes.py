@@ -13,8 +13,10 @@ import sys
 PROBE_MODULE = "scaletrain.measure.probe"      # the one entry point the engine runs (measure/probe.py)
 # trace (engine/catalog/traced.py ↔ measure/trace.py) — 4: layer kinds, non-negative fits checked at a fourth
 # length, trace lengths on the kernels' chunks, peft's counts, the sizes as transformers reads them, the attention
-# kernels the model class supports. 5: the model's buffers and the head's own width.
-TRACE_FORMAT = 5
+# kernels the model class supports. 5: the model's buffers and the head's own width. 6: traced at two sequences
+# (measure/trace_structure.py TRACE_BATCH), rises fitted through the longest lengths. 7: the embedding output
+# a frozen embedding hands checkpointed blocks as a leaf, counted with the shared tensors.
+TRACE_FORMAT = 7
 # data profile (engine/request/data_profile.py ↔ measure/data_profile.py)
 PROFILE_FORMAT = 2
 PROBES = ("trace", "data-profile", "tokenizer-check")

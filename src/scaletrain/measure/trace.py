@@ -18,7 +18,8 @@ A request is `{"config": <config.json dict>, "regime": null | {"method", "lora_r
   with its count, parameters, tensors and nn.Linear modules; and the slice that holds one of each kind: the
   shortest prefix of the stack whose layers have the same signatures as the real model's first layers.
 - `activations` (per regime): that slice at the real widths, random init, one forward + loss under
-  `torch.autograd.graph.saved_tensors_hooks` at four sequence lengths (micro-batch 1), each saved storage counted
+  `torch.autograd.graph.saved_tensors_hooks` at four sequence lengths (TRACE_BATCH sequences: at one, copies over
+  the batch dimension are views and go unseen), each saved storage counted
   once and kept alive until the forward ends (so no freed address is reused and taken for another). The lengths are
   multiples of every kernel chunk the config names (`chunk_size`: mamba2's scan) and of the gated delta rule's 64,
   so padded chunked kernels are traced as they run. Each layer's bytes are split into its attention half and its MLP
@@ -43,8 +44,8 @@ from typing import Any
 from scaletrain.engine.probes import TRACE_FORMAT
 from scaletrain.measure.trace_fit import TraceError, envelope, fit
 from scaletrain.measure.trace_record import head_width, saved_by_scope, warm_up
-from scaletrain.measure.trace_structure import (FIT_TOLERANCE, TRACE_MULTIPLES, check_slice_size, shrink_windows,
-                                                granule, lora_count, prefix_config, structure)
+from scaletrain.measure.trace_structure import (FIT_TOLERANCE, TRACE_BATCH, TRACE_MULTIPLES, check_slice_size,
+                                                granule, lora_count, prefix_config, shrink_windows, structure)
 
 __all__ = ["TraceError", "activations", "envelope", "fit", "lora_count", "main", "prefix_config", "run", "serve",
            "structure"]
@@ -71,8 +72,9 @@ def activations(config: dict, regime: dict, struct: dict) -> dict[str, Any]:
                                 grad_ckpt=bool(regime.get("grad_ckpt")), attn=regime["attn"],
                                 precision=regime["precision"], device="cpu")
         warm_up(harness, lengths[0])            # lazily built buffers and caches, before anything is counted
-        runs = [(S, *saved_by_scope(harness, S)) for S in lengths]
-        pair = saved_by_scope(harness, lengths[1], batch=2)    # the last length's tokens as two sequences
+        runs = [(S, *saved_by_scope(harness, S, batch=TRACE_BATCH)) for S in lengths]
+        # the last length's tokens as twice the sequences
+        pair = saved_by_scope(harness, lengths[1], batch=2 * TRACE_BATCH)
     out = {"seq_lens": lengths, "granule": g, "slice_layers": n, "head_out": head_width(harness.model),
            **_per_kind(runs, struct, own_saved=not regime.get("grad_ckpt"), pair=pair)}
     if regime["method"] != "full":
@@ -109,8 +111,8 @@ def _per_kind(runs: list, struct: dict, own_saved: bool = True, pair: tuple | No
     as_two = _series(runs[1][0], pair[0], pair[2], n, own_saved) if pair else {}
     last = {k: v[-1][1] for k, v in series.items()}
     per_token = {k: abs(as_two.get(k, 0) - last[k]) <= slack for k in series} if pair else {}
-    fits = {k: envelope(v, not per_token.get(k)) if k.endswith((".fwd", ".bwd"))
-            else fit(v, k, slack, quadratic=not per_token.get(k)) for k, v in series.items()}
+    fits = {k: per_sequence(envelope(v, not per_token.get(k)) if k.endswith((".fwd", ".bwd"))
+                            else fit(v, k, slack, quadratic=not per_token.get(k))) for k, v in series.items()}
     largest = {k: max(lg.get(k, 0) for _, _, lg, _ in runs) for k in series}
     zero = [0, 0, 0]
     kinds = [{"count": k["count"], "attn": zero, "mlp": zero, "fwd": zero, "bwd": zero,
@@ -123,6 +125,16 @@ def _per_kind(runs: list, struct: dict, own_saved: bool = True, pair: tuple | No
             kind[f"largest_{half}"] = max(kind[f"largest_{half}"], largest.get(f"layer{i}.{half}", 0))
     return {"kinds": kinds, "shared": fits.get("shared", zero), "final_norm": fits.get("final_norm", zero),
             "head_input": fits.get("head_input", zero), "loss_vocab": fits.get("loss_vocab", zero)}
+
+
+def per_sequence(coeffs: list) -> list:
+    """A fit of TRACE_BATCH sequences as the engine reads it (engine/catalog/traced.py `at`: c0 + b·(c1·S + c2·S²)):
+    the per-token and per-S² parts divided by the traced sequences (rounded up at a thousandth), the constant not."""
+    from fractions import Fraction
+
+    from scaletrain.measure.trace_fit import up
+
+    return [coeffs[0], *(up(Fraction(c) / TRACE_BATCH) for c in coeffs[1:])]
 
 
 # ---- requests -------------------------------------------------------------------------------------------------

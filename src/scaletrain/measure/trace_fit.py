@@ -32,23 +32,31 @@ def _solve(points: list[tuple[Fraction, Fraction]], free: tuple[int, ...]) -> li
     return c
 
 
-def _up(x: Fraction) -> int | float:
+def up(x: Fraction) -> int | float:
     """A coefficient as the answer stores it: exact when whole, else rounded up at a thousandth of a byte."""
     return int(x) if x.denominator == 1 else math.ceil(x * 1000) / 1000
 
 
 def envelope(points: list[tuple[int, int]], quadratic: bool = True) -> list[int | float]:
-    """c0, c1, c2 ≥ 0 over every point: the best non-negative fit through the first three, raised by the largest
-    shortfall at any point. For the rise of live bytes in a layer's forward or backward, which MoE routing of a
-    random init moves from one length to the next: never under what was measured."""
-    c = fit(points[:3], "rise", slack=1 << 62, quadratic=quadratic)
-    at = lambda x: c[0] + c[1] * x + c[2] * x * x      # noqa: E731
-    short = max((Fraction(y) / Fraction(at(x)) for x, y in points if y > 0 and at(x) > 0), default=Fraction(1))
-    extra = max((y - at(x) for x, y in points if at(x) <= 0), default=0)
+    """c0, c1, c2 ≥ 0 over every point: the best non-negative fit through the three LONGEST lengths, raised by the
+    largest shortfall at any of them (MoE routing of a random init moves a few tokens from one length to the next),
+    then its constant raised by the largest shortfall at a shorter one. For the rise of live bytes in a layer's
+    forward or backward: a maximum over moments, and at a short length another moment than at a long one may be the
+    highest (doge's checkpointed backward at 64 tokens), which a fit through the short lengths would bend into a
+    constant and too small a slope, under at every longer length. Never under what was measured."""
+    pts = sorted(points)
+    longest, shorter = pts[-3:], pts[:-3]
+    c = fit(longest, "rise", slack=1 << 62, quadratic=quadratic)
+    at = lambda x: sum(Fraction(v) * Fraction(x) ** k for k, v in enumerate(c))      # noqa: E731
+    short = max((Fraction(y) / Fraction(at(x)) for x, y in longest if y > 0 and at(x) > 0), default=Fraction(1))
+    extra = max((y - at(x) for x, y in longest if at(x) <= 0), default=0)
     if short > 1:
-        c = [_up(Fraction(v) * short) for v in c]
+        c = [up(Fraction(v) * short) for v in c]
     if extra > 0:
-        c[0] = _up(Fraction(c[0]) + extra)
+        c[0] = up(Fraction(c[0]) + extra)
+    below = max((y - at(x) for x, y in shorter), default=0)
+    if below > 0:
+        c[0] = up(Fraction(c[0]) + below)
     return c
 
 
@@ -68,7 +76,7 @@ def fit(points: list[tuple[int, int]], what: str = "bytes", slack: int = 0, quad
             best = (err, c)
         if err == 0:
             break
-    coeffs = [_up(x) for x in best[1]] if best else [0, 0, 0]
+    coeffs = [up(x) for x in best[1]] if best else [0, 0, 0]
     for x, y in fitting + check:
         got = coeffs[0] + coeffs[1] * x + coeffs[2] * x * x
         if abs(got - y) > max(slack, 0):

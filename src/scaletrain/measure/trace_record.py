@@ -39,6 +39,7 @@ class _Recorder:
         self.shared_keys: set = set()
         self.alive: list = []
         self.seen: dict = {}            # storage key → [bytes, scope, shape, dtype]
+        self.leaf = None                # the input embedding's output when it is a leaf that requires grad
 
     def pack(self, t):
         from scaletrain.measure.step import storage_key
@@ -65,6 +66,8 @@ class _Recorder:
 
         def enter(i):
             def hook(module, args, kwargs):
+                if i == 0:
+                    self._held_leaf(args, kwargs)
                 passed = _tensors_in(list(args[1:])) + _tensors_in({k: v for k, v in kwargs.items()
                                                                     if k != "hidden_states"})
                 self.shared_keys.update(storage_key(t) for t in passed)
@@ -93,6 +96,14 @@ class _Recorder:
                 if child is not None:
                     out.append(child.register_forward_pre_hook(half(i, name)))
         head = model.get_output_embeddings()
+        embed = model.get_input_embeddings()
+
+        def embedded(module, args, output):     # after transformers' own hook (registered before this one)
+            torch = self.torch
+            if isinstance(output, torch.Tensor) and output.requires_grad and output.is_leaf:
+                self.leaf = output
+        if embed is not None:
+            out.append(embed.register_forward_hook(embedded))
 
         def head_in(module, args):
             self.scope = "head_input"
@@ -102,6 +113,25 @@ class _Recorder:
         out.append(head.register_forward_pre_hook(head_in))
         out.append(head.register_forward_hook(head_out))
         return out
+
+
+    def _held_leaf(self, args, kwargs) -> None:
+        """LoRA + checkpointing: transformers (gradient_checkpointing_enable) and peft make the frozen embedding's
+        output require grad, so the checkpointed blocks build a graph; that output is then a leaf its AccumulateGrad
+        node holds until backward ends, though nothing saves it. Counted with the shared tensors unless the first
+        block receives it itself (its input, which the engine counts as the block's checkpoint): granite's
+        embedding multiplier, BERT's embedding LayerNorm and dropout make another tensor of it (torch.profiler:
+        one B·S·h fp32 tensor alive at the peak beside the blocks' inputs, granite LoRA + checkpointing)."""
+        from scaletrain.measure.step import storage_key
+
+        leaf, self.leaf = self.leaf, None
+        if leaf is None:
+            return
+        x = _first_tensor(list(args[:1])) if args else _first_tensor(kwargs.get("hidden_states"))
+        if x is None or storage_key(x) != storage_key(leaf):
+            scope, self.scope = self.scope, "shared"
+            self.pack(leaf)
+            self.scope = scope
 
 
 class _Live:

@@ -17,6 +17,11 @@ from scaletrain.measure.trace_fit import TraceError
 # multiple of every smaller power-of-two tile. Trace lengths are multiples of it and of the config's chunk sizes.
 BASE_GRANULE = 64
 TRACE_MULTIPLES = (1, 2, 3, 4)   # lengths granule × these: three fit, the fourth checks
+# Sequences per traced forward. At one sequence a `transpose(0, 1)` or `.contiguous()` over the batch dimension is
+# a view (a size-1 dimension moves freely), so the copies a real micro-batch makes go unseen: doge's checkpointed
+# backward rose 2 272 256 bytes at 2 × 128 tokens but 1 103 360 at 1 × 128 (a hidden-sized copy missing), and
+# 4 × 128 is exactly twice 2 × 128 (tests/trainer/test_trace_batch.py).
+TRACE_BATCH = 2
 # A fitted half may miss the checking length by this share of the slice's saved bytes there (MoE routing of a
 # random init moves a few tokens between experts from one length to the next); else the trace refuses.
 FIT_TOLERANCE = 0.02
