@@ -110,7 +110,10 @@ class ModelArch:
     @property
     def default_lora_targets(self) -> tuple[str, ...]:
         """Every linear of a block: the analytic seven, or a traced model's own (phi3: qkv_proj, gate_up_proj)."""
-        return BLOCK_LINEARS if self.trace is None else tuple(self.trace["linears"])
+        if self.trace is None:
+            return BLOCK_LINEARS
+        refused = self.trace.get("peft_refuses") or ()     # peft's LoRA does not adapt these (a mamba out_proj)
+        return tuple(n for n in self.trace["linears"] if n not in refused)
 
     @property
     def attention_implementations(self) -> tuple[str, ...]:
