@@ -56,3 +56,21 @@ def test_default_lora_targets_are_what_peft_adapts():
     targets = arch_from_config(cfg, "tiny-mamba", st).default_lora_targets
     assert "out_proj" not in targets and "in_proj" in targets
     assert lora_count(cfg, list(targets))["adapted"] == len(targets) * cfg["num_hidden_layers"]
+
+
+def test_decoders_of_encoder_decoder_families_and_hyphenated_types_are_traced(tmp_path, monkeypatch):
+    """bart's ForCausalLM is its decoder alone (decoder_layers deep; refused before as "names no number of
+    layers"), and model_types such as bert-generation carry a hyphen (refused before as "no model_type transformers
+    could know"): both plan on the traced path."""
+    from scaletrain.engine.catalog import traced
+    from scaletrain.engine.catalog.architectures import arch_from_config
+    from scaletrain.measure.tiny_configs import config_dict
+    from scaletrain.measure.trace_structure import prefix_config
+
+    cfg = config_dict("bart")
+    cut = prefix_config(cfg, 2)
+    assert cut["decoder_layers"] == 2 and cut["encoder_layers"] == cfg["encoder_layers"]
+    monkeypatch.setenv("SCALETRAIN_CACHE", str(tmp_path))
+    traced._WORKER.stop()
+    arch = arch_from_config(config_dict("bert-generation"), "tiny-bert-generation")
+    assert arch.memory_source == "traced" and arch.params > 0

@@ -139,6 +139,7 @@ def structure(config: dict) -> dict[str, Any]:
         "block_params": largest["params"], "block_tensors": largest["tensors"], "linears": linears,
         "block_norms": largest["norms"], "tensor_count": len(unique),
         "peft_refuses": refused,
+        "checkpointing": bool(getattr(model, "supports_gradient_checkpointing", False)),
         "buffer_float_elems": float_buf, "buffer_other_bytes": other_buf,
         # the logits' width: the config's vocabulary, or a head its class sizes its own way (unpadded_vocab_size)
         "head_out": int(head_w.shape[0]) if head_w is not None and head_w.dim() == 2 else None,
