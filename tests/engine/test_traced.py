@@ -266,3 +266,29 @@ def test_a_looped_stack_is_refused_in_one_line():
     with pytest.raises(TraceError, match=r"decoder layer \d+ ran \d+ times in one forward") as e:
         run({"config": config_dict("hrm_text"), "regime": regime})
     assert "\n" not in str(e.value)
+
+
+def test_a_traced_familys_per_layer_widths_are_read_not_refused():
+    """gemma3n writes intermediate_size as one width per layer: a valid config transformers builds, which the
+    config reader refused ("must be a whole number"); a traced family's list is read as its widest layer, and a
+    list that is not whole numbers is still refused in one line."""
+    cfg = {"model_type": "gemma3n_text", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "num_hidden_layers": 3, "vocab_size": 512, "intermediate_size": [128, 256, 128]}
+    st = {"params": 1000, "tied": True, "head_out": 512}
+    assert arch_from_config(cfg, "tiny-gemma3n", st).intermediate_size == 256
+    with pytest.raises(ScaletrainError, match="intermediate_size must be a whole number"):
+        arch_from_config({**cfg, "intermediate_size": [128, "wide"]}, "tiny-gemma3n", st)
+    with pytest.raises(ScaletrainError, match="intermediate_size must be a whole number"):
+        arch_from_config({**cfg, "model_type": "llama"}, "tiny-llama")      # an analytic family's stays one number
+
+
+def test_a_class_that_cannot_checkpoint_is_refused_checkpointing_in_one_line():
+    """jetmoe and cpmant set supports_gradient_checkpointing False: the whole family was refused ("its forward
+    failed") because one traced regime asked for checkpointing; now only --grad-ckpt is refused, saying why."""
+    cfg = {"model_type": "jetmoe", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "num_hidden_layers": 3, "vocab_size": 512, "intermediate_size": 128}
+    arch = arch_from_config(cfg, "tiny-jetmoe", {"params": 1000, "tied": True, "head_out": 512,
+                                                 "checkpointing": False, "linears": {}})
+    with pytest.raises(ScaletrainError, match="cannot checkpoint its layers"):
+        TrainingSetup(model=arch, hardware=parse_gpus("1xCPU"), method="full", strategy="ddp", precision="fp32",
+                      attn="eager", grad_ckpt=True, micro_batch=1, seq_len=16, device="cpu")

@@ -16,12 +16,14 @@ HIDDEN = 64
 LAYERS = 6            # covers the layer patterns of the defaults: jamba's attention every 8th from 4, 3:1 hybrids,
 #                       first-k-dense MoE stacks, gemma's 5:1 sliding pattern
 VOCAB = 512
+DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 # name → the shrunk value (applied when the default is an int larger than it)
 SIZES: dict[str, int] = {
     "hidden_size": HIDDEN, "d_model": HIDDEN, "n_embd": HIDDEN, "embed_dim": HIDDEN, "dim": HIDDEN,
     "intermediate_size": 128, "ffn_hidden_size": 128, "ffn_dim": 128, "n_inner": 128, "d_ff": 128,
     "moe_intermediate_size": 64, "expert_intermediate_size": 64, "shared_expert_intermediate_size": 64,
-    "moe_shared_expert_intermediate_size": 64, "intermediate_size_mlp": 128, "dense_intermediate_size": 128,
+    "moe_shared_expert_intermediate_size": 64,
+    "shared_experts_intermediate_size": 64, "intermediate_size_mlp": 128, "dense_intermediate_size": 128,
     "num_attention_heads": 4, "n_head": 4, "num_heads": 4, "n_heads": 4,
     "num_key_value_heads": 2, "num_kv_heads": 2, "n_kv_heads": 2, "multi_query_group_num": 2,
     "head_dim": 16, "attention_head_dim": 16,
@@ -34,7 +36,8 @@ SIZES: dict[str, int] = {
     "q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
     "qk_head_dim": 32, "index_head_dim": 16, "index_n_heads": 2, "index_topk": 16,
     "mamba_d_state": 16, "ssm_state_size": 16, "state_size": 16, "d_state": 16, "mamba_n_heads": 4,
-    "mamba_d_head": 32, "mamba_head_dim": 32, "mamba_n_groups": 1, "n_groups": 1, "mamba_dt_rank": 8,
+    "mamba_d_head": 32, "mamba_head_dim": 32, "mamba_d_ssm": 128, "mamba_n_groups": 1, "n_groups": 1,
+    "mamba_dt_rank": 8,
     "time_step_rank": 8, "mamba_expand": 2, "expand": 2,
     "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
     "max_position_embeddings": 4096, "n_positions": 4096,
@@ -44,8 +47,20 @@ SIZES: dict[str, int] = {
 PER_LAYER_HINTS = ("layer", "block", "pattern", "types")
 
 
+# How far the shrinking goes, tried in order until transformers builds the config and runs a forward of it: the
+# plain shrink first (every family planned before keeps its config), then sizes the class left None (it needs them at
+# build: dots1's experts, hunyuan's head_dim, deepseek_v2's top-k) filled, derived widths re-derived (rotary_dim
+# within head_dim, a mamba mixer's heads × head width = expand × hidden) and sub-configs shrunk; then per-layer lists
+# cut to the new depth rather than dropped (a class that does not derive them again: lfm2_moe); then the default
+# depth kept with its lists (a class whose validators tie the depth to other fields: per_layer_config indices,
+# gpt_neo's attention_types, dory's input/recurrent/output split).
+RUNGS = ({}, {"fill": True}, {"fill": True, "cut": True}, {"fill": True, "keep_depth": True})
+
+
 def config_dict(model_type: str) -> dict[str, Any]:
-    """The shrunk config.json dict of `model_type` (raises what transformers raises when it cannot be made)."""
+    """The shrunk config.json dict of `model_type`: the first rung of RUNGS that transformers builds and runs (the
+    plain shrink, transformers' error to come, when none does; raises what transformers raises when its own
+    defaults cannot be made)."""
     from transformers import AutoConfig
 
     base = AutoConfig.for_model(model_type)
@@ -53,18 +68,43 @@ def config_dict(model_type: str) -> dict[str, Any]:
     if text is not None and getattr(text, "model_type", None) and text is not base:
         base = text
     d = base.to_dict()
+    first = None
+    for rung in RUNGS:
+        out = shrink(d, model_type, **rung)
+        first = first or out
+        if builds(out):
+            return out
+    return first
+
+
+def shrink(d: dict[str, Any], model_type: str, fill: bool = False, cut: bool = False,
+           keep_depth: bool = False) -> dict[str, Any]:
+    """One rung of the shrinking (RUNGS) of the config class's dict `d`."""
     depth = _depth(d)
     out: dict[str, Any] = {}
     for key, value in d.items():
         if key.startswith("_") or key in ("transformers_version", "architectures", "auto_map", "torch_dtype", "dtype"):
             continue
+        if keep_depth and key in DEPTH_KEYS:
+            out[key] = value
+            continue
+        if key in SIZES and isinstance(value, list) and value and all(_ints(v) for v in value):
+            value = [_shrunk_size(key, v, fill) for v in value]     # a width per layer (gemma3n's intermediate)
+            out[key] = value if keep_depth or len(value) != depth else value[:LAYERS]
+            continue
         if isinstance(value, (list, str)) and depth and len(value) == depth and any(h in key for h in PER_LAYER_HINTS):
-            continue        # derived again from the new depth (or cut below when the class needs it)
-        if isinstance(value, int) and not isinstance(value, bool) and key in SIZES and value > SIZES[key]:
-            value = SIZES[key]
-        out[key] = value
+            if keep_depth:
+                out[key] = value
+            elif cut and isinstance(value, list):
+                out[key] = value[:LAYERS]
+            continue        # derived again from the new depth
+        if fill and isinstance(value, dict) and _sub_config(value):
+            value = shrink(value, model_type, fill=True)
+        out[key] = _shrunk_size(key, value, fill)
     out["model_type"] = d.get("model_type", model_type)
     _fix_heads(out)
+    if fill:
+        _derive_widths(out, d)
     for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
         v = out.get(key)
         if isinstance(v, int) and v >= VOCAB:
@@ -78,8 +118,71 @@ def config_dict(model_type: str) -> dict[str, Any]:
     return out
 
 
+def _shrunk_size(key: str, value: Any, fill: bool) -> Any:
+    if key not in SIZES:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value > SIZES[key]:
+        return SIZES[key]
+    if value is None and fill and key not in ("num_key_value_heads", "head_dim"):
+        return SIZES[key]
+    return value
+
+
+def _sub_config(v: dict[str, Any]) -> bool:
+    """A nested config's dict (dbrx's ffn_config): it carries sizes the plain shrink would leave at full width."""
+    return any(k in SIZES for k in v)
+
+
+def _derive_widths(d: dict[str, Any], default: dict[str, Any]) -> None:
+    """Widths the config class checks against others, derived again from the shrunk ones (`default`: the class's
+    own values, whose relations hold)."""
+    nope, rope = default.get("qk_nope_head_dim"), default.get("qk_rope_head_dim")
+    if _ints(nope, rope, default.get("head_dim")) and default["head_dim"] == nope + rope:
+        d["head_dim"] = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]
+    for key in ("n_group", "num_expert_group", "topk_group"):     # one group: top-k within a group fits its experts
+        if _ints(d.get(key)):
+            d[key] = 1
+    heads = next((d[k] for k in ("num_attention_heads", "n_head", "n_heads") if _ints(d.get(k))), None)
+    hidden = next((d[k] for k in ("hidden_size", "n_embd", "d_model") if _ints(d.get(k))), None)
+    if "head_dim" in d and d["head_dim"] is None and _ints(heads, hidden):
+        d["head_dim"] = hidden // heads
+    head_dim = d.get("head_dim") or (hidden // heads if _ints(heads, hidden) else None)
+    if _ints(d.get("rotary_dim"), head_dim) and d["rotary_dim"] > head_dim:
+        d["rotary_dim"] = head_dim
+    for n_key, dim_key, expand_key in (("num_heads", "head_dim", "expand"),
+                                       ("mamba_n_heads", "mamba_d_head", "mamba_expand")):
+        n, expand = d.get(n_key), d.get(expand_key)
+        if _ints(n, expand, hidden, d.get(dim_key)) and n * d[dim_key] != hidden * expand:
+            d[dim_key] = hidden * expand // n
+    if _ints(d.get("mamba_d_ssm"), d.get("mamba_expand"), hidden):
+        d["mamba_d_ssm"] = hidden * d["mamba_expand"]
+
+
+def _ints(*vs: Any) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in vs)
+
+
+def builds(cfg: dict[str, Any]) -> bool:
+    """Whether transformers builds `cfg` as a causal LM on the CPU and runs a short forward of it."""
+    import warnings
+
+    import torch
+
+    from scaletrain.trainer import model as model_lib
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = model_lib.random_init(cfg, "eager", device=None)
+            with torch.no_grad():
+                model(input_ids=torch.arange(16).unsqueeze(0) % VOCAB)
+    except Exception:          # noqa: BLE001 - the next rung, or transformers' own error from the engine later
+        return False
+    return True
+
+
 def _depth(d: dict[str, Any]) -> int:
-    for key in ("num_hidden_layers", "n_layer", "num_layers", "n_layers"):
+    for key in DEPTH_KEYS:
         v = d.get(key)
         if isinstance(v, int) and not isinstance(v, bool):
             return v

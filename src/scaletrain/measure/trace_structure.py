@@ -35,7 +35,7 @@ SLICE_VOCAB = 509
 MAX_SLICE_BYTES = 4 << 30
 ATTN_NAMES = ("self_attn", "attention", "attn", "self_attention", "mixer", "mamba", "linear_attn", "temporal_block")
 MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe")
-DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers")   # the last: an encoder-decoder family's decoder, built alone as a causal LM
 # attributes that number a layer rather than shape it (left out of the signature)
 _NUMBERING = re.compile(r"idx|index|layer_id|layer_num|layer_no|block_id", re.I)
 
@@ -68,7 +68,9 @@ def block_linears(layer) -> dict[str, list]:
     leaves = [n.rsplit(".", 1)[-1] for n, _ in found]
     out = {}
     for (path, mod), leaf in zip(found, leaves):
-        key = leaf if leaves.count(leaf) == 1 else path
+        # a leaf that is a position in a Sequential (ctrl's ffn.0, ffn.2) would name the decoder layers themselves
+        # (model.h.0) to peft's suffix match: its path within the block names it alone
+        key = leaf if leaves.count(leaf) == 1 and not leaf.isdigit() else path
         out[key] = [int(mod.in_features), int(mod.out_features), mod.bias is not None]
     return out
 
@@ -133,6 +135,7 @@ def structure(config: dict) -> dict[str, Any]:
         for name, shape in k["linears"].items():
             linears.setdefault(name, shape)
     largest = max(kinds, key=lambda k: (k["params"], k["tensors"]))
+    refused = _peft_refuses(config, list(linears))
     float_buf, other_buf = _buffers(model, unique)
     head_w = getattr(head, "weight", None) if head is not None else None
     return {
@@ -140,6 +143,8 @@ def structure(config: dict) -> dict[str, Any]:
         "embedding_params": emb_params, "lm_head_params": head_params, "tied": bool(tied),
         "block_params": largest["params"], "block_tensors": largest["tensors"], "linears": linears,
         "block_norms": largest["norms"], "tensor_count": len(unique),
+        "peft_refuses": refused,
+        "checkpointing": bool(getattr(model, "supports_gradient_checkpointing", False)),
         "buffer_float_elems": float_buf, "buffer_other_bytes": other_buf,
         # the logits' width: the config's vocabulary, or a head its class sizes its own way (unpadded_vocab_size)
         "head_out": int(head_w.shape[0]) if head_w is not None and head_w.dim() == 2 else None,
@@ -149,6 +154,21 @@ def structure(config: dict) -> dict[str, Any]:
                                  if flag is True or getattr(type(model), flag, False)],
         "sizes": config_sizes(model.config),
     }
+
+
+def _peft_refuses(config: dict, names: list[str]) -> list[str]:
+    """The block linears peft will not adapt in this model (its LoRA refuses a mamba mixer's out_proj): left out of
+    the default targets, so LoRA adapts what peft adapts. Each name tried alone only when all together fail."""
+    def adapts(targets: list[str]) -> bool:
+        try:
+            lora_count(config, targets, ranks=(1,))
+        except (ValueError, TypeError, TraceError):
+            return False
+        return True
+
+    if not names or adapts(names):
+        return []
+    return [n for n in names if not adapts([n])]
 
 
 def _buffers(model, params: dict) -> tuple[int, int]:
@@ -263,7 +283,7 @@ def shrink_windows(cfg: dict, regime: dict) -> None:
                 cfg[k] = WINDOWED_TRACE
 
 
-def lora_count(config: dict, targets) -> dict[str, int]:
+def lora_count(config: dict, targets, ranks: tuple[int, ...] = (1, 2)) -> dict[str, int]:
     """peft's own count on the meta-device model: trainable parameters per unit of rank and adapted modules, as the
     trainer's add_lora builds them (checked linear in the rank at ranks 1 and 2)."""
     from peft.tuners.lora import LoraLayer
@@ -271,14 +291,14 @@ def lora_count(config: dict, targets) -> dict[str, int]:
     from scaletrain.trainer import model as model_lib
 
     counts = []
-    for rank in (1, 2):
+    for rank in ranks:
         model = model_lib.add_lora(_meta_model(config), rank=rank, alpha=2 * rank, dropout=0.0,
                                    targets=list(targets) if targets else "all-linear", quantized=False,
                                    grad_ckpt=False)
         trainable = sum(int(p.numel()) for p in model.parameters() if p.requires_grad)
         adapted = sum(1 for _, m in model.named_modules() if isinstance(m, LoraLayer))
         counts.append((trainable, adapted))
-    if counts[1][0] != 2 * counts[0][0]:
+    if len(counts) > 1 and counts[1][0] != 2 * counts[0][0]:
         raise TraceError(f"peft's LoRA parameters are not linear in the rank here ({counts[0][0]} at rank 1, "
                          f"{counts[1][0]} at rank 2)")
     if counts[0][1] == 0:

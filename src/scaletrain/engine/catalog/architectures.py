@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from scaletrain.engine.catalog.config_json import (MAX_SPEC_CHARS, REQUIRED_KEYS, SIZE_LIMITS, hf_cache_config,
-                                                   read_config, short, size_field, text_config)
+                                                   read_config, short, size_field, text_config, widest_layer)
 from scaletrain.engine.catalog.moe import MoeSpec, moe_from_config, peft_converted_names, peft_expert_lora
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog import traced as _traced
@@ -91,8 +91,7 @@ class ModelArch:
     # ---- structure -------------------------------------------------------------------------------------------
     @property
     def memory_source(self) -> str:
-        """Where the memory model's per-block numbers come from: "analytic" (the layout table above) or
-        "traced" (measure/trace.py measured a slice of the real model)."""
+        """Where the per-block numbers come from: "analytic" (the layout table) or "traced" (measure/trace.py)."""
         return "analytic" if self.model_type in _FAMILIES else "traced"
 
     @property
@@ -110,7 +109,13 @@ class ModelArch:
     @property
     def default_lora_targets(self) -> tuple[str, ...]:
         """Every linear of a block: the analytic seven, or a traced model's own (phi3: qkv_proj, gate_up_proj)."""
-        return BLOCK_LINEARS if self.trace is None else tuple(self.trace["linears"])
+        refused = () if self.trace is None else self.trace.get("peft_refuses") or ()   # peft will not (mamba out_proj)
+        return BLOCK_LINEARS if self.trace is None else tuple(n for n in self.trace["linears"] if n not in refused)
+
+    @property
+    def can_checkpoint(self) -> bool:
+        """transformers checkpoints its layers (a traced class's supports_gradient_checkpointing: not jetmoe's)."""
+        return self.trace is None or self.trace.get("checkpointing") is not False
 
     @property
     def attention_implementations(self) -> tuple[str, ...]:
@@ -382,6 +387,8 @@ def arch_from_config(cfg: Mapping[str, Any], name: str, structure: Mapping[str, 
             f"{name} is not a causal-LM config.json (missing {', '.join(missing)}); "
             "give a catalog id (scaletrain models), a config.json, or a folder holding one")
     model_type = str(cfg.get("model_type", "llama"))[:100]
+    if model_type not in _FAMILIES:
+        cfg = widest_layer(cfg)
     h = size_field(cfg, "hidden_size", name)
     heads = size_field(cfg, "num_attention_heads", name)
     kv = size_field(cfg, "num_key_value_heads", name, heads)

@@ -50,6 +50,15 @@ def size_field(cfg: Mapping[str, Any], key: str, name: str, default: int | None 
     return v
 
 
+def widest_layer(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A traced family's per-layer width list (gemma3n's intermediate_size, one per layer) read as its widest layer:
+    the trace counts each layer's own parameters; the one number stands for the stack where a width is asked."""
+    v = cfg.get("intermediate_size")
+    if isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v):
+        return {**cfg, "intermediate_size": max(v)}
+    return cfg
+
+
 def short(v: Any, limit: int = 40) -> str:
     text = repr(v)
     return text if len(text) <= limit else text[:limit] + "…"

@@ -183,7 +183,7 @@ atexit.register(_WORKER.stop)
 def _run_trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, accepted: str,
                regimes: list | None = None, lora_targets: Any = _NO_LORA) -> dict[str, Any]:
     model_type = str(config.get("model_type", "?"))
-    if not isinstance(config.get("model_type"), str) or not re.fullmatch(r"[a-z][a-z0-9_]{0,63}", model_type):
+    if not isinstance(config.get("model_type"), str) or not re.fullmatch(r"[a-z][a-z0-9_-]{0,63}", model_type):
         # transformers' model types are lower-case identifiers: anything else cannot be built, said without
         # starting the trace process (torch's import alone takes seconds)
         raise _fail(model_type, "no model_type transformers could know", accepted)

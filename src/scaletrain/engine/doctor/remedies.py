@@ -128,7 +128,7 @@ def _with_split(title: str, kind: str, changes: dict[str, Any], setup: TrainingS
     per_gpu = setup.effective_batch // setup.world_size
     if setup.effective_batch % setup.world_size == 0:
         split = _split_for(setup, per_gpu, s0.micro_batch, base, gap, capacity)
-        if split is None and not setup.grad_ckpt:
+        if split is None and not setup.grad_ckpt and setup.model.can_checkpoint:
             split = _split_for(setup.with_(grad_ckpt=True), per_gpu, s0.micro_batch, base, gap, capacity)
             if split is not None:
                 changes = {**changes, "grad_ckpt": True}
@@ -176,7 +176,7 @@ def rank_remedies(plan: Plan, failure: dict[str, Any] | None = None) -> list[Rem
     if chunked is not None:
         out.append(chunked)
     # 2. gradient checkpointing
-    if not s.grad_ckpt:
+    if not s.grad_ckpt and s.model.can_checkpoint:
         out.append(_with_split("gradient checkpointing on", "checkpointing", {"grad_ckpt": True},
                                s.with_(grad_ckpt=True), plan, gap, capacity))
     # 3. ZeRO stage up (FSDP counts as stage 3)

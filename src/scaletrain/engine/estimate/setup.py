@@ -86,6 +86,7 @@ class TrainingSetup:
         coerce_words(self, skip=("device",))     # every Vocabulary-typed field; the device is checked below
         _check_objective(self)
         _check_loss(self)
+        _check_checkpointing(self)
         if self.lora_targets is BLOCK_LINEARS and self.model.default_lora_targets != BLOCK_LINEARS:
             object.__setattr__(self, "lora_targets", self.model.default_lora_targets)   # a traced model's own
         if self.objective == "reward" and not self.model.score_head:
@@ -263,6 +264,14 @@ def _check_objective(s: TrainingSetup) -> None:
     if obj != "sft" and s.loop in ("hf-trainer", "accelerate-loop"):
         raise ScaletrainError(f"--loop {s.loop} applies to sft; --objective {obj} runs TRL's own trainer (use --loop "
                               "trl, or leave --loop out)")
+
+
+def _check_checkpointing(s: TrainingSetup) -> None:
+    """A traced model whose class cannot checkpoint its layers (transformers' supports_gradient_checkpointing False:
+    jetmoe, cpmant) is planned without it, and --grad-ckpt on it is refused in one line."""
+    if s.grad_ckpt and not s.model.can_checkpoint:
+        raise ScaletrainError(f"{s.model.name} ({s.model.model_type}) cannot checkpoint its layers in transformers "
+                              "(its class does not support gradient checkpointing); plan it without --grad-ckpt")
 
 
 def _check_loss(s: TrainingSetup) -> None:

@@ -1,0 +1,76 @@
+"""The sweep's tiny configs are ones transformers' own validators accept, and the traced structure gives peft
+targets peft adapts (issue 28: nothing refused that transformers and peft build on CPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.heavy          # builds small models on the CPU
+
+
+@pytest.mark.parametrize("model_type, check", [
+    # sizes the class leaves None and needs at build (dots1's experts, hunyuan's head_dim) are filled
+    ("hunyuan_v1_dense", lambda c: c["head_dim"] * c["num_attention_heads"] == c["hidden_size"]),
+    # a rotary width within the shrunk head (codegen's default rotary_dim 64 on a 16-wide head failed the forward)
+    ("codegen", lambda c: c["rotary_dim"] <= c["n_embd"] // c["n_head"]),
+    # a mamba2 mixer's heads × head width = expand × hidden, as its validator demands
+    ("mamba2", lambda c: c["num_heads"] * c["head_dim"] == c["expand"] * c["hidden_size"]),
+    # a validator that ties the depth to another list (attention_types): the default depth kept
+    ("gpt_neo", lambda c: c["num_layers"] == len(c["attention_layers"])),
+])
+def test_the_shrunk_config_is_one_transformers_builds(model_type, check):
+    from transformers import AutoConfig
+
+    from scaletrain.measure import tiny_configs as tc
+
+    cfg = tc.config_dict(model_type)
+    assert tc.builds(cfg) and check(cfg), cfg
+    plain = tc.shrink(AutoConfig.for_model(model_type).to_dict(), model_type)
+    assert not tc.builds(plain)           # the plain shrink alone is what the sweep refused before
+
+
+def test_a_plain_family_keeps_its_plain_shrink():
+    """Families that built before keep the same config (their recorded sweep rows stand)."""
+    from transformers import AutoConfig
+
+    from scaletrain.measure import tiny_configs as tc
+
+    assert tc.config_dict("llama") == tc.shrink(AutoConfig.for_model("llama").to_dict(), "llama")
+
+
+def test_default_lora_targets_are_what_peft_adapts():
+    """ctrl's feed-forward is a Sequential (linears named 0 and 2: to peft's suffix match, the decoder layers
+    themselves) and peft refuses LoRA on a mamba mixer's out_proj: the traced default targets name the first by
+    their path in the block and leave the second out, and peft adapts them all."""
+    from scaletrain.engine.catalog.architectures import arch_from_config
+    from scaletrain.measure.tiny_configs import config_dict
+    from scaletrain.measure.trace_structure import lora_count, structure
+
+    cfg = config_dict("ctrl")
+    st = structure(cfg)
+    assert {"ffn.0", "ffn.2"} <= set(st["linears"]) and not st["peft_refuses"]
+    assert lora_count(cfg, list(st["linears"]))["adapted"] == 6 * cfg["n_layer"]
+    cfg = config_dict("mamba")
+    st = structure(cfg)
+    assert st["peft_refuses"] == ["out_proj"]
+    targets = arch_from_config(cfg, "tiny-mamba", st).default_lora_targets
+    assert "out_proj" not in targets and "in_proj" in targets
+    assert lora_count(cfg, list(targets))["adapted"] == len(targets) * cfg["num_hidden_layers"]
+
+
+def test_decoders_of_encoder_decoder_families_and_hyphenated_types_are_traced(tmp_path, monkeypatch):
+    """bart's ForCausalLM is its decoder alone (decoder_layers deep; refused before as "names no number of
+    layers"), and model_types such as bert-generation carry a hyphen (refused before as "no model_type transformers
+    could know"): both plan on the traced path."""
+    from scaletrain.engine.catalog import traced
+    from scaletrain.engine.catalog.architectures import arch_from_config
+    from scaletrain.measure.tiny_configs import config_dict
+    from scaletrain.measure.trace_structure import prefix_config
+
+    cfg = config_dict("bart")
+    cut = prefix_config(cfg, 2)
+    assert cut["decoder_layers"] == 2 and cut["encoder_layers"] == cfg["encoder_layers"]
+    monkeypatch.setenv("SCALETRAIN_CACHE", str(tmp_path))
+    traced._WORKER.stop()
+    arch = arch_from_config(config_dict("bert-generation"), "tiny-bert-generation")
+    assert arch.memory_source == "traced" and arch.params > 0
