@@ -153,8 +153,9 @@ def test_launch_detach_resumes_in_the_background(tmp_path, capsys):
 
 
 WIZARD_CHILD = r"""
-import asyncio, fcntl, sys, termios, time
+import asyncio, fcntl, signal, sys, termios, time
 fcntl.ioctl(0, termios.TIOCSCTTY, 0)          # this pty is the session's controlling terminal, as in a real one
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a terminal's shell starts it (a suite run under nohup passes it ignored)
 from scaletrain.engine.devices.nvml import DetectionResult
 from scaletrain.engine.launch.status import read_status
 from scaletrain.tui.cli.parser import parse_args
