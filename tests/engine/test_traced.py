@@ -151,6 +151,7 @@ def test_a_family_transformers_knows_is_traced(tmp_path, monkeypatch, capsys):
     assert trace_regime(s) == regime and block_activations(s).saved > 0
 
 
+@pytest.mark.heavy                      # a trace subprocess or a model built (14-18 CPU s on the loaded VM)
 def test_a_family_transformers_does_not_know_is_refused_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("SCALETRAIN_CACHE", str(tmp_path / "traces"))
     cfg = {"model_type": "no_such_family", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -256,6 +257,7 @@ def test_the_fit_is_exact_non_negative_and_checked_or_refuses():
         fit([(64, 6400), (128, 12800), (192, 19200), (256, 40000)], "x")
 
 
+@pytest.mark.heavy                      # a trace subprocess or a model built (14-18 CPU s on the loaded VM)
 def test_a_looped_stack_is_refused_in_one_line():
     """hrm_text runs its layers several times per forward: counting each layer once would under-count it, so the
     trace says so instead of planning it."""
