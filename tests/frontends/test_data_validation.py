@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -215,11 +216,19 @@ def test_data_shorter_than_one_block_is_the_trainers_refusal_at_plan_time(tmp_pa
     assert not (tmp_path / "run").exists()
 
 
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_a_tokenizer_missing_on_this_machine_stays_a_note(tmp_path, monkeypatch, capsys):
     """HF weights not in this machine's (empty) cache: no tokenizer to count with. The records are still checked;
     the plan counts rows, says why there are no token statistics, and exits 0."""
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("SCALETRAIN_CACHE", str(tmp_path / "cache" / "traces"))
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")   # a hub that refuses: no DNS needed
     data = tmp_path / "d.jsonl"
     data.write_text(GOOD * 3)
     code = main(["plan", "--model", "Qwen/Qwen2.5-0.5B-Instruct", "--gpus", "1xH100", "--data", str(data), "--json"])
@@ -227,6 +236,9 @@ def test_a_tokenizer_missing_on_this_machine_stays_a_note(tmp_path, monkeypatch,
     assert code == 0, out.err
     prof = json.loads(out.out)["data"]["profile"]
     assert prof["no_tokenizer"] and "no token statistics" in prof["note"] and prof["records"] == 3
+    # said without huggingface_hub's five retries, and not remembered: once the hub answers, the same plan counts
+    assert "not in this machine's HF cache and the hub is unreachable (127.0.0.1 unreachable" in prof["note"]
+    assert not list((tmp_path / "cache").rglob("*.json"))
     bad = tmp_path / "bad.jsonl"
     bad.write_text(GOOD + "[1]\n")
     assert main(["plan", "--model", "Qwen/Qwen2.5-0.5B-Instruct", "--gpus", "1xH100", "--data", str(bad)]) == 2

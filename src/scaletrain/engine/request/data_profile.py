@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 from dataclasses import dataclass
 from typing import Any
 
+from scaletrain.engine.catalog.hub import HF_ID, unavailable
 from scaletrain.engine.catalog.traced import cache_dir
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import MAX_CONFIG_BYTES, atomic_write, read_text_bounded
@@ -85,9 +87,11 @@ def profile_data(spec: str, model: str, weights: str | None, seq_len: int, packi
         argv += ["--weights", weights]
     if not packing:
         argv.append("--no-packing")
+    hub_off = _hub_off(weights or model)
+    env = None if hub_off is None else dict(os.environ, HF_HUB_OFFLINE="1")
     try:
         r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                           timeout=PROFILE_TIMEOUT_S)
+                           timeout=PROFILE_TIMEOUT_S, env=env)
         data = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
     except (subprocess.TimeoutExpired, ValueError, OSError) as e:
         raise ScaletrainError(f"profiling --data {spec} failed ({e.__class__.__name__})") from None
@@ -96,5 +100,18 @@ def profile_data(spec: str, model: str, weights: str | None, seq_len: int, packi
     if data.get("format") != PROFILE_FORMAT:
         tail = (r.stderr.strip().splitlines() or ["no output"])[-1][:300]
         raise ScaletrainError(f"profiling --data {spec} failed: {tail}")
+    if hub_off is not None and data.get("no_tokenizer"):
+        # not cached: once the hub answers, the same request gets its token statistics
+        data["note"] = (f"no token statistics (the tokenizer of {weights or model} is not in this machine's HF "
+                        f"cache and {hub_off}); the plan counts one sample per record")
+        return DataProfile(data)
     atomic_write(path, json.dumps(data) + "\n", backup=False)
     return DataProfile(data)
+
+
+def _hub_off(source: str) -> str | None:
+    """Why the probe must not ask the hub for `source`'s tokenizer (HF_HUB_OFFLINE, an unreachable endpoint), or
+    None. Without it an offline machine waits out huggingface_hub's five retries (about 47 s) before the note."""
+    if source == "random-init" or not HF_ID.match(source) or os.path.exists(source):
+        return None
+    return unavailable()
