@@ -67,8 +67,10 @@ CHOICE_NAMES: tuple[str, ...] = tuple(f.name for f in CHOICES)
 
 
 @cache
+@cache
 def vocabulary_fields(cls: type) -> tuple[tuple[str, type[Vocabulary]], ...]:
-    """(name, Vocabulary type) of every field of a dataclass whose annotation is a Vocabulary."""
+    """(name, Vocabulary type) of every field of a dataclass whose annotation is a Vocabulary (read once per class:
+    every setup the planner's search builds coerces its fields)."""
     hints = get_type_hints(cls)
     return tuple((f.name, hints[f.name]) for f in fields(cls)
                  if isinstance(hints.get(f.name), type) and issubclass(hints[f.name], Vocabulary))
@@ -117,6 +119,8 @@ def coerce_words(record: Any, skip: tuple[str, ...] = ()) -> None:
         if name in skip:
             continue
         value = getattr(record, name)
+        if type(value) is kind:             # already the word (a setup copied by with_): nothing to check
+            continue
         if value not in kind.values():
             raise ScaletrainError(f"--{name.replace('_', '-')} {value!r} is not accepted; use one of: "
                                   f"{', '.join(kind.values())}")

@@ -9,6 +9,13 @@ for Method and Offload, the order of how far they go (full < lora < qlora, none 
 from __future__ import annotations
 
 from enum import Enum
+from functools import cache
+
+
+@cache
+def _spellings(kind: type) -> tuple[str, ...]:
+    """A Vocabulary's spellings, read once per class (the planner's search builds thousands of setups)."""
+    return tuple(m.value for m in kind)
 
 
 class Vocabulary(str, Enum):
@@ -23,7 +30,7 @@ class Vocabulary(str, Enum):
     @classmethod
     def values(cls) -> tuple[str, ...]:
         """The spellings, in definition order (argparse `choices=`, 'use one of' messages)."""
-        return tuple(m.value for m in cls)
+        return _spellings(cls)
 
     @property
     def rank(self) -> int:

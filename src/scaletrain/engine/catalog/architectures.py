@@ -11,12 +11,11 @@ the real model instead (engine/catalog/traced.py), never from another family's l
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from scaletrain.engine.catalog.config_json import (MAX_SPEC_CHARS, REQUIRED_KEYS, SIZE_LIMITS, hf_cache_config,
-                                                   read_config, short, size_field, text_config, widest_layer)
+from scaletrain.engine.catalog.config_json import REQUIRED_KEYS, SIZE_LIMITS, size_field, text_config, widest_layer
+from scaletrain.engine.catalog.resolve import resolve_config
 from scaletrain.engine.catalog.moe import MoeSpec, moe_from_config, peft_converted_names, peft_expert_lora
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog import traced as _traced
@@ -192,7 +191,13 @@ class ModelArch:
 
     def block_params(self, dense: bool | None = None, active: bool = False) -> int:
         """Parameters of one block (`dense=None`: the largest block kind). `active`: those one token runs
-        through (the router and top_k of the experts instead of all of them)."""
+        through (the router and top_k of the experts instead of all of them). Remembered per model (a non-field
+        that equality and JSON ignore): the planner's search asks thousands of times."""
+        memo = self.__dict__.setdefault("_block_params_memo", {})
+        return memo[(dense, active)] if (dense, active) in memo else memo.setdefault((dense, active),
+                                                                                  self._block_params(dense, active))
+
+    def _block_params(self, dense: bool | None, active: bool) -> int:
         if self.trace is not None:      # the largest layer kind
             return int(self.trace["block_params"])
         if dense is None:
@@ -447,7 +452,7 @@ def _with_trace(arch: ModelArch, structure: Mapping[str, Any] | None = None) -> 
 def load_model(spec: str, *, offline_only: bool = False) -> ModelArch:
     """Resolve --model: catalog id, config.json path, folder with config.json, an HF cache id, or (unless
     offline_only) an HF id whose config.json alone is fetched from the hub (catalog/hub.py)."""
-    cfg, name, structure = _resolve_config(spec, offline_only)
+    cfg, name, structure = resolve_config(spec, offline_only)
     return arch_from_config(cfg, name, structure)
 
 
@@ -455,46 +460,5 @@ def load_config(spec: str) -> dict[str, Any]:
     """The causal LM's config dict (a multimodal config's text part) for --model, resolved offline as load_model
     resolves it but without counting anything: what the trainer builds the model from (no meta-device build, which
     under an active ZeRO-3 config would go through DeepSpeed's zero.Init)."""
-    cfg, _, _ = _resolve_config(spec, True)
+    cfg, _, _ = resolve_config(spec, True)
     return text_config(cfg)
-
-
-def _resolve_config(spec: str, offline_only: bool) -> tuple[dict[str, Any], str, Mapping[str, Any] | None]:
-    """The config.json dict behind --model, the name to show for it and the traced structure its catalog entry
-    records (if any), or one line saying why there is none."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise ScaletrainError("--model is empty; give a catalog id (see `scaletrain models`) or a config.json path")
-    if len(spec) > MAX_SPEC_CHARS:
-        raise ScaletrainError(f"--model is {len(spec):,} characters long; give a catalog id, a config.json path or "
-                              f"an HF cache id (at most {MAX_SPEC_CHARS} characters)")
-    entry = catalog_entry(spec)
-    if entry is not None:
-        return dict(entry["config"]), entry["id"], entry.get("traced_structure")
-    p = Path(spec).expanduser()
-    try:
-        exists = p.exists()
-    except (OSError, ValueError) as e:      # a name too long for the filesystem, a NUL byte
-        raise ScaletrainError(f"--model {short(spec)} is not a usable path ({getattr(e, 'strerror', None) or e})"
-                              ) from None
-    if exists:
-        if p.is_dir():
-            p = p / "config.json"
-            if not p.exists():
-                raise ScaletrainError(f"{spec} is a folder without a config.json")
-        cfg = read_config(p, spec)
-        return cfg, (p.parent.name if p.name == "config.json" else p.stem), None
-    cached = hf_cache_config(spec)
-    if cached is not None:
-        return read_config(cached, spec), spec, None
-    from scaletrain.engine.catalog.hub import HF_ID, cache_roots, fetch_config
-
-    why = "not an HF id (org/name)" if not HF_ID.match(spec) else "the hub was not asked"
-    if HF_ID.match(spec) and not offline_only:
-        fetched, why = fetch_config(spec)
-        if fetched is not None:
-            return read_config(fetched, spec), spec, None
-    near = did_you_mean(spec)
-    raise ScaletrainError(
-        f"unknown model {short(spec, 100)}: not in the catalog ({len(catalog_ids())} models, `scaletrain "
-        f"models`), not a path, not in the HF cache at {cache_roots()[0]}, and {why}; pass a config.json path"
-        + (f" (did you mean {near}?)" if near else ""))

@@ -80,6 +80,12 @@ def profile_path(device: str, method: str) -> Path:
     return calibration_dir() / f"{device}-{method}.json"
 
 
+@lru_cache(maxsize=256)
+def _profile_file(config_env: str | None, xdg_env: str | None, home_env: str | None, device: str, method: str) -> str:
+    """profile_path as a string, remembered for the environment it was built under (the search asks per setup)."""
+    return str(profile_path(device, method))
+
+
 @lru_cache(maxsize=64)
 def _load(path: str, mtime_ns: int) -> Calibration | None:
     try:
@@ -93,12 +99,13 @@ def load_calibration(device: str, method: str) -> Calibration | None:
     """The profile for this device kind and method, if one was saved with the current software stack."""
     if os.environ.get("SCALETRAIN_NO_CALIBRATION"):
         return None
-    path = profile_path(device, method)
+    path = _profile_file(os.environ.get("SCALETRAIN_CONFIG_DIR"), os.environ.get("XDG_CONFIG_HOME"),
+                         os.environ.get("HOME"), device, method)
     try:
-        mtime = path.stat().st_mtime_ns
+        mtime = os.stat(path).st_mtime_ns
     except OSError:
         return None
-    cal = _load(str(path), mtime)
+    cal = _load(path, mtime)
     if cal is None or cal.stack != stack_signature():
         return None
     return cal

@@ -163,15 +163,18 @@ def _blocks_backward(s: TrainingSetup, mark: Any, big: Any, window_mask: int, ac
     gather_block, grad_gather_block = gathers
     fsdp = s.strategy == "fsdp"
     recompute = s.grad_ckpt
+    # the same for every block: its gradient waiting, what recomputing it adds, its own backward and recompute peaks
+    waiting = _waiting_grad(s, t) if (fsdp or recompute) else 0
+    recomputed = per_block_saved + big.weight_copies + window_mask if recompute else 0
+    own_bwd, own_recompute = big.bwd_peak, big.saved + big.recompute_transient
     for k in range(s.model.num_layers):
         held = (grad_gather_block if k else 0) if fsdp else grad_gather_block
         below = acts - per_block_saved
-        recomputed = per_block_saved + big.weight_copies + window_mask if recompute else 0
-        mark("backward", below + recomputed + big.bwd_peak, 0, grads, gather=gather_block + held)
+        mark("backward", below + recomputed + own_bwd, 0, grads, gather=gather_block + held)
         if fsdp:   # the block's post-backward: its whole gradients and their copy in the reduce-scatter input
-            mark("backward", below + _waiting_grad(s, t), 0, grads, gather=gather_block + 2 * grad_gather_block)
+            mark("backward", below + waiting, 0, grads, gather=gather_block + 2 * grad_gather_block)
         if recompute:   # the recompute's forward at down_proj, the gradient of the block's output waiting
-            mark("backward", below + recomputed + big.saved + big.recompute_transient + _waiting_grad(s, t),
+            mark("backward", below + recomputed + own_recompute + waiting,
                  0, grads, gather=gather_block + (held if fsdp else 0))
         acts -= per_block_saved
         if grows:
@@ -194,8 +197,15 @@ class _Peaks:
         self.static = static
         self.held_logits = held_logits   # logits a loop keeps at every moment, counted with the logits
         self.root = root                 # FSDP: the root unit, whole from the first forward to the end of backward
-        self.parts: dict[str, Any] = {}
+        self._highest: tuple[int, str, int, int, int, int] = (-1, "", 0, 0, 0, 0)
         self.phase_peaks = {"generation": 0, "forward": 0, "loss": 0, "backward": 0, "step": 0}
+
+    @property
+    def parts(self) -> dict[str, Any]:
+        """The highest moment of all, by part."""
+        total, phase, act, logit, grad, opt = self._highest
+        return {"total": total, "phase": phase, "activations": act, "logits": logit, "gradients": grad,
+                "optimizer_extra": opt}
 
     def mark(self, phase: str, act: int, logit: int, grad: int, opt_extra: int = 0, gather: int = 0) -> None:
         logit += self.held_logits
@@ -203,9 +213,8 @@ class _Peaks:
         total = self.static + grad + act + logit + opt_extra + gather
         if total > self.phase_peaks[phase]:
             self.phase_peaks[phase] = total
-        if total > self.parts.get("total", -1):
-            self.parts.update(total=total, phase=phase, activations=act + gather, logits=logit,
-                              gradients=grad, optimizer_extra=opt_extra)
+        if total > self._highest[0]:       # a tuple, not a dict: the search marks this hundreds of thousands of times
+            self._highest = (total, phase, act + gather, logit, grad, opt_extra)
 
 
 def _gathers(s: TrainingSetup, head_weight_params: int) -> tuple[int, int, int, int]:
