@@ -28,7 +28,9 @@ def pytest_runtest_protocol(item, nextitem):
     yield
     if not _OUT:
         return
+    marks = sorted({m.name for m in item.iter_markers()} & {"slow", "heavy", "long"})
     line = json.dumps({"test": item.nodeid, "wall_seconds": round(time.monotonic() - wall0, 2),
-                       "cpu_seconds": round(_cpu_seconds() - cpu0, 2), "load_1m": round(os.getloadavg()[0], 2)})
+                       "cpu_seconds": round(_cpu_seconds() - cpu0, 2), "load_1m": round(os.getloadavg()[0], 2),
+                       "markers": marks})
     with open(_OUT, "a") as f:
         f.write(line + "\n")

@@ -7,7 +7,7 @@ pytest summary and the tests that cost the most CPU.
 
     python bench/suite_time.py                        # `make test` in this checkout (its .venv)
     python bench/suite_time.py --target test-fast
-    python bench/suite_time.py --python /path/to/venv/bin/python --jobs 2   # pytest directly, as the Makefile does
+    python bench/suite_time.py --python /path/to/venv/bin/python   # pytest directly, in the Makefile's passes
 
 With --python the DeepSpeed CPU op is built (or found built) first, timed apart, as `make ds-op` does; the docs
 build that `make test` also runs is then not part of the time.
@@ -34,7 +34,8 @@ from machine import machine  # bench/machine.py
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-FAST = "not slow and not heavy"            # the Makefile's test-fast selection
+FAST = "not slow and not heavy and not long"    # the Makefile's test-fast selection
+LONG_CPU_SECONDS = 2.5                          # a test-fast test over this is marked `long` (pyproject's markers)
 PACKAGES = ("torch", "transformers", "accelerate", "deepspeed", "peft", "trl", "textual", "pytest", "xdist")
 TARGET_SECONDS = {"test": 600, "test-fast": 120}
 
@@ -50,13 +51,21 @@ def versions(python: str) -> dict:
 
 
 def commands(args: argparse.Namespace) -> list[list[str]]:
+    """As the Makefile runs them: test-fast is one pass on FAST_JOBS workers; test is the single-process tests on
+    FAST_JOBS workers (a file per unit), then the multi-process ones (`slow`) on JOBS."""
     if args.python is None:
-        return [["make", args.target, f"JOBS={args.jobs}", "PYTEST_ARGS=-p suite_plugin"]]
-    xdist = ["-n", str(args.jobs), "--dist", "loadgroup"] if args.jobs > 1 else []
-    select = ["-m", FAST] if args.target == "test-fast" else []
+        return [["make", args.target, f"JOBS={args.jobs}", f"FAST_JOBS={args.fast_jobs}",
+                 "PYTEST_ARGS=-p suite_plugin"]]
+
+    def xdist(n: int, dist: str) -> list[str]:
+        return ["-n", str(n), "--dist", dist] if n > 1 else []
+
+    pytest = [args.python, "-m", "pytest", "-q", "-p", "suite_plugin"]
+    if args.target == "test-fast":
+        return [[*pytest, *xdist(args.fast_jobs, "load"), "-m", FAST]]
     ds_op = [args.python, "-c", "from scaletrain.trainer.distributed import load_deepspeed_cpu_comm_op as f; f()"]
-    pytest = [args.python, "-m", "pytest", "-q", *xdist, *select, "-p", "suite_plugin"]
-    return ([ds_op] if args.target == "test" else []) + [pytest]
+    return [ds_op, [*pytest, *xdist(args.fast_jobs, "loadgroup"), "-m", "not slow"],
+            [*pytest, *xdist(args.jobs, "loadgroup"), "-m", "slow"]]
 
 
 class LoadSampler(threading.Thread):
@@ -90,45 +99,53 @@ def timed(argv: list[str], env: dict[str, str]) -> dict:
             "output_tail": out[-2000:] if p.returncode else ""}
 
 
-def costliest(path: Path, n: int) -> tuple[list[dict], int]:
+def costliest(path: Path, n: int) -> tuple[list[dict], int, list[dict]]:
+    """The n costliest tests by CPU, how many were timed, and the test-fast tests over LONG_CPU_SECONDS (to mark
+    `long`, or to make cheaper)."""
     rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
-    return sorted(rows, key=lambda r: -r["cpu_seconds"])[:n], len(rows)
+    fast = {"slow", "heavy", "long"}
+    over = [r for r in rows if not fast & set(r.get("markers", ())) and r["cpu_seconds"] > LONG_CPU_SECONDS]
+    return sorted(rows, key=lambda r: -r["cpu_seconds"])[:n], len(rows), over
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", choices=sorted(TARGET_SECONDS), default="test")
     ap.add_argument("--python", help="run pytest with this interpreter instead of `make` (default: make)")
-    ap.add_argument("--jobs", type=int, default=2, help="pytest-xdist workers, 1: serial (default 2)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="pytest-xdist workers for the multi-process tests (`slow`), 1: serial (default 1, as make)")
+    ap.add_argument("--fast-jobs", type=int, default=2,
+                    help="pytest-xdist workers for the single-process tests (default 2, as make)")
     ap.add_argument("--machine", help="a name for the machine in the file name (default: the hostname)")
     ap.add_argument("--top", type=int, default=25, help="how many of the costliest tests to record")
     args = ap.parse_args()
-    if args.jobs < 1:
-        ap.error("--jobs must be 1 or more")
+    if args.jobs < 1 or args.fast_jobs < 1:
+        ap.error("--jobs and --fast-jobs must be 1 or more")
     per_test = Path(tempfile.mkdtemp(prefix="suite-time-")) / "tests.jsonl"
     env = dict(os.environ, SUITE_TIME_TESTS=str(per_test),
                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "bench"), os.environ.get("PYTHONPATH")) if p))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)      # as the Makefile (unexport): every process reuses compiled modules
     load = LoadSampler()
     load.start()
     steps = [timed(argv, env) for argv in commands(args)]
     load.stop.set()
-    top, counted = costliest(per_test, args.top)
+    top, counted, over = costliest(per_test, args.top)
     wall = sum(s["wall_seconds"] for s in steps)
     result = {
-        "benchmark": "suite_time", "target": f"make {args.target}", "jobs": args.jobs,
+        "benchmark": "suite_time", "target": f"make {args.target}", "jobs": args.jobs, "fast_jobs": args.fast_jobs,
         "machine": {**machine(), "name": args.machine or socket.gethostname(),
                     "load_average_1m_at_end": os.getloadavg()[0], "load_1m_during": load.summary()},
         "versions": versions(args.python or str(ROOT / ".venv" / "bin" / "python")),
         "steps": steps, "wall_seconds": round(wall, 1),
         "cpu_seconds": round(sum(s["cpu_seconds"] for s in steps), 1),
         "target_wall_seconds": TARGET_SECONDS[args.target], "within_target": wall <= TARGET_SECONDS[args.target],
-        "tests_timed": counted, "costliest_tests_by_cpu": top,
+        "tests_timed": counted, "costliest_tests_by_cpu": top, "unmarked_tests_over_long_cpu_seconds": over,
         "ok": all(s["exit_code"] == 0 for s in steps),
     }
     name = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in result["machine"]["name"])
     out = RESULTS / f"suite_time-{args.target}-{name}.json"
     atomic_write(out, json.dumps(result, indent=2, ensure_ascii=False) + "\n", backup=False)   # ours: no backup
-    print(json.dumps({k: v for k, v in result.items() if k != "costliest_tests_by_cpu"}, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("costliest_tests_by_cpu", "steps")}, indent=2))
     print(f"wrote {out}", file=sys.stderr)
     return 0 if result["ok"] else 1
 

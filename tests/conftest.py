@@ -26,6 +26,22 @@ os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="scaletrain-test-state-")
 os.environ["SCALETRAIN_CACHE"] = tempfile.mkdtemp(prefix="scaletrain-test-traces-")
 
 
+def import_when_run(*names: str):
+    """A module-scoped autouse fixture for a test file that needs heavy libraries (torch, transformers, peft):
+    imported (or the file skipped, as pytest.importorskip) when the file's first test runs, not when it is collected
+    — every pytest-xdist worker collects every file, and `make test-fast` deselects most of these tests. Each name's
+    top-level module becomes a global of the test file (`torch`). Use: `_libs = import_when_run("torch", ...)`."""
+
+    @pytest.fixture(autouse=True, scope="module")
+    def _imports(request):
+        for name in names:
+            pytest.importorskip(name)
+            top = name.split(".")[0]
+            setattr(request.module, top, __import__(top))
+
+    return _imports
+
+
 @pytest.fixture(autouse=True)
 def _no_stray_processes():
     """A test that fails midway (a timeout in a pilot, an assertion while ranks run) must not leave training

@@ -111,6 +111,7 @@ def test_hub_weights_are_downloaded_once_before_the_ranks_and_trained(hub, tiny_
     assert len([p for m, p in hub.requests if m == "HEAD" and p.endswith("/model.safetensors")]) == 1
 
 
+@pytest.mark.long
 def test_plan_counts_the_download_and_honours_hf_token(hub, tiny_folder, tmp_path):
     files = {p.name: p.stat().st_size for p in tiny_folder.iterdir() if p.is_file()}
     base = ["plan", "--model", "scaletrain/tiny-qwen2", "--gpus", "2xCPU", "--json"]
@@ -167,6 +168,7 @@ def test_offline_an_uncached_hub_model_is_todays_line_before_any_rank(hub, tmp_p
     assert not (run / "logs" / "rank-0.log").exists() and not hub.requests
 
 
+@pytest.mark.long
 def test_a_weights_repo_without_a_tokenizer_is_refused_before_any_rank(hub, tmp_path):
     run = tmp_path / "run"
     proc = _cli(["--preset", "cpu-tiny", "--model", "scaletrain/tiny-qwen2", "--weights", "org/notok", "--headless",

@@ -116,6 +116,7 @@ _ACCELERATE_NODE_ARGS = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.long
 def test_seed16_dry_run_writes_two_machines_that_accelerate_accepts(seed16):
     cfg = yaml.safe_load(seed16.accelerate_config.read_text())
     assert (cfg["num_machines"], cfg["num_processes"], cfg["machine_rank"]) == (2, 16, 0)

@@ -104,6 +104,7 @@ def test_headless_dry_run_refuses_custom_code_with_and_without_data(evil):
         assert not out.exists(), "a refused --dry-run wrote the run directory"
 
 
+@pytest.mark.long
 def test_launch_and_export_recheck_weights_edited_into_plan_json(evil):
     run = evil["root"] / "run"
     r = _cli(["--preset", "cpu-tiny", "--headless", "--dry-run", "--run-dir", str(run)], evil["root"])

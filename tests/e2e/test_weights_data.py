@@ -142,6 +142,7 @@ def _chat_rows(n: int) -> list[dict]:
             for i in range(n)]
 
 
+@pytest.mark.long
 def test_data_rows_are_the_plans_dataset_size_in_every_format(tmp_path, offline_cache, capsys):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -172,6 +173,7 @@ def test_data_rows_are_the_plans_dataset_size_in_every_format(tmp_path, offline_
     _fails(capsys, ["plan", *TINY, "--data", str(tmp_path / "x.txt")], "does not exist")
 
 
+@pytest.mark.long
 def test_plan_with_data_imports_no_torch(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"text": "a"}) + "\n")

@@ -17,6 +17,7 @@ import random
 from pathlib import Path
 
 import pytest
+from conftest import import_when_run
 
 from scaletrain.engine.launch.status import read_status
 
@@ -26,8 +27,7 @@ from scaletrain.tui.cli.parser import parse_args
 from scaletrain.tui.wizard.app import create_app
 from test_wizard import no_gpu, press, retype, run, screen_name, settle, text_of
 
-pytest.importorskip("transformers")
-pytest.importorskip("tokenizers")
+_libs = import_when_run("transformers", "tokenizers")
 
 SEQ_LEN = 32
 EFFECTIVE_BATCH = 4

@@ -137,6 +137,7 @@ def gpus_rows():
     return out
 
 
+@pytest.mark.long
 def test_table_gpus_rows_carry_their_cost(gpus_rows):
     fitting = [r for r in gpus_rows[None] if r["fits"]]
     assert fitting and all("cost" not in r for r in gpus_rows[None] if not r["fits"])
@@ -149,6 +150,7 @@ def test_table_gpus_rows_carry_their_cost(gpus_rows):
         assert r["cost"]["total"] == pytest.approx(r["cost"]["per_hour"] * r["cost"]["hours"])
 
 
+@pytest.mark.long
 def test_table_gpus_ranks_by_time_and_by_cost(gpus_rows):
     key = lambda r: (r["gpu"], r["nodes"], r["gpus_per_node"])       # noqa: E731
     assert sorted(map(key, gpus_rows["time"])) == sorted(map(key, gpus_rows[None]))    # the same rows
@@ -161,6 +163,7 @@ def test_table_gpus_ranks_by_time_and_by_cost(gpus_rows):
     assert all(r["fits"] for r in gpus_rows["cost"][:n]) and not any(r["fits"] for r in gpus_rows["cost"][n:])
 
 
+@pytest.mark.long
 def test_table_gpus_text_shows_price_and_cost_columns(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     assert main(["plan", "--preset", PRESET, "--table", "gpus", "--sort", "cost"]) == 0

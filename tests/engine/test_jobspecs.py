@@ -92,6 +92,7 @@ def _sky_load(python: str, path: Path, cwd: Path) -> tuple[int, dict]:
     return done.returncode, json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.long
 def test_skypilot_accepts_skypilot_yaml(specs, sky_python):
     d, _ = specs
     code, task = _sky_load(sky_python, d / "skypilot.yaml", d)   # `cd RUN_DIR && sky launch …`
@@ -105,6 +106,7 @@ def test_skypilot_accepts_skypilot_yaml(specs, sky_python):
     assert not task["use_spot"]
 
 
+@pytest.mark.long
 def test_skypilot_accepts_the_managed_variant(specs, sky_python):
     d, _ = specs
     code, task = _sky_load(sky_python, d / "skypilot-managed.yaml", d)
@@ -115,6 +117,7 @@ def test_skypilot_accepts_the_managed_variant(specs, sky_python):
     assert f"ln -sfn {mount} checkpoints" in task["run"]
 
 
+@pytest.mark.long
 def test_skypilots_loader_refuses_a_misspelt_spec(specs, sky_python, tmp_path):
     """The loader checks: the same file with one key misspelt is refused (so its acceptance above means something)."""
     d, _ = specs
@@ -140,6 +143,7 @@ def _skypilot_table(python: str, fetcher: str, name: str) -> dict:
     raise AssertionError(f"{fetcher}.{name} not found")
 
 
+@pytest.mark.long
 def test_the_accelerator_names_are_skypilots(sky_python):
     """RTX4090 and L40S are names in SkyPilot's RunPod catalog; H100, A100-80GB, A100 and A6000 in its Lambda one."""
     runpod = _skypilot_table(sky_python, "fetch_runpod", "DEFAULT_GPU_INFO")
@@ -301,6 +305,7 @@ def test_a_relaunch_rewrites_the_specs_the_folder_holds(specs):
     assert {"skypilot.yaml", "skypilot-managed.yaml", "trainjob.yaml", "pytorchjob.yaml"} <= set(files)
 
 
+@pytest.mark.long
 def test_a_single_node_cpu_plan_gets_specs_without_gpus(tmp_path, sky_python):
     d = tmp_path / "cpu"
     assert _write(d, "--job-spec", "skypilot,kubeflow", preset="cpu-tiny") == 0

@@ -131,6 +131,7 @@ def test_ddp_buckets_hold_gradients_from_the_first_forward():
     assert eight.gradients_persistent == eight.gradients_full == 4 * QWEN3.params
 
 
+@pytest.mark.long
 def test_qlora_quantizes_every_block_linear_whatever_the_targets():
     """bitsandbytes quantizes each nn.Linear of the blocks on load, not only the LoRA targets: QLoRA on q/v only
     holds the same 4-bit base as on all seven (measured: the parameters' storage of the real quantized model)."""

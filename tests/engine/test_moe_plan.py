@@ -97,6 +97,7 @@ def test_moe_presets_plan_and_fit(name, capsys):
         assert doc["training"]["attn"] == "eager" and "MXFP4" in notes
 
 
+@pytest.mark.long
 def test_moe_presets_dry_run_into_files_accelerate_and_deepspeed_accept(tmp_path):
     items = []
     for name in MOE_PRESETS:

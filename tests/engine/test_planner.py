@@ -163,6 +163,7 @@ def test_planner_picks_the_fastest_fitting_candidate():
 
 
 # ---- property: random requests ---------------------------------------------------------------------------------
+@pytest.mark.long
 def test_random_requests_never_break_the_target_or_the_fit():
     rng = random.Random(20240611)
     models = catalog_ids()
@@ -225,6 +226,7 @@ def test_fully_fixed_plan_still_gets_alternatives():
     assert {(a.strategy, a.offload) for a in alts} != {("zero3", "none")}   # it compares other setups
 
 
+@pytest.mark.long
 def test_gpus_table_rows(capsys):
     out = _plan_json(capsys, "--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora", "--gpus", "4xH200",
                      "--effective-batch", "64", "--table", "gpus")

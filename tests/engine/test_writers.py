@@ -196,6 +196,7 @@ def parsed(written, tmp_path_factory) -> dict[str, dict]:
 
 
 # ---- accelerate and DeepSpeed accept every written file -------------------------------------------------------
+@pytest.mark.long
 @pytest.mark.parametrize("key", list(CASES))
 def test_written_files_pass_accelerate_and_deepspeed(parsed, written, key):
     plan, _, train, run = written[key]
@@ -233,6 +234,7 @@ def test_written_files_pass_accelerate_and_deepspeed(parsed, written, key):
         assert cl["fsdp_config"]["fsdp_version"] == 2
 
 
+@pytest.mark.long
 def test_harness_rejects_what_the_libraries_reject(parsed):
     assert "train_batch_size is not equal" in parsed["bad-batch"]["error"]
     assert "unknown keys" in parsed["bad-yaml-key"]["error"]
@@ -378,6 +380,7 @@ def test_default_run_dir_is_runs_date_name(tmp_path, monkeypatch):
 
 
 # ---- accelerate's default config -----------------------------------------------------------------------------
+@pytest.mark.long
 def test_default_config_path_matches_accelerates(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     code = "from accelerate.commands.config.config_args import default_config_file as f; print(f)"

@@ -282,6 +282,7 @@ def _large(path: Path, line: bytes, newline_every: int | None) -> Path:
     return path
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("kind", ["single_line", "many_lines"])
 def test_diagnose_of_a_large_log_is_fast_and_finds_the_failure(tmp_path, kind):
     text = b"tensor([[0.1234, -0.5678]], grad_fn=<AddBackward0>) aaaa.bbbb.cccc Error xxxxxxxx "

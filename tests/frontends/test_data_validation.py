@@ -222,6 +222,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.long
 def test_a_tokenizer_missing_on_this_machine_stays_a_note(tmp_path, monkeypatch, capsys):
     """HF weights not in this machine's (empty) cache: no tokenizer to count with. The records are still checked;
     the plan counts rows, says why there are no token statistics, and exits 0."""

@@ -316,6 +316,7 @@ def ci_settings(f: Callable) -> Callable:
                     suppress_health_check=list(HealthCheck))(f)
 
 
+@pytest.mark.long
 @ci_settings
 @given(plan_argv())
 def test_fuzz_plan_flags(argv):
@@ -363,6 +364,7 @@ def test_fuzz_run_files(good_run):
     inner()
 
 
+@pytest.mark.long
 def test_fuzz_diagnose_logs(good_run):
     @ci_settings
     @given(log_text(), st.booleans())

@@ -54,6 +54,7 @@ def test_plan_preset_json_reports_the_same_numbers(dry_runs, capsys):
         assert weights["source"] == doc["train"]["model_source"] and weights["warning"] is None
 
 
+@pytest.mark.long
 def test_seed_numbers_in_files_accelerate_and_deepspeed_accept(dry_runs):
     res = parse_run_dirs([{"key": n, "dir": str(dry_runs / n), "world": w}
                           for n, w in (("4090x8", 8), ("h200x4-fast", 4))])

@@ -367,6 +367,7 @@ def hostile_env(sandbox, monkeypatch):
     return sandbox
 
 
+@pytest.mark.long
 def test_every_malformed_input_is_one_line_exit_2_and_writes_nothing(hostile_env, capsys):
     root = Path(hostile_env["root"])
     cases = _cases(hostile_env)
@@ -405,6 +406,7 @@ def test_the_presets_listing_refuses_a_bomb_in_presets_local_in_one_line(hostile
     assert err.count("\n") == 0 and "bomb.yaml is refused" in err
 
 
+@pytest.mark.long
 def test_a_terminal_sees_one_line_and_no_traceback(sandbox, tmp_path):
     """The real binary, no debug flag: what a user's terminal shows for a few of the cases."""
     fx = Path(sandbox["root"]) / "fx"

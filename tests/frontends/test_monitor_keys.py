@@ -93,6 +93,7 @@ def test_remedy_list_opens_on_the_first_and_keeps_the_selection_in_view(tmp_path
     asyncio.run(go())
 
 
+@pytest.mark.long
 def test_apply_shows_the_change_and_cancel_leaves_plan_json_untouched(tmp_path):
     rd = failed_cpu_run(tmp_path / "run")
     before = rd.plan.read_bytes()
@@ -205,6 +206,7 @@ def test_esc_closes_the_doctor_then_leaves_never_a_blank_screen(tmp_path):
     asyncio.run(go())
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("key", ["question_mark", "f1"])
 def test_help_lists_the_monitors_own_keys(tmp_path, key):
     rd = gpu_run_dir(tmp_path / "run")

@@ -14,6 +14,8 @@ import asyncio
 import re
 from types import SimpleNamespace
 
+import pytest
+
 from scaletrain.engine.devices.nvml import sample
 from scaletrain.engine.run.log_text import LogBook, progress_key, visible_text
 from scaletrain.engine.sampling.gpu import GpuSnapshot, ReplaySource
@@ -69,6 +71,7 @@ def test_each_process_memory_is_read_alone_and_survives_a_recording():
 
 
 # ---- the full-screen log -----------------------------------------------------------------------------------------
+@pytest.mark.long
 def test_log_view_all_ranks_or_one_follows_searches_and_folds(tmp_path):
     rd = gpu_run_dir(tmp_path / "run")
     steps = "".join(f"step {i}/400 loss 2.0\n" for i in range(1, 300))
@@ -122,6 +125,7 @@ def test_log_view_all_ranks_or_one_follows_searches_and_folds(tmp_path):
 
 
 # ---- the history view --------------------------------------------------------------------------------------------
+@pytest.mark.long
 def test_history_shows_each_gpu_over_time_its_processes_and_na_alone(tmp_path):
     rd = gpu_run_dir(tmp_path / "run")
 

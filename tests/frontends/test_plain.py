@@ -110,6 +110,7 @@ def test_objective_and_its_knobs_are_asked(tmp_path):
     assert written["request"]["completion_len"] == 256
 
 
+@pytest.mark.long
 def test_random_init_is_warned_and_qlora_from_it_refused(tmp_path):
     """engine.request.weights in plain mode: a random-init run says so before writing; QLoRA from random-init is one
     line, exit 2, nothing written."""

@@ -99,6 +99,7 @@ def run(coro):
 
 
 # ---- whole flows ----------------------------------------------------------------------------------------------------
+@pytest.mark.long
 def test_preset_flow_writes_the_presets_plan(tmp_path):
     run_dir = tmp_path / "run"
     app = create_app(parse_args(["--preset", "h200x4-fast", "--run-dir", str(run_dir)]), detect=no_gpu, launch=False)
@@ -130,6 +131,7 @@ def test_preset_flow_writes_the_presets_plan(tmp_path):
     assert (run_dir / "accelerate_config.yaml").is_file() and (run_dir / "launch.sh").is_file()
 
 
+@pytest.mark.long
 def test_custom_flow_qwen7b_lora_on_4xh200(tmp_path):
     """The done-when walk: --gpus 4xH200 → Qwen2.5-7B-Instruct LoRA → effective batch 128 → plan → run directory."""
     run_dir = tmp_path / "run"
@@ -252,6 +254,7 @@ def test_no_gpu_and_no_flag_says_so_and_offers_the_catalog():
     run(look())
 
 
+@pytest.mark.long
 def test_detected_gpus_are_used_by_default():
     app = create_app(parse_args([]), detect=four_h200, launch=False)
 
@@ -309,6 +312,7 @@ def test_missing_model_path_is_refused_in_place(tmp_path):
     run(look())
 
 
+@pytest.mark.long
 def test_local_config_and_resident_model(tmp_path):
     cfg = json.loads((Path(__file__).parents[2] / "src/scaletrain/engine/catalog/models/scaletrain--tiny-llama.json").read_text())
     folder = tmp_path / "my-model"
@@ -339,6 +343,7 @@ def test_local_config_and_resident_model(tmp_path):
 
 
 # ---- keys that work everywhere ------------------------------------------------------------------------------------------
+@pytest.mark.long
 @pytest.mark.parametrize("steps", [0, 1, 2, 3, 4])
 def test_ctrl_q_exits_0_at_every_step(steps, tmp_path):
     app = create_app(parse_args(["--gpus", "4xH200", "--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora",
@@ -358,6 +363,7 @@ def test_ctrl_q_exits_0_at_every_step(steps, tmp_path):
     assert not (tmp_path / "run").exists()     # quitting writes nothing
 
 
+@pytest.mark.long
 def test_help_and_save_preset(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)                 # presets are saved under ./presets-local/
     app = create_app(parse_args(["--gpus", "4xH200", "--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora"]),
@@ -390,6 +396,7 @@ def test_help_and_save_preset(tmp_path, monkeypatch):
     assert replay.memory.total_bytes == plan.memory.total_bytes
 
 
+@pytest.mark.long
 def test_every_step_fits_80x24(tmp_path):
     """At the smallest terminal the wizard supports, each step's focused widget is on screen."""
     app = create_app(parse_args(["--gpus", "4xH200", "--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora",
@@ -451,6 +458,7 @@ def test_launch_from_the_wizard_opens_the_monitor(tmp_path):
 # ctrl+q leaving a wizard-launched run training (and the terminal's hang-up): tests/e2e/test_detach.py
 
 
+@pytest.mark.long
 def test_master_weights_key_switches_to_bf16_only_weights_and_back(tmp_path):
     """`m` on the plan step: bf16 weights with no fp32 master (DeepSpeed has none such, so ZeRO moves to DDP/FSDP);
     the plan the engine makes for it is what the screen shows, and the run directory records it."""

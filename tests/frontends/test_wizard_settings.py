@@ -26,6 +26,7 @@ BUNDLED = [n for n in preset_names() if not n.startswith(("my-", "test-"))]
 
 
 # ---- one plan for one preset ----------------------------------------------------------------------------------------
+@pytest.mark.long
 @pytest.mark.parametrize("preset", BUNDLED)
 def test_the_wizard_plans_a_preset_as_headless_does(preset, tmp_path):
     """Walked straight through, the wizard's plan is the headless plan of the same preset (cpu-tiny: micro 4 ×
@@ -71,6 +72,7 @@ def plan_step_app(tmp_path, *extra):
                       detect=no_gpu, launch=False)
 
 
+@pytest.mark.long
 def test_strategy_key_cycles_through_fsdp_and_setting_keys_change_the_plan(tmp_path):
     app = plan_step_app(tmp_path)
 
@@ -101,6 +103,7 @@ def test_strategy_key_cycles_through_fsdp_and_setting_keys_change_the_plan(tmp_p
     assert changed["precision"][1] in head and f"attn {changed['attn'][1]}" in head
 
 
+@pytest.mark.long
 def test_headroom_and_inter_node_link_on_step_1(tmp_path):
     app = create_app(parse_args(["--gpus", "2x8xH100", "--model", "Qwen/Qwen2.5-1.5B-Instruct", "--method", "full",
                       "--run-dir", str(tmp_path / "run")]), detect=no_gpu, launch=False)
@@ -126,6 +129,7 @@ def test_headroom_and_inter_node_link_on_step_1(tmp_path):
 
 
 # ---- write and launch -----------------------------------------------------------------------------------------------
+@pytest.mark.long
 def test_l_writes_then_launches_without_asking_for_w_first(tmp_path):
     run_dir = tmp_path / "run"
     app = plan_step_app(tmp_path)
@@ -147,6 +151,7 @@ def test_l_writes_then_launches_without_asking_for_w_first(tmp_path):
     assert screen == "WriteScreen"
 
 
+@pytest.mark.long
 def test_write_screen_flags_random_init_in_red(tmp_path):
     app = create_app(parse_args(["--preset", "cpu-tiny", "--run-dir", str(tmp_path / "run")]), detect=no_gpu, launch=False)
 
@@ -168,6 +173,7 @@ def test_write_screen_flags_random_init_in_red(tmp_path):
     assert json.loads((tmp_path / "run" / "plan.json").read_text())["train"]["model_source"] == "random-init"
 
 
+@pytest.mark.long
 def test_choosing_random_init_on_the_model_step_shows_the_warning(tmp_path):
     app = create_app(parse_args(["--gpus", "4xH200", "--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora",
                       "--run-dir", str(tmp_path / "run")]), detect=no_gpu, launch=False)
@@ -190,6 +196,7 @@ def test_choosing_random_init_on_the_model_step_shows_the_warning(tmp_path):
     assert run(walk(None)) == (False, "", "Qwen/Qwen2.5-7B-Instruct")       # no random-init unless chosen
 
 
+@pytest.mark.long
 def test_qlora_from_random_init_is_refused_before_writing(tmp_path):
     app = create_app(parse_args(["--gpus", "4xH200", "--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "qlora",
                       "--effective-batch", "64", "--run-dir", str(tmp_path / "run")]), detect=no_gpu, launch=False)

@@ -65,33 +65,40 @@ def test_step1_hardware_4xh200(snap_compare):
     assert snap_compare(app_for(), terminal_size=SIZE, run_before=walk_to(1))
 
 
+@pytest.mark.long
 def test_step2_model(snap_compare):
     assert snap_compare(app_for(), terminal_size=SIZE, run_before=walk_to(2))
 
 
+@pytest.mark.long
 def test_step3_batch(snap_compare):
     assert snap_compare(app_for(), terminal_size=SIZE, run_before=walk_to(3))
 
 
+@pytest.mark.long
 def test_step4_plan(snap_compare):
     assert snap_compare(app_for(), terminal_size=SIZE, run_before=walk_to(4))
 
 
+@pytest.mark.long
 def test_step4_plan_what_if_over_the_line(snap_compare):
     """Raising the micro batch until it does not fit draws the bar past the card, with the engine's message."""
     assert snap_compare(app_for(), terminal_size=SIZE, run_before=walk_to(4, "plus", "plus", "plus"))
 
 
+@pytest.mark.long
 def test_step5_write(snap_compare):
     assert snap_compare(app_for(), terminal_size=SIZE, run_before=walk_to(5))
 
 
+@pytest.mark.long
 def test_step5_write_random_init_preset(snap_compare):
     """cpu-tiny trains random-init weights: the red testing-only line, and 200 steps (max_steps) as it will run."""
     args = ["--preset", "cpu-tiny", "--run-dir", RUN_DIR]
     assert snap_compare(app_for(args), terminal_size=SIZE, run_before=walk_to(5))
 
 
+@pytest.mark.long
 def test_help(snap_compare):
     assert snap_compare(app_for(), terminal_size=SIZE, run_before=walk_to(4, "f1"))
 
@@ -134,6 +141,7 @@ def test_start_screen_offers_the_presets(snap_compare, no_local_presets, size):
     assert snap_compare(app_for(["--run-dir", RUN_DIR]), terminal_size=SIZES[size], run_before=pick_preset(None))
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("preset", ["h200x4-fast", "4090x8"])
 def test_preset_plan_says_what_its_pins_cost(snap_compare, no_local_presets, preset, size):

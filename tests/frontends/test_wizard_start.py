@@ -37,6 +37,7 @@ def preset_plan(name: str):
     return req, make_plan(with_known_length(req, p.train)), p.train
 
 
+@pytest.mark.long
 def test_no_arguments_start_on_the_presets_and_a_pick_opens_its_plan():
     app = create_app(parse_args([]), detect=no_gpu, launch=False)
 
@@ -66,6 +67,7 @@ def test_no_arguments_start_on_the_presets_and_a_pick_opens_its_plan():
     assert run(walk()) == 0
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", ["4090x8", "h200x4-fast"])
 def test_pins_line_says_what_the_presets_pins_cost_and_u_unpins(name):
     req, plan, _train = preset_plan(name)
@@ -91,6 +93,7 @@ def test_pins_line_says_what_the_presets_pins_cost_and_u_unpins(name):
     assert "pins: none" in after
 
 
+@pytest.mark.long
 def test_every_preset_plan_step_shows_a_total_time_and_every_resource():
     names = [p.name for p in list_presets()]
 
@@ -131,6 +134,7 @@ def test_preset_names_are_case_insensitive_with_did_you_mean():
         load_preset("h200x4fast")
 
 
+@pytest.mark.long
 def test_no_key_means_two_things_and_every_plan_key_is_listed():
     from scaletrain.tui.wizard.screen_batch import BatchScreen
     from scaletrain.tui.wizard.screen_hardware import HardwareScreen
@@ -164,6 +168,7 @@ def test_no_key_means_two_things_and_every_plan_key_is_listed():
     assert "chunked" in descriptions and "unpin" in descriptions and "objective" in descriptions
 
 
+@pytest.mark.long
 def test_every_footer_key_of_the_plan_step_does_something():
     """Each what-if key shown or listed on the plan step changes the plan or says why not (never silent)."""
     from scaletrain.tui.wizard.screen_plan import PlanScreen
@@ -188,6 +193,7 @@ def test_every_footer_key_of_the_plan_step_does_something():
     assert run(walk()) == []
 
 
+@pytest.mark.long
 def test_ctrl_s_saves_a_preset_on_every_step(tmp_path):
     app = create_app(parse_args(["--preset", "h200x4-fast", "--run-dir", str(tmp_path / "run")]), detect=no_gpu,
                      launch=False)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import import_when_run
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.estimate.chunked_loss import chunk_rows
@@ -15,7 +16,7 @@ from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.request.request import PlanRequest
 from scaletrain.tui.cli.main import main
 
-torch = pytest.importorskip("torch")
+_libs = import_when_run("torch")
 
 TINY = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=1000, max_position_embeddings=256)

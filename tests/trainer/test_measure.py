@@ -10,13 +10,12 @@ import subprocess
 import sys
 
 import pytest
+from conftest import import_when_run
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("peft")
+from scaletrain.measure import step as M
+from scaletrain.measure import saved_activations as SA
 
-from scaletrain.measure import step as M  # noqa: E402
-from scaletrain.measure import saved_activations as SA  # noqa: E402
+_libs = import_when_run("torch", "transformers", "peft")
 
 pytestmark = pytest.mark.heavy          # profiled steps of tiny real models
 

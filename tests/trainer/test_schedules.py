@@ -5,10 +5,12 @@ import subprocess
 import sys
 
 import pytest
-import torch
+from conftest import import_when_run
 
 from scaletrain.engine.request.options import LR_SCHEDULES
 from scaletrain.trainer.schedules import SCHEDULES, lr_scheduler
+
+_libs = import_when_run("torch")
 
 
 def _lrs(scheduler, optimizer, steps):
@@ -54,6 +56,7 @@ def test_a_schedule_resumes_from_its_state():
     assert _lrs(second, b, 3) == _lrs(first, a, 3)
 
 
+@pytest.mark.long
 def test_the_trainer_does_not_import_peft_for_a_full_run():
     """The modules a full fine-tuning rank imports (train's own imports and the scheduler) leave peft and
     bitsandbytes unimported: they cost every rank seconds of start-up."""

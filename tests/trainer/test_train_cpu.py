@@ -272,6 +272,7 @@ def test_a_run_that_is_not_its_plans_strategy_is_refused_in_one_line(tmp_path):
         AcceleratorState._reset_state(True)
 
 
+@pytest.mark.long
 def test_fsdp_without_a_process_group_and_an_edited_launch_config_are_refused_before_training(tmp_path, capsys):
     """`python -m scaletrain.trainer.train` on an FSDP run (no process group to shard over), and `scaletrain launch`
     of a run whose accelerate_config.yaml was edited to another distributed_type: one line, exit 2, no step."""
