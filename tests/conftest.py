@@ -1,8 +1,9 @@
 """Hermetic tests: no user calibration profile leaks in, and no process a test started outlives it.
 
-Shared, session-scoped trained runs (`ddp_run`, `zero3_run`, `fsdp_run`): one real 2-rank training each, asserted on
-by every test that needs "a run that trained" instead of each launching its own. They are read-only: a test that
-changes a run (exports another step, edits a file) copies it first (`copy_run`). Under pytest-xdist every test that
+Shared, session-scoped trained runs (`ddp_run`, `zero3_run`, `fsdp_run`, `demo_run`, `options_run`): one real 2-rank
+training each, asserted on by every test that needs "a run that trained" instead of each launching its own. They are
+read-only: a test that changes a run (exports another step, edits a file, resumes it) copies it first
+(`TrainedRun.copy`). Under pytest-xdist every test that
 uses one is sent to the same worker (its `xdist_group`), so each run is trained once per session.
 """
 
@@ -63,7 +64,8 @@ class TrainedRun:
     """A finished 2-rank run of scaletrain/tiny-qwen2 (the RunDir) and what launching it said."""
     run: object                 # scaletrain.engine.run.layout.RunDir
     exit_code: int
-    console: str                # stream_run's console (ddp_run) or "" (launched with launch())
+    console: str                # stream_run's console (ddp_run), the console script's output (demo_run,
+                                # zero3_run) or "" (launched with launch())
     baton: Path | None = None   # zero3_run: the stale DeepSpeed build lock it started over
 
     def ok(self):
@@ -126,12 +128,29 @@ def ddp_run(tmp_path_factory) -> TrainedRun:
 
 @pytest.fixture(scope="session")
 def zero3_run(tmp_path_factory) -> TrainedRun:
-    """DeepSpeed ZeRO-3 over 2 ranks, 12 steps, checkpoints at 6 and 12, the last exported through DeepSpeed's
-    gather; started over a stale DeepSpeed build lock (`baton`: that lock's path)."""
+    """DeepSpeed ZeRO-3 over 2 ranks as a user replays it: the `scaletrain` console script, `--preset cpu-tiny
+    --headless --set strategy=zero3` (the bundled demo data), 12 steps, checkpoints at 6 and 12, the last exported
+    through DeepSpeed's gather; started over a stale DeepSpeed build lock (`baton`: that lock's path); the console is
+    what it printed (stdout and stderr)."""
     tmp = tmp_path_factory.mktemp("zero3-run")
     baton, env = _stale_deepspeed_baton(tmp / "torch_extensions")
-    trained = _launched(tmp, "zero3", env=env, lr=5e-3, max_steps=12, checkpoint_every=6, warmup_ratio=0.1)
-    return replace(trained, baton=baton)
+    run, proc = _console_script(tmp / "zero3", env, "strategy=zero3", "train.max_steps=12", "train.checkpoint_every=6")
+    return TrainedRun(run, proc.returncode, proc.stdout + proc.stderr, baton=baton)
+
+
+def _console_script(run_dir: Path, env: dict[str, str], *settings: str):
+    """`scaletrain --preset cpu-tiny --headless --run-dir RUN_DIR --set S...` as a user types it: (RunDir, process)."""
+    import subprocess
+    import sys
+
+    from scaletrain.engine.run.layout import RunDir
+
+    scaletrain = os.path.join(os.path.dirname(sys.executable), "scaletrain")
+    sets = [a for s in settings for a in ("--set", s)]
+    proc = subprocess.run([scaletrain, "--preset", "cpu-tiny", "--headless", "--run-dir", str(run_dir), *sets],
+                          capture_output=True, text=True, env=dict(env, PYTHONWARNINGS="ignore"),
+                          stdin=subprocess.DEVNULL, timeout=420)
+    return RunDir(run_dir), proc
 
 
 @pytest.fixture(scope="session")
@@ -147,21 +166,40 @@ def demo_run(tmp_path_factory) -> TrainedRun:
     """`make demo` as a user types it, shortened: the `scaletrain` console script, `--preset cpu-tiny --headless`
     (DDP on 2 processes, the bundled demo data), 12 steps with checkpoints at 6 and 12, step 12 exported; the
     console is what it printed (stdout and stderr)."""
-    import subprocess
-    import sys
+    run, proc = _console_script(tmp_path_factory.mktemp("demo-run") / "ddp", dict(os.environ), "strategy=ddp",
+                                "train.max_steps=12", "train.checkpoint_every=6")
+    return TrainedRun(run, proc.returncode, proc.stdout + proc.stderr)
 
-    run = tmp_path_factory.mktemp("demo-run") / "ddp"
-    scaletrain = os.path.join(os.path.dirname(sys.executable), "scaletrain")
-    proc = subprocess.run([scaletrain, "--preset", "cpu-tiny", "--headless", "--run-dir", str(run), "--set",
-                           "strategy=ddp", "--set", "train.max_steps=12", "--set", "train.checkpoint_every=6"],
-                          capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"),
-                          stdin=subprocess.DEVNULL, timeout=420)
+
+@pytest.fixture(scope="session")
+def options_run(tmp_path_factory) -> TrainedRun:
+    """A 2-rank DDP run with the options that change what the trainer computes and writes, not how it is launched:
+    `--preset cpu-tiny --data D --eval-data E --loss chunked --report-to wandb`, 12 steps evaluated every 6, no
+    checkpoints, launched with launch() with no WANDB_API_KEY or WANDB_MODE in its environment (W&B offline). The
+    eval test (tests/trainer/test_eval.py), the W&B tracker test (tests/trainer/test_trackers.py) and the chunked
+    loss test (tests/trainer/test_train_cpu.py) each launched one such run of their own before. Without the optional
+    wandb package it reports to TensorBoard instead, and the W&B test skips."""
+    import importlib.util
+
+    from scaletrain.engine.launch.launcher import launch
     from scaletrain.engine.run.layout import RunDir
+    from scaletrain.tui.cli.main import main
+    from test_train_cpu import deadline_tick, write_dataset
 
-    return TrainedRun(RunDir(run), proc.returncode, proc.stdout + proc.stderr)
+    tmp = tmp_path_factory.mktemp("options-run")
+    data, held = write_dataset(tmp / "d.jsonl", n=120), write_dataset(tmp / "e.jsonl", n=30)
+    tracker = "wandb" if importlib.util.find_spec("wandb") else "tensorboard"
+    run = RunDir(tmp / "run")
+    assert main(["--preset", "cpu-tiny", "--seq-len", "64", "--data", str(data), "--eval-data", str(held),
+                 "--loss", "chunked", "--report-to", tracker, "--headless", "--dry-run", "--run-dir", str(run.path),
+                 "--set", "train.max_steps=12", "--set", "train.eval_every=6", "--set",
+                 "train.save_checkpoints=false"]) == 0
+    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "WANDB_MODE")}
+    res = launch(run.path, on_tick=deadline_tick(), env=env)
+    return TrainedRun(run, res.exit_code, "")
 
 
-SHARED_RUNS = ("ddp_run", "zero3_run", "fsdp_run", "demo_run")
+SHARED_RUNS = ("ddp_run", "zero3_run", "fsdp_run", "demo_run", "options_run")
 
 
 # ---- scheduling under pytest-xdist (`make test`: -n 2 --dist loadgroup) -----------------------------------------

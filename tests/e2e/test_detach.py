@@ -133,21 +133,23 @@ def test_headless_detach_returns_at_once_runs_lists_it_and_stop_ends_every_proce
 
 
 @pytest.mark.slow
-def test_launch_detach_resumes_in_the_background(tmp_path, capsys):
-    run = make_run(tmp_path, "ddp", lr=5e-3, max_steps=100000, checkpoint_every=2, keep_checkpoints=2)
-    assert main(["launch", str(run.path), "--detach"]) == 0
-    assert "in the background" in capsys.readouterr().out
-    tree = _run_processes(run)
-    try:
-        _wait(lambda: len(run.complete_checkpoints()) >= 1, STEP_WAIT_SECONDS, "a checkpoint")
-    finally:
-        _stop_and_check(run, tree)
+def test_launch_detach_resumes_in_the_background(ddp_run, tmp_path, capsys):
+    """`scaletrain launch RUN --detach --resume` on a copy of the shared DDP run (tests/conftest.py: checkpoints at
+    10, 20 and 24), made long: it returns at once, resumes from the newest checkpoint in the background, and
+    `scaletrain stop` ends it."""
+    run = ddp_run.copy(tmp_path / "run")
+    plan = json.loads(run.plan.read_text())
+    plan["train"]["max_steps"] = 100000
+    run.plan.write_text(json.dumps(plan))
     ck = run.newest_checkpoint()
+    assert ck.name == "step-24"
     assert main(["launch", str(run.path), "--detach", "--resume"]) == 0
+    assert "in the background" in capsys.readouterr().out
     tree = _run_processes(run)
     try:
         _wait(lambda: "resumed from" in run.rank_log(0).read_text(), STEP_WAIT_SECONDS, "the resumed run")
         assert ck.name in run.rank_log(0).read_text()
+        _wait(lambda: _steps(run) > 24, STEP_WAIT_SECONDS, "a step after the checkpoint")
     finally:
         _stop_and_check(run, tree)
 

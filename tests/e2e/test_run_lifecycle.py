@@ -187,70 +187,74 @@ class _Evil:
 
 
 @pytest.mark.slow
-def test_resume_runs_no_pickle_skips_a_damaged_checkpoint_and_keeps_each_step_once(tmp_path):
+def test_resume_runs_no_pickle_skips_a_damaged_checkpoint_and_keeps_each_step_once(ddp_run, tmp_path):
+    """A copy of the shared DDP run (tests/conftest.py: 24 steps, checkpoints at 10, 20 and 24) with its two newest
+    checkpoints damaged, resumed: it falls back to step-10 and trains on from there."""
     import torch
 
-    run = make_run(tmp_path, "ddp", lr=5e-3, max_steps=6, checkpoint_every=2)
-    assert launch(run.path, on_tick=deadline_tick()).exit_code == 0
+    run = ddp_run.copy(tmp_path / "run")
     losses = {r.step: r.loss for r in read_metrics(run.metrics)}
     marker = tmp_path / "PWNED"
-    # step-6: a tampered scheduler.pt (its size recorded as if written, so the load itself is what refuses it)
-    ck6 = run.checkpoints / "step-6"
-    torch.save({"lr_lambdas": [_Evil(marker)]}, ck6 / "scheduler.pt")
-    state = json.loads((ck6 / "trainer_state.json").read_text())
-    state["files"]["scheduler.pt"] = (ck6 / "scheduler.pt").stat().st_size
-    (ck6 / "trainer_state.json").write_text(json.dumps(state))
-    # step-4: a truncated optimizer state (a crash or a full disk during the save)
-    opt = run.checkpoints / "step-4" / "optimizer.bin"
+    # step-24: a tampered scheduler.pt (its size recorded as if written, so the load itself is what refuses it)
+    ck24 = run.checkpoints / "step-24"
+    torch.save({"lr_lambdas": [_Evil(marker)]}, ck24 / "scheduler.pt")
+    state = json.loads((ck24 / "trainer_state.json").read_text())
+    state["files"]["scheduler.pt"] = (ck24 / "scheduler.pt").stat().st_size
+    (ck24 / "trainer_state.json").write_text(json.dumps(state))
+    # step-20: a truncated optimizer state (a crash or a full disk during the save)
+    opt = run.checkpoints / "step-20" / "optimizer.bin"
     opt.write_bytes(opt.read_bytes()[:1000])
     with run.metrics.open("a") as f:                              # a torn last line, as a killed writer leaves
-        f.write('{"step": 7, "total_st')
+        f.write('{"step": 25, "total_st')
     plan = json.loads(run.plan.read_text())
-    plan["train"]["max_steps"] = 8
+    plan["train"]["max_steps"] = 26
     run.plan.write_text(json.dumps(plan))
 
     res = launch(run.path, resume=True, on_tick=deadline_tick())
     log = run.rank_log(0).read_text()
     assert res.exit_code == 0, log[-3000:]
     assert not marker.exists(), "the pickle in scheduler.pt was executed"
-    assert "checkpoint step-6 cannot be loaded (a file in it asks to run posix.system; refused" in log
-    assert "checkpoint step-4 cannot be loaded (step-4/optimizer.bin has 1,000 bytes" in log
-    assert f"resumed from {run.checkpoints / 'step-2'} at step 2" in log
+    assert "checkpoint step-24 cannot be loaded (a file in it asks to run posix.system; refused" in log
+    assert "checkpoint step-20 cannot be loaded (step-20/optimizer.bin has 1,000 bytes" in log
+    assert f"resumed from {run.checkpoints / 'step-10'} at step 10" in log
     steps = [json.loads(line)["step"] for line in run.metrics.read_text().splitlines()]
-    assert steps == list(range(1, 9))                               # each step once: no duplicate, no torn line
+    assert steps == list(range(1, 27))                              # each step once: no duplicate, no torn line
     resumed = {r.step: r.loss for r in read_metrics(run.metrics)}
-    assert resumed[3] == pytest.approx(losses[3], rel=1e-4)         # from step 2's exact state again
+    assert resumed[11] == pytest.approx(losses[11], rel=1e-4)       # from step 10's exact state again
 
 
 @pytest.mark.slow
-def test_fsdp_resume_reads_the_dcp_shards_and_continues_bit_exactly(tmp_path):
-    """FSDP2 (DTensor shards, DCP checkpoints): resumed from step 2 past a truncated step-4 shard, the run repeats
-    steps 3 and 4 bit for bit: the same losses and grad norms, and the same weights in the new step-4 checkpoint."""
+def test_fsdp_resume_reads_the_dcp_shards_and_continues_bit_exactly(fsdp_run, tmp_path):
+    """FSDP2 (DTensor shards, DCP checkpoints): a copy of the shared FSDP run (tests/conftest.py: 12 steps, checkpoints
+    at 6 and 12), resumed from step 6 past a truncated step-12 shard, repeats steps 7-12 bit for bit: the same losses
+    and grad norms, and the same weights in the new step-12 checkpoint."""
     import torch
 
     from scaletrain.trainer.fsdp import full_model_state
     from test_train_cpu import assert_fsdp_sharded
 
-    run = make_run(tmp_path, "fsdp", lr=5e-3, max_steps=4, checkpoint_every=2, export_at_end=False)
-    assert launch(run.path, on_tick=deadline_tick()).exit_code == 0, run.rank_log(0).read_text()[-3000:]
-    assert_fsdp_sharded(run, 2)
+    run = fsdp_run.copy(tmp_path / "run")
+    assert_fsdp_sharded(run, 6)
     first = {r.step: r for r in read_metrics(run.metrics)}
-    weights4 = full_model_state(run.checkpoints / "step-4")
-    shard = run.checkpoints / "step-4" / "dcp" / "__1_0.distcp"
+    weights12 = full_model_state(run.checkpoints / "step-12")
+    shard = run.checkpoints / "step-12" / "dcp" / "__1_0.distcp"
     shard.write_bytes(shard.read_bytes()[:1000])          # rank 1's shard of the newest checkpoint, cut short
+    plan = json.loads(run.plan.read_text())
+    plan["train"]["export_at_end"] = False                # step 12 is exported already (the shared run's export)
+    run.plan.write_text(json.dumps(plan))
 
     res = launch(run.path, resume=True, on_tick=deadline_tick())
     log = run.rank_log(0).read_text()
     assert res.exit_code == 0, log[-3000:]
-    assert "checkpoint step-4 cannot be loaded (step-4/dcp/__1_0.distcp has 1,000 bytes" in log
-    assert f"resumed from {run.checkpoints / 'step-2'} at step 2" in log
+    assert "checkpoint step-12 cannot be loaded (step-12/dcp/__1_0.distcp has 1,000 bytes" in log
+    assert f"resumed from {run.checkpoints / 'step-6'} at step 6" in log
     again = {r.step: r for r in read_metrics(run.metrics)}
-    assert sorted(again) == [1, 2, 3, 4]
-    for step in (3, 4):
+    assert sorted(again) == list(range(1, 13))
+    for step in range(7, 13):
         assert (again[step].loss, again[step].grad_norm) == (first[step].loss, first[step].grad_norm), step
-    redone = full_model_state(run.checkpoints / "step-4")
-    assert redone.keys() == weights4.keys() and all(torch.equal(redone[k], weights4[k]) for k in weights4)
-    assert_fsdp_sharded(run, 4)
+    redone = full_model_state(run.checkpoints / "step-12")
+    assert redone.keys() == weights12.keys() and all(torch.equal(redone[k], weights12[k]) for k in weights12)
+    assert_fsdp_sharded(run, 12)
 
 
 def test_a_dcp_checkpoint_runs_no_pickle_from_its_metadata(tmp_path):

@@ -14,29 +14,23 @@ from scaletrain.tui.cli.main import main
 
 
 @pytest.mark.slow
-def test_a_run_with_eval_data_logs_eval_loss_and_the_monitor_charts_it(tmp_path, capsys):
-    from scaletrain.engine.launch.launcher import launch
+def test_a_run_with_eval_data_logs_eval_loss_and_the_monitor_charts_it(options_run):
+    """The shared `options_run` (tests/conftest.py): cpu-tiny with --eval-data, 12 steps, eval_every 6."""
     from scaletrain.engine.run.metrics import read_metrics
     from scaletrain.engine.sampling.sampler import Sampler
     from scaletrain.engine.sampling.watcher import RunWatcher
     from scaletrain.tui.cli.monitor import stream_run
-    from test_train_cpu import deadline_tick, write_dataset
 
-    data, held = write_dataset(tmp_path / "d.jsonl", n=120), write_dataset(tmp_path / "e.jsonl", n=30)
-    run = tmp_path / "run"
-    assert main(["--preset", "cpu-tiny", "--seq-len", "64", "--data", str(data), "--eval-data", str(held),
-                 "--headless", "--dry-run", "--run-dir", str(run), "--set", "train.max_steps=4",
-                 "--set", "train.eval_every=2", "--set", "train.save_checkpoints=false"]) == 0
+    run = options_run.ok().path
     doc = json.loads((run / "plan.json").read_text())
     assert doc["eval"]["evaluations"] == 2 and doc["eval"]["seconds"] > 0
-    assert launch(run, on_tick=deadline_tick()).exit_code == 0
     series = read_metrics(run / "metrics.jsonl")
     evals = [(r.step, r.eval_loss) for r in series if r.eval_loss is not None]
-    assert [s for s, _ in evals] == [2, 4] and all(math.isfinite(v) and v > 0 for _, v in evals)
+    assert [s for s, _ in evals] == [6, 12] and all(math.isfinite(v) and v > 0 for _, v in evals)
     assert series[-1].eval_perplexity == pytest.approx(math.exp(series[-1].eval_loss))
     w = RunWatcher(run)
     snap = w.poll()
-    assert snap.series.eval_steps == (2, 4) and snap.series.eval_loss == tuple(v for _, v in evals)
+    assert snap.series.eval_steps == (6, 12) and snap.series.eval_loss == tuple(v for _, v in evals)
     out = io.StringIO()
     stream_run(Sampler(None, None, RunWatcher(run), 3600), out, once=True)
     assert f"eval loss {series[-1].eval_loss:.4f}" in out.getvalue()

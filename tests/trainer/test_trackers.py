@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from scaletrain.tui.cli.main import main
-from test_train_cpu import deadline_tick, make_run
 
 
 @pytest.mark.parametrize("value", ["bogus", "none,wandb", ","])
@@ -50,21 +49,20 @@ def _offline_run(path) -> tuple[dict, int]:
 
 
 @pytest.mark.slow
-def test_a_run_reporting_to_wandb_writes_an_offline_run_with_the_plan_as_config(tmp_path, monkeypatch):
+def test_a_run_reporting_to_wandb_writes_an_offline_run_with_the_plan_as_config(options_run):
+    """The shared `options_run` (tests/conftest.py): 12 steps of cpu-tiny reporting to W&B only, with no WANDB_API_KEY
+    or WANDB_MODE in its environment; its eval loss goes into the same step's history record."""
     pytest.importorskip("wandb", reason="wandb is the optional `wandb` extra")
-    from scaletrain.engine.launch.launcher import launch
+    from scaletrain.engine.run.metrics import read_metrics
     from scaletrain.engine.run.plan_document import read_plan_document
 
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.delenv("WANDB_MODE", raising=False)
-    run = make_run(tmp_path, "ddp", lr=5e-3, max_steps=3, save_checkpoints=False, report_to=("wandb",))
-    res = launch(run.path, on_tick=deadline_tick())
-    assert res.exit_code == 0, run.rank_log(0).read_text()[-3000:]
+    run = options_run.ok()
     runs = list((run.path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("run-*.wandb"))
     config, steps = _offline_run(next(runs[0].glob("run-*.wandb")))
     doc = read_plan_document(run.plan)
     assert config["memory"]["per_gpu_bytes"]["total"] == doc.predicted_total_bytes
     assert config["time"]["step_seconds"] == doc.planned_step_seconds
-    assert steps == 3                                             # one history record per step
+    assert [r.step for r in read_metrics(run.metrics)] == list(range(1, 13))
+    assert steps == 12                                            # one history record per step
     assert not (run.path / "tensorboard").exists()               # only what was asked for

@@ -305,18 +305,13 @@ def test_fsdp_without_a_process_group_and_an_edited_launch_config_are_refused_be
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp"])   # "zero2" passes too (DeepSpeed's 16-bit-free fp32 run, ~100 s)
-def test_chunked_loss_two_ranks_loss_falls(tmp_path, strategy):
-    """--loss chunked for real: tiny-qwen2 (tied embeddings, full fine-tuning) on 2 gloo ranks."""
-    from scaletrain.engine.launch.launcher import launch
-
-    data = write_dataset(tmp_path / "data.jsonl")
-    run = make_run(tmp_path, strategy, dataset=str(data), lr=5e-3, max_steps=12, warmup_ratio=0.1,
-                   save_checkpoints=False, loss="chunked")
-    res = launch(run.path, on_tick=deadline_tick())
+def test_chunked_loss_two_ranks_loss_falls(options_run):
+    """--loss chunked for real: tiny-qwen2 (tied embeddings, full fine-tuning) on 2 gloo ranks under DDP (the shared
+    `options_run`, tests/conftest.py; ZeRO-2 passes too, DeepSpeed's 16-bit-free fp32 run, ~100 s)."""
+    run = options_run.run
     log0 = run.rank_log(0).read_text()
-    assert res.exit_code == 0, log0 + run.rank_log(1).read_text()
-    assert "loss chunked" in log0
+    assert options_run.exit_code == 0, log0 + run.rank_log(1).read_text()
+    assert "loss chunked" in log0 and "(full, ddp, fp32) on 2 process(es)" in log0
     assert_trained(run, 12)
 
 
