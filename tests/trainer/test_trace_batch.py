@@ -35,8 +35,10 @@ def test_a_rise_is_fitted_through_the_longest_lengths_and_covers_the_shortest():
 # (model_type, what was missed): bench/results/architecture_sweep.json recorded these LoRA + checkpointing steps
 # (B=2, S=128, fp32) under the profiler's peak: doge −7.5 % (the trace ran one sequence, where a copy over the batch
 # dimension is a view), granite −2.0 … −2.5 % (the frozen embedding's output, a leaf its AccumulateGrad holds, was
-# counted nowhere: granite multiplies it before the first block)
-UNDER = [("doge", "one traced sequence"), ("granite", "the embedding output held as a leaf")]
+# counted nowhere: granite multiplies it before the first block), hy_v4 −9.8 % (its hyper-connections hand every layer
+# hc_mult=4 copies of the residual stream: a checkpointed layer keeps that input, planned as one copy)
+UNDER = [("doge", "one traced sequence"), ("granite", "the embedding output held as a leaf"),
+         ("hy_v4", "a checkpointed layer's input at its real width")]
 
 
 @pytest.mark.heavy                      # traces a family and profiles its full build (about a minute each, loaded VM)

@@ -81,7 +81,8 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     # what checkpointing keeps per block, and what recomputing one block costs in backward
     mask = seqs * s.seq_len * s.seq_len * nm.residual * eager_masks(s) if eager_attention(s) else 0
     recompute = s.grad_ckpt
-    per_block_saved = t * h * nm.residual if recompute else layer.saved + layer.weight_copies
+    block_input = layer.checkpointed_input or t * h * nm.residual     # the hidden states a block receives
+    per_block_saved = block_input if recompute else layer.saved + layer.weight_copies
 
     # eager attention: transformers builds one additive causal mask (B×1×S×S, residual dtype) for all blocks;
     # it lives through backward only when checkpointing saves it as a block input, else until forward returns
@@ -136,7 +137,8 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     acts -= final + head.labels
     block_grad = _grad_share(m.block_params() if full else s.trainable_params // max(L, 1), s)
     acts, grads = _blocks_backward(s, mark, layer.worst or layer, out["window_mask"], acts, grads, block_grad,
-                                   per_block_saved, (gather_block, grad_gather_block), t, ms.grows_in_backward)
+                                   per_block_saved, (gather_block, grad_gather_block), block_input,
+                                   ms.grows_in_backward)
     grads = max(grads, ms.gradients_backward)
     # the embedding's backward writes a dense V×h gradient; with tied embeddings autograd adds it to lm_head's,
     # which waits in the engine's input buffer from the head's backward on (beside an accumulation buffer too): out of place (a third V×h tensor) unless lm_head's gradient is a
@@ -153,7 +155,7 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
 
 
 def _blocks_backward(s: TrainingSetup, mark: Any, big: Any, window_mask: int, acts: int, grads: int,
-                     block_grad: int, per_block_saved: int, gathers: tuple[int, int], t: int,
+                     block_grad: int, per_block_saved: int, gathers: tuple[int, int], block_input: int,
                      grows: bool) -> tuple[int, int]:
     """Backward through the blocks, last first; `big` is a block's moment as its largest kind's (a stack of unlike
     layers). Under checkpointing the block's own tensors (and autocast's weight copies) are recomputed on top of its
@@ -169,22 +171,24 @@ def _blocks_backward(s: TrainingSetup, mark: Any, big: Any, window_mask: int, ac
         recomputed = per_block_saved + big.weight_copies + window_mask if recompute else 0
         mark("backward", below + recomputed + big.bwd_peak, 0, grads, gather=gather_block + held)
         if fsdp:   # the block's post-backward: its whole gradients and their copy in the reduce-scatter input
-            mark("backward", below + _waiting_grad(s, t), 0, grads, gather=gather_block + 2 * grad_gather_block)
+            mark("backward", below + _waiting_grad(s, block_input), 0, grads,
+                 gather=gather_block + 2 * grad_gather_block)
         if recompute:   # the recompute's forward at down_proj, the gradient of the block's output waiting
-            mark("backward", below + recomputed + big.saved + big.recompute_transient + _waiting_grad(s, t),
-                 0, grads, gather=gather_block + (held if fsdp else 0))
+            waiting = _waiting_grad(s, block_input)
+            mark("backward", below + recomputed + big.saved + big.recompute_transient + waiting, 0, grads,
+                 gather=gather_block + (held if fsdp else 0))
         acts -= per_block_saved
         if grows:
             grads += block_grad
     return acts, grads
 
 
-def _waiting_grad(s: TrainingSetup, tokens: int) -> int:
-    """The gradient of a recomputed block's output while the block is recomputed: in the residual dtype, and with a
-    16-bit residual also its fp32 form from the next RMSNorm's backward (torch.profiler, bf16 LoRA without
-    autocast, bench/cpu_groundtruth.py)."""
+def _waiting_grad(s: TrainingSetup, block_input: int) -> int:
+    """The gradient of a recomputed block's output while the block is recomputed: the shape of its input
+    (`block_input` bytes in the residual dtype), and with a 16-bit residual also its fp32 form from the next
+    RMSNorm's backward (torch.profiler, bf16 LoRA without autocast, bench/cpu_groundtruth.py)."""
     r = numerics(s).residual
-    return tokens * s.model.hidden_size * (r + (4 if r < 4 else 0))
+    return block_input + (block_input * 4 // r if r < 4 else 0)
 
 
 class _Peaks:
