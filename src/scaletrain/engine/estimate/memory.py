@@ -127,11 +127,11 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
                  if full and not (uses_deepspeed(s) and s.precision != "fp32") else 0)
     head_cast = c * head.weight_params if (full and nm.trainable_copies and not head.weight_grad_early) else 0
     if ms.grows_in_backward:
-        mark("backward", acts, head.output_grad, grads + head_grad, opt_extra=head_cast,
+        mark("backward", acts, head.output_grad + head.input_grad, grads + head_grad, opt_extra=head_cast,
              gather=gather_head + head_grad_gather)
         grads += head_grad
     else:   # the buffers (accumulation, DDP buckets, DeepSpeed) already hold it
-        mark("backward", acts, head.output_grad, ms.gradients_backward, opt_extra=head_cast,
+        mark("backward", acts, head.output_grad + head.input_grad, ms.gradients_backward, opt_extra=head_cast,
              gather=gather_head + head_grad_gather)
         grads = ms.gradients_backward + (head_grad if (m.tie_embeddings and m.vocab_head) else 0)   # tied: below
     acts -= final + head.labels
@@ -144,9 +144,11 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     # which waits in the engine's input buffer from the head's backward on (beside an accumulation buffer too): out of place (a third V×h tensor) unless lm_head's gradient is a
     # fresh fp32 copy of autocast's 16-bit one, which the engine may add into (torch/csrc/autograd/input_buffer.cpp)
     tied = m.tie_embeddings and m.vocab_head
-    embed_bwd = (_grad_share(m.vocab_size * h, s, root=True) * (1 if nm.trainable_copies else 2)
+    embed_bwd = (_grad_share(m.embedding_params, s, root=True) * (1 if nm.trainable_copies else 2)
                  if (full and tied) else 0)
-    mark("backward", acts, 0, grads, opt_extra=embed_bwd)
+    # it runs last: every other saved tensor's reader has run its backward and freed it; the ids it keeps remain
+    # (torch.profiler, OPT full + checkpointing: project_in's saved B·S·768 input is gone by then)
+    mark("backward", min(acts, 8 * t), 0, grads, opt_extra=embed_bwd)
     # optimizer step
     mark("step", 0, 0, ms.gradients_step, opt_extra=ms.step_temporaries)
     if not gen.peak:
