@@ -113,7 +113,7 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     acts += final
     # loss: the head's forward (sft: logits + fp32 copy + log_softmax output; dpo/grpo: TRL's log-prob tiles)
     acts += head.labels
-    mark("loss", acts + cache, head.forward_transient + head.saved, grads, gather=gather_head)
+    mark("loss", acts + cache, head.forward_transient + head.saved + head.input_live, grads, gather=gather_head)
     if s.objective == "dpo":   # the reference's no-grad forward runs while the policy's graph is alive
         mark("loss", acts + reference_forward_bytes(s, layer.fwd_transient, b), head.saved, grads)
     # backward through the loss (sft: log_softmax's saved output + its grad + the input grad; TRL's fused head:

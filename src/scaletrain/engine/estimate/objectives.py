@@ -57,6 +57,7 @@ class HeadCost:
     labels: int              # int64 labels/targets (or the attention mask) kept through backward
     weight_grad_early: bool = False   # the head's fp32 weight gradient exists during its own backward (TRL fused)
     input_grad: int = 0      # the gradient of the head's input, formed in the same backward node as the weight's
+    input_live: int = 0      # the head's input while the loss runs, when nothing saves it (a frozen head)
 
 
 def head_weight(m) -> tuple[int, int]:
@@ -106,8 +107,13 @@ def head_cost(s: TrainingSetup, micro_batch: int | None = None) -> HeadCost:
                         weight_grad_early=True)
     lg = logits_bytes(s, micro_batch)
     weight, width = head_weight(m)
+    # the model's forward holds the head's input (its last hidden states) until the loss returns; a trained head
+    # saves it (counted with the final tensors), a frozen one does not (torch.profiler, OPT LoRA + checkpointing:
+    # its B·S·768 head input alive beside the logits and log-softmax at the peak)
+    live = nm.residual * t * width if s.method != "full" else 0
     return HeadCost("logits and cross-entropy (B·S·V)", lg["forward_transient"], lg["saved"],
-                    lg["backward_transient"], c * t * m.vocab_size, weight, 8 * t, input_grad=c * t * width)
+                    lg["backward_transient"], c * t * m.vocab_size, weight, 8 * t, input_grad=c * t * width,
+                    input_live=live)
 
 
 def scored_tokens(s: TrainingSetup, micro_batch: int | None = None) -> int:
