@@ -15,8 +15,9 @@ PROBE_MODULE = "scaletrain.measure.probe"      # the one entry point the engine 
 # length, trace lengths on the kernels' chunks, peft's counts, the sizes as transformers reads them, the attention
 # kernels the model class supports. 5: the model's buffers and the head's own width. 6: traced at two sequences
 # (measure/trace_structure.py TRACE_BATCH), rises fitted through the longest lengths. 7: the embedding output
-# a frozen embedding hands checkpointed blocks as a leaf, counted with the shared tensors.
-TRACE_FORMAT = 7
+# a frozen embedding hands checkpointed blocks as a leaf, counted with the shared tensors. 8: each kind's `input`,
+# the bytes of the hidden states its layers receive (what a checkpointed layer keeps; hy_v4's hyper-connections).
+TRACE_FORMAT = 8
 # data profile (engine/request/data_profile.py ↔ measure/data_profile.py)
 PROFILE_FORMAT = 2
 PROBES = ("trace", "data-profile", "tokenizer-check")

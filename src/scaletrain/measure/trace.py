@@ -24,8 +24,9 @@ A request is `{"config": <config.json dict>, "regime": null | {"method", "lora_r
   multiples of every kernel chunk the config names (`chunk_size`: mamba2's scan) and of the gated delta rule's 64,
   so padded chunked kernels are traced as they run. Each layer's bytes are split into its attention half and its MLP
   half and fitted with NON-NEGATIVE coefficients as c0 + c1·S + c2·S² through the first three lengths; the fourth
-  must be predicted within FIT_TOLERANCE or the trace refuses in one line. Per kind: the largest coefficients of its
-  layers in the slice. Outside the blocks: `shared` (the ids the embedding keeps, and tensors every block receives:
+  must be predicted within FIT_TOLERANCE or the trace refuses in one line; so are the bytes of the hidden states
+  each layer receives (`input`: what a checkpointed layer keeps, at its real width: hyper-connections pass several
+  residual streams). Per kind: the largest coefficients of its layers in the slice. Outside the blocks: `shared` (the ids the embedding keeps, and tensors every block receives:
   rotary tables, masks), `final_norm`, `head_input`; the logits, log-softmax and labels are the engine's.
 - `lora` (LoRA regimes and LoRA requests): peft's own count on the meta-device model with the run's targets —
   trainable parameters per unit of rank and adapted modules — as the trainer's `add_lora` builds it.
@@ -89,6 +90,7 @@ def _series(S: int, tot: dict, rises: dict, n: int, own_saved: bool) -> dict[str
         own = tot.get(f"layer{i}.attn", 0) + tot.get(f"layer{i}.mlp", 0) if own_saved else 0
         out.setdefault(f"layer{i}.attn", 0)
         out.setdefault(f"layer{i}.mlp", 0)
+        out.setdefault(f"layer{i}.input", 0)
         out[f"layer{i}.fwd"] = rises.get(f"fwd{i}", 0)
         out[f"layer{i}.bwd"] = rises.get(f"bwd{i}", 0) + own
     return out
@@ -101,7 +103,8 @@ def _per_kind(runs: list, struct: dict, own_saved: bool = True, pair: tuple | No
     checkpointing the layer saved nothing but its input, alive below it, and its backward's rise holds the
     recompute)."""
     n = struct["slice_layers"]
-    slack = int(FIT_TOLERANCE * max(sum(v for k, v in tot.items() if k != "loss_vocab") for _, tot, _, _ in runs))
+    slack = int(FIT_TOLERANCE * max(sum(v for k, v in tot.items() if k != "loss_vocab" and not k.endswith(".input"))
+                                    for _, tot, _, _ in runs))
     series: dict[str, list[tuple[int, int]]] = {}
     for S, tot, _, rises in runs:
         for key, v in _series(S, tot, rises, n, own_saved).items():
@@ -115,11 +118,11 @@ def _per_kind(runs: list, struct: dict, own_saved: bool = True, pair: tuple | No
                             else fit(v, k, slack, quadratic=not per_token.get(k))) for k, v in series.items()}
     largest = {k: max(lg.get(k, 0) for _, _, lg, _ in runs) for k in series}
     zero = [0, 0, 0]
-    kinds = [{"count": k["count"], "attn": zero, "mlp": zero, "fwd": zero, "bwd": zero,
+    kinds = [{"count": k["count"], "attn": zero, "mlp": zero, "fwd": zero, "bwd": zero, "input": zero,
               "largest_attn": 0, "largest_mlp": 0} for k in struct["kinds"]]
     for i in range(n):
         kind = kinds[struct["layer_kinds"][i]]
-        for part in ("attn", "mlp", "fwd", "bwd"):
+        for part in ("attn", "mlp", "fwd", "bwd", "input"):
             kind[part] = [max(a, b) for a, b in zip(kind[part], fits[f"layer{i}.{part}"])]
         for half in ("attn", "mlp"):
             kind[f"largest_{half}"] = max(kind[f"largest_{half}"], largest.get(f"layer{i}.{half}", 0))

@@ -40,6 +40,7 @@ class _Recorder:
         self.alive: list = []
         self.seen: dict = {}            # storage key → [bytes, scope, shape, dtype]
         self.leaf = None                # the input embedding's output when it is a leaf that requires grad
+        self.inputs: dict[int, int] = {}  # layer → bytes of the hidden states it receives (what checkpointing keeps)
 
     def pack(self, t):
         from scaletrain.measure.step import storage_key
@@ -68,6 +69,7 @@ class _Recorder:
             def hook(module, args, kwargs):
                 if i == 0:
                     self._held_leaf(args, kwargs)
+                self._input(i, args, kwargs)
                 passed = _tensors_in(list(args[1:])) + _tensors_in({k: v for k, v in kwargs.items()
                                                                     if k != "hidden_states"})
                 self.shared_keys.update(storage_key(t) for t in passed)
@@ -114,6 +116,14 @@ class _Recorder:
         out.append(head.register_forward_hook(head_out))
         return out
 
+
+    def _input(self, i: int, args, kwargs) -> None:
+        """The storage of the hidden states layer `i` receives: what a checkpointed layer keeps for its recompute.
+        Its real width, not the config's hidden size: hyper-connections (hy_v4's hc_mult) hand every layer several
+        copies of the residual stream (torch.profiler: hy_v4 LoRA + checkpointing, 4·h per token per layer)."""
+        x = _first_tensor(list(args[:1])) if args else _first_tensor(kwargs.get("hidden_states"))
+        if isinstance(x, self.torch.Tensor) and x.layout == self.torch.strided and x.device.type != "meta":
+            self.inputs[i] = max(self.inputs.get(i, 0), x.untyped_storage().nbytes())
 
     def _held_leaf(self, args, kwargs) -> None:
         """LoRA + checkpointing: transformers (gradient_checkpointing_enable) and peft make the frozen embedding's
@@ -246,8 +256,8 @@ def warm_up(harness, seq_len: int) -> None:
 
 
 def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
-    """One forward + loss + backward at micro-batch 1: saved bytes per scope, the largest per-token tensor per
-    scope, and per layer the rise of live bytes in its forward (`fwd{i}`) and in its backward (`bwd{i}`)."""
+    """One forward + loss + backward at micro-batch 1: saved bytes per scope (and per layer the bytes of its input,
+    `layer{i}.input`), the largest per-token tensor per scope, and per layer the rise of live bytes in its forward (`fwd{i}`) and in its backward (`bwd{i}`)."""
     import torch
 
     from scaletrain.measure.step import make_batches, storage_key
@@ -283,6 +293,8 @@ def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int
         total[scope] = total.get(scope, 0) + nb
         if list(shape).count(seq_len) == 1:
             largest[scope] = max(largest.get(scope, 0), nb // (seq_len * batch))
+    for i, nb in rec.inputs.items():
+        total[f"layer{i}.input"] = nb
     looped = {i: n for i, n in live.calls.items() if n > 1}
     if looped:
         i, n = next(iter(looped.items()))

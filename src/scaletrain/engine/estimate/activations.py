@@ -31,6 +31,9 @@ class LayerActivations:
     weight_copies: int = 0
     cached_copies: int = 0   # the part autocast's cache holds until forward returns (trainable fp32 weights)
     recompute_transient: int = 0   # on top of `saved` while checkpointing recomputes the block, at down_proj
+    # what a checkpointed block keeps: its input as the layer receives it (traced: its real width, several residual
+    # streams under hyper-connections); 0: t·h in the residual dtype, the analytic layouts' input
+    checkpointed_input: int = 0
     # a stack of unlike layers (a traced model's kinds): the largest block's moments, the fields above averaged
     worst: "LayerActivations | None" = None
 

@@ -81,7 +81,8 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     # what checkpointing keeps per block, and what recomputing one block costs in backward
     mask = seqs * s.seq_len * s.seq_len * nm.residual * eager_masks(s) if eager_attention(s) else 0
     recompute = s.grad_ckpt
-    per_block_saved = t * h * nm.residual if recompute else layer.saved + layer.weight_copies
+    block_input = layer.checkpointed_input or t * h * nm.residual     # the hidden states a block receives
+    per_block_saved = block_input if recompute else layer.saved + layer.weight_copies
 
     # eager attention: transformers builds one additive causal mask (B×1×S×S, residual dtype) for all blocks;
     # it lives through backward only when checkpointing saves it as a block input, else until forward returns
@@ -112,7 +113,7 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     acts += final
     # loss: the head's forward (sft: logits + fp32 copy + log_softmax output; dpo/grpo: TRL's log-prob tiles)
     acts += head.labels
-    mark("loss", acts + cache, head.forward_transient + head.saved, grads, gather=gather_head)
+    mark("loss", acts + cache, head.forward_transient + head.saved + head.input_live, grads, gather=gather_head)
     if s.objective == "dpo":   # the reference's no-grad forward runs while the policy's graph is alive
         mark("loss", acts + reference_forward_bytes(s, layer.fwd_transient, b), head.saved, grads)
     # backward through the loss (sft: log_softmax's saved output + its grad + the input grad; TRL's fused head:
@@ -126,25 +127,28 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
                  if full and not (uses_deepspeed(s) and s.precision != "fp32") else 0)
     head_cast = c * head.weight_params if (full and nm.trainable_copies and not head.weight_grad_early) else 0
     if ms.grows_in_backward:
-        mark("backward", acts, head.output_grad, grads + head_grad, opt_extra=head_cast,
+        mark("backward", acts, head.output_grad + head.input_grad, grads + head_grad, opt_extra=head_cast,
              gather=gather_head + head_grad_gather)
         grads += head_grad
     else:   # the buffers (accumulation, DDP buckets, DeepSpeed) already hold it
-        mark("backward", acts, head.output_grad, ms.gradients_backward, opt_extra=head_cast,
+        mark("backward", acts, head.output_grad + head.input_grad, ms.gradients_backward, opt_extra=head_cast,
              gather=gather_head + head_grad_gather)
         grads = ms.gradients_backward + (head_grad if (m.tie_embeddings and m.vocab_head) else 0)   # tied: below
     acts -= final + head.labels
     block_grad = _grad_share(m.block_params() if full else s.trainable_params // max(L, 1), s)
     acts, grads = _blocks_backward(s, mark, layer.worst or layer, out["window_mask"], acts, grads, block_grad,
-                                   per_block_saved, (gather_block, grad_gather_block), t, ms.grows_in_backward)
+                                   per_block_saved, (gather_block, grad_gather_block), block_input,
+                                   ms.grows_in_backward)
     grads = max(grads, ms.gradients_backward)
     # the embedding's backward writes a dense V×h gradient; with tied embeddings autograd adds it to lm_head's,
     # which waits in the engine's input buffer from the head's backward on (beside an accumulation buffer too): out of place (a third V×h tensor) unless lm_head's gradient is a
     # fresh fp32 copy of autocast's 16-bit one, which the engine may add into (torch/csrc/autograd/input_buffer.cpp)
     tied = m.tie_embeddings and m.vocab_head
-    embed_bwd = (_grad_share(m.vocab_size * h, s, root=True) * (1 if nm.trainable_copies else 2)
+    embed_bwd = (_grad_share(m.embedding_params, s, root=True) * (1 if nm.trainable_copies else 2)
                  if (full and tied) else 0)
-    mark("backward", acts, 0, grads, opt_extra=embed_bwd)
+    # it runs last: every other saved tensor's reader has run its backward and freed it; the ids it keeps remain
+    # (torch.profiler, OPT full + checkpointing: project_in's saved B·S·768 input is gone by then)
+    mark("backward", min(acts, 8 * t), 0, grads, opt_extra=embed_bwd)
     # optimizer step
     mark("step", 0, 0, ms.gradients_step, opt_extra=ms.step_temporaries)
     if not gen.peak:
@@ -153,7 +157,7 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
 
 
 def _blocks_backward(s: TrainingSetup, mark: Any, big: Any, window_mask: int, acts: int, grads: int,
-                     block_grad: int, per_block_saved: int, gathers: tuple[int, int], t: int,
+                     block_grad: int, per_block_saved: int, gathers: tuple[int, int], block_input: int,
                      grows: bool) -> tuple[int, int]:
     """Backward through the blocks, last first; `big` is a block's moment as its largest kind's (a stack of unlike
     layers). Under checkpointing the block's own tensors (and autocast's weight copies) are recomputed on top of its
@@ -164,7 +168,7 @@ def _blocks_backward(s: TrainingSetup, mark: Any, big: Any, window_mask: int, ac
     fsdp = s.strategy == "fsdp"
     recompute = s.grad_ckpt
     # the same for every block: its gradient waiting, what recomputing it adds, its own backward and recompute peaks
-    waiting = _waiting_grad(s, t) if (fsdp or recompute) else 0
+    waiting = _waiting_grad(s, block_input) if (fsdp or recompute) else 0
     recomputed = per_block_saved + big.weight_copies + window_mask if recompute else 0
     own_bwd, own_recompute = big.bwd_peak, big.saved + big.recompute_transient
     for k in range(s.model.num_layers):
@@ -182,12 +186,12 @@ def _blocks_backward(s: TrainingSetup, mark: Any, big: Any, window_mask: int, ac
     return acts, grads
 
 
-def _waiting_grad(s: TrainingSetup, tokens: int) -> int:
-    """The gradient of a recomputed block's output while the block is recomputed: in the residual dtype, and with a
-    16-bit residual also its fp32 form from the next RMSNorm's backward (torch.profiler, bf16 LoRA without
-    autocast, bench/cpu_groundtruth.py)."""
+def _waiting_grad(s: TrainingSetup, block_input: int) -> int:
+    """The gradient of a recomputed block's output while the block is recomputed: the shape of its input
+    (`block_input` bytes in the residual dtype), and with a 16-bit residual also its fp32 form from the next
+    RMSNorm's backward (torch.profiler, bf16 LoRA without autocast, bench/cpu_groundtruth.py)."""
     r = numerics(s).residual
-    return tokens * s.model.hidden_size * (r + (4 if r < 4 else 0))
+    return block_input + (block_input * 4 // r if r < 4 else 0)
 
 
 class _Peaks:

@@ -56,6 +56,22 @@ class HeadCost:
     weight_params: int       # the head's weight: what its gradient holds
     labels: int              # int64 labels/targets (or the attention mask) kept through backward
     weight_grad_early: bool = False   # the head's fp32 weight gradient exists during its own backward (TRL fused)
+    input_grad: int = 0      # the gradient of the head's input, formed in the same backward node as the weight's
+    input_live: int = 0      # the head's input while the loss runs, when nothing saves it (a frozen head)
+
+
+def head_weight(m) -> tuple[int, int]:
+    """The output head's weight as (parameters, input width): V×h, or a traced model's own from its module tree
+    (OPT's lm_head reads word_embed_proj_dim: its tiny config ties a V×768 embedding to a model of h=64, and the
+    head's backward holds a V×768 weight gradient beside a B·S·768 input gradient; torch.profiler at the peak)."""
+    V, h = m.vocab_size, m.hidden_size
+    if m.trace is None or not m.vocab_head:
+        return V * h, h
+    params = m.embedding_params if m.trace.get("tied", m.tie_embeddings) else m.lm_head_params
+    out = int(m.trace.get("head_out") or V)
+    if not params or params % out:
+        return V * h, h
+    return params, params // out
 
 
 def tokens_per_micro(s: TrainingSetup, micro_batch: int | None = None) -> int:
@@ -87,11 +103,17 @@ def head_cost(s: TrainingSetup, micro_batch: int | None = None) -> HeadCost:
     if chunked(s):
         ck = chunked_head(s, t)
         return HeadCost("chunked lm_head + cross-entropy (no B·S·V logits)", ck["forward_transient"], ck["saved"],
-                        ck["backward_transient"], ck["output_grad"], m.vocab_size * m.hidden_size, 8 * t,
+                        ck["backward_transient"], ck["output_grad"], head_weight(m)[0], 8 * t,
                         weight_grad_early=True)
     lg = logits_bytes(s, micro_batch)
+    weight, width = head_weight(m)
+    # the model's forward holds the head's input (its last hidden states) until the loss returns; a trained head
+    # saves it (counted with the final tensors), a frozen one does not (torch.profiler, OPT LoRA + checkpointing:
+    # its B·S·768 head input alive beside the logits and log-softmax at the peak)
+    live = nm.residual * t * width if s.method != "full" else 0
     return HeadCost("logits and cross-entropy (B·S·V)", lg["forward_transient"], lg["saved"],
-                    lg["backward_transient"], c * t * m.vocab_size, m.vocab_size * m.hidden_size, 8 * t)
+                    lg["backward_transient"], c * t * m.vocab_size, weight, 8 * t, input_grad=c * t * width,
+                    input_live=live)
 
 
 def scored_tokens(s: TrainingSetup, micro_batch: int | None = None) -> int:

@@ -108,13 +108,15 @@ def traced_block_terms(s: TrainingSetup, micro_batch: int | None, copies: tuple[
     counts = [int(k["count"]) for k in kinds]
     L = max(m.num_layers, 1)
     mean = lambda xs: -(-sum(n * x for n, x in zip(counts, xs)) // L)   # noqa: E731 - rounded up
-    fwd, bwd = _moments(s, kinds, b, S, g, flash_backward)
+    inputs = _inputs(s, kinds, b, S, g)
+    fwd, bwd = _moments(s, kinds, b, S, g, flash_backward, max(inputs))
     if s.grad_ckpt:     # a block's moments as traced under checkpointing (memory.py adds its input, the waiting grad)
         moment = {"saved_attn": 0, "saved_mlp": bwd, "fwd_transient": fwd, "mlp_bwd_transient": 0,
-                  "attn_bwd_transient": 0, "weight_copies": 0, "cached_copies": 0, "recompute_transient": 0}
+                  "attn_bwd_transient": 0, "weight_copies": 0, "cached_copies": 0, "recompute_transient": 0,
+                  "checkpointed_input": max(inputs)}
         return {"saved_attn": mean(attn), "saved_mlp": mean(mlp), "fwd_transient": fwd, "mlp_bwd_transient": 0,
                 "attn_bwd_transient": 0, "weight_copies": mean(consts), "cached_copies": min(copies[1], mean(consts)),
-                "recompute_transient": 0, "worst": moment}
+                "recompute_transient": 0, "checkpointed_input": mean(inputs), "worst": moment}
     worst_saved = max(a + x for a, x in zip(attn, mlp))
     worst = {"saved_attn": max(attn), "saved_mlp": worst_saved - max(attn), "fwd_transient": fwd,
              "mlp_bwd_transient": max(bwd - worst_saved, 0), "attn_bwd_transient": 0,
@@ -129,16 +131,24 @@ def traced_block_terms(s: TrainingSetup, micro_batch: int | None, copies: tuple[
     return out
 
 
+def _inputs(s: TrainingSetup, kinds: list[dict], b: int, S: int, g: int) -> list[int]:
+    """Each kind's input bytes for b sequences of S: the hidden states its layers receive, as traced (a trace
+    without them, t·h in the residual dtype)."""
+    nm = numerics(s)
+    default = b * S * s.model.hidden_size * nm.residual
+    return [traced.at([0, *k["input"][1:]], b, S, g) if k.get("input") else default for k in kinds]
+
+
 def _moments(s: TrainingSetup, kinds: list[dict], b: int, S: int, g: int,
-             flash_backward: Callable[[TrainingSetup, int], int]) -> tuple[int, int]:
+             flash_backward: Callable[[TrainingSetup, int], int], block_input: int) -> tuple[int, int]:
     """The largest kind's (forward, backward) bytes while one block runs: traced as the rise of live bytes in its
-    forward, and its saved bytes plus the rise in its backward, with the gradient of its output waiting. On a GPU
-    the kernel rules of the analytic families stand beside them (FlashAttention-2's workspace, which the CPU trace
-    does not run), the larger of the two kept."""
+    forward, and its saved bytes plus the rise in its backward, with the gradient of its output waiting (the width
+    of its input: `block_input`). On a GPU the kernel rules of the analytic families stand beside them
+    (FlashAttention-2's workspace, which the CPU trace does not run), the larger of the two kept."""
     m = s.model
     nm = numerics(s)
     t = b * S
-    waiting = 0 if s.grad_ckpt else t * m.hidden_size * nm.residual     # memory.py adds it under checkpointing
+    waiting = 0 if s.grad_ckpt else block_input     # memory.py adds it under checkpointing
     fwd = max(traced.at(k["fwd"], b, S, g) for k in kinds)
     bwd = max(traced.at(k["bwd"], b, S, g) for k in kinds) + waiting
     if s.device != "cuda" or s.grad_ckpt:
