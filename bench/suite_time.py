@@ -47,7 +47,11 @@ def versions(python: str) -> dict:
             "    except Exception: v[p] = None\n"
             "print(json.dumps(v))")
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    return json.loads(out.stdout) if out.returncode == 0 else {"error": out.stderr[-500:]}
+    lines = out.stdout.strip().splitlines()      # the last line: deepspeed prints its accelerator warning first
+    try:
+        return json.loads(lines[-1]) if out.returncode == 0 and lines else {"error": out.stderr[-500:]}
+    except ValueError:
+        return {"error": out.stdout[-500:]}
 
 
 def commands(args: argparse.Namespace) -> list[list[str]]:

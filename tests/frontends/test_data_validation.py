@@ -230,6 +230,8 @@ def test_a_tokenizer_missing_on_this_machine_stays_a_note(tmp_path, monkeypatch,
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.setenv("SCALETRAIN_CACHE", str(tmp_path / "cache" / "traces"))
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")   # a hub that refuses: no DNS needed
+    for var in ("HF_HUB_OFFLINE", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
     data = tmp_path / "d.jsonl"
     data.write_text(GOOD * 3)
     code = main(["plan", "--model", "Qwen/Qwen2.5-0.5B-Instruct", "--gpus", "1xH100", "--data", str(data), "--json"])
