@@ -240,7 +240,7 @@ def test_a_tokenizer_missing_on_this_machine_stays_a_note(tmp_path, monkeypatch,
     prof = json.loads(out.out)["data"]["profile"]
     assert prof["no_tokenizer"] and "no token statistics" in prof["note"] and prof["records"] == 3
     # said without huggingface_hub's five retries, and not remembered: once the hub answers, the same plan counts
-    assert "not in this machine's HF cache and the hub is unreachable (127.0.0.1 unreachable" in prof["note"]
+    assert "not in this machine's HF cache and the hub is " in prof["note"], prof["note"]   # unreachable, or off
     assert not list((tmp_path / "cache").rglob("*.json"))
     bad = tmp_path / "bad.jsonl"
     bad.write_text(GOOD + "[1]\n")
