@@ -194,8 +194,9 @@ class ModelArch:
         through (the router and top_k of the experts instead of all of them). Remembered per model (a non-field
         that equality and JSON ignore): the planner's search asks thousands of times."""
         memo = self.__dict__.setdefault("_block_params_memo", {})
-        return memo[(dense, active)] if (dense, active) in memo else memo.setdefault((dense, active),
-                                                                                  self._block_params(dense, active))
+        if (dense, active) not in memo:
+            memo[(dense, active)] = self._block_params(dense, active)
+        return memo[(dense, active)]
 
     def _block_params(self, dense: bool | None, active: bool) -> int:
         if self.trace is not None:      # the largest layer kind
