@@ -87,7 +87,8 @@ def profile_data(spec: str, model: str, weights: str | None, seq_len: int, packi
         argv += ["--weights", weights]
     if not packing:
         argv.append("--no-packing")
-    hub_off = _hub_off(weights or model)
+    source = weights or model                # where the tokenizer comes from
+    hub_off = _hub_off(source)
     env = None if hub_off is None else dict(os.environ, HF_HUB_OFFLINE="1")
     try:
         r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
@@ -102,7 +103,7 @@ def profile_data(spec: str, model: str, weights: str | None, seq_len: int, packi
         raise ScaletrainError(f"profiling --data {spec} failed: {tail}")
     if hub_off is not None and data.get("no_tokenizer"):
         # not cached: once the hub answers, the same request gets its token statistics
-        data["note"] = (f"no token statistics (the tokenizer of {weights or model} is not in this machine's HF "
+        data["note"] = (f"no token statistics (the tokenizer of {source} is not in this machine's HF "
                         f"cache and {hub_off}); the plan counts one sample per record")
         return DataProfile(data)
     atomic_write(path, json.dumps(data) + "\n", backup=False)
