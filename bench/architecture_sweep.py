@@ -187,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(HERE))
     from machine import machine
 
+    from scaletrain.engine.probes import TRACE_FORMAT
+
     types = a.only.split(",") if a.only else (list(CI_SUBSET) if a.ci else model_types())
     import importlib.metadata as md
 
@@ -213,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{len(rows)}/{len(types)}] {mt}: {row.get('refused') or ', '.join(errs)}", flush=True)
             out.update({"machine": machine(), "seconds": round(time.time() - t0),
                         "versions": {d: md.version(d) for d in ("torch", "transformers", "peft")},
+                        "trace_format": TRACE_FORMAT,
                         "setup": {"micro_batch": B, "seq_len": S, "lora_rank": RANK, "precision": "fp32",
                                   "attn": "sdpa (eager where the model class has no sdpa)", "optimizer": "adamw for-loop",
                                   "cases": a.cases,

@@ -13,6 +13,7 @@ import io
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -107,6 +108,8 @@ def _stale_deepspeed_baton(root: Path) -> tuple[Path, dict[str, str]]:
     own = root / built.name                    # torch's layout under TORCH_EXTENSIONS_DIR: ROOT/NAME
     shutil.copytree(built, own, dirs_exist_ok=True, ignore=shutil.ignore_patterns("lock", "*.flock"))
     (own / "lock").write_text("")
+    an_hour_ago = time.time() - 3600          # a dead process's: older than any live build (STALE_BATON_S)
+    os.utime(own / "lock", (an_hour_ago, an_hour_ago))
     return own / "lock", dict(os.environ, TORCH_EXTENSIONS_DIR=str(root))
 
 

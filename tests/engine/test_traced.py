@@ -294,3 +294,20 @@ def test_a_class_that_cannot_checkpoint_is_refused_checkpointing_in_one_line():
     with pytest.raises(ScaletrainError, match="cannot checkpoint its layers"):
         TrainingSetup(model=arch, hardware=parse_gpus("1xCPU"), method="full", strategy="ddp", precision="fp32",
                       attn="eager", grad_ckpt=True, micro_batch=1, seq_len=16, device="cpu")
+
+
+def test_a_padding_kernels_chunk_puts_the_planned_lengths_residue_in_the_trace():
+    """mamba2's scan pads every sequence to its chunk (bamba, granitemoehybrid: 256). Traced at multiples of the
+    chunk and read at the planned 128 rounded up to 256, every per-token tensor counted twice: +18.6 % and +36 %
+    over the profiler (bench/results/architecture_sweep.json, format 7). The trace now runs lengths in the planned
+    length's residue class, where what pads and what does not are both exact in one quadratic fit."""
+    cfg = dict(_config("phi3"), mamba_chunk_size=256)
+    assert traced.granule(cfg) == 256 and traced.granule(_config("phi3")) == traced.BASE_GRANULE
+    arch = arch_from_config(cfg, "tiny-phi3-chunked", catalog_entry("scaletrain/tiny-phi3")["traced_structure"])
+    at = lambda S: TrainingSetup(model=arch, hardware=parse_gpus("1xCPU"), method="full", strategy="ddp",  # noqa: E731
+                                 precision="fp32", attn="sdpa", micro_batch=B, seq_len=S, device="cpu")
+    assert trace_regime(at(128))["residue"] == 128 and trace_regime(at(300))["residue"] == 44
+    assert "residue" not in trace_regime(at(512))        # a multiple of the chunk: the regime every plan had
+    # learned positions fewer than the trace lengths need (blenderbot's 128): a finer tile, all lengths under 128
+    assert traced.granule({"max_position_embeddings": 128}) == 16
+    assert traced.granule({"max_position_embeddings": 512, "chunk_size": 256}) == 256     # never below a chunk

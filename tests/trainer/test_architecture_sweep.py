@@ -1,6 +1,7 @@
 """CI's share of bench/architecture_sweep.py: families outside the analytic table, built from transformers' own
 config defaults (shrunk), traced by the engine and measured whole by torch.profiler — layer stacks of different
-shapes (dense first then MoE, 3:1 linear/full attention, a plain dense stack with LayerNorm and a two-linear MLP).
+shapes (dense first then MoE, 3:1 linear/full attention, a plain dense stack with LayerNorm and a two-linear MLP,
+mamba2 whose scan pads to a chunk longer than the sequence).
 The whole sweep (every causal LM transformers ships) is bench/results/architecture_sweep.json."""
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from architecture_sweep import one_family  # noqa: E402
 
 SUBSET = [("deepseek_v3", (("full", False), ("lora", True))),
           ("qwen3_next", (("full", True),)),
-          ("starcoder2", (("lora", False),))]
+          ("starcoder2", (("lora", False),)),
+          ("bamba", (("full", False),))]      # mamba2's 256-token chunk padding at 128 tokens (was +18.6 %)
 
 
 @pytest.mark.heavy                      # tens of CPU seconds a family: traced, built whole, profiled

@@ -7,6 +7,7 @@ engine.launch.launcher (accelerate launch → torchrun → 2 gloo ranks) and rea
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import time
@@ -385,3 +386,23 @@ def test_local_model_lora_with_chat_template_on_one_process(tmp_path):
     assert "(lora, ddp, fp32) on 1 process(es)" in log
     assert (run.checkpoints / "step-6" / "trainer_state.json").is_file()
     assert_checkpoint_size(run, 6)
+
+
+def test_a_live_builders_baton_is_waited_for_and_a_dead_ones_removed(tmp_path, capsys):
+    """torch's FileBaton is not scaletrain's: a process outside it (a plain DeepSpeed run sharing the extensions
+    folder) may hold it live. A young baton is waited for and left to its holder; an old one is a dead process's."""
+    import threading
+
+    from scaletrain.trainer.distributed import clear_stale_baton
+
+    baton = tmp_path / "lock"
+    baton.write_text("")
+    threading.Timer(0.3, baton.unlink).start()           # the live holder finishes and removes its own baton
+    assert clear_stale_baton(baton, stale_after_s=60, poll_s=0.05) is False
+    assert "waiting for" in capsys.readouterr().err
+    baton.write_text("")
+    old = baton.stat().st_mtime - 3600
+    os.utime(baton, (old, old))
+    assert clear_stale_baton(baton, stale_after_s=60) is True and not baton.exists()
+    assert "removed" in capsys.readouterr().err
+    assert clear_stale_baton(baton) is False               # none: nothing to wait for

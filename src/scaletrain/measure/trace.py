@@ -42,11 +42,12 @@ import os
 import sys
 from typing import Any
 
+from scaletrain.engine.catalog.traced import granule
 from scaletrain.engine.probes import TRACE_FORMAT
 from scaletrain.measure.trace_fit import TraceError, envelope, fit
 from scaletrain.measure.trace_record import head_width, saved_by_scope, warm_up
 from scaletrain.measure.trace_structure import (FIT_TOLERANCE, TRACE_BATCH, TRACE_MULTIPLES, check_slice_size,
-                                                granule, lora_count, prefix_config, shrink_windows, structure)
+                                                lora_count, prefix_config, shrink_windows, structure)
 
 __all__ = ["TraceError", "activations", "envelope", "fit", "lora_count", "main", "prefix_config", "run", "serve",
            "structure"]
@@ -64,7 +65,8 @@ def activations(config: dict, regime: dict, struct: dict) -> dict[str, Any]:
     cfg = prefix_config(config, n)
     shrink_windows(cfg, regime)
     g = granule(config)
-    lengths = [g * k for k in TRACE_MULTIPLES]
+    residue = int(regime.get("residue", 0)) % g     # the planned length's, modulo the kernels' chunk
+    lengths = [g * k + residue for k in TRACE_MULTIPLES]
     targets = tuple(regime.get("lora_targets") or ()) or None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -76,7 +78,7 @@ def activations(config: dict, regime: dict, struct: dict) -> dict[str, Any]:
         runs = [(S, *saved_by_scope(harness, S, batch=TRACE_BATCH)) for S in lengths]
         # the last length's tokens as twice the sequences
         pair = saved_by_scope(harness, lengths[1], batch=2 * TRACE_BATCH)
-    out = {"seq_lens": lengths, "granule": g, "slice_layers": n, "head_out": head_width(harness.model),
+    out = {"seq_lens": lengths, "granule": g, "residue": residue, "slice_layers": n, "head_out": head_width(harness.model),
            **_per_kind(runs, struct, own_saved=not regime.get("grad_ckpt"), pair=pair)}
     if regime["method"] != "full":
         out["lora"] = lora_count(config, targets)

@@ -4,7 +4,6 @@ of each, the lengths the slice is traced at, and peft's count of LoRA on it (mea
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 from typing import Any
 
@@ -12,11 +11,9 @@ from scaletrain.engine.catalog.traced import MAX_GRANULE
 from scaletrain.measure.saved_activations import decoder_layers
 from scaletrain.measure.trace_fit import TraceError
 
-# The gated delta rule's torch kernel pads every sequence to a multiple of its 64-token chunk
-# (transformers/models/qwen3_next/modeling_qwen3_next.py torch_chunk_gated_delta_rule(chunk_size=64)); 64 is also a
-# multiple of every smaller power-of-two tile. Trace lengths are multiples of it and of the config's chunk sizes.
-BASE_GRANULE = 64
-TRACE_MULTIPLES = (1, 2, 3, 4)   # lengths granule × these: three fit, the fourth checks
+# Trace lengths are granule × these (+ the planned length's residue, engine/catalog/traced.py `granule`): three
+# fit, the fourth checks
+TRACE_MULTIPLES = (1, 2, 3, 4)
 # Sequences per traced forward. At one sequence a `transpose(0, 1)` or `.contiguous()` over the batch dimension is
 # a view (a size-1 dimension moves freely), so the copies a real micro-batch makes go unseen: doge's checkpointed
 # backward rose 2 272 256 bytes at 2 × 128 tokens but 1 103 360 at 1 × 128 (a hidden-sized copy missing), and
@@ -262,15 +259,6 @@ def check_slice_size(struct: dict, precision: str, model_type: str) -> None:
         raise TraceError(f"the {n}-layer slice of {model_type} that holds each of its {len(kinds)} layer kinds is "
                          f"{need / 2**30:.1f} GiB in the traced dtype, over the {MAX_SLICE_BYTES >> 30} GiB a trace "
                          "may take on this CPU (no reduced-width trace is proven exact for it)")
-
-
-def granule(config: dict) -> int:
-    """Trace lengths are multiples of this: the gated delta rule's chunk and every kernel chunk the config names."""
-    g = BASE_GRANULE
-    for k, v in config.items():
-        if "chunk" in k and isinstance(v, int) and not isinstance(v, bool) and 1 < v <= MAX_GRANULE:
-            g = g * v // math.gcd(g, v)
-    return g
 
 
 def shrink_windows(cfg: dict, regime: dict) -> None:

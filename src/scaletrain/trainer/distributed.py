@@ -49,14 +49,21 @@ def shutdown() -> None:
     barrier()
 
 
+# A baton older than this is a dead process's: a live build of DeepSpeed's CPU op (one C++ file) or torch's no-op
+# check before loading it takes well under a minute on a 2-core machine.
+STALE_BATON_S = 120.0
+
+
 def load_deepspeed_cpu_comm_op() -> None:
     """DeepSpeed on a CPU builds (or loads) its shared-memory collective op in every rank (deepspeed/comm/torch.py
     build_shm_op, through torch.utils.cpp_extension.load), serialised by torch's FileBaton: a `lock` file made with
     O_EXCL and removed when the holder is done. A rank killed while holding it (Ctrl-C or SIGKILL in a run's first
     seconds) leaves the file, and every later DeepSpeed run on the machine waits on it for ever (seen: a test run
     hung at FileBaton.wait). Here each rank takes an flock first, which the kernel releases when its holder dies;
-    under it, a baton file can only be a dead process's, so it is removed, and the op is built or loaded. DeepSpeed
-    then gets that module instead of taking the baton again."""
+    under it a baton is another scaletrain rank's only if it is dead, but a process outside scaletrain sharing the
+    extensions folder may hold one live: `clear_stale_baton` waits for it, and removes it only once it is older
+    than any live build. The op is then built or loaded, and DeepSpeed gets that module instead of taking the
+    baton again."""
     import fcntl
     import importlib
     from pathlib import Path
@@ -71,13 +78,32 @@ def load_deepspeed_cpu_comm_op() -> None:
     build_dir = Path(_get_build_directory(builder.name, verbose=False))
     with open(build_dir / "scaletrain.flock", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        baton = build_dir / "lock"
-        if baton.exists():
-            print(f"scaletrain: removed {baton}, left by a process killed while building DeepSpeed's CPU op",
-                  file=sys.stderr, flush=True)
-            baton.unlink(missing_ok=True)
+        clear_stale_baton(build_dir / "lock")
         module = ds_torch.build_shm_op()
     ds_torch.build_shm_op = lambda: module
+
+
+def clear_stale_baton(baton: Any, stale_after_s: float = STALE_BATON_S, poll_s: float = 0.5) -> bool:
+    """Wait while torch's FileBaton `baton` (a Path) is younger than `stale_after_s` (a live holder removes it when
+    done); remove it once it is older: a dead process's. True when this removed it."""
+    import time
+
+    said = False
+    while True:
+        try:
+            age_s = time.time() - baton.stat().st_mtime
+        except FileNotFoundError:
+            return False
+        if age_s >= stale_after_s:
+            baton.unlink(missing_ok=True)
+            print(f"scaletrain: removed {baton}, left {age_s:.0f} s ago by a process killed while building "
+                  "DeepSpeed's CPU op", file=sys.stderr, flush=True)
+            return True
+        if not said:
+            print(f"scaletrain: waiting for {baton} (taken {age_s:.0f} s ago; a build holds it, or a killed one "
+                  f"left it: removed at {stale_after_s:.0f} s)", file=sys.stderr, flush=True)
+            said = True
+        time.sleep(poll_s)
 
 
 def make_accelerator(cfg: RunConfig) -> Any:

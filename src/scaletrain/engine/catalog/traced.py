@@ -43,6 +43,14 @@ TRACE_TIMEOUT_S = 600
 # chunk_size); a longer one is an attention chunk (llama4's attention_chunk_size), traced as a short window when
 # the planned sequences exceed it (measure/trace.py).
 MAX_GRANULE = 1024
+# The gated delta rule's torch kernel pads every sequence to a multiple of its 64-token chunk
+# (transformers/models/qwen3_next/modeling_qwen3_next.py torch_chunk_gated_delta_rule(chunk_size=64)); 64 is also a
+# multiple of every smaller power-of-two tile.
+BASE_GRANULE = 64
+# The longest trace length is under this many granules (measure/trace_structure.py TRACE_MULTIPLES, + a residue)
+LENGTHS_PER_GRANULE = 5
+# config.json's spellings of the positions a model has learned embeddings for (a longer sequence cannot run)
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length")
 MAX_ERROR_CHARS = 300
 # model configs traced (a subprocess ran) in this process, by cache key of their structure: `source()` says
 # "traced" for these and "traced (cached)" for the rest
@@ -303,10 +311,26 @@ def lora(config: Mapping[str, Any], targets: Any, accepted: str) -> dict[str, in
     return data["lora"]
 
 
+def granule(config: Mapping[str, Any]) -> int:
+    """The tile every padding kernel of `config` rounds a sequence up to: the gated delta rule's chunk and every
+    kernel chunk the config names (mamba2's chunk_size), their least common multiple. Trace lengths lie in the
+    planned length's residue class modulo it, so what pads and what does not are both exact in one fit. A model
+    with fewer learned positions than the trace lengths need (blenderbot's 128) is traced at a finer tile."""
+    chunks = 1
+    for k, v in config.items():
+        if "chunk" in k and isinstance(v, int) and not isinstance(v, bool) and 1 < v <= MAX_GRANULE:
+            chunks = chunks * v // math.gcd(chunks, v)
+    g = BASE_GRANULE * chunks // math.gcd(BASE_GRANULE, chunks)
+    positions = [v for k in POSITION_KEYS if isinstance(v := config.get(k), int) and not isinstance(v, bool) and v > 0]
+    fits = 1 << max((min(positions) // LENGTHS_PER_GRANULE).bit_length() - 1, 0) if positions else g
+    return fits if fits < g and fits % chunks == 0 else g
+
+
 def at(coeffs: list[int] | tuple[int, ...], batch: int, seq_len: int, granule: int = 1) -> int:
     """Bytes of a fitted term c0 + c1·S + c2·S² (traced at micro-batch 1) for `batch` sequences of `seq_len`:
-    the per-token and per-S² parts scale with the batch, the constant does not. A kernel that pads to its chunk
-    (`granule`) runs the sequence rounded up to it."""
+    the per-token and per-S² parts scale with the batch, the constant does not. A fit made at lengths of another
+    residue modulo the kernels' chunk (`granule` > 1) is read at the sequence rounded up to it: every padded
+    tensor then counts, and the unpadded ones on the safe side."""
     c0, c1, c2 = coeffs
     S = -(-seq_len // max(granule, 1)) * max(granule, 1)
     if all(isinstance(c, int) for c in coeffs):

@@ -50,9 +50,17 @@ class Calibration:
 
 
 def config_dir() -> Path:
-    if os.environ.get("SCALETRAIN_CONFIG_DIR"):
-        return Path(os.environ["SCALETRAIN_CONFIG_DIR"])
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    """SCALETRAIN_CONFIG_DIR, else $XDG_CONFIG_HOME/scaletrain, else ~/.config/scaletrain (remembered per value of
+    the variables it reads: the planner's search asks for every setup it tries)."""
+    return _config_dir(os.environ.get("SCALETRAIN_CONFIG_DIR"), os.environ.get("XDG_CONFIG_HOME"),
+                       os.environ.get("HOME"))
+
+
+@lru_cache(maxsize=16)
+def _config_dir(explicit: str | None, xdg: str | None, home: str | None) -> Path:
+    if explicit:
+        return Path(explicit)
+    base = xdg or str(Path.home() / ".config")
     return Path(base) / "scaletrain"
 
 
@@ -80,12 +88,6 @@ def profile_path(device: str, method: str) -> Path:
     return calibration_dir() / f"{device}-{method}.json"
 
 
-@lru_cache(maxsize=256)
-def _profile_file(config_env: str | None, xdg_env: str | None, home_env: str | None, device: str, method: str) -> str:
-    """profile_path as a string, remembered for the environment it was built under (the search asks per setup)."""
-    return str(profile_path(device, method))
-
-
 @lru_cache(maxsize=64)
 def _load(path: str, mtime_ns: int) -> Calibration | None:
     try:
@@ -99,8 +101,7 @@ def load_calibration(device: str, method: str) -> Calibration | None:
     """The profile for this device kind and method, if one was saved with the current software stack."""
     if os.environ.get("SCALETRAIN_NO_CALIBRATION"):
         return None
-    path = _profile_file(os.environ.get("SCALETRAIN_CONFIG_DIR"), os.environ.get("XDG_CONFIG_HOME"),
-                         os.environ.get("HOME"), device, method)
+    path = profile_path(device, method)
     try:
         mtime = os.stat(path).st_mtime_ns
     except OSError:

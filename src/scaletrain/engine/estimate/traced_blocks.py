@@ -55,7 +55,18 @@ def trace_regime(s: TrainingSetup) -> dict[str, Any]:
         regime["windowed"] = True     # traced with a window shorter than its sequences: masks, repeated k/v
     if any(_length(v) and v > traced.MAX_GRANULE and v < s.seq_len for k, v in cfg.items() if "chunk" in k):
         regime["chunked"] = True      # an attention chunk (llama4's) the sequences exceed: traced as a short one
+    residue = s.seq_len % traced.granule(cfg)
+    if residue:
+        regime["residue"] = residue   # traced at lengths padding kernels pad as they pad this one (traced.granule)
     return regime
+
+
+def _granule(act: dict[str, Any], seq_len: int) -> int:
+    """1 when the trace's lengths share `seq_len`'s residue modulo the padding kernels' chunk (its fit is exact at
+    `seq_len`); else the chunk, so traced.at rounds the sequence up to it (an answer cached before the residue was
+    traced: the safe side)."""
+    g = int(act.get("granule", 1))
+    return 1 if g <= 1 or seq_len % g == int(act.get("residue", 0)) else g
 
 
 def _length(v: Any) -> bool:
@@ -100,7 +111,7 @@ def traced_block_terms(s: TrainingSetup, micro_batch: int | None, copies: tuple[
     S = s.seq_len
     act = _trace(s)
     kinds = [k for k in act["kinds"] if int(k["count"])]
-    g = int(act.get("granule", 1))
+    g = _granule(act, S)
     per_token = lambda f: [0, *f[1:]]   # noqa: E731 - c1, c2 without the constant
     attn = [traced.at(per_token(k["attn"]), b, S, g) for k in kinds]
     mlp = [traced.at(per_token(k["mlp"]), b, S, g) for k in kinds]
@@ -188,7 +199,7 @@ def traced_outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> d
     S = s.seq_len
     t = b * S
     act = _trace(s)
-    g = int(act.get("granule", 1))
+    g = _granule(act, S)
     shared = traced.at(act["shared"], b, S, g)
     final = traced.at(act["final_norm"], b, S, g)
     own_head = not (s.fused_lm_head or chunked(s))   # TRL's fused head, the chunked loss: their own saves
