@@ -38,21 +38,23 @@ def test_a_plain_family_keeps_its_plain_shrink():
     assert tc.config_dict("llama") == tc.shrink(AutoConfig.for_model("llama").to_dict(), "llama")
 
 
-def test_default_lora_targets_are_what_peft_adapts():
+def test_default_lora_targets_are_what_peft_adapts(tmp_path, monkeypatch):
     """ctrl's feed-forward is a Sequential (linears named 0 and 2: to peft's suffix match, the decoder layers
     themselves) and peft refuses LoRA on a mamba mixer's out_proj: the traced default targets name the first by
-    their path in the block and leave the second out, and peft adapts them all."""
+    their path in the block and leave the second out, and peft adapts them all. peft is asked apart from the
+    structure (a LoRA plan's question), through the engine's trace process and its cache."""
     from scaletrain.engine.catalog.architectures import arch_from_config
     from scaletrain.measure.tiny_configs import config_dict
-    from scaletrain.measure.trace_structure import lora_count, structure
+    from scaletrain.measure.trace_structure import lora_count, peft_refuses, structure
 
+    monkeypatch.setenv("SCALETRAIN_CACHE", str(tmp_path))
     cfg = config_dict("ctrl")
     st = structure(cfg)
-    assert {"ffn.0", "ffn.2"} <= set(st["linears"]) and not st["peft_refuses"]
+    assert {"ffn.0", "ffn.2"} <= set(st["linears"]) and not peft_refuses(cfg, list(st["linears"]))
     assert lora_count(cfg, list(st["linears"]))["adapted"] == 6 * cfg["n_layer"]
     cfg = config_dict("mamba")
     st = structure(cfg)
-    assert st["peft_refuses"] == ["out_proj"]
+    assert "peft_refuses" not in st and peft_refuses(cfg, list(st["linears"])) == ["out_proj"]
     targets = arch_from_config(cfg, "tiny-mamba", st).default_lora_targets
     assert "out_proj" not in targets and "in_proj" in targets
     assert lora_count(cfg, list(targets))["adapted"] == len(targets) * cfg["num_hidden_layers"]
@@ -74,3 +76,21 @@ def test_decoders_of_encoder_decoder_families_and_hyphenated_types_are_traced(tm
     traced._WORKER.stop()
     arch = arch_from_config(config_dict("bert-generation"), "tiny-bert-generation")
     assert arch.memory_source == "traced" and arch.params > 0
+
+
+
+@pytest.mark.long                       # a fresh interpreter importing torch and transformers
+def test_a_full_plans_trace_never_imports_peft():
+    """peft's import (bitsandbytes, torch inductor) cost more than torch's in the first plan of a traced family
+    (bench/results/trace_latency-vm.json): the structure and a full regime's activations are traced without it."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys; from scaletrain.measure.trace import run; from scaletrain.measure.tiny_configs import "
+            "config_dict; r = run({'config': config_dict('ctrl'), 'regime': json.loads(sys.argv[1])}); "
+            "print(json.dumps(['peft' in sys.modules, sorted(r)]))")
+    regime = {"method": "full", "lora_rank": 0, "lora_targets": None, "precision": "fp32", "attn": "eager"}
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(regime)], capture_output=True, text=True,
+                         stdin=subprocess.DEVNULL, timeout=600, check=True).stdout.splitlines()[-1]
+    assert json.loads(out) == [False, ["activations", "format", "model_type", "structure"]]

@@ -21,8 +21,9 @@ A request is `{"config": <config.json dict>, "regime": null | {"method", "lora_r
   `torch.autograd.graph.saved_tensors_hooks` at four sequence lengths (TRACE_BATCH sequences: at one, copies over
   the batch dimension are views and go unseen), each saved storage counted
   once and kept alive until the forward ends (so no freed address is reused and taken for another). The lengths are
-  multiples of every kernel chunk the config names (`chunk_size`: mamba2's scan) and of the gated delta rule's 64,
-  so padded chunked kernels are traced as they run. Each layer's bytes are split into its attention half and its MLP
+  in the planned length's residue class modulo every kernel chunk the config names (`chunk_size`: mamba2's scan)
+  and the gated delta rule's 64 (engine/catalog/traced.py `granule`), so padded chunked kernels are traced as they
+  run at that length. Each layer's bytes are split into its attention half and its MLP
   half and fitted with NON-NEGATIVE coefficients as c0 + c1·S + c2·S² through the first three lengths; the fourth
   must be predicted within FIT_TOLERANCE or the trace refuses in one line; so are the bytes of the hidden states
   each layer receives (`input`: what a checkpointed layer keeps, at its real width: hyper-connections pass several
@@ -30,6 +31,8 @@ A request is `{"config": <config.json dict>, "regime": null | {"method", "lora_r
   rotary tables, masks), `final_norm`, `head_input`; the logits, log-softmax and labels are the engine's.
 - `lora` (LoRA regimes and LoRA requests): peft's own count on the meta-device model with the run's targets —
   trainable parameters per unit of rank and adapted modules — as the trainer's `add_lora` builds it.
+- `peft_refuses` (asked by a LoRA plan without its own targets): the block linears peft will not adapt (a mamba
+  mixer's out_proj). Only LoRA plans import peft.
 
 Failures print ONE line (stderr, or `{"error": ...}` when serving) and exit 2. torch / transformers are imported
 inside functions.
@@ -47,7 +50,8 @@ from scaletrain.engine.probes import TRACE_FORMAT
 from scaletrain.measure.trace_fit import TraceError, envelope, fit
 from scaletrain.measure.trace_record import head_width, saved_by_scope, warm_up
 from scaletrain.measure.trace_structure import (FIT_TOLERANCE, TRACE_BATCH, TRACE_MULTIPLES, check_slice_size,
-                                                lora_count, prefix_config, shrink_windows, structure)
+                                                lora_count, peft_refuses, prefix_config, shrink_windows,
+                                                structure)
 
 __all__ = ["TraceError", "activations", "envelope", "fit", "lora_count", "main", "prefix_config", "run", "serve",
            "structure"]
@@ -177,6 +181,13 @@ def run(request: dict) -> dict[str, Any]:
         out["activations"] = answers[0]
     elif answers:
         out["activations_by_regime"] = answers
+    if "peft_refuses" in request:
+        try:
+            out["peft_refuses"] = peft_refuses(config, [str(n) for n in request["peft_refuses"]])
+        except TraceError:
+            raise
+        except Exception as e:          # noqa: BLE001
+            raise TraceError(f"peft cannot adapt it: {one_line(e)}") from None
     if "lora_targets" in request:
         try:
             out["lora"] = lora_count(config, request["lora_targets"])

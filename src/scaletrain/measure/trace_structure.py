@@ -132,7 +132,6 @@ def structure(config: dict) -> dict[str, Any]:
         for name, shape in k["linears"].items():
             linears.setdefault(name, shape)
     largest = max(kinds, key=lambda k: (k["params"], k["tensors"]))
-    refused = _peft_refuses(config, list(linears))
     float_buf, other_buf = _buffers(model, unique)
     head_w = getattr(head, "weight", None) if head is not None else None
     return {
@@ -140,7 +139,6 @@ def structure(config: dict) -> dict[str, Any]:
         "embedding_params": emb_params, "lm_head_params": head_params, "tied": bool(tied),
         "block_params": largest["params"], "block_tensors": largest["tensors"], "linears": linears,
         "block_norms": largest["norms"], "tensor_count": len(unique),
-        "peft_refuses": refused,
         "checkpointing": bool(getattr(model, "supports_gradient_checkpointing", False)),
         "buffer_float_elems": float_buf, "buffer_other_bytes": other_buf,
         # the logits' width: the config's vocabulary, or a head its class sizes its own way (unpadded_vocab_size)
@@ -153,9 +151,10 @@ def structure(config: dict) -> dict[str, Any]:
     }
 
 
-def _peft_refuses(config: dict, names: list[str]) -> list[str]:
+def peft_refuses(config: dict, names: list[str]) -> list[str]:
     """The block linears peft will not adapt in this model (its LoRA refuses a mamba mixer's out_proj): left out of
-    the default targets, so LoRA adapts what peft adapts. Each name tried alone only when all together fail."""
+    the default targets, so LoRA adapts what peft adapts. Each name tried alone only when all together fail. Asked
+    apart from the structure, by LoRA plans only: importing peft costs more than torch (bitsandbytes, inductor)."""
     def adapts(targets: list[str]) -> bool:
         try:
             lora_count(config, targets, ranks=(1,))

@@ -108,8 +108,13 @@ class ModelArch:
     @property
     def default_lora_targets(self) -> tuple[str, ...]:
         """Every linear of a block: the analytic seven, or a traced model's own (phi3: qkv_proj, gate_up_proj)."""
-        refused = () if self.trace is None else self.trace.get("peft_refuses") or ()   # peft will not (mamba out_proj)
-        return BLOCK_LINEARS if self.trace is None else tuple(n for n in self.trace["linears"] if n not in refused)
+        if self.trace is None:
+            return BLOCK_LINEARS
+        names = list(self.trace["linears"])
+        refused = self.trace.get("peft_refuses")     # a structure recorded with it; else peft is asked (mamba out_proj)
+        if refused is None:
+            refused = _traced.peft_refuses(self.config, names, analytic_types())
+        return tuple(n for n in names if n not in refused)
 
     @property
     def can_checkpoint(self) -> bool:

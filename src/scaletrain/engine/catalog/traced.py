@@ -189,7 +189,8 @@ atexit.register(_WORKER.stop)
 
 
 def _run_trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, accepted: str,
-               regimes: list | None = None, lora_targets: Any = _NO_LORA) -> dict[str, Any]:
+               regimes: list | None = None, lora_targets: Any = _NO_LORA,
+               peft_names: list[str] | None = None) -> dict[str, Any]:
     model_type = str(config.get("model_type", "?"))
     if not isinstance(config.get("model_type"), str) or not re.fullmatch(r"[a-z][a-z0-9_-]{0,63}", model_type):
         # transformers' model types are lower-case identifiers: anything else cannot be built, said without
@@ -202,6 +203,8 @@ def _run_trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, acce
         body["regimes"] = [dict(r) for r in regimes]
     if lora_targets is not _NO_LORA:
         body["lora_targets"] = list(lora_targets) if lora_targets else None
+    if peft_names is not None:
+        body["peft_refuses"] = list(peft_names)
     what = "" if regime is None else f" ({_describe(regime)})"
     what += f" ({'; '.join(_describe(r) for r in regimes)})" if regimes else ""
     t0 = time.perf_counter()
@@ -324,6 +327,22 @@ def granule(config: Mapping[str, Any]) -> int:
     positions = [v for k in POSITION_KEYS if isinstance(v := config.get(k), int) and not isinstance(v, bool) and v > 0]
     fits = 1 << max((min(positions) // LENGTHS_PER_GRANULE).bit_length() - 1, 0) if positions else g
     return fits if fits < g and fits % chunks == 0 else g
+
+
+def peft_refuses(config: Mapping[str, Any], names: list[str], accepted: str) -> list[str]:
+    """The block linears of `names` peft will not adapt in this model (measure/trace_structure.py `peft_refuses`),
+    cached per name set: asked by LoRA plans only, so a full plan never imports peft."""
+    key_regime = {"peft_refuses": sorted(names)}
+    path = _cache_path(config, cache_key(config, key_regime))
+    hit = _read(path)
+    if hit is not None and isinstance(hit.get("peft_refuses"), list):
+        return hit["peft_refuses"]
+    data = _run_trace(config, None, accepted, peft_names=key_regime["peft_refuses"])
+    if not isinstance(data.get("peft_refuses"), list):
+        raise _fail(str(config.get("model_type")), "the trace answered in another format", accepted)
+    _store(config, key_regime, {"format": TRACE_FORMAT, "model_type": data.get("model_type"),
+                                "peft_refuses": data["peft_refuses"]})
+    return data["peft_refuses"]
 
 
 def at(coeffs: list[int] | tuple[int, ...], batch: int, seq_len: int, granule: int = 1) -> int:

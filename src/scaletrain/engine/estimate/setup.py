@@ -87,7 +87,7 @@ class TrainingSetup:
         _check_objective(self)
         _check_loss(self)
         _check_checkpointing(self)
-        if self.lora_targets is BLOCK_LINEARS and self.model.default_lora_targets != BLOCK_LINEARS:
+        if self.lora_targets is BLOCK_LINEARS and self.method.is_adapter and self.model.trace is not None:
             object.__setattr__(self, "lora_targets", self.model.default_lora_targets)   # a traced model's own
         if self.objective == "reward" and not self.model.score_head:
             object.__setattr__(self, "model", self.model.with_score_head())

@@ -12,7 +12,7 @@ from typing import Any
 from scaletrain.engine.choices import carries, choices_of
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import Hardware, inter_node_gbit_s, parse_gpus
-from scaletrain.engine.catalog.architectures import load_model
+from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, load_model
 from scaletrain.engine.estimate.setup import ResidentModel, TrainingSetup
 from scaletrain.engine.request.checks import check_values
 from scaletrain.engine.vocabulary import Vocabulary
@@ -106,7 +106,7 @@ def base_setup(req: PlanRequest, hardware: Hardware | None = None) -> TrainingSe
     seq_len, prompt_len = objective_lengths(req)
     return TrainingSetup(
         model=model, hardware=hw, method=req.method, lora_rank=req.lora_rank,
-        lora_targets=tuple(req.lora_targets) if req.lora_targets else model.default_lora_targets, base_bits=base_bits,
+        lora_targets=tuple(req.lora_targets) if req.lora_targets else BLOCK_LINEARS, base_bits=base_bits,
         strategy=req.strategy or _default_strategy(req), offload=req.offload or "none",
         **choices_of(req), loss=req.loss or "standard", grad_ckpt=bool(req.grad_ckpt),
         micro_batch=req.micro_batch or 1, grad_accum=req.grad_accum or 1, seq_len=seq_len,
