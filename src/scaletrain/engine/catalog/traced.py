@@ -121,8 +121,9 @@ def _fail(model_type: str, why: str, accepted: str) -> ScaletrainError:
 
 
 def _describe(regime: Mapping[str, Any]) -> str:
-    windowed = ", windowed" if regime.get("windowed") else ""
-    return f"{regime.get('method')}, {regime.get('precision')}, {regime.get('attn')}{windowed}"
+    extra = "".join(f", {word}" for key, word in (("grad_ckpt", "checkpointed"), ("windowed", "windowed"),
+                                                  ("chunked", "chunked")) if regime.get(key))
+    return f"{regime.get('method')}, {regime.get('precision')}, {regime.get('attn')}{extra}"
 
 
 class _Worker:

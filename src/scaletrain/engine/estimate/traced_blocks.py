@@ -160,8 +160,9 @@ def _moments(s: TrainingSetup, kinds: list[dict], b: int, S: int, g: int,
     nm = numerics(s)
     t = b * S
     waiting = 0 if s.grad_ckpt else block_input     # memory.py adds it under checkpointing
-    fwd = max(traced.at(k["fwd"], b, S, g) for k in kinds)
-    bwd = max(traced.at(k["bwd"], b, S, g) for k in kinds) + waiting
+    scratch = [safe_softmax_scratch(s, k, b, S) for k in kinds]
+    fwd = max(traced.at(k["fwd"], b, S, g) + x for k, x in zip(kinds, scratch))
+    bwd = max(traced.at(k["bwd"], b, S, g) + x for k, x in zip(kinds, scratch)) + waiting
     if s.device != "cuda" or s.grad_ckpt:
         return fwd, bwd
     c = nm.compute
@@ -174,6 +175,19 @@ def _moments(s: TrainingSetup, kinds: list[dict], b: int, S: int, g: int,
     if nm.trainable_copies:
         rule_bwd += c * max(a * o for a, o, _ in m.linear_shapes().values())
     return max(fwd, saved + rule_fwd), max(bwd, saved + rule_bwd)
+
+
+def safe_softmax_scratch(s: TrainingSetup, kind: dict, b: int, S: int) -> int:
+    """What the CPU's math attention kernel allocates inside one op, which the trace (a dispatch mode: it sees ops,
+    not a kernel's own allocations) cannot: aten::_safe_softmax keeps a bool mask per score element, a bool per
+    score row and a scalar beside its output (torch.profiler on the op alone, B·heads × S × S at S = 64, 128 and
+    256, fp32 and bf16: 1 + 1/S bytes per element + 4). Counted in a kind whose forward rises with S² (its
+    scores: sdpa's math path runs there) on a CPU plan; minicpm3's recompute peaked inside it (LoRA+checkpointing
+    −3.5 %)."""
+    if s.device != "cpu" or s.attn != "sdpa" or not kind["fwd"][2]:
+        return 0
+    rows = b * s.model.num_heads * S
+    return rows * S + rows + 4
 
 
 # what cross-entropy itself saves per logit: log_softmax's fp32 output (the engine's head terms count it)
