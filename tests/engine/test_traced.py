@@ -311,3 +311,17 @@ def test_a_padding_kernels_chunk_puts_the_planned_lengths_residue_in_the_trace()
     # learned positions fewer than the trace lengths need (blenderbot's 128): a finer tile, all lengths under 128
     assert traced.granule({"max_position_embeddings": 128}) == 16
     assert traced.granule({"max_position_embeddings": 512, "chunk_size": 256}) == 256     # never below a chunk
+
+
+@pytest.mark.long                       # imports transformers' config classes
+def test_a_slice_of_a_config_without_special_ids_moves_its_class_defaults_into_the_small_vocabulary():
+    """Phi3Config's default pad_token_id is 32000: a config.json naming none, sliced with the trace's small
+    vocabulary, could not be built (padding_idx outside the embedding), so no prefix matched and the whole
+    32-layer stack was taken as the slice and refused as too large for the CPU."""
+    from scaletrain.measure.trace_structure import SLICE_VOCAB, _meta_model, prefix_config
+
+    cfg = {"model_type": "phi3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 32,
+           "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 32064}
+    sliced = prefix_config(cfg, 2)
+    assert sliced["num_hidden_layers"] == 2 and sliced["pad_token_id"] == SLICE_VOCAB - 1
+    assert _meta_model(sliced).get_input_embeddings().padding_idx == SLICE_VOCAB - 1

@@ -98,6 +98,10 @@ def shrink(d: dict[str, Any], model_type: str, fill: bool = False, cut: bool = F
             elif cut and isinstance(value, list):
                 out[key] = value[:LAYERS]
             continue        # derived again from the new depth
+        if not keep_depth and depth and isinstance(value, dict) and value and all(
+                str(k).isdigit() for k in value):      # a map by layer index (dots3's per_layer_config): below the new depth
+            out[key] = {k: v for k, v in value.items() if int(k) < LAYERS}
+            continue
         if fill and isinstance(value, dict) and _sub_config(value):
             value = shrink(value, model_type, fill=True)
         out[key] = _shrunk_size(key, value, fill)

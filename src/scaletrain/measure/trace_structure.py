@@ -222,13 +222,26 @@ def prefix_config(config: dict, n: int) -> dict:
             cfg[k] = [x for x in v if x < n]
     cfg[key] = n
     cfg["vocab_size"] = SLICE_VOCAB
+    defaults = _class_defaults(str(cfg.get("model_type")))
     for k in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
-        v = cfg.get(k)
+        v = cfg.get(k, defaults.get(k))     # a config.json without it gets its class's (Phi3Config: pad 32000)
         if isinstance(v, int) and v >= SLICE_VOCAB:
             cfg[k] = SLICE_VOCAB - 1
         elif isinstance(v, list):
             cfg[k] = [x if not isinstance(x, int) or x < SLICE_VOCAB else SLICE_VOCAB - 1 for x in v]
     return cfg
+
+
+def _class_defaults(model_type: str) -> dict:
+    """The special token ids transformers' config class gives a config.json that names none."""
+    try:
+        from transformers import AutoConfig
+
+        conf = AutoConfig.for_model(model_type)
+    except Exception:          # noqa: BLE001 - a model_type transformers refuses is refused where it is built
+        return {}
+    return {k: getattr(conf, k, None) for k in ("pad_token_id", "bos_token_id", "eos_token_id",
+                                                 "decoder_start_token_id")}
 
 
 def _slice_depth(config: dict, sigs: list[str]) -> int:

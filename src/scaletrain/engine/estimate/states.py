@@ -95,10 +95,8 @@ def model_states(s: TrainingSetup) -> ModelStates:
     if s.device == "cpu" and s.optimizer == "adamw" and not ds:
         # torch keeps AdamW's `step` as a 0-dim fp32 tensor per parameter tensor, on the host (so it only
         # counts against memory when the host is the device)
-        if s.method == "full":
-            optimizer += 4 * m.tensor_count
-        else:                       # each adapter's A and B (+ PEFT's score copy)
-            optimizer += 4 * (2 * m.adapted_linears(s.lora_targets) + (1 if m.score_head else 0))
+        optimizer += 4 * (m.tensor_count if s.method == "full" else   # each adapter's A and B (+ PEFT's score)
+                          2 * m.adapted_linears(s.lora_targets) + (1 if m.score_head else 0))
     host_opt = 0
     if s.offload in ("optimizer", "all"):
         host_opt, optimizer = optimizer, 0
