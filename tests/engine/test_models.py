@@ -124,3 +124,20 @@ def test_unknown_model_and_bad_lora_target():
         load_model("nobody/nothing-7B")
     with pytest.raises(ScaletrainError, match="unknown LoRA target"):
         load_model("Qwen/Qwen3-4B").lora_params(8, ("qkv_proj",))
+
+
+@pytest.mark.long                       # imports each analytic family's modeling module
+def test_each_analytic_familys_attention_kernels_are_what_its_transformers_class_runs():
+    """gemma2's class sets _supports_sdpa False in transformers 5.24 (its logit softcap): a plan with --attn sdpa
+    planned a run the trainer could not start. Each analytic family's --attn values follow the installed class."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from scaletrain.engine.catalog.architectures import _FAMILIES, arch_from_config
+
+    for model_type in _FAMILIES:
+        cls = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
+        cfg = {"model_type": model_type, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "num_hidden_layers": 2, "vocab_size": 512, "intermediate_size": 128}
+        kernels = arch_from_config(cfg, f"tiny-{model_type}").attention_implementations
+        assert ("sdpa" in kernels) == bool(cls._supports_sdpa), model_type

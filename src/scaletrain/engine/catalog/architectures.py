@@ -54,7 +54,7 @@ _FAMILIES: dict[str, dict[str, Any]] = {
 _ATTENTION_BIAS_DEFAULT = {"gpt_oss": True}
 
 # Families whose transformers model class sets _supports_sdpa = False (transformers 5.24 modeling files)
-_NO_SDPA = frozenset({"gpt_oss"})
+_NO_SDPA = frozenset({"gpt_oss", "gemma2"})   # _supports_sdpa False in transformers 5.24 (gemma2: its logit softcap)
 
 BLOCK_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Every LoRA target name some family's block has as an nn.Linear (peft matches target_modules by name suffix)
