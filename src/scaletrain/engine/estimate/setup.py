@@ -11,7 +11,7 @@ from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import Hardware
-from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, ModelArch
+from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, UNMODELED_EAGER, ModelArch
 from scaletrain.engine.choices import carries, choices_json, coerce_words
 from scaletrain.engine.vocabulary import Device, Generation, LossImpl, Method, Objective, Offload, RefModel, Strategy
 
@@ -126,8 +126,10 @@ class TrainingSetup:
         if self.method.is_adapter:
             self.model.lora_params(self.lora_rank, self.lora_targets)  # validates target names
         if self.attn not in self.model.attention_implementations:
-            raise ScaletrainError(f"{self.model.name} ({self.model.model_type}) has no {self.attn} attention in "
-                                  f"transformers; use --attn {' or '.join(self.model.attention_implementations)}")
+            why = UNMODELED_EAGER.get(self.model.model_type) if self.attn == "eager" else None
+            what = f": {why}" if why else f" has no {self.attn} attention in transformers"
+            raise ScaletrainError(f"{self.model.name} ({self.model.model_type}){what}; "
+                                  f"use --attn {' or '.join(self.model.attention_implementations)}")
         if not self.strategy.allows_offload(self.offload):      # say which half of the rule is broken
             if not self.strategy.shards_optimizer:
                 raise ScaletrainError(f"--offload {self.offload} needs a ZeRO or FSDP strategy (got {self.strategy})")
