@@ -55,7 +55,6 @@ MAX_ERROR_CHARS = 300
 # model configs traced (a subprocess ran) in this process, by cache key of their structure: `source()` says
 # "traced" for these and "traced (cached)" for the rest
 _RAN: set[str] = set()
-_NO_LORA = object()
 
 
 def cache_dir() -> Path:
@@ -190,8 +189,7 @@ atexit.register(_WORKER.stop)
 
 
 def _run_trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, accepted: str,
-               regimes: list | None = None, lora_targets: Any = _NO_LORA,
-               peft_names: list[str] | None = None) -> dict[str, Any]:
+               regimes: list | None = None, question: Mapping[str, Any] | None = None) -> dict[str, Any]:
     model_type = str(config.get("model_type", "?"))
     if not isinstance(config.get("model_type"), str) or not re.fullmatch(r"[a-z][a-z0-9_-]{0,63}", model_type):
         # transformers' model types are lower-case identifiers: anything else cannot be built, said without
@@ -202,10 +200,7 @@ def _run_trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, acce
     body: dict[str, Any] = {"config": dict(config), "regime": dict(regime) if regime else None}
     if regimes:
         body["regimes"] = [dict(r) for r in regimes]
-    if lora_targets is not _NO_LORA:
-        body["lora_targets"] = list(lora_targets) if lora_targets else None
-    if peft_names is not None:
-        body["peft_refuses"] = list(peft_names)
+    body.update(question or {})          # a peft question: {"lora_targets": …} or {"peft_refuses": …}
     what = "" if regime is None else f" ({_describe(regime)})"
     what += f" ({'; '.join(_describe(r) for r in regimes)})" if regimes else ""
     t0 = time.perf_counter()
@@ -303,16 +298,20 @@ def source(config: Mapping[str, Any]) -> str:
 def lora(config: Mapping[str, Any], targets: Any, accepted: str) -> dict[str, int]:
     """peft's count of LoRA on the real model for `targets` (None: all linears): trainable parameters per unit of
     rank and adapted modules (measure/trace.py `lora_count`), cached per target set."""
-    key_regime = {"lora_targets": sorted(targets) if targets else None}
-    path = _cache_path(config, cache_key(config, key_regime))
-    hit = _read(path)
-    if hit is not None and isinstance(hit.get("lora"), dict):
-        return hit["lora"]
-    data = _run_trace(config, None, accepted, lora_targets=key_regime["lora_targets"])
-    if not isinstance(data.get("lora"), dict):
+    return _peft_answer(config, {"lora_targets": sorted(targets) if targets else None}, "lora", dict, accepted)
+
+
+def _peft_answer(config: Mapping[str, Any], question: dict[str, Any], field: str, kind: type, accepted: str) -> Any:
+    """The trace process's answer to one peft question (its `field`, of type `kind`), cached per question: the
+    cache is read first, and only LoRA plans ask (a full plan never imports peft)."""
+    hit = _read(_cache_path(config, cache_key(config, question)))
+    if hit is not None and isinstance(hit.get(field), kind):
+        return hit[field]
+    data = _run_trace(config, None, accepted, question=question)
+    if not isinstance(data.get(field), kind):
         raise _fail(str(config.get("model_type")), "the trace answered in another format", accepted)
-    _store(config, key_regime, {"format": TRACE_FORMAT, "model_type": data.get("model_type"), "lora": data["lora"]})
-    return data["lora"]
+    _store(config, question, {"format": TRACE_FORMAT, "model_type": data.get("model_type"), field: data[field]})
+    return data[field]
 
 
 def granule(config: Mapping[str, Any]) -> int:
@@ -333,17 +332,7 @@ def granule(config: Mapping[str, Any]) -> int:
 def peft_refuses(config: Mapping[str, Any], names: list[str], accepted: str) -> list[str]:
     """The block linears of `names` peft will not adapt in this model (measure/trace_structure.py `peft_refuses`),
     cached per name set: asked by LoRA plans only, so a full plan never imports peft."""
-    key_regime = {"peft_refuses": sorted(names)}
-    path = _cache_path(config, cache_key(config, key_regime))
-    hit = _read(path)
-    if hit is not None and isinstance(hit.get("peft_refuses"), list):
-        return hit["peft_refuses"]
-    data = _run_trace(config, None, accepted, peft_names=key_regime["peft_refuses"])
-    if not isinstance(data.get("peft_refuses"), list):
-        raise _fail(str(config.get("model_type")), "the trace answered in another format", accepted)
-    _store(config, key_regime, {"format": TRACE_FORMAT, "model_type": data.get("model_type"),
-                                "peft_refuses": data["peft_refuses"]})
-    return data["peft_refuses"]
+    return _peft_answer(config, {"peft_refuses": sorted(names)}, "peft_refuses", list, accepted)
 
 
 def at(coeffs: list[int] | tuple[int, ...], batch: int, seq_len: int, granule: int = 1) -> int:
