@@ -32,6 +32,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from scaletrain.engine.dist_versions import installed_version
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import atomic_write
 from scaletrain.engine.probes import TRACE_FORMAT, probe_argv   # a cached answer of another format: traced again
@@ -68,15 +69,7 @@ def cache_dir() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def _versions() -> dict[str, str | None]:
-    from importlib import metadata
-
-    out: dict[str, str | None] = {}
-    for dist in ("scaletrain", "transformers", "torch", "peft"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
+    return {dist: installed_version(dist) for dist in ("scaletrain", "transformers", "torch", "peft")}
 
 
 def cache_key(config: Mapping[str, Any], regime: Mapping[str, Any] | None) -> str:
@@ -221,8 +214,25 @@ def _run_trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, acce
     return answer["ok"]
 
 
+# (id of the config, the regime, where the cache is) → (the config, its answer): a planner asks the same few answers
+# hundreds of times, and hashing the whole config for each took most of a cached traced plan. The config (a
+# ModelArch's read-only mapping) is kept in the entry, so its id is not reused while the entry lives.
+_HOT: dict[tuple[int, str, tuple[str | None, ...]], tuple[Mapping[str, Any], dict]] = {}
+
+
 def trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, accepted: str) -> tuple[dict, bool]:
     """The trace answer for `config` (+ `regime`), and whether it came from the cache."""
+    hot_key = (id(config), json.dumps(regime, sort_keys=True, default=str),
+               tuple(os.environ.get(k) for k in ("SCALETRAIN_CACHE", "XDG_CACHE_HOME", "HOME")))
+    hot = _HOT.get(hot_key)
+    if hot is not None and hot[0] is config:
+        return hot[1], True
+    data, cached = _trace(config, regime, accepted)
+    _HOT[hot_key] = (config, data)
+    return data, cached
+
+
+def _trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, accepted: str) -> tuple[dict, bool]:
     key = cache_key(config, regime)
     path = _cache_path(config, key)
     hit = _read(path)

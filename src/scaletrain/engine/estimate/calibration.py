@@ -13,9 +13,9 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from importlib import metadata
 from pathlib import Path
 
+from scaletrain.engine.dist_versions import installed_version
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import atomic_write
 from scaletrain.engine.estimate.setup import TrainingSetup
@@ -70,13 +70,7 @@ def calibration_dir() -> Path:
 
 @lru_cache(maxsize=1)
 def _stack() -> tuple[tuple[str, str], ...]:
-    out = {}
-    for name in STACK_PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = "absent"
-    return tuple(out.items())
+    return tuple((name, installed_version(name) or "absent") for name in STACK_PACKAGES)
 
 
 def stack_signature() -> dict[str, str]:

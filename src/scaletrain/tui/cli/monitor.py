@@ -17,7 +17,6 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.units import fmt_bytes, fmt_seconds
 from scaletrain.tui.cli.diagnose import print_diagnosis
 from scaletrain.tui.cli.plan_args import stated
-from scaletrain.tui.views.progress import export_line
 
 if TYPE_CHECKING:
     from scaletrain.engine.run.metrics import MetricsSummary, StepMetrics
@@ -134,6 +133,8 @@ class HeadlessPrinter:
                 code = job.status.exit_code
                 self.out.write(f"run {self.state}" + (f": exit code {code}" if code is not None else "")
                                + (f" ({job.status.reason})" if job.status.reason else "") + "\n")
+                from scaletrain.tui.views.progress import export_line     # rich: only when a run ends
+
                 line = export_line(self.run) if self.state == "finished" and self.run is not None else None
                 if line:
                     self.out.write(line + "\n")

@@ -84,8 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="scaletrain", usage=TOP_USAGE, epilog=EXAMPLES, formatter_class=_Formatter,
                 description="Plan, launch, watch and fix multi-GPU LLM fine-tuning.\nWithout a command: the wizard "
                             "(or --plain questions, or a --headless replay)\nover the plan options below.")
-    p.add_argument("--version", action="version", version=f"scaletrain {package_version()}",
-                   help="print scaletrain's version and exit")
+    p.add_argument("--version", action=_VersionAction, help="print scaletrain's version and exit")
     sub = p.add_subparsers(dest="command", parser_class=_Parser, title="commands", metavar="COMMAND",
                            prog="scaletrain")      # each command's usage: "scaletrain diagnose …"
     for c in COMMANDS:
@@ -114,6 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _VersionAction(argparse._VersionAction):
+    """argparse's version action, but the version is looked up only when asked (not by every other command)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        parser.exit(message=f"scaletrain {package_version()}\n")
+
+
 class _Formatter(argparse.RawDescriptionHelpFormatter):
     """Keeps the examples epilog's lines; help columns start at 32 so the long flags keep one line."""
 
@@ -123,12 +130,9 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
 def package_version() -> str:
     """The installed scaletrain's version (importlib.metadata), or the source tree's."""
-    from importlib.metadata import PackageNotFoundError, version
+    from scaletrain.engine.dist_versions import installed_version
 
-    try:
-        return version("scaletrain")
-    except PackageNotFoundError:
-        return "0.1.0 (source tree)"
+    return installed_version("scaletrain") or "0.1.0 (source tree)"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
