@@ -49,9 +49,10 @@ test: $(STAMP) ds-op docs specs-venv
 # the inner loop (target: 2 minutes on 2 cores): every test but the multi-process training runs (`slow`), the
 # profiler/tracing ground truth (`heavy`) and the other tests over ~2.5 CPU-seconds (`long`: pilot flows across
 # screens, validators run as subprocesses); `make test` runs them all. No training and no timed wait runs here, so
-# FAST_JOBS workers, one test at a time each (FAST_JOBS=1: one process)
+# FAST_JOBS workers, one test at a time each, an idle worker taking tests from the other's queue (worksteal: the two
+# ended up to 20 s apart with `load`); FAST_JOBS=1: one process
 test-fast: $(STAMP)
-	$(PY) -m pytest -q $(call fast_xdist,load) -m "not slow and not heavy and not long" $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(call fast_xdist,worksteal) -m "not slow and not heavy and not long" $(PYTEST_ARGS)
 
 # DeepSpeed's CPU comm op, built (or found built) the way the trainer loads it: a no-op of seconds once built
 ds-op: $(STAMP)

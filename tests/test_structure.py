@@ -11,6 +11,7 @@ at module level and inside functions, is an edge to the module it names (`from p
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -94,12 +95,31 @@ def _edges(module: str, tree: ast.AST, modules: dict[str, Path]) -> tuple[set[st
     return imports, runs
 
 
+@functools.lru_cache(maxsize=None)
+def parsed(path: Path) -> ast.AST:
+    """A module's syntax tree, parsed once per test process: the checks here walk every module, several times each
+    (read only: no check changes a tree)."""
+    return ast.parse(path.read_text(), str(path))
+
+
+_REAL_GRAPHS: list[tuple[dict[str, set[str]], dict[str, set[str]]]] = []
+
+
 def graphs(modules: dict[str, Path] = ALL_MODULES) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
-    """(imports, runs): the import graph, and the module strings each module names (its `python -m` edges)."""
+    """(imports, runs): the import graph, and the module strings each module names (its `python -m` edges); the real
+    tree's once per test process."""
+    if modules is ALL_MODULES:
+        if not _REAL_GRAPHS:
+            _REAL_GRAPHS.append(_graphs(modules))
+        return _REAL_GRAPHS[0]
+    return _graphs(modules)
+
+
+def _graphs(modules: dict[str, Path]) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     imports: dict[str, set[str]] = {}
     runs: dict[str, set[str]] = {}
     for module, path in modules.items():
-        imports[module], runs[module] = _edges(module, ast.parse(path.read_text(), str(path)), modules)
+        imports[module], runs[module] = _edges(module, parsed(path), modules)
     return imports, runs
 
 
@@ -351,7 +371,7 @@ def private_imports() -> list[str]:
     """`from scaletrain.x import _name` anywhere in the package: another module's private name."""
     out = []
     for module, path in MODULES.items():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.ImportFrom) and _resolve(module, node).startswith(PACKAGE):
                 out += [f"{module} imports {_resolve(module, node)}.{a.name}" for a in node.names
                         if a.name.startswith("_") and not a.name.startswith("__")]
@@ -373,7 +393,7 @@ def test_nvml_is_only_behind_devices_nvml():
 def long_functions(limit: int = MAX_FUNCTION_LINES) -> list[str]:
     out = []
     for module, path in MODULES.items():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
                 if n > limit:
@@ -394,5 +414,5 @@ def test_the_run_directorys_file_names_are_spelled_in_its_layout_only():
     files = {n for n in LAYOUT_NAMES if "." in n}
     owner = f"{PACKAGE}.engine.run.layout"
     spelled = sorted(f"{m}:{n.lineno} {n.value}" for m, path in MODULES.items() if m != owner
-                     for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant) and n.value in files)
+                     for n in ast.walk(parsed(path)) if isinstance(n, ast.Constant) and n.value in files)
     assert not spelled, "\n".join(spelled)

@@ -179,6 +179,7 @@ def test_a_weights_repo_without_a_tokenizer_is_refused_before_any_rank(hub, tmp_
     assert "model.safetensors" in _cached(tmp_path, "models", "org/notok")    # the weights came; the run did not
 
 
+@pytest.mark.long                # over 2.5 s in test-fast's run (bench/suite_time.py)
 def test_a_download_cut_off_midway_resumes_where_it_stopped(hub, tmp_path):
     from huggingface_hub.constants import DOWNLOAD_CHUNK_SIZE      # the client keeps whole chunks of a cut transfer
 

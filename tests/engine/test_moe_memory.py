@@ -74,6 +74,7 @@ EXTRA = {"qwen2-moe": [("shared_expert_gate",), ("gate_proj", "up_proj")], "mixt
 
 @pytest.mark.parametrize("family,targets", [(f, t) for f in FAMILIES for t in TARGETS + EXTRA.get(f, [])
                                             if not (f in ("mixtral", "gpt-oss") and t == ("down_proj",))])
+@pytest.mark.long                # over 2.5 s in test-fast's run (bench/suite_time.py)
 def test_lora_counts_match_peft(family, targets):
     """peft adapts the nn.Linear targets a block has, and on qwen3_moe, olmoe and mixtral converts the expert names
     into adapters on the fused 3-D experts (rank 2r for gate_up_proj)."""

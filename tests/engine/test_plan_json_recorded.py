@@ -53,9 +53,26 @@ def test_every_bundled_preset_is_recorded():
     assert {p.stem for p in rec.PRESETS.glob("*.yaml")} <= set(rec.cases())
 
 
+@pytest.fixture(scope="module")
+def answers() -> dict[str, tuple[int, str, str]]:
+    return rec.plan_json_in_one_process(rec.cases())
+
+
+# a case of each kind also as its own `scaletrain plan` process, as the recorder ran them
+ONE_PROCESS_EACH = ("cpu-tiny", "4090x8+lora", "err-set-unknown")
+
+
 @pytest.mark.parametrize("name", sorted(rec.cases()))
-def test_plan_json_is_as_recorded(name):
-    rc, out, err = rec.plan_json(rec.cases()[name])
+def test_plan_json_is_as_recorded(name, answers):
+    _expect_recorded(name, *answers[name])
+
+
+@pytest.mark.parametrize("name", ONE_PROCESS_EACH)
+def test_plan_json_is_as_recorded_in_a_process_of_its_own(name):
+    _expect_recorded(name, *rec.plan_json(rec.cases()[name]))
+
+
+def _expect_recorded(name: str, rc: int, out: str, err: str) -> None:
     got = rec.recorded(rc, out, err)
     want = (rec.HERE / f"{name}.{'err' if name.startswith('err-') else 'json'}").read_text()
     if name.startswith("err-"):

@@ -170,6 +170,7 @@ def test_preset_file_fifo(tmp_path):
     _one_line(r, "FIFO")
 
 
+@pytest.mark.long                # over 2.5 s in test-fast's run (bench/suite_time.py)
 def test_diagnose_fifo_log_and_fifo_rank_log_in_a_run(tmp_path, run_dir):
     fifo = _fifo(tmp_path / "train.log")
     r, _ = _cli(["diagnose", str(fifo)], tmp_path)

@@ -65,6 +65,7 @@ async def remedies_shown(pilot):
 
 # ---- item 4: remedies ask first ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("size", [(120, 40), (80, 24)], ids=["120x40", "80x24"])
+@pytest.mark.long                # over 2.5 s in test-fast's run (bench/suite_time.py)
 def test_remedy_list_opens_on_the_first_and_keeps_the_selection_in_view(tmp_path, size):
     rd = failed_cpu_run(tmp_path / "run")
 
@@ -188,6 +189,7 @@ def test_confirmed_remedy_rewrites_with_backup_relaunches_and_q_leaves_it_runnin
 
 
 # ---- item 5: the monitor's keys and states --------------------------------------------------------------------
+@pytest.mark.long                # over 2.5 s in test-fast's run (bench/suite_time.py)
 def test_esc_closes_the_doctor_then_leaves_never_a_blank_screen(tmp_path):
     rd = failed_cpu_run(tmp_path / "run")
 

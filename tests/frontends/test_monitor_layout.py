@@ -44,6 +44,7 @@ def long_run(path: Path, steps: int = 300) -> RunDir:
     return rd
 
 
+@pytest.mark.long                # over 2.5 s in test-fast's run (bench/suite_time.py)
 def test_three_gpus_full_panels_when_wide_one_line_each_when_narrow(tmp_path):
     rd = gpu_run_dir(tmp_path / "run")
 
@@ -66,6 +67,7 @@ def test_three_gpus_full_panels_when_wide_one_line_each_when_narrow(tmp_path):
     assert "MIG" in texts[2]
 
 
+@pytest.mark.long                # over 2.5 s in test-fast's run (bench/suite_time.py)
 def test_chart_holds_every_step_and_the_plans_speed(tmp_path):
     rd = long_run(tmp_path / "run")
     doc = read_plan_document(rd.plan)

@@ -108,6 +108,7 @@ def test_monitor_remedies(snap_compare, failed_run, size):
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+@pytest.mark.long                # over 2.5 s in test-fast's run (bench/suite_time.py)
 def test_monitor_remedy_confirmation(snap_compare, failed_run, size):
     assert snap_compare(failed_app(failed_run), terminal_size=size, run_before=asking)
 
@@ -126,5 +127,6 @@ async def log_view(pilot) -> None:
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+@pytest.mark.long                # over 2.5 s in test-fast's run (bench/suite_time.py)
 def test_monitor_log_view(snap_compare, run_8gpu, size):
     assert snap_compare(app_for(run_8gpu), terminal_size=size, run_before=log_view)

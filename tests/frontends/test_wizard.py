@@ -233,6 +233,7 @@ def test_custom_flow_qwen7b_lora_on_4xh200(tmp_path):
 
 
 # ---- hardware step ----------------------------------------------------------------------------------------------------
+@pytest.mark.long                # over 2.5 s in test-fast's run (bench/suite_time.py)
 def test_no_gpu_and_no_flag_says_so_and_offers_the_catalog():
     app = create_app(parse_args([]), detect=no_gpu, launch=False)
 
@@ -274,6 +275,7 @@ def test_detected_gpus_are_used_by_default():
     run(look())
 
 
+@pytest.mark.long                # over 2.5 s in test-fast's run (bench/suite_time.py)
 def test_bad_gpu_count_is_refused_in_place():
     app = create_app(parse_args(["--gpus", "4xH200"]), detect=no_gpu, launch=False)
 
@@ -293,6 +295,7 @@ def test_bad_gpu_count_is_refused_in_place():
 
 
 # ---- model step -------------------------------------------------------------------------------------------------------
+@pytest.mark.long                # over 2.5 s in test-fast's run (bench/suite_time.py)
 def test_missing_model_path_is_refused_in_place(tmp_path):
     app = create_app(parse_args(["--gpus", "4xH200"]), detect=no_gpu, launch=False)
     missing = str(tmp_path / "nope" / "config.json")

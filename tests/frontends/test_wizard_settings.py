@@ -220,6 +220,7 @@ def test_qlora_from_random_init_is_refused_before_writing(tmp_path):
     assert status.startswith("not written: a 4-bit base (qlora)") and not (tmp_path / "run").exists()
 
 
+@pytest.mark.long                # over 2.5 s in test-fast's run (bench/suite_time.py)
 def test_fresh_wizard_preselects_no_method(tmp_path):
     app = create_app(parse_args(["--gpus", "4xH200"]), detect=no_gpu, launch=False)
 

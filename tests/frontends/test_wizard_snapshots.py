@@ -56,6 +56,7 @@ def app_for(args=ARGS):
     return create_app(parse_args(list(args)), detect=no_gpu, launch=False)
 
 
+@pytest.mark.long                # over 2.5 s in test-fast's run (bench/suite_time.py)
 def test_step1_hardware_no_gpu(snap_compare, no_local_presets):
     """No arguments: the start screen, then "start from scratch" (its first row) opens step 1."""
     assert snap_compare(app_for(["--run-dir", RUN_DIR]), terminal_size=SIZE, run_before=walk_to(1, "enter"))

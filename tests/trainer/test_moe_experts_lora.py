@@ -36,6 +36,7 @@ EXTRA = {"qwen3-moe": [("gate_proj", "up_proj", "experts"), ("down_proj", "exper
 
 
 @pytest.mark.parametrize("family,targets", [(f, t) for f in FAMILIES for t in TARGETS + EXTRA.get(f, [])])
+@pytest.mark.long                # over 2.5 s in test-fast's run (bench/suite_time.py)
 def test_experts_target_counts_match_peft(family, targets):
     """lora_A (R·E, in) and lora_B (out, R·E) per fused parameter, R = r (2r on gate_up_proj where peft also
     converted a fused pair named whole); gpt_oss's transposed experts the same, their biases frozen."""
