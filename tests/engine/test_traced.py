@@ -325,3 +325,18 @@ def test_a_slice_of_a_config_without_special_ids_moves_its_class_defaults_into_t
     sliced = prefix_config(cfg, 2)
     assert sliced["num_hidden_layers"] == 2 and sliced["pad_token_id"] == SLICE_VOCAB - 1
     assert _meta_model(sliced).get_input_embeddings().padding_idx == SLICE_VOCAB - 1
+
+
+def test_a_slice_shrinks_the_logits_width_that_follows_the_vocabulary():
+    """MarianConfig's decoder_vocab_size is the width of MarianForCausalLM's logits (vocab_size when unset): left at
+    58101 beside the slice's small vocabulary, the trace's forward failed reshaping the logits and marian was refused
+    (found by bench/architecture_sweep.py). A width that differs from vocab_size is left as the config says."""
+    from scaletrain.measure.trace_structure import SLICE_VOCAB, _meta_model, prefix_config
+
+    cfg = {"model_type": "marian", "d_model": 64, "decoder_ffn_dim": 128, "decoder_layers": 4,
+           "decoder_attention_heads": 4, "vocab_size": 58101, "decoder_vocab_size": 58101, "pad_token_id": 58100,
+           "decoder_start_token_id": 58100}
+    sliced = prefix_config(cfg, 2)
+    assert sliced["vocab_size"] == sliced["decoder_vocab_size"] == SLICE_VOCAB
+    assert _meta_model(sliced).get_output_embeddings().out_features == SLICE_VOCAB
+    assert prefix_config({**cfg, "decoder_vocab_size": 1000}, 2)["decoder_vocab_size"] == 1000

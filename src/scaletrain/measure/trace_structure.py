@@ -221,6 +221,9 @@ def prefix_config(config: dict, n: int) -> dict:
               and "layer" in k and max(v) < depth):
             cfg[k] = [x for x in v if x < n]
     cfg[key] = n
+    for k, v in config.items():      # marian's decoder_vocab_size (its logits' width) follows vocab_size
+        if k.endswith("vocab_size") and k != "vocab_size" and v == config.get("vocab_size"):
+            cfg[k] = SLICE_VOCAB
     cfg["vocab_size"] = SLICE_VOCAB
     defaults = _class_defaults(str(cfg.get("model_type")))
     for k in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
