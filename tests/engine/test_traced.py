@@ -340,3 +340,7 @@ def test_a_slice_shrinks_the_logits_width_that_follows_the_vocabulary():
     assert sliced["vocab_size"] == sliced["decoder_vocab_size"] == SLICE_VOCAB
     assert _meta_model(sliced).get_output_embeddings().out_features == SLICE_VOCAB
     assert prefix_config({**cfg, "decoder_vocab_size": 1000}, 2)["decoder_vocab_size"] == 1000
+    # gemma3n's per-layer embedding: a row per token id, 262 144 rows (512 MiB in the slice) for 509 ids
+    gemma3n = {"model_type": "gemma3n_text", "num_hidden_layers": 35, "vocab_size": 262400,
+               "vocab_size_per_layer_input": 262144, "hidden_size_per_layer_input": 256}
+    assert prefix_config(gemma3n, 2)["vocab_size_per_layer_input"] == SLICE_VOCAB

@@ -28,7 +28,7 @@ SIZES: dict[str, int] = {
     "num_key_value_heads": 2, "num_kv_heads": 2, "n_kv_heads": 2, "multi_query_group_num": 2,
     "head_dim": 16, "attention_head_dim": 16,
     "num_hidden_layers": LAYERS, "n_layer": LAYERS, "num_layers": LAYERS, "n_layers": LAYERS,
-    "vocab_size": VOCAB, "decoder_vocab_size": VOCAB,
+    "vocab_size": VOCAB, "decoder_vocab_size": VOCAB, "vocab_size_per_layer_input": VOCAB,
     "num_experts": 8, "n_routed_experts": 8, "num_local_experts": 8, "moe_num_experts": 8, "num_experts_total": 8,
     "num_experts_per_tok": 2, "moe_topk": 2, "top_k": 2, "moe_k": 2, "num_selected_experts": 2,
     "n_shared_experts": 1, "num_shared_experts": 1, "moe_num_shared_experts": 1,

@@ -221,8 +221,11 @@ def prefix_config(config: dict, n: int) -> dict:
               and "layer" in k and max(v) < depth):
             cfg[k] = [x for x in v if x < n]
     cfg[key] = n
-    for k, v in config.items():      # marian's decoder_vocab_size (its logits' width) follows vocab_size
-        if k.endswith("vocab_size") and k != "vocab_size" and v == config.get("vocab_size"):
+    for k, v in config.items():
+        # marian's decoder_vocab_size (its logits' width) follows vocab_size; gemma3n's per-layer embedding has a row
+        # per token id the slice's inputs can hold (262 144 rows kept it 512 MiB at the slice's two layers)
+        if (k.endswith("vocab_size") and k != "vocab_size" and v == config.get("vocab_size")) or (
+                k == "vocab_size_per_layer_input" and isinstance(v, int) and v > SLICE_VOCAB):
             cfg[k] = SLICE_VOCAB
     cfg["vocab_size"] = SLICE_VOCAB
     defaults = _class_defaults(str(cfg.get("model_type")))
