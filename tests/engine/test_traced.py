@@ -327,6 +327,31 @@ def test_a_slice_of_a_config_without_special_ids_moves_its_class_defaults_into_t
     assert _meta_model(sliced).get_input_embeddings().padding_idx == SLICE_VOCAB - 1
 
 
+def test_a_window_the_plan_does_not_meet_is_kept_out_of_the_traced_lengths():
+    """A sliding window at least the planned length is causal attention at that length; traced at lengths beyond it,
+    the fit took in a window the plan never meets (lfm3's 256: refused by the fit's check; granite_swa's 128 at a
+    planned 128: 4 % over). It is traced longer than every trace length; a shorter window than the planned length
+    is traced shorter than every one (the `windowed` regime)."""
+    from scaletrain.engine.catalog.traced import LENGTHS_PER_GRANULE, granule
+    from scaletrain.measure.trace_structure import TRACE_MULTIPLES, WINDOWED_TRACE, shrink_windows
+
+    cfg = {"model_type": "lfm3", "sliding_window": 256, "max_position_embeddings": 4096}
+    g = granule(cfg)
+    longest = g * TRACE_MULTIPLES[-1] + g - 1                 # the last multiple, with the largest residue
+    causal = dict(cfg)
+    shrink_windows(causal, {"method": "full"})
+    assert causal["sliding_window"] > longest and causal["sliding_window"] == LENGTHS_PER_GRANULE * g
+    windowed = dict(cfg)
+    shrink_windows(windowed, {"method": "full", "windowed": True})
+    assert windowed["sliding_window"] == WINDOWED_TRACE < g
+    wide = {**cfg, "sliding_window": 4096}
+    shrink_windows(wide, {"method": "full"})
+    assert wide["sliding_window"] == 4096
+    plain = {"model_type": "llama"}
+    shrink_windows(plain, {"method": "full"})
+    assert "sliding_window" not in plain
+
+
 def test_a_slice_shrinks_the_logits_width_that_follows_the_vocabulary():
     """MarianConfig's decoder_vocab_size is the width of MarianForCausalLM's logits (vocab_size when unset): left at
     58101 beside the slice's small vocabulary, the trace's forward failed reshaping the logits and marian was refused

@@ -17,7 +17,8 @@ PROBE_MODULE = "scaletrain.measure.probe"      # the one entry point the engine 
 # (measure/trace_structure.py TRACE_BATCH), rises fitted through the longest lengths. 7: the embedding output
 # a frozen embedding hands checkpointed blocks as a leaf, counted with the shared tensors. 8: each kind's `input`,
 # the bytes of the hidden states its layers receive (what a checkpointed layer keeps; hy_v4's hyper-connections).
-TRACE_FORMAT = 8
+# 9: a sliding window at least the planned length traced as longer than every trace length (causal there).
+TRACE_FORMAT = 9
 # data profile (engine/request/data_profile.py ↔ measure/data_profile.py)
 PROFILE_FORMAT = 2
 PROBES = ("trace", "data-profile", "tokenizer-check")

@@ -7,7 +7,7 @@ import hashlib
 import re
 from typing import Any
 
-from scaletrain.engine.catalog.traced import MAX_GRANULE
+from scaletrain.engine.catalog.traced import LENGTHS_PER_GRANULE, MAX_GRANULE, granule
 from scaletrain.measure.saved_activations import decoder_layers
 from scaletrain.measure.trace_fit import TraceError
 
@@ -280,9 +280,15 @@ def check_slice_size(struct: dict, precision: str, model_type: str) -> None:
 
 
 def shrink_windows(cfg: dict, regime: dict) -> None:
-    """A window or attention chunk shorter than the planned sequences: traced as one shorter than the traced ones."""
+    """A window or attention chunk shorter than the planned sequences: traced as one shorter than the traced ones.
+    A window as long as the planned sequences at least is causal attention there: traced as one longer than the
+    traced ones, so the fit never takes in a window the plan does not meet (lfm3's 256 against trace lengths up to
+    256 + 63: its fit failed the check and lfm3 was refused; granite_swa's 128 at a planned 128 was 4 % over)."""
+    window = cfg.get("sliding_window")
     if regime.get("windowed"):
         cfg["sliding_window"] = WINDOWED_TRACE
+    elif isinstance(window, int) and not isinstance(window, bool) and window > 0:
+        cfg["sliding_window"] = max(window, LENGTHS_PER_GRANULE * granule(cfg))
     if regime.get("chunked"):
         for k, v in list(cfg.items()):
             if "chunk" in k and isinstance(v, int) and v > MAX_GRANULE:
