@@ -11,7 +11,7 @@ from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import Hardware
-from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, UNMODELED_EAGER, ModelArch
+from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, UNMODELED_CHECKPOINTING, UNMODELED_EAGER, ModelArch
 from scaletrain.engine.choices import carries, choices_json, coerce_words
 from scaletrain.engine.vocabulary import Device, Generation, LossImpl, Method, Objective, Offload, RefModel, Strategy
 
@@ -272,6 +272,10 @@ def _check_checkpointing(s: TrainingSetup) -> None:
     """A traced model whose class cannot checkpoint its layers (transformers' supports_gradient_checkpointing False:
     jetmoe, cpmant) is planned without it, and --grad-ckpt on it is refused in one line."""
     if s.grad_ckpt and not s.model.can_checkpoint:
+        why = UNMODELED_CHECKPOINTING.get(s.model.model_type)
+        if why:
+            raise ScaletrainError(f"{s.model.name} ({s.model.model_type}) with --grad-ckpt: {why}; plan it without "
+                                  "--grad-ckpt")
         raise ScaletrainError(f"{s.model.name} ({s.model.model_type}) cannot checkpoint its layers in transformers "
                               "(its class does not support gradient checkpointing); plan it without --grad-ckpt")
 
