@@ -352,6 +352,18 @@ def test_a_window_the_plan_does_not_meet_is_kept_out_of_the_traced_lengths():
     assert "sliding_window" not in plain
 
 
+def test_a_config_whose_depth_is_its_list_of_layer_types_is_sliced_by_that_list():
+    """transformers 5.24's NemotronHConfig writes layers_block_type (mamba, attention, MoE, MLP layers) and no
+    num_hidden_layers: the trace refused it ("names no number of layers"). Its slice is the list's first layers."""
+    from scaletrain.measure.trace_structure import prefix_config
+
+    cfg = {"model_type": "nemotron_h", "hidden_size": 64, "vocab_size": 512,
+           "layers_block_type": ["mamba", "moe", "attention", "mlp", "mamba", "moe"]}
+    sliced = prefix_config(cfg, 4)
+    assert sliced["layers_block_type"] == ["mamba", "moe", "attention", "mlp"]
+    assert "num_hidden_layers" not in sliced
+
+
 def test_a_slice_shrinks_the_logits_width_that_follows_the_vocabulary():
     """MarianConfig's decoder_vocab_size is the width of MarianForCausalLM's logits (vocab_size when unset): left at
     58101 beside the slice's small vocabulary, the trace's forward failed reshaping the logits and marian was refused

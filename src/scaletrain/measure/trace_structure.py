@@ -199,11 +199,19 @@ def config_sizes(conf) -> dict[str, int]:
 
 
 # ---- the slice ------------------------------------------------------------------------------------------------
+# a config whose class derives its depth from its list of layer types (transformers 5.24's NemotronHConfig writes
+# layers_block_type and no num_hidden_layers)
+LAYER_LIST_KEYS = ("layers_block_type",)
+
+
 def _depth_key(config: dict) -> str:
     for key in DEPTH_KEYS:
         if isinstance(config.get(key), int) and not isinstance(config.get(key), bool):
             return key
-    raise TraceError("config.json names no number of layers (num_hidden_layers)")
+    for key in LAYER_LIST_KEYS:
+        if isinstance(config.get(key), list) and config[key]:
+            return key
+    raise TraceError("config.json names no number of layers (num_hidden_layers, or a layers_block_type list)")
 
 
 def prefix_config(config: dict, n: int) -> dict:
@@ -211,7 +219,7 @@ def prefix_config(config: dict, n: int) -> dict:
     lists kept below n; the vocabulary small, special token ids moved inside it."""
     cfg = dict(config)
     key = _depth_key(cfg)
-    depth = cfg[key]
+    depth = len(cfg[key]) if key in LAYER_LIST_KEYS else cfg[key]
     for k, v in config.items():
         if isinstance(v, (list, str)) and len(v) == depth and depth > 1 and k not in ("model_type",):
             cfg[k] = v[:n]
@@ -220,7 +228,8 @@ def prefix_config(config: dict, n: int) -> dict:
         elif (isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
               and "layer" in k and max(v) < depth):
             cfg[k] = [x for x in v if x < n]
-    cfg[key] = n
+    if key not in LAYER_LIST_KEYS:      # a list of layer types is cut to n above
+        cfg[key] = n
     for k, v in config.items():
         # marian's decoder_vocab_size (its logits' width) follows vocab_size; gemma3n's per-layer embedding has a row
         # per token id the slice's inputs can hold (262 144 rows kept it 512 MiB at the slice's two layers)
