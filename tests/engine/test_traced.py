@@ -362,6 +362,9 @@ def test_a_config_whose_depth_is_its_list_of_layer_types_is_sliced_by_that_list(
     sliced = prefix_config(cfg, 4)
     assert sliced["layers_block_type"] == ["mamba", "moe", "attention", "mlp"]
     assert "num_hidden_layers" not in sliced
+    # prophetnet's decoder, built alone as a causal LM, counts its layers as num_decoder_layers
+    assert prefix_config({"model_type": "prophetnet", "hidden_size": 64, "vocab_size": 512, "num_encoder_layers": 12,
+                          "num_decoder_layers": 12}, 2)["num_decoder_layers"] == 2
 
 
 def test_a_slice_shrinks_the_logits_width_that_follows_the_vocabulary():

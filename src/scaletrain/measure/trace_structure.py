@@ -32,7 +32,7 @@ SLICE_VOCAB = 509
 MAX_SLICE_BYTES = 4 << 30
 ATTN_NAMES = ("self_attn", "attention", "attn", "self_attention", "mixer", "mamba", "linear_attn", "temporal_block")
 MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe")
-DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers")   # the last: an encoder-decoder family's decoder, built alone as a causal LM
+DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "num_decoder_layers")   # the last two: an encoder-decoder family's decoder (prophetnet's), built alone as a causal LM
 # attributes that number a layer rather than shape it (left out of the signature)
 _NUMBERING = re.compile(r"idx|index|layer_id|layer_num|layer_no|block_id", re.I)
 
