@@ -62,6 +62,25 @@ def test_params_and_active_params_match_transformers(family):
         max(sum(p.numel() for p in layer.parameters()) for layer in model.model.layers), arch.embedding_params)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_config_transformers_saved_counts_its_experts(family):
+    """transformers reads an expert count by either spelling (attribute_map) and saves its own: Qwen3MoeConfig in
+    5.24 writes num_local_experts where the hub's Qwen3 MoE configs say num_experts, and the engine took the class
+    default of 128 experts for a config saved by transformers (the sweep's qwen3_moe: 9.6 M parameters planned for
+    a 0.7 M model). Both spellings, as the hub and as save_pretrained write them."""
+    from transformers import AutoConfig
+
+    cfg = _config(family)
+    model_type = cfg["model_type"]
+    saved = AutoConfig.for_model(model_type, **{k: v for k, v in cfg.items() if k != "model_type"}).to_dict()
+    experts = saved.get("num_local_experts", saved.get("num_experts"))
+    for spelled in ("num_experts", "num_local_experts"):
+        written = {k: v for k, v in saved.items() if k not in ("num_experts", "num_local_experts")}
+        written[spelled] = experts
+        assert arch_from_config(written, family).moe.experts == experts, (family, spelled)
+    assert arch_from_config(saved, family).params == arch_from_config(cfg, family).params
+
+
 def test_dense_models_have_active_equal_to_params():
     m = load_model("scaletrain/tiny-llama")
     assert m.moe is None and m.active_params == m.params

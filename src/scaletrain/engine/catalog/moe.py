@@ -29,6 +29,8 @@ _KEYS = {
     "mixtral": ("num_local_experts", "num_experts_per_tok", "intermediate_size"),
     "gpt_oss": ("num_local_experts", "num_experts_per_tok", "intermediate_size"),
 }
+# The expert count's two spellings: each family's configuration class reads both (attribute_map)
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts")
 # Defaults of the same configuration classes, for config.json files that leave a key out.
 _DEFAULTS = {
     "qwen3_moe": dict(num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=False),
@@ -90,6 +92,10 @@ def moe_from_config(model_type: str, cfg: Mapping[str, Any], num_layers: int, na
         v = cfg.get(key)
         if v is None and model_type == "gpt_oss" and key == "num_experts_per_tok":
             v = cfg.get("num_experts_per_token")       # the name in OpenAI's original config.json
+        if v is None and key in EXPERT_COUNT_KEYS:
+            # transformers reads either spelling (attribute_map) and writes its own: Qwen3MoeConfig in 5.24 saves
+            # num_local_experts where the hub's Qwen3 MoE configs say num_experts (the default, 128, stood in)
+            v = cfg.get(next(k for k in EXPERT_COUNT_KEYS if k != key))
         return d.get(key) if v is None else v
 
     def whole(key: str, lo: int = 1) -> int:
