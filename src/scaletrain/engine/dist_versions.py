@@ -24,7 +24,7 @@ def installed_version(name: str) -> str | None:
                 dist, _, version = folder[: -len(".dist-info")].partition("-")
                 if _normal(dist) == want and version:
                     return version
-            elif folder.endswith(".egg-info") and _normal(folder.split("-")[0].removesuffix(".egg_info")) == want:
+            elif folder.endswith(".egg-info") and _normal(folder[: -len(".egg-info")].split("-")[0]) == want:
                 return _from_metadata(name)
     return _from_metadata(name)
 

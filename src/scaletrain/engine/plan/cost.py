@@ -164,7 +164,7 @@ def bundled_prices() -> PriceTable:
 @functools.lru_cache(maxsize=1)
 def _bundled_document() -> Any:
     """The shipped file, parsed once per process by libyaml where PyYAML has it (our own file: no limits needed;
-    the pure-Python loader took 50 ms of every `scaletrain plan`)."""
+    PyYAML's pure-Python loader took 7 ms a parse here, libyaml 0.7 ms)."""
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

@@ -129,7 +129,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
 
 def package_version() -> str:
-    """The installed scaletrain's version (importlib.metadata), or the source tree's."""
+    """The installed scaletrain's version (its dist-info, engine/dist_versions.py), or the source tree's."""
     from scaletrain.engine.dist_versions import installed_version
 
     return installed_version("scaletrain") or "0.1.0 (source tree)"
