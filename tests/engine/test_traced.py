@@ -284,6 +284,48 @@ def test_a_traced_familys_per_layer_widths_are_read_not_refused():
         arch_from_config({**cfg, "model_type": "llama"}, "tiny-llama")      # an analytic family's stays one number
 
 
+@pytest.mark.long                       # imports transformers' config classes
+def test_a_config_with_per_layer_sizes_gives_the_sizes_it_answers_globally():
+    """gemma4's head_dim is a per-layer attribute: reading it from the whole config raises (transformers'
+    heterogeneity configs), and the structure of every gemma4 family failed ("transformers cannot build it"). The
+    sizes the config answers are read; the per-layer one is left to the traced layers."""
+    from transformers import AutoConfig
+
+    from scaletrain.measure.trace_structure import config_sizes
+
+    conf = AutoConfig.for_model("gemma4_text")
+    with pytest.raises(RuntimeError):
+        conf.head_dim
+    sizes = config_sizes(conf)
+    assert "head_dim" not in sizes and sizes["hidden_size"] == conf.hidden_size
+
+
+def test_for_loop_adamw_holds_two_copies_of_the_largest_parameter_tensor():
+    """for-loop AdamW's `exp_avg_sq.sqrt() / bias_correction2_sqrt` holds two temporaries of the parameter being
+    stepped; the largest was taken to be the embedding. roc_bert's shape embedding (24858×512) is 390 times
+    larger than its word embedding at the sweep's shrunk sizes, and its full fine-tune was planned 32 % under
+    the profiler (bench/architecture_sweep.py). A traced structure names its largest tensor; an analytic MoE's
+    fused experts (E, 2I, h) count where they exceed the embedding."""
+    from scaletrain.engine.estimate.states import _optimizer_step_temporaries
+    from scaletrain.engine.estimate.numerics import numerics
+
+    cfg = {"model_type": "roc_bert", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+           "vocab_size": 512, "intermediate_size": 128}
+    st = {"params": 13_000_000, "tied": True, "head_out": 512, "embedding_params": 512 * 64,
+          "largest_param": 24858 * 512, "linears": {}}
+    arch = arch_from_config(cfg, "tiny-roc_bert", st)
+    assert arch.largest_param_elems == 24858 * 512
+    s = TrainingSetup(model=arch, hardware=parse_gpus("1xCPU"), method="full", strategy="ddp", precision="fp32",
+                      optimizer_impl="for-loop", attn="sdpa", micro_batch=1, seq_len=16, device="cpu")
+    assert _optimizer_step_temporaries(s, numerics(s), 0) == 2 * 4 * 24858 * 512
+    older = {k: v for k, v in st.items() if k != "largest_param"}          # a trace cached before it was named
+    assert arch_from_config(cfg, "tiny-roc_bert", older).largest_param_elems == 512 * 64
+    mixtral = {"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 512, "num_local_experts": 8,
+               "num_experts_per_tok": 2}
+    assert arch_from_config(mixtral, "tiny-mixtral").largest_param_elems == 8 * 2 * 128 * 64
+
+
 def test_a_class_that_cannot_checkpoint_is_refused_checkpointing_in_one_line():
     """jetmoe and cpmant set supports_gradient_checkpointing False: the whole family was refused ("its forward
     failed") because one traced regime asked for checkpointing; now only --grad-ckpt is refused, saying why."""

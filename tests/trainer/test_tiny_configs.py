@@ -17,6 +17,8 @@ pytestmark = pytest.mark.heavy          # builds small models on the CPU
     ("mamba2", lambda c: c["num_heads"] * c["head_dim"] == c["expand"] * c["hidden_size"]),
     # a validator that ties the depth to another list (attention_types): the default depth kept
     ("gpt_neo", lambda c: c["num_layers"] == len(c["attention_layers"])),
+    # key/value heads the class leaves None and divides by (nemotron's attention): every head its own
+    ("nemotron", lambda c: c["num_key_value_heads"] == c["num_attention_heads"]),
 ])
 def test_the_shrunk_config_is_one_transformers_builds(model_type, check):
     from transformers import AutoConfig
@@ -27,6 +29,16 @@ def test_the_shrunk_config_is_one_transformers_builds(model_type, check):
     assert tc.builds(cfg) and check(cfg), cfg
     plain = tc.shrink(AutoConfig.for_model(model_type).to_dict(), model_type)
     assert not tc.builds(plain)           # the plain shrink alone is what the sweep refused before
+
+
+def test_a_bart_style_decoder_gets_heads_that_divide_its_shrunk_width():
+    """plbart's 12 decoder heads do not divide the shrunk d_model of 64 ("embed_dim must be divisible by num_heads":
+    the sweep listed it as refused); heads that divide it, as bart's 16 do, are left as the class wrote them."""
+    from scaletrain.measure import tiny_configs as tc
+
+    cfg = tc.config_dict("plbart")
+    assert cfg["d_model"] % cfg["decoder_attention_heads"] == 0 and tc.builds(cfg)
+    assert tc.config_dict("bart")["decoder_attention_heads"] == 16
 
 
 def test_a_plain_family_keeps_its_plain_shrink():

@@ -18,7 +18,8 @@ PROBE_MODULE = "scaletrain.measure.probe"      # the one entry point the engine 
 # a frozen embedding hands checkpointed blocks as a leaf, counted with the shared tensors. 8: each kind's `input`,
 # the bytes of the hidden states its layers receive (what a checkpointed layer keeps; hy_v4's hyper-connections).
 # 9: a sliding window at least the planned length traced as longer than every trace length (causal there).
-TRACE_FORMAT = 9
+# 10: the structure names its largest parameter tensor (for-loop AdamW's temporaries: roc_bert's shape embedding).
+TRACE_FORMAT = 10
 # data profile (engine/request/data_profile.py ↔ measure/data_profile.py)
 PROFILE_FORMAT = 2
 PROBES = ("trace", "data-profile", "tokenizer-check")

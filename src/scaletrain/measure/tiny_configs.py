@@ -104,6 +104,9 @@ def shrink(d: dict[str, Any], model_type: str, fill: bool = False, cut: bool = F
             continue
         if fill and isinstance(value, dict) and _sub_config(value):
             value = shrink(value, model_type, fill=True)
+        elif fill and isinstance(value, dict) and value and all(isinstance(v, dict) and _sub_config(v)
+                                                                for v in value.values()):
+            value = {k: shrink(v, model_type, fill=True) for k, v in value.items()}   # dots3's configs by layer type
         out[key] = _shrunk_size(key, value, fill)
     out["model_type"] = d.get("model_type", model_type)
     _fix_heads(out)
@@ -150,6 +153,8 @@ def _derive_widths(d: dict[str, Any], default: dict[str, Any]) -> None:
     hidden = next((d[k] for k in ("hidden_size", "n_embd", "d_model") if _ints(d.get(k))), None)
     if "head_dim" in d and d["head_dim"] is None and _ints(heads, hidden):
         d["head_dim"] = hidden // heads
+    if "num_key_value_heads" in d and d["num_key_value_heads"] is None and _ints(d.get("num_attention_heads")):
+        d["num_key_value_heads"] = d["num_attention_heads"]     # None read as every head its own (nemotron's class)
     head_dim = d.get("head_dim") or (hidden // heads if _ints(heads, hidden) else None)
     if _ints(d.get("rotary_dim"), head_dim) and d["rotary_dim"] > head_dim:
         d["rotary_dim"] = head_dim
@@ -205,3 +210,7 @@ def _fix_heads(d: dict[str, Any]) -> None:
         h = d.get("hidden_size")
         if isinstance(h, int) and h % heads:
             d["num_attention_heads"] = 4
+    width = d.get("d_model")
+    for key in ("decoder_attention_heads", "encoder_attention_heads"):    # bart-style decoders (plbart's 12)
+        if _ints(width, d.get(key)) and width % d[key]:
+            d[key] = 4

@@ -136,6 +136,7 @@ def structure(config: dict) -> dict[str, Any]:
     head_w = getattr(head, "weight", None) if head is not None else None
     return {
         "params": int(sum(p.numel() for p in unique.values())),
+        "largest_param": max((int(p.numel()) for p in unique.values()), default=0),
         "embedding_params": emb_params, "lm_head_params": head_params, "tied": bool(tied),
         "block_params": largest["params"], "block_tensors": largest["tensors"], "linears": linears,
         "block_norms": largest["norms"], "tensor_count": len(unique),
@@ -186,12 +187,13 @@ SIZE_NAMES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_ke
 
 def config_sizes(conf) -> dict[str, int]:
     """The sizes the engine reads, as transformers' config object answers them (its attribute_map turns GPT-2's
-    n_embd, n_layer, n_head into hidden_size, num_hidden_layers, num_attention_heads)."""
+    n_embd, n_layer, n_head into hidden_size, num_hidden_layers, num_attention_heads). A size the config will not
+    answer globally is left out: gemma4's per-layer head_dim raises (transformers' heterogeneity configs)."""
     out = {}
     for name in SIZE_NAMES:
         try:
             v = getattr(conf, name)
-        except (AttributeError, KeyError, TypeError, ValueError):
+        except (AttributeError, KeyError, TypeError, ValueError, RuntimeError):
             continue
         if isinstance(v, int) and not isinstance(v, bool) and v > 0:
             out[name] = v

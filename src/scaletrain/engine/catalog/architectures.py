@@ -255,6 +255,19 @@ class ModelArch:
         return self.vocab_size * self.hidden_size
 
     @property
+    def largest_param_elems(self) -> int:
+        """Elements of the model's largest parameter tensor: for-loop AdamW's sqrt and div temporaries have its
+        size. Usually the embedding; roc_bert's shape embedding (24858×512) and an MoE block's fused experts
+        (E, 2I, h) can be larger. A traced model: as its meta build has it (older traces: the embedding)."""
+        if self.trace is not None:
+            return int(self.trace.get("largest_param") or self.embedding_params)
+        linears = [*self.linear_shapes().values(), *(self.linear_shapes(dense=True).values() if self.moe else ())]
+        block = max((a * o for a, o, _ in linears), default=0)
+        if self.moe is not None:
+            block = max(block, self.moe.experts * 2 * self.moe.expert_intermediate * self.hidden_size)
+        return max(self.embedding_params, self.lm_head_params, block)
+
+    @property
     def lm_head_params(self) -> int:
         """The output head's own parameters: an untied lm_head (V×h), none when tied, or a reward model's score."""
         if self.score_head:

@@ -161,14 +161,14 @@ def _optimizer_step_temporaries(s: TrainingSetup, nm: Numerics, T_local: int) ->
 
     fused: one kernel updates in place. foreach AdamW: `_foreach_sqrt(exp_avg_sqs)` copies every second moment at
     once (+1 state element per trainable parameter). for-loop AdamW: `exp_avg_sq.sqrt() / bias_correction2_sqrt`
-    holds two temporaries of the largest parameter tensor at a time. SGD's momentum and bitsandbytes' 8-bit AdamW
+    holds two temporaries of the largest parameter tensor at a time (the model's largest, `largest_param_elems`). SGD's momentum and bitsandbytes' 8-bit AdamW
     update in place. Offloaded optimizers step on the host.
     """
     if s.offload != "none" or s.optimizer != "adamw" or s.optimizer_impl == "fused":
         return 0
     if s.optimizer_impl == "foreach":
         return nm.state * T_local
-    largest = s.model.embedding_params if s.method == "full" else _largest_lora_tensor(s)
+    largest = s.model.largest_param_elems if s.method == "full" else _largest_lora_tensor(s)
     return 2 * nm.state * largest
 
 
