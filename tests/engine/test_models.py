@@ -149,7 +149,8 @@ def test_checkpointing_a_traced_family_does_not_count_is_refused_saying_why():
     --grad-ckpt is refused in one line that says why, never planned silently under."""
     import dataclasses
 
-    from scaletrain.engine.catalog.architectures import UNMODELED_CHECKPOINTING, load_model
+    from scaletrain.engine.catalog.architectures import load_model
+    from scaletrain.engine.catalog.unmodeled import UNMODELED_CHECKPOINTING
     from scaletrain.engine.catalog.hardware import parse_gpus
     from scaletrain.engine.estimate.setup import TrainingSetup
 

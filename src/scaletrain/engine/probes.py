@@ -19,7 +19,8 @@ PROBE_MODULE = "scaletrain.measure.probe"      # the one entry point the engine 
 # the bytes of the hidden states its layers receive (what a checkpointed layer keeps; hy_v4's hyper-connections).
 # 9: a sliding window at least the planned length traced as longer than every trace length (causal there).
 # 10: the structure names its largest parameter tensor (for-loop AdamW's temporaries: roc_bert's shape embedding).
-TRACE_FORMAT = 10
+# 11: the backward between the output head and the last layer (`tail_bwd`: rembert's head transform).
+TRACE_FORMAT = 11
 # data profile (engine/request/data_profile.py ↔ measure/data_profile.py)
 PROFILE_FORMAT = 2
 PROBES = ("trace", "data-profile", "tokenizer-check")

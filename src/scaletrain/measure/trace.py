@@ -92,6 +92,7 @@ def activations(config: dict, regime: dict, struct: dict) -> dict[str, Any]:
 def _series(S: int, tot: dict, rises: dict, n: int, own_saved: bool) -> dict[str, int]:
     """One run's numbers by series: each layer half's saved bytes, each layer's forward and backward rise."""
     out = dict(tot)
+    out["tail.bwd"] = rises.get("tail", 0)
     for i in range(n):
         own = tot.get(f"layer{i}.attn", 0) + tot.get(f"layer{i}.mlp", 0) if own_saved else 0
         out.setdefault(f"layer{i}.attn", 0)
@@ -133,7 +134,8 @@ def _per_kind(runs: list, struct: dict, own_saved: bool = True, pair: tuple | No
         for half in ("attn", "mlp"):
             kind[f"largest_{half}"] = max(kind[f"largest_{half}"], largest.get(f"layer{i}.{half}", 0))
     return {"kinds": kinds, "shared": fits.get("shared", zero), "final_norm": fits.get("final_norm", zero),
-            "head_input": fits.get("head_input", zero), "loss_vocab": fits.get("loss_vocab", zero)}
+            "head_input": fits.get("head_input", zero), "loss_vocab": fits.get("loss_vocab", zero),
+            "tail_bwd": fits.get("tail.bwd", zero)}
 
 
 def per_sequence(coeffs: list) -> list:

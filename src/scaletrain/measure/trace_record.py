@@ -200,7 +200,14 @@ class _Live:
         if w is not None:
             self.rises[name] = w[1] - w[0]
 
+    def tail_then(self, name: str) -> None:
+        """A layer's output gradient: the tail's window (open from the head's input gradient) ends, the layer's
+        backward window opens."""
+        self.close("tail")
+        self.open(name)
+
     def close_all(self) -> dict[str, int]:
+        self.windows.pop("tail", None)      # no layer's output gradient ended it: no tail measured, not all backward
         for name in list(self.windows):
             self.close(name)
         return self.rises
@@ -213,8 +220,17 @@ def _first_tensor(x):
 
 def _window_hooks(model, live: _Live) -> list:
     """Each decoder layer's forward and backward as a window of `live` (the backward's ends are gradient hooks on
-    the layer's output and input)."""
+    the layer's output and input), and the backward between the output head and the last layer (`tail`: from the
+    gradient of the head's input to that of the last layer's output: the final norm's backward, and a head
+    transform's, rembert's width-1664 dense + LayerNorm before its decoder)."""
     out = []
+    head = model.get_output_embeddings()
+    if head is not None:
+        def head_pre(module, args):
+            x = _first_tensor(list(args[:1]))
+            if x is not None and x.requires_grad and not live.backward:
+                x.register_hook(lambda g: live.open("tail"))
+        out.append(head.register_forward_pre_hook(head_pre))
     for i, layer in enumerate(decoder_layers(model)):
         def pre(module, args, kwargs, i=i):
             if live.backward:          # a checkpoint's recompute: its rise is in the layer's backward window
@@ -231,7 +247,7 @@ def _window_hooks(model, live: _Live) -> list:
             live.close(f"fwd{i}")
             y = _first_tensor(output)
             if y is not None and y.requires_grad:
-                y.register_hook(lambda g, i=i: live.open(f"bwd{i}"))
+                y.register_hook(lambda g, i=i: live.tail_then(f"bwd{i}"))
         out.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
         out.append(layer.register_forward_hook(post))
     return out

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from scaletrain.engine.catalog.config_json import REQUIRED_KEYS, SIZE_LIMITS, size_field, text_config, widest_layer
 from scaletrain.engine.catalog.resolve import resolve_config
 from scaletrain.engine.catalog.moe import MoeSpec, moe_from_config, peft_converted_names, peft_expert_lora
+from scaletrain.engine.catalog.unmodeled import UNMODELED_CHECKPOINTING, UNMODELED_EAGER
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog import traced as _traced
 from scaletrain.engine.catalog.entries import CATALOG_DIR, catalog_entry, catalog_ids, did_you_mean  # noqa: F401 - re-exported
@@ -57,16 +58,6 @@ _ATTENTION_BIAS_DEFAULT = {"gpt_oss": True}
 _NO_SDPA = frozenset({"gpt_oss", "gemma2"})   # _supports_sdpa False in transformers 5.24 (gemma2: its logit softcap)
 # Analytic families whose eager attention the analytic model does not count yet, with what was measured: planned
 # from it, a run would not fit where the plan says it does; the plan refuses --attn eager for them and says why
-UNMODELED_EAGER = {"gemma2": "its eager attention (scores capped by tanh, attn_logit_softcapping) is not in the "
-                             "analytic model yet: 14-18 % under torch.profiler (bench/results/architecture_sweep.json)"}
-# Checkpointed plans a model_type's trace does not count yet, refused with what was measured (planned without
-# checkpointing, which was measured right): gemma3n's per-layer inputs (B·S·L·256, projected and normed outside
-# the blocks) are normed backward after every block, when checkpointing has freed the blocks' tensors
-UNMODELED_CHECKPOINTING = {"gemma3n_text": "the backward of its per-layer inputs' norm (B·S·layers·256, outside the "
-                                           "blocks) is not in its trace yet: checkpointed plans measured 10-11 % "
-                                           "under torch.profiler, without checkpointing within 1.1 % "
-                                           "(bench/results/architecture_sweep.json)"}
-
 BLOCK_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Every LoRA target name some family's block has as an nn.Linear (peft matches target_modules by name suffix)
 KNOWN_LINEARS = BLOCK_LINEARS + ("shared_expert_gate",)

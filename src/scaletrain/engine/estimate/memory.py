@@ -134,6 +134,10 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
         mark("backward", acts, head.output_grad + head.input_grad, ms.gradients_backward, opt_extra=head_cast,
              gather=gather_head + head_grad_gather)
         grads = ms.gradients_backward + (head_grad if (m.tie_embeddings and m.vocab_head) else 0)   # tied: below
+    # between the head and the last block (traced: the final norm's backward, a head transform's): its rise over
+    # the head's input gradient, the saved tensors it reads still alive
+    if out.get("tail_bwd"):
+        mark("backward", acts, head.input_grad + out["tail_bwd"], grads, gather=gather_head)
     acts -= final + head.labels
     block_grad = _grad_share(m.block_params() if full else s.trainable_params // max(L, 1), s)
     acts, grads = _blocks_backward(s, mark, layer.worst or layer, out["window_mask"], acts, grads, block_grad,

@@ -11,7 +11,8 @@ from typing import Any
 
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import Hardware
-from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, UNMODELED_CHECKPOINTING, UNMODELED_EAGER, ModelArch
+from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, ModelArch
+from scaletrain.engine.catalog.unmodeled import UNMODELED_CHECKPOINTING, UNMODELED_EAGER
 from scaletrain.engine.choices import carries, choices_json, coerce_words
 from scaletrain.engine.vocabulary import Device, Generation, LossImpl, Method, Objective, Offload, RefModel, Strategy
 

@@ -217,11 +217,13 @@ def traced_outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> d
     shared = traced.at(act["shared"], b, S, g)
     final = traced.at(act["final_norm"], b, S, g)
     own_head = not (s.fused_lm_head or chunked(s))   # TRL's fused head, the chunked loss: their own saves
-    if own_head:
-        final += traced.at([0, *act["head_input"][1:]], b, S, g)
+    head_input = traced.at([0, *act["head_input"][1:]], b, S, g) if own_head else 0
+    final += head_input
     head_out = m.vocab_size if m.vocab_head else 1
     if (nm.trainable_copies or nm.fp32_head) and own_head:
         final += 2 * head_out * m.hidden_size
     final += hidden_saved(s, t) if chunked(s) else 0
     final += _head_tail(act, m.vocab_size, b, S, g)
-    return {"shared": shared, "final": final, "labels": 8 * t, "window_mask": 0}
+    # the tail's backward rise, less what the head's backward freed before it ran (its saved input, in `final`)
+    tail = max(traced.at(act.get("tail_bwd", [0, 0, 0]), b, S, g) - head_input, 0) if own_head else 0
+    return {"shared": shared, "final": final, "labels": 8 * t, "window_mask": 0, "tail_bwd": tail}
