@@ -19,6 +19,9 @@ pytestmark = pytest.mark.heavy          # builds small models on the CPU
     ("gpt_neo", lambda c: c["num_layers"] == len(c["attention_layers"])),
     # key/value heads the class leaves None and divides by (nemotron's attention): every head its own
     ("nemotron", lambda c: c["num_key_value_heads"] == c["num_attention_heads"]),
+    # widths tied to the shrunk ones: xlnet's d_head = d_model // n_head, xlstm's embedding_dim = hidden_size
+    ("xlnet", lambda c: c["d_head"] * c["n_head"] == c["d_model"]),
+    ("xlstm", lambda c: c["embedding_dim"] == c["hidden_size"]),
 ])
 def test_the_shrunk_config_is_one_transformers_builds(model_type, check):
     from transformers import AutoConfig

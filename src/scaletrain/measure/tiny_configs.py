@@ -153,6 +153,12 @@ def _derive_widths(d: dict[str, Any], default: dict[str, Any]) -> None:
     hidden = next((d[k] for k in ("hidden_size", "n_embd", "d_model") if _ints(d.get(k))), None)
     if "head_dim" in d and d["head_dim"] is None and _ints(heads, hidden):
         d["head_dim"] = hidden // heads
+    wide = next((default[k] for k in ("hidden_size", "n_embd", "d_model") if _ints(default.get(k))), None)
+    if _ints(d.get("embedding_dim"), wide, hidden) and default["embedding_dim"] == wide:
+        d["embedding_dim"] = hidden             # the width under a second name (xlstm's embedding_dim)
+    old_heads = next((default[k] for k in ("num_attention_heads", "n_head", "n_heads") if _ints(default.get(k))), None)
+    if _ints(d.get("d_head"), wide, old_heads, heads, hidden) and default["d_head"] == wide // old_heads:
+        d["d_head"] = hidden // heads           # xlnet's d_head = d_model // n_head, as its validator demands
     if "num_key_value_heads" in d and d["num_key_value_heads"] is None and _ints(d.get("num_attention_heads")):
         d["num_key_value_heads"] = d["num_attention_heads"]     # None read as every head its own (nemotron's class)
     head_dim = d.get("head_dim") or (hidden // heads if _ints(heads, hidden) else None)
