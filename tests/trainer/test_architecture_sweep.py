@@ -20,7 +20,8 @@ SUBSET = [("deepseek_v3", (("full", False), ("lora", True))),
           ("starcoder2", (("lora", False),)),
           ("bamba", (("full", False),)),      # mamba2's 256-token chunk padding at 128 tokens (was +18.6 %)
           ("roc_bert", (("full", False),)),   # a parameter 390× its word embedding: AdamW's temporaries (was -32 %)
-          ("rembert", (("lora", True),))]     # a width-1664 head transform's backward, after the head's (was -3.9 %)
+          ("rembert", (("lora", True),)),     # a width-1664 head transform's backward, after the head's (was -3.9 %)
+          ("zaya", (("lora", True),))]        # router states carried from layer to layer, checkpointed (was -8.4 %)
 
 
 @pytest.mark.heavy                      # tens of CPU seconds a family: traced, built whole, profiled

@@ -20,7 +20,8 @@ PROBE_MODULE = "scaletrain.measure.probe"      # the one entry point the engine 
 # 9: a sliding window at least the planned length traced as longer than every trace length (causal there).
 # 10: the structure names its largest parameter tensor (for-loop AdamW's temporaries: roc_bert's shape embedding).
 # 11: the backward between the output head and the last layer (`tail_bwd`: rembert's head transform).
-TRACE_FORMAT = 11
+# 12: a layer's input counts what the layer before returned beside its hidden states (zaya's router states).
+TRACE_FORMAT = 12
 # data profile (engine/request/data_profile.py ↔ measure/data_profile.py)
 PROFILE_FORMAT = 2
 PROBES = ("trace", "data-profile", "tokenizer-check")

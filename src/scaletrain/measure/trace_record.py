@@ -41,6 +41,7 @@ class _Recorder:
         self.seen: dict = {}            # storage key → [bytes, scope, shape, dtype]
         self.leaf = None                # the input embedding's output when it is a leaf that requires grad
         self.inputs: dict[int, int] = {}  # layer → bytes of the hidden states it receives (what checkpointing keeps)
+        self.carried: set = set()         # storages the last layer returned beside its hidden states
 
     def pack(self, t):
         from scaletrain.measure.step import storage_key
@@ -69,9 +70,13 @@ class _Recorder:
             def hook(module, args, kwargs):
                 if i == 0:
                     self._held_leaf(args, kwargs)
-                self._input(i, args, kwargs)
                 passed = _tensors_in(list(args[1:])) + _tensors_in({k: v for k, v in kwargs.items()
                                                                     if k != "hidden_states"})
+                # a state the layer before returned beside its hidden states (zaya's router states): per layer, a
+                # second residual stream its checkpoint keeps, not a tensor every layer shares
+                carried = {storage_key(t): t for t in passed if storage_key(t) in self.carried}
+                passed = [t for t in passed if storage_key(t) not in carried]
+                self._input(i, args, kwargs, sum(t.untyped_storage().nbytes() for t in carried.values()))
                 self.shared_keys.update(storage_key(t) for t in passed)
                 if self.count_passed:
                     scope, self.scope = self.scope, "shared"
@@ -89,6 +94,7 @@ class _Recorder:
 
         def leave(module, args, output):
             self.scope = "final_norm"
+            self.carried = {storage_key(t) for t in _tensors_in(output)[1:]}
 
         for i, layer in enumerate(layers):
             out.append(layer.register_forward_pre_hook(enter(i), with_kwargs=True))
@@ -117,13 +123,14 @@ class _Recorder:
         return out
 
 
-    def _input(self, i: int, args, kwargs) -> None:
+    def _input(self, i: int, args, kwargs, carried: int = 0) -> None:
         """The storage of the hidden states layer `i` receives: what a checkpointed layer keeps for its recompute.
         Its real width, not the config's hidden size: hyper-connections (hy_v4's hc_mult) hand every layer several
-        copies of the residual stream (torch.profiler: hy_v4 LoRA + checkpointing, 4·h per token per layer)."""
+        copies of the residual stream (torch.profiler: hy_v4 LoRA + checkpointing, 4·h per token per layer).
+        `carried`: the bytes of what the layer before returned beside them."""
         x = _first_tensor(list(args[:1])) if args else _first_tensor(kwargs.get("hidden_states"))
         if isinstance(x, self.torch.Tensor) and x.layout == self.torch.strided and x.device.type != "meta":
-            self.inputs[i] = max(self.inputs.get(i, 0), x.untyped_storage().nbytes())
+            self.inputs[i] = max(self.inputs.get(i, 0), x.untyped_storage().nbytes() + carried)
 
     def _held_leaf(self, args, kwargs) -> None:
         """LoRA + checkpointing: transformers (gradient_checkpointing_enable) and peft make the frozen embedding's
