@@ -175,9 +175,13 @@ def _blocks_backward(s: TrainingSetup, mark: Any, big: Any, window_mask: int, ac
     waiting = _waiting_grad(s, block_input) if (fsdp or recompute) else 0
     recomputed = per_block_saved + big.weight_copies + window_mask if recompute else 0
     own_bwd, own_recompute = big.bwd_peak, big.saved + big.recompute_transient
+    # what the running block holds is in own_bwd: below it, the others' saved tensors. A stack of unlike layers
+    # takes the largest block as the running one (its own saved, not the average, comes off), with every other
+    # block's still alive: exact when it runs first in backward (gemma4's wide-headed last layer), else over
+    own_saved = per_block_saved if recompute else big.saved + big.weight_copies
     for k in range(s.model.num_layers):
         held = (grad_gather_block if k else 0) if fsdp else grad_gather_block
-        below = acts - per_block_saved
+        below = max(acts - own_saved, 0)
         mark("backward", below + recomputed + own_bwd, 0, grads, gather=gather_block + held)
         if fsdp:   # the block's post-backward: its whole gradients and their copy in the reduce-scatter input
             mark("backward", below + waiting, 0, grads, gather=gather_block + 2 * grad_gather_block)
