@@ -15,6 +15,6 @@ UNMODELED_CHECKPOINTING = {"gemma3n_text": "the backward of its per-layer inputs
 # gemma4 (per-layer inputs as gemma3n, one layer with a wider head_dim): its checkpointed step peaks in that layer's
 # recomputed attention backward, above the traced moments; why is not found yet (bench/results/architecture_sweep.json)
 _GEMMA4 = ("its checkpointed backward peaks above what its trace counts (per-layer inputs, a layer of wider heads): "
-           "LoRA + checkpointing measured 6-8 % under torch.profiler, without checkpointing over "
+           "LoRA + checkpointing measured 6-8 % under torch.profiler, without checkpointing within 0.2 % "
            "(bench/results/architecture_sweep.json)")
 UNMODELED_CHECKPOINTING.update(gemma4_text=_GEMMA4, gemma4_unified_text=_GEMMA4)
