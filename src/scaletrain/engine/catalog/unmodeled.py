@@ -18,3 +18,10 @@ _GEMMA4 = ("its checkpointed backward peaks above what its trace counts (per-lay
            "LoRA + checkpointing measured 6-8 % under torch.profiler, without checkpointing within 0.2 % "
            "(bench/results/architecture_sweep.json)")
 UNMODELED_CHECKPOINTING.update(gemma4_text=_GEMMA4, gemma4_unified_text=_GEMMA4)
+# recurrent_gemma: its recurrence runs as a Python loop over positions, and a checkpointed backward keeps about ten
+# B·S·lru_width gradients per recurrent layer until the backward ends (torch.profiler at the peak: 42 of them over
+# 4 layers at 128 tokens), which one layer's traced backward at a time does not count
+UNMODELED_CHECKPOINTING["recurrent_gemma"] = (
+    "a checkpointed backward keeps gradients of every recurrent layer until it ends, which its trace does not count "
+    "yet: LoRA + checkpointing measured 25-50 % under torch.profiler (64-256 tokens), full fine-tuning without "
+    "checkpointing 7.7 % over (bench/results/architecture_sweep.json)")
