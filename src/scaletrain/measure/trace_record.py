@@ -157,13 +157,16 @@ class _Live:
     of its output to the gradient of its input). Allocations inside one kernel are not seen: a kernel's own scratch
     is the one thing this reads from the analytic side."""
 
-    def __init__(self, torch):
+    def __init__(self, torch, excluded: set | frozenset = frozenset()):
         import weakref
 
         from torch.utils._python_dispatch import TorchDispatchMode
 
         self.torch, self.weakref = torch, weakref
         self.live = 0
+        # the model's parameters and buffers: a view of one (gpt_neo slices its 2048² causal-mask buffer each
+        # forward) allocates nothing
+        self.excluded = excluded
         self.keys: dict = {}
         self.windows: dict[str, list[int]] = {}     # name → [live at start, peak], while open
         self.rises: dict[str, int] = {}
@@ -185,7 +188,7 @@ class _Live:
             if isinstance(t, self.torch.Tensor) and t.layout == self.torch.strided and t.device.type != "meta":
                 st = t.untyped_storage()
                 key = st._cdata
-                if key in self.keys:
+                if key in self.keys or (str(t.device), st.data_ptr()) in self.excluded:   # measure.step.storage_key
                     continue
                 nb = st.nbytes()
                 self.keys[key] = self.weakref.ref(st, lambda _, k=key, n=nb: self._freed(k, n))
@@ -289,7 +292,7 @@ def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int
     excluded = {storage_key(t) for t in list(model.parameters()) + list(model.buffers())}
     rec = _Recorder(torch, excluded, count_passed=any(getattr(m, "gradient_checkpointing", False) is True
                                                         for m in model.modules()))
-    live = _Live(torch)
+    live = _Live(torch, excluded)
     (ids,) = make_batches(1, batch, seq_len, harness.vocab_size, harness.device, 0)
     rec.scope = "shared"
     hooks = rec.hooks(model) + _window_hooks(model, live)
