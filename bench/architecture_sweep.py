@@ -60,13 +60,16 @@ def one_family(model_type: str, cases=CASES, reuse: dict | None = None) -> dict:
     from scaletrain.engine.estimate.setup import TrainingSetup
     from scaletrain.engine.estimate.traced_blocks import prefetch_traces
     from scaletrain.measure.step import measure_step
-    from scaletrain.measure.tiny_configs import config_dict
+    from scaletrain.measure.tiny_configs import build_error, config_dict
 
     row: dict = {"model_type": model_type}
     try:
         cfg = config_dict(model_type)
     except Exception as e:          # noqa: BLE001 - transformers' own refusal is the row
         return {**row, "refused": "config: " + _line(e)}
+    why = build_error(cfg)
+    if why:                         # not the engine's refusal: transformers does not build this shrunk config
+        return {**row, "refused": "config: transformers does not build it as a causal LM: " + why}
     row["config"] = cfg
     try:
         t0 = time.perf_counter()

@@ -44,6 +44,25 @@ def test_a_bart_style_decoder_gets_heads_that_divide_its_shrunk_width():
     assert tc.config_dict("bart")["decoder_attention_heads"] == 16
 
 
+def test_a_config_transformers_does_not_build_is_the_configs_refusal_not_the_engines():
+    """The sweep asks transformers first: a shrunk config it does not build as a causal LM (its own defaults do not
+    build: dbrx's attention config has no rope_theta) is refused by 'config' with transformers' error, so the
+    engine's refusals are the engine's."""
+    import sys
+    from pathlib import Path
+
+    from scaletrain.measure import tiny_configs as tc
+
+    assert tc.build_error(tc.config_dict("llama")) is None
+    why = tc.build_error(tc.config_dict("dbrx"))
+    assert why and "rope_theta" in why and "\n" not in why
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from architecture_sweep import one_family
+
+    row = one_family("dbrx", ())
+    assert row["refused"].startswith("config: transformers does not build it as a causal LM: ")
+
+
 def test_a_plain_family_keeps_its_plain_shrink():
     """Families that built before keep the same config (their recorded sweep rows stand)."""
     from transformers import AutoConfig

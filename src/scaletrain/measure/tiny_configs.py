@@ -179,6 +179,12 @@ def _ints(*vs: Any) -> bool:
 
 def builds(cfg: dict[str, Any]) -> bool:
     """Whether transformers builds `cfg` as a causal LM on the CPU and runs a short forward of it."""
+    return build_error(cfg) is None
+
+
+def build_error(cfg: dict[str, Any]) -> str | None:
+    """transformers' own error, in one line, when it does not build `cfg` as a causal LM on the CPU or run a short
+    forward of it; None when it does."""
     import warnings
 
     import torch
@@ -191,9 +197,9 @@ def builds(cfg: dict[str, Any]) -> bool:
             model = model_lib.random_init(cfg, "eager", device=None)
             with torch.no_grad():
                 model(input_ids=torch.arange(16).unsqueeze(0) % VOCAB)
-    except Exception:          # noqa: BLE001 - the next rung, or transformers' own error from the engine later
-        return False
-    return True
+    except Exception as e:     # noqa: BLE001 - the next rung, or the sweep's row: transformers' own refusal
+        return (" ".join(str(e).split()) or type(e).__name__)[:300]
+    return None
 
 
 def _depth(d: dict[str, Any]) -> int:
