@@ -72,9 +72,10 @@ class _Recorder:
                     self._held_leaf(args, kwargs)
                 passed = _tensors_in(list(args[1:])) + _tensors_in({k: v for k, v in kwargs.items()
                                                                     if k != "hidden_states"})
-                # a state the layer before returned beside its hidden states (zaya's router states): per layer, a
-                # second residual stream its checkpoint keeps, not a tensor every layer shares
-                carried = {storage_key(t): t for t in passed if storage_key(t) in self.carried}
+                # a state the layer before returned beside its hidden states that gradients flow through (zaya's
+                # router states): per layer, a second residual stream its checkpoint keeps, not a tensor every layer
+                # shares (hy_v4's top-k indices, no gradient, stay with the shared ones: measured over as they were)
+                carried = {storage_key(t): t for t in passed if storage_key(t) in self.carried and t.requires_grad}
                 passed = [t for t in passed if storage_key(t) not in carried]
                 self._input(i, args, kwargs, sum(t.untyped_storage().nbytes() for t in carried.values()))
                 self.shared_keys.update(storage_key(t) for t in passed)
