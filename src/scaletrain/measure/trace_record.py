@@ -185,11 +185,13 @@ class _Live:
     def created(self, out) -> None:
         from torch.utils._pytree import tree_flatten
 
+        from scaletrain.measure.step import storage_key
+
         for t in tree_flatten(out)[0]:
             if isinstance(t, self.torch.Tensor) and t.layout == self.torch.strided and t.device.type != "meta":
                 st = t.untyped_storage()
                 key = st._cdata
-                if key in self.keys or (str(t.device), st.data_ptr()) in self.excluded:   # measure.step.storage_key
+                if key in self.keys or storage_key(t) in self.excluded:
                     continue
                 nb = st.nbytes()
                 self.keys[key] = self.weakref.ref(st, lambda _, k=key, n=nb: self._freed(k, n))

@@ -161,8 +161,8 @@ def _optimizer_step_temporaries(s: TrainingSetup, nm: Numerics, T_local: int) ->
 
     fused: one kernel updates in place. foreach AdamW: `_foreach_sqrt(exp_avg_sqs)` copies every second moment at
     once (+1 state element per trainable parameter). for-loop AdamW: `exp_avg_sq.sqrt() / bias_correction2_sqrt`
-    holds two temporaries of the largest parameter tensor at a time (the model's largest, `largest_param_elems`). SGD's momentum and bitsandbytes' 8-bit AdamW
-    update in place. Offloaded optimizers step on the host.
+    holds two temporaries of the largest parameter tensor at a time (`largest_param_elems`). SGD's momentum and
+    bitsandbytes' 8-bit AdamW update in place. Offloaded optimizers step on the host.
     """
     if s.offload != "none" or s.optimizer != "adamw" or s.optimizer_impl == "fused":
         return 0
