@@ -137,15 +137,16 @@ def _line(e: BaseException) -> str:
     return (" ".join(str(e).split()) or type(e).__name__)[:300]
 
 
-def run_isolated(model_type: str, cache: str, reuse: str | None = None, cases: str = "grid") -> dict:
+def run_isolated(model_type: str, cache: str, reuse: str | None = None, cases: str = "grid",
+                 timeout_s: int = FAMILY_TIMEOUT_S) -> dict:
     env = dict(os.environ, SCALETRAIN_CACHE=cache, PYTHONUNBUFFERED="1")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one", model_type, "--cases", cases]
     cmd += ["--reuse", reuse] if reuse else []
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=FAMILY_TIMEOUT_S, env=env,
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env,
                            stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        return {"model_type": model_type, "refused": f"sweep: ran past {FAMILY_TIMEOUT_S} s"}
+        return {"model_type": model_type, "refused": f"sweep: ran past {timeout_s} s"}
     lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
     if r.returncode != 0 or not lines:
         err = [x for x in r.stderr.splitlines() if x.strip()]
@@ -180,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="grid: full and LoRA × checkpointing off and on; diagonal: full, and LoRA checkpointed "
                         "(the named families always run the grid)")
     p.add_argument("--jobs", type=int, default=1, help="families measured at once")
+    p.add_argument("--family-timeout", type=int, default=FAMILY_TIMEOUT_S,
+                   help="seconds one family may take (its trace and its measured steps) before it is left for later")
     a = p.parse_args(argv)
     if a.one:
         old = json.loads(Path(a.reuse).read_text()) if a.reuse else {"rows": []}
@@ -213,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     timed_out: list[str] = []
 
     def one(mt: str) -> None:
-        row = run_isolated(mt, str(Path(a.cache or tmp) / mt), a.reuse, a.cases)
+        row = run_isolated(mt, str(Path(a.cache or tmp) / mt), a.reuse, a.cases, a.family_timeout)
         with lock:
             if timed_out_row(row):      # a loaded machine's timeout is no verdict: left in not_run for --resume
                 timed_out.append(mt)
