@@ -47,9 +47,10 @@ def model_types() -> list[str]:
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
-def one_family(model_type: str, cases=CASES, reuse: dict | None = None) -> dict:
+def one_family(model_type: str, cases=CASES, reuse: dict | None = None, config: dict | None = None) -> dict:
     """Every case of one model_type, in this process (the trace runs in it too). `reuse`: an earlier row of the same
-    config whose measured peaks stand (the engine's side is planned again; for iterating on the engine)."""
+    config whose measured peaks stand (the engine's side is planned again; for iterating on the engine). `config`:
+    this config.json dict instead of the sweep's shrunk one (a test's smaller build)."""
     import warnings
 
     warnings.simplefilter("ignore")
@@ -64,7 +65,7 @@ def one_family(model_type: str, cases=CASES, reuse: dict | None = None) -> dict:
 
     row: dict = {"model_type": model_type}
     try:
-        cfg = config_dict(model_type)
+        cfg = config if config is not None else config_dict(model_type)
     except Exception as e:          # noqa: BLE001 - transformers' own refusal is the row
         return {**row, "refused": "config: " + _line(e)}
     why = build_error(cfg)

@@ -106,13 +106,38 @@ def forward_saving(model, autocast, ids, pack, hooks) -> None:
 
 def decoder_layers(model) -> list:
     """The repeated decoder blocks of a (possibly peft-wrapped) causal LM: the module list that holds the most
-    parameters (``model.layers`` in most families, ``transformer.h`` in GPT-2's, ``blocks`` in MPT's)."""
+    parameters (``model.layers`` in most families, ``transformer.h`` in GPT-2's, ``blocks`` in MPT's), leaving out
+    lists inside another pretrained model than the decoder (`get_decoder()`) and its parents: a multimodal causal
+    LM's towers (phi4_multimodal's audio encoder holds more than its text layers and never runs on text)."""
     import torch
 
+    inside_other = _outside_decoder(model)
     best, best_key = None, (0, 0)
     for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.ModuleList) and len(mod):
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) and not inside_other(name):
             key = (sum(p.numel() for p in mod.parameters()), len(mod))
             if key > best_key:
                 best, best_key = mod, key
     return list(best) if best is not None else []
+
+
+def _outside_decoder(model):
+    """A test of a module name: is it inside a pretrained model (transformers' PreTrainedModel) that is neither the
+    model's decoder nor one of the decoder's parents? Nothing is, when the model names no decoder."""
+    from transformers import PreTrainedModel
+
+    try:
+        decoder = model.get_decoder()
+    except Exception:           # noqa: BLE001 - a model without the accessor: no module is left out
+        decoder = None
+    modules = dict(model.named_modules())
+    path = next((n for n, m in modules.items() if m is decoder), None) if decoder is not None else None
+    if not path:                # none, or the model itself
+        return lambda name: False
+    others = {n for n, m in modules.items()
+              if n and isinstance(m, PreTrainedModel) and not (path == n or path.startswith(n + "."))}
+
+    def inside(name: str) -> bool:
+        parts = name.split(".")
+        return any(".".join(parts[:i]) in others for i in range(1, len(parts)))
+    return inside

@@ -29,6 +29,8 @@ A request is `{"config": <config.json dict>, "regime": null | {"method", "lora_r
   each layer receives (`input`: what a checkpointed layer keeps, at its real width: hyper-connections pass several
   residual streams). Per kind: the largest coefficients of its layers in the slice. Outside the blocks: `shared` (the ids the embedding keeps, and tensors every block receives:
   rotary tables, masks), `final_norm`, `head_input`; the logits, log-softmax and labels are the engine's.
+  `gradless_params`: elements of the trainable parameters outside the decoder layers that a step on text gives
+  no gradient (a multimodal causal LM's towers), which torch's optimizers give no state.
 - `lora` (LoRA regimes and LoRA requests): peft's own count on the meta-device model with the run's targets —
   trainable parameters per unit of rank and adapted modules — as the trainer's `add_lora` builds it.
 - `peft_refuses` (asked by a LoRA plan without its own targets): the block linears peft will not adapt (a mamba
@@ -48,7 +50,7 @@ from typing import Any
 from scaletrain.engine.catalog.traced import granule
 from scaletrain.engine.probes import TRACE_FORMAT
 from scaletrain.measure.trace_fit import TraceError, envelope, fit
-from scaletrain.measure.trace_record import head_width, saved_by_scope, warm_up
+from scaletrain.measure.trace_record import gradless_params, head_width, saved_by_scope, warm_up
 from scaletrain.measure.trace_structure import (FIT_TOLERANCE, TRACE_BATCH, TRACE_MULTIPLES, check_slice_size,
                                                 lora_count, peft_refuses, prefix_config, shrink_windows,
                                                 structure)
@@ -82,7 +84,8 @@ def activations(config: dict, regime: dict, struct: dict) -> dict[str, Any]:
         runs = [(S, *saved_by_scope(harness, S, batch=TRACE_BATCH)) for S in lengths]
         # the last length's tokens as twice the sequences
         pair = saved_by_scope(harness, lengths[1], batch=2 * TRACE_BATCH)
-    out = {"seq_lens": lengths, "granule": g, "residue": residue, "slice_layers": n, "head_out": head_width(harness.model),
+        gradless = gradless_params(harness, lengths[0])
+    out = {"gradless_params": gradless, "seq_lens": lengths, "granule": g, "residue": residue, "slice_layers": n, "head_out": head_width(harness.model),
            **_per_kind(runs, struct, own_saved=not regime.get("grad_ckpt"), pair=pair)}
     if regime["method"] != "full":
         out["lora"] = lora_count(config, targets)

@@ -284,6 +284,27 @@ def warm_up(harness, seq_len: int) -> None:
         harness.model(input_ids=ids, labels=ids)
 
 
+def gradless_params(harness, seq_len: int) -> int:
+    """Elements of the trainable parameters outside the decoder layers that one step on text gives no gradient (a
+    multimodal causal LM's vision and audio towers: phi4_multimodal's). torch's optimizers skip a parameter whose
+    .grad is None: no gradient and no optimizer state is allocated for them in a single-process step."""
+    import torch
+
+    from scaletrain.measure.step import make_batches
+
+    model = harness.model
+    in_layers = {id(p) for layer in decoder_layers(model) for p in layer.parameters()}
+    (ids,) = make_batches(1, 1, seq_len, harness.vocab_size, harness.device, 0)
+    model.zero_grad(set_to_none=True)
+    with harness.autocast():
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    del loss
+    n = sum(p.numel() for p in model.parameters() if p.requires_grad and p.grad is None and id(p) not in in_layers)
+    model.zero_grad(set_to_none=True)
+    return int(n)
+
+
 def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
     """One forward + loss + backward at micro-batch 1: saved bytes per scope (and per layer the bytes of its input,
     `layer{i}.input`), the largest per-token tensor per scope, and per layer the rise of live bytes in its forward (`fwd{i}`) and in its backward (`bwd{i}`)."""

@@ -13,6 +13,7 @@ from scaletrain.engine.catalog.architectures import BLOCK_LINEARS
 from scaletrain.engine.catalog.moe import peft_expert_ranks
 from scaletrain.engine.estimate.numerics import Numerics, numerics, uses_deepspeed
 from scaletrain.engine.estimate.setup import TrainingSetup, quantized_linear_bytes
+from scaletrain.engine.estimate.traced_blocks import gradless_params
 
 # DeepSpeed bucket defaults as our ds_config writer emits them (writers read the same numbers from here).
 DS_REDUCE_BUCKET_ELEMS = 200_000_000     # ipg / reduce bucket, elements (DeepSpeed default 5e8; we write 2e8)
@@ -60,6 +61,7 @@ def model_states(s: TrainingSetup) -> ModelStates:
     n = s.world_size
     P = m.params
     T = s.trainable_params
+    T_stepped = T - gradless_params(s)      # stepped: a multimodal model's towers get no gradient on text
     nm = numerics(s)
     cb = nm.compute
     opt_pp = optimizer_state_bytes_per_param(s.optimizer, nm.state)
@@ -89,7 +91,7 @@ def model_states(s: TrainingSetup) -> ModelStates:
 
     # -- optimizer (+ DeepSpeed's fp32 master) -----------------------------------------------------------------
     master_pp = 4 if (ds and s.precision != "fp32") else 0
-    optimizer = int((opt_pp + master_pp) * T)
+    optimizer = int((opt_pp + master_pp) * T_stepped)
     if shard_opt:
         optimizer //= n
     if s.device == "cpu" and s.optimizer == "adamw" and not ds:
@@ -102,7 +104,7 @@ def model_states(s: TrainingSetup) -> ModelStates:
         host_opt, optimizer = optimizer, 0
 
     # -- gradients -------------------------------------------------------------------------------------------------
-    T_local = T // n if shard_opt else T
+    T_local = T_stepped // n if shard_opt else T_stepped
     grows = True
     if ds and s.precision != "fp32":
         # DeepSpeed keeps gradients in the model dtype (data_types.grad_accum_dtype unset) and converts its own
@@ -139,7 +141,7 @@ def model_states(s: TrainingSetup) -> ModelStates:
             step_temp = 4 * (min(T // n, DS_SUB_GROUP_ELEMS) if s.strategy == "zero3" else T // n)
     else:
         grad_pp = nm.weight if s.method == "full" else nm.adapter
-        backward = grad_pp * T
+        backward = grad_pp * T_stepped
         if shard_grad:
             backward //= n
         # DDP (world > 1) allocates its all-reduce buckets when it wraps the model and the trainer makes the

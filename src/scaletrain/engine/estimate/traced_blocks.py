@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from scaletrain.engine.catalog import traced
 from scaletrain.engine.estimate.chunked_loss import chunked, hidden_saved
-from scaletrain.engine.estimate.numerics import numerics
+from scaletrain.engine.estimate.numerics import numerics, uses_deepspeed
 from scaletrain.engine.estimate.setup import TrainingSetup
 
 
@@ -94,6 +94,15 @@ def _trace(s: TrainingSetup) -> dict[str, Any]:
     from scaletrain.engine.catalog.architectures import analytic_types
 
     return traced.activations(s.model.config, trace_regime(s), analytic_types())
+
+
+def gradless_params(s: TrainingSetup) -> int:
+    """Trainable parameters that a step on text gives no gradient (a multimodal causal LM's towers; the trace's
+    `gradless_params`). Plain PyTorch in one process allocates no gradient for them and torch's optimizers no state;
+    DDP's buckets and DeepSpeed's and FSDP's flat partitions hold every trainable parameter, so elsewhere: 0."""
+    if s.model.memory_source != "traced" or s.world_size > 1 or uses_deepspeed(s) or s.strategy == "fsdp":
+        return 0
+    return min(int(_trace(s).get("gradless_params", 0)), s.trainable_params)
 
 
 def _total(kinds: list[dict], L: int, value: Callable[[dict], int]) -> int:
