@@ -32,6 +32,27 @@ def test_a_rise_is_fitted_through_the_longest_lengths_and_covers_the_shortest():
     assert p[0] == c[0] and p[1] * TRACE_BATCH == c[1] and p[2] * TRACE_BATCH == c[2]
 
 
+def test_the_shortest_lengths_shortfall_is_added_only_under_the_long_fits_range():
+    """The same rises: raising the constant by the 64-token shortfall at every length put vaultgemma's checkpointed
+    LoRA step 6.8 % over at 128 tokens, where the long fit is exact. The trace keeps it apart (`bwd_below`) and the
+    engine adds it only to a planned length under the three longest traced ones (`long_from`)."""
+    from scaletrain.engine.estimate.traced_blocks import _at_length
+    from scaletrain.measure.trace_fit import envelope, envelope_parts
+
+    points = [(64, 868_352), (128, 2_272_256), (192, 4_612_608), (256, 7_755_776)]
+    long, below = envelope_parts(points)
+    at = lambda S: long[0] + long[1] * S + long[2] * S * S          # noqa: E731
+    assert [at(S) for S, _ in points[1:]] == [y for _, y in points[1:]]
+    assert below == points[0][1] - at(64) > 0
+    assert envelope(points) == [long[0] + below, *long[1:]]
+    kind = {"fwd": [0, 1, 0], "bwd": list(long), "fwd_below": 0, "bwd_below": below}
+    act = {"long_from": 128}
+    assert _at_length(kind, act, 128, 1)["bwd"] == list(long)
+    assert _at_length(kind, act, 200, 1)["bwd"] == list(long)
+    assert _at_length(kind, act, 64, 1)["bwd"] == [long[0] + below, *long[1:]]
+    assert _at_length(kind, act, 100, 64)["bwd"] == list(long)        # read at 128, rounded up to the chunk
+
+
 # (model_type, case, what was missed): bench/results/architecture_sweep.json recorded these steps (B=2, S=128, fp32)
 # under the profiler's peak: LoRA + checkpointing of doge −7.5 % (the trace ran one sequence, where a copy over the
 # batch dimension is a view), granite −2.0 … −2.5 % (the frozen embedding's output, a leaf its AccumulateGrad holds,

@@ -49,7 +49,7 @@ from typing import Any
 
 from scaletrain.engine.catalog.traced import granule
 from scaletrain.engine.probes import TRACE_FORMAT
-from scaletrain.measure.trace_fit import TraceError, envelope, fit
+from scaletrain.measure.trace_fit import TraceError, envelope, envelope_parts, fit
 from scaletrain.measure.trace_record import gradless_params, head_width, saved_by_scope, warm_up
 from scaletrain.measure.trace_structure import (FIT_TOLERANCE, TRACE_BATCH, TRACE_MULTIPLES, check_slice_size,
                                                 lora_count, peft_refuses, prefix_config, shrink_windows,
@@ -111,7 +111,8 @@ def _per_kind(runs: list, struct: dict, own_saved: bool = True, pair: tuple | No
     in the slice): saved bytes of each half, and the rise of live bytes in the layer's forward and backward (the
     backward's counted on top of what is alive below the layer: its rise plus the layer's own saved bytes; under
     checkpointing the layer saved nothing but its input, alive below it, and its backward's rise holds the
-    recompute)."""
+    recompute). A rise is fitted over the three longest lengths (`long_from` on); `*_below`: what a shorter
+    planned length adds to its constant (trace_fit.envelope_parts)."""
     n = struct["slice_layers"]
     slack = int(FIT_TOLERANCE * max(sum(v for k, v in tot.items() if k != "loss_vocab" and not k.endswith(".input"))
                                     for _, tot, _, _ in runs))
@@ -124,21 +125,26 @@ def _per_kind(runs: list, struct: dict, own_saved: bool = True, pair: tuple | No
     as_two = _series(runs[1][0], pair[0], pair[2], n, own_saved) if pair else {}
     last = {k: v[-1][1] for k, v in series.items()}
     per_token = {k: abs(as_two.get(k, 0) - last[k]) <= slack for k in series} if pair else {}
-    fits = {k: per_sequence(envelope(v, not per_token.get(k)) if k.endswith((".fwd", ".bwd"))
-                            else fit(v, k, slack, quadratic=not per_token.get(k))) for k, v in series.items()}
+    rises = {k: envelope_parts(v, not per_token.get(k)) for k, v in series.items() if k.endswith((".fwd", ".bwd"))}
+    below = {k: b for k, (_, b) in rises.items()}       # what a length under the three longest adds to c0
+    fits = {k: per_sequence(rises[k][0] if k in rises else fit(v, k, slack, quadratic=not per_token.get(k)))
+            for k, v in series.items()}
     largest = {k: max(lg.get(k, 0) for _, _, lg, _ in runs) for k in series}
     zero = [0, 0, 0]
     kinds = [{"count": k["count"], "attn": zero, "mlp": zero, "fwd": zero, "bwd": zero, "input": zero,
-              "largest_attn": 0, "largest_mlp": 0} for k in struct["kinds"]]
+              "fwd_below": 0, "bwd_below": 0, "largest_attn": 0, "largest_mlp": 0} for k in struct["kinds"]]
     for i in range(n):
         kind = kinds[struct["layer_kinds"][i]]
         for part in ("attn", "mlp", "fwd", "bwd", "input"):
             kind[part] = [max(a, b) for a, b in zip(kind[part], fits[f"layer{i}.{part}"])]
+        for part in ("fwd", "bwd"):
+            kind[f"{part}_below"] = max(kind[f"{part}_below"], below[f"layer{i}.{part}"])
         for half in ("attn", "mlp"):
             kind[f"largest_{half}"] = max(kind[f"largest_{half}"], largest.get(f"layer{i}.{half}", 0))
     return {"kinds": kinds, "shared": fits.get("shared", zero), "final_norm": fits.get("final_norm", zero),
             "head_input": fits.get("head_input", zero), "loss_vocab": fits.get("loss_vocab", zero),
-            "tail_bwd": fits.get("tail.bwd", zero)}
+            "tail_bwd": fits.get("tail.bwd", zero), "tail_bwd_below": below.get("tail.bwd", 0),
+            "long_from": sorted(S for S, _, _, _ in runs)[-3]}
 
 
 def per_sequence(coeffs: list) -> list:

@@ -84,9 +84,9 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     block_input = layer.checkpointed_input or t * h * nm.residual     # the hidden states a block receives
     per_block_saved = block_input if recompute else layer.saved + layer.weight_copies
 
-    # eager attention: transformers builds one additive causal mask (B×1×S×S, residual dtype) for all blocks;
-    # it lives through backward only when checkpointing saves it as a block input, else until forward returns
-    shared = out["shared"] + (mask if s.grad_ckpt else 0)
+    # eager attention: transformers builds one additive causal mask (B×1×S×S, residual dtype) for all blocks; it lives
+    # through backward only when checkpointing saves it as a block input (a traced model's `shared` holds it)
+    shared = out["shared"] + (mask if s.grad_ckpt and m.memory_source != "traced" else 0)
     final = out["final"]
 
     grads = ms.gradients_persistent

@@ -69,6 +69,20 @@ def _granule(act: dict[str, Any], seq_len: int) -> int:
     return 1 if g <= 1 or seq_len % g == int(act.get("residue", 0)) else g
 
 
+def _under_long_fits(act: dict[str, Any], seq_len: int, granule: int) -> bool:
+    """The planned length is under the three longest traced lengths, which the rises' fits are through."""
+    S = -(-seq_len // max(granule, 1)) * max(granule, 1)
+    return S < int(act.get("long_from", 0))
+
+
+def _at_length(kind: dict[str, Any], act: dict[str, Any], seq_len: int, granule: int) -> dict[str, Any]:
+    """A kind whose forward and backward rises hold, at a planned length under the long fits' range, the largest
+    shortfall of those fits at a shorter traced length in their constant (measure/trace_fit.py envelope_parts)."""
+    if not _under_long_fits(act, seq_len, granule):
+        return kind
+    return {**kind, **{p: [kind[p][0] + kind.get(f"{p}_below", 0), *kind[p][1:]] for p in ("fwd", "bwd")}}
+
+
 def _length(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
@@ -119,8 +133,8 @@ def traced_block_terms(s: TrainingSetup, micro_batch: int | None, copies: tuple[
     b = micro_batch or s.micro_batch
     S = s.seq_len
     act = _trace(s)
-    kinds = [k for k in act["kinds"] if int(k["count"])]
     g = _granule(act, S)
+    kinds = [_at_length(k, act, S, g) for k in act["kinds"] if int(k["count"])]
     per_token = lambda f: [0, *f[1:]]   # noqa: E731 - c1, c2 without the constant
     attn = [traced.at(per_token(k["attn"]), b, S, g) for k in kinds]
     mlp = [traced.at(per_token(k["mlp"]), b, S, g) for k in kinds]
@@ -242,5 +256,7 @@ def traced_outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> d
     final += hidden_saved(s, t) if chunked(s) else 0
     final += _head_tail(act, m.vocab_size, b, S, g)
     # the tail's backward rise, less what the head's backward freed before it ran (its saved input, in `final`)
-    tail = max(traced.at(act.get("tail_bwd", [0, 0, 0]), b, S, g) - head_input, 0) if own_head else 0
+    tail_fit = list(act.get("tail_bwd", [0, 0, 0]))
+    tail_fit[0] += act.get("tail_bwd_below", 0) if _under_long_fits(act, S, g) else 0
+    tail = max(traced.at(tail_fit, b, S, g) - head_input, 0) if own_head else 0
     return {"shared": shared, "final": final, "labels": 8 * t, "window_mask": 0, "tail_bwd": tail}
