@@ -153,65 +153,39 @@ class _Recorder:
 
 
 class _Live:
-    """Bytes of the storages created since it started and still alive (each storage once, freed when torch frees
-    it), and the highest of them within each open window: a layer's forward, a layer's backward (from the gradient
-    of its output to the gradient of its input). Allocations inside one kernel are not seen: a kernel's own scratch
-    is the one thing this reads from the analytic side."""
+    """The rise of the CPU allocator's live bytes within each window: a layer's forward, a layer's backward (from
+    the gradient of its output to the gradient of its input), the tail's backward. The windows' ends are marks in a
+    torch.profiler session (profile_memory) around the forward and backward; after it, the allocator's own running
+    total between the marks gives each window's peak over its start: what torch.profiler reads for a whole step.
+    A Python dispatch mode counting storages (TRACE_FORMAT ≤ 16) changed the program it watched: autograd
+    accumulated gradients out of place under it, and a per-position loop's backward (jamba's mamba scan) rose 2 MB
+    higher than without it. Kernels' own scratch (aten::_safe_softmax's masks) is seen too."""
 
-    def __init__(self, torch, excluded: set | frozenset = frozenset()):
-        import weakref
+    PREFIX = "scaletrain.window/"
 
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        self.torch, self.weakref = torch, weakref
-        self.live = 0
-        # the model's parameters and buffers: a view of one (gpt_neo slices its 2048² causal-mask buffer each
-        # forward) allocates nothing
-        self.excluded = excluded
-        self.keys: dict = {}
-        self.windows: dict[str, list[int]] = {}     # name → [live at start, peak], while open
+    def __init__(self, torch):
+        self.torch = torch
         self.rises: dict[str, int] = {}
         self.calls: dict[int, int] = {}               # layer → forwards it ran
         self.backward = False                          # the backward pass runs (its recomputes are no forward)
-        live = self
+        self.prof = None
 
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                live.created(out)
-                return out
-        self.mode = Mode()
+    def profiling(self):
+        from torch.profiler import ProfilerActivity, profile
 
-    def created(self, out) -> None:
-        from torch.utils._pytree import tree_flatten
+        self.prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        return self.prof
 
-        from scaletrain.measure.step import storage_key
-
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, self.torch.Tensor) and t.layout == self.torch.strided and t.device.type != "meta":
-                st = t.untyped_storage()
-                key = st._cdata
-                if key in self.keys or storage_key(t) in self.excluded:
-                    continue
-                nb = st.nbytes()
-                self.keys[key] = self.weakref.ref(st, lambda _, k=key, n=nb: self._freed(k, n))
-                self.live += nb
-                for w in self.windows.values():
-                    if self.live > w[1]:
-                        w[1] = self.live
-
-    def _freed(self, key, nb: int) -> None:
-        if self.keys.pop(key, None) is not None:
-            self.live -= nb
+    def _mark(self, what: str, name: str) -> None:
+        with self.torch.autograd.profiler.record_function(f"{self.PREFIX}{what}/{name}"):
+            pass
 
     def open(self, name: str) -> None:
-        self.windows[name] = [self.live, self.live]
+        self._mark("open", name)
 
     def close(self, name: str) -> None:
         """The window's rise (its peak over its start) is kept; later allocations no longer raise it."""
-        w = self.windows.pop(name, None)
-        if w is not None:
-            self.rises[name] = w[1] - w[0]
+        self._mark("close", name)
 
     def tail_then(self, name: str) -> None:
         """A layer's output gradient: the tail's window (open from the head's input gradient) ends, the layer's
@@ -220,9 +194,35 @@ class _Live:
         self.open(name)
 
     def close_all(self) -> dict[str, int]:
-        self.windows.pop("tail", None)      # no layer's output gradient ended it: no tail measured, not all backward
-        for name in list(self.windows):
-            self.close(name)
+        """The windows' rises from the profiler's events, in time order; a window still open at the end closes
+        there, but the tail's (no layer's output gradient ended it: no tail measured, not all backward)."""
+        from torch._C._profiler import _EventType
+        from torch.profiler._memory_profiler import OpTree
+
+        if self.prof is None:
+            return self.rises
+        cpu = self.torch.device("cpu")
+        nodes = OpTree(self.prof.profiler.kineto_results).sorted_nodes
+        allocs = [n.typed[1] for n in nodes if n.typed[0] == _EventType.Allocation and n.typed[1].device == cpu]
+        live = allocs[0].total_allocated - allocs[0].alloc_size if allocs else 0
+        windows: dict[str, list[int]] = {}
+        for n in nodes:
+            if n.typed[0] == _EventType.Allocation:
+                if n.typed[1].device != cpu:
+                    continue
+                live = n.typed[1].total_allocated
+                for w in windows.values():
+                    w[1] = max(w[1], live)
+            elif n.name.startswith(self.PREFIX):
+                what, name = n.name[len(self.PREFIX):].split("/", 1)
+                if what == "open":
+                    windows[name] = [live, live]
+                elif name in windows:
+                    start, peak = windows.pop(name)
+                    self.rises[name] = peak - start
+        windows.pop("tail", None)
+        for name, (start, peak) in windows.items():
+            self.rises[name] = peak - start
         return self.rises
 
 
@@ -316,16 +316,16 @@ def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int
     excluded = {storage_key(t) for t in list(model.parameters()) + list(model.buffers())}
     rec = _Recorder(torch, excluded, count_passed=any(getattr(m, "gradient_checkpointing", False) is True
                                                         for m in model.modules()))
-    live = _Live(torch, excluded)
+    live = _Live(torch)
     (ids,) = make_batches(1, batch, seq_len, harness.vocab_size, harness.device, 0)
     rec.scope = "shared"
     hooks = rec.hooks(model) + _window_hooks(model, live)
     try:
-        with live.mode, torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t), harness.autocast():
-            loss = model(input_ids=ids, labels=ids).loss
-        rec.alive.clear()
-        live.backward = True
-        with live.mode:
+        with live.profiling():
+            with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t), harness.autocast():
+                loss = model(input_ids=ids, labels=ids).loss
+            rec.alive.clear()
+            live.backward = True
             loss.backward()
     finally:
         for h in hooks:

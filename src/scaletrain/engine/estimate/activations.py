@@ -36,6 +36,8 @@ class LayerActivations:
     checkpointed_input: int = 0
     # a stack of unlike layers (a traced model's kinds): the largest block's moments, the fields above averaged
     worst: "LayerActivations | None" = None
+    # and layer by layer, first to last: (bytes it keeps for backward, its backward moment, its parameters)
+    stack: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def saved(self) -> int:

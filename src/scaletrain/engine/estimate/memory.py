@@ -140,7 +140,7 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
         mark("backward", acts, head.input_grad + out["tail_bwd"], grads, gather=gather_head)
     acts -= final + head.labels
     block_grad = _grad_share(m.block_params() if full else s.trainable_params // max(L, 1), s)
-    acts, grads = _blocks_backward(s, mark, layer.worst or layer, out["window_mask"], acts, grads, block_grad,
+    acts, grads = _blocks_backward(s, mark, layer, out["window_mask"], acts, grads, block_grad,
                                    per_block_saved, (gather_block, grad_gather_block), block_input,
                                    ms.grows_in_backward)
     grads = max(grads, ms.gradients_backward)
@@ -160,16 +160,19 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     return {"phase_peaks": peaks.phase_peaks, "parts": peaks.parts, "states": ms, "head": head, "generation": gen}
 
 
-def _blocks_backward(s: TrainingSetup, mark: Any, big: Any, window_mask: int, acts: int, grads: int,
+def _blocks_backward(s: TrainingSetup, mark: Any, layer: Any, window_mask: int, acts: int, grads: int,
                      block_grad: int, per_block_saved: int, gathers: tuple[int, int], block_input: int,
                      grows: bool) -> tuple[int, int]:
     """Backward through the blocks, last first; `big` is a block's moment as its largest kind's (a stack of unlike
-    layers). Under checkpointing the block's own tensors (and autocast's weight copies) are recomputed on top of its
+    layers; a traced one whose order is known is walked layer by layer: _stack_backward). Under checkpointing the block's own tensors (and autocast's weight copies) are recomputed on top of its
     saved input. FSDP: a block's own gradients are in bwd_peak as in one process; the reduce-scatter input of the
     block before it in backward (its whole gradients) is kept until this block's post-backward
     (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py post_backward: reduce_scatter_states)."""
     gather_block, grad_gather_block = gathers
     fsdp = s.strategy == "fsdp"
+    if layer.stack and not fsdp:        # a traced stack of unlike layers, walked layer by layer
+        return _stack_backward(s, mark, layer.stack, window_mask, acts, grads, gather_block, block_input, grows)
+    big = layer.worst or layer
     recompute = s.grad_ckpt
     # the same for every block: its gradient waiting, what recomputing it adds, its own backward and recompute peaks
     waiting = _waiting_grad(s, block_input) if (fsdp or recompute) else 0
@@ -191,6 +194,27 @@ def _blocks_backward(s: TrainingSetup, mark: Any, big: Any, window_mask: int, ac
         acts -= per_block_saved
         if grows:
             grads += block_grad
+    return acts, grads
+
+
+def _stack_backward(s: TrainingSetup, mark: Any, stack: tuple[tuple[int, int, int], ...], window_mask: int,
+                    acts: int, grads: int, gather_block: int, block_input: int, grows: bool) -> tuple[int, int]:
+    """Backward through a traced stack of unlike layers, last first, each layer as its kind: below it, what the
+    layers before it keep; its own backward moment (under checkpointing on top of its recomputed input, and then
+    with its output's gradient waiting); its own parameters' gradients after it (LoRA: the adapters' share)."""
+    recompute = s.grad_ckpt
+    waiting = _waiting_grad(s, block_input) if recompute else 0
+    full = s.method == "full"
+    per_layer_adapters = s.trainable_params // max(s.model.num_layers, 1)
+    for keep, moment, params in reversed(stack):
+        below = max(acts - keep, 0)
+        recomputed = keep + window_mask if recompute else 0
+        mark("backward", below + recomputed + moment, 0, grads, gather=gather_block)
+        if recompute:
+            mark("backward", below + recomputed + moment + waiting, 0, grads, gather=gather_block)
+        acts -= keep
+        if grows:
+            grads += _grad_share(params if full else per_layer_adapters, s)
     return acts, grads
 
 

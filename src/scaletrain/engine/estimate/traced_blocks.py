@@ -144,13 +144,15 @@ def traced_block_terms(s: TrainingSetup, micro_batch: int | None, copies: tuple[
     mean = lambda xs: -(-sum(n * x for n, x in zip(counts, xs)) // L)   # noqa: E731 - rounded up
     inputs = _inputs(s, kinds, b, S, g)
     fwd, bwd = _moments(s, kinds, b, S, g, flash_backward, max(inputs))
+    kept = inputs if s.grad_ckpt else [a + x + c for a, x, c in zip(attn, mlp, consts)]
+    stack = _stack(s, act, kinds, kept, (b, S, g), flash_backward, max(inputs)) if len(kinds) > 1 else ()
     if s.grad_ckpt:     # a block's moments as traced under checkpointing (memory.py adds its input, the waiting grad)
         moment = {"saved_attn": 0, "saved_mlp": bwd, "fwd_transient": fwd, "mlp_bwd_transient": 0,
                   "attn_bwd_transient": 0, "weight_copies": 0, "cached_copies": 0, "recompute_transient": 0,
                   "checkpointed_input": max(inputs)}
         return {"saved_attn": mean(attn), "saved_mlp": mean(mlp), "fwd_transient": fwd, "mlp_bwd_transient": 0,
                 "attn_bwd_transient": 0, "weight_copies": mean(consts), "cached_copies": min(copies[1], mean(consts)),
-                "recompute_transient": 0, "checkpointed_input": mean(inputs), "worst": moment}
+                "recompute_transient": 0, "checkpointed_input": mean(inputs), "worst": moment, "stack": stack}
     worst_saved = max(a + x for a, x in zip(attn, mlp))
     worst = {"saved_attn": max(attn), "saved_mlp": worst_saved - max(attn), "fwd_transient": fwd,
              "mlp_bwd_transient": max(bwd - worst_saved, 0), "attn_bwd_transient": 0,
@@ -162,15 +164,37 @@ def traced_block_terms(s: TrainingSetup, micro_batch: int | None, copies: tuple[
            "recompute_transient": max(fwd - mean(attn) - mean(mlp), 0)}
     if len(kinds) > 1:
         out["worst"] = worst
+        out["stack"] = stack
         # forward: memory.py counts the running block's rise over the average block's saved bytes; the rise of
         # each kind is over its own, so the largest excess of a kind's rise over its own saved bytes stands on top
         # of every block's (gemma4's layer of head_dim 512 ran last, the average counted it 5 times over)
-        scratch = [safe_softmax_scratch(s, k, b, S) for k in kinds]
-        excess = max(traced.at(k["fwd"], b, S, g) + x - a - m_ for k, x, a, m_ in zip(kinds, scratch, attn, mlp))
+        excess = max(traced.at(k["fwd"], b, S, g) - a - m_ for k, a, m_ in zip(kinds, attn, mlp))
         excess = max(excess, fwd - worst_saved, 0)
         out["fwd_transient"] = min(fwd, mean(attn) + mean(mlp) + excess)
         out["recompute_transient"] = max(out["fwd_transient"] - mean(attn) - mean(mlp), 0)
     return out
+
+
+def _stack(s: TrainingSetup, act: dict[str, Any], kinds: list[dict], kept: list[int], at: tuple[int, int, int],
+           flash_backward: Callable[[TrainingSetup, int], int], block_input: int) -> tuple[tuple[int, int, int], ...]:
+    """A stack of unlike layers, layer by layer in the real model's order (the structure's `layer_kinds`): what each
+    keeps for backward (its saved bytes; checkpointed: its input), its backward moment as `_moments` takes it for
+    its kind alone, and its parameters. memory.py walks backward through it, so a wide kind's backward counts only
+    the layers below it (nemotron_h's: the bound of the largest kind over every layer's saved bytes was 9 % over).
+    Empty when the order is not known (a cached structure without it)."""
+    order = list(s.model.trace.get("layer_kinds") or ()) if s.model.trace else []
+    present = [i for i, k in enumerate(act["kinds"]) if int(k["count"])]
+    if len(order) != s.model.num_layers or not set(order) <= set(present):
+        return ()
+    structure_kinds = s.model.trace.get("kinds") or []
+    if any(i >= len(structure_kinds) or "params" not in structure_kinds[i] for i in present):
+        return ()
+    b, S, g = at
+    params = [int(structure_kinds[i]["params"]) for i in present]
+    per_kind = [(keep, _moments(s, [k], b, S, g, flash_backward, block_input)[1], n)
+                for keep, k, n in zip(kept, kinds, params)]
+    where = {orig: j for j, orig in enumerate(present)}
+    return tuple(per_kind[where[i]] for i in order)
 
 
 def _inputs(s: TrainingSetup, kinds: list[dict], b: int, S: int, g: int) -> list[int]:
@@ -191,9 +215,8 @@ def _moments(s: TrainingSetup, kinds: list[dict], b: int, S: int, g: int,
     nm = numerics(s)
     t = b * S
     waiting = 0 if s.grad_ckpt else block_input     # memory.py adds it under checkpointing
-    scratch = [safe_softmax_scratch(s, k, b, S) for k in kinds]
-    fwd = max(traced.at(k["fwd"], b, S, g) + x for k, x in zip(kinds, scratch))
-    bwd = max(traced.at(k["bwd"], b, S, g) + x for k, x in zip(kinds, scratch)) + waiting
+    fwd = max(traced.at(k["fwd"], b, S, g) for k in kinds)      # the allocator's rise: kernels' scratch included
+    bwd = max(traced.at(k["bwd"], b, S, g) for k in kinds) + waiting
     if s.device != "cuda" or s.grad_ckpt:
         return fwd, bwd
     c = nm.compute
@@ -206,19 +229,6 @@ def _moments(s: TrainingSetup, kinds: list[dict], b: int, S: int, g: int,
     if nm.trainable_copies:
         rule_bwd += c * max(a * o for a, o, _ in m.linear_shapes().values())
     return max(fwd, saved + rule_fwd), max(bwd, saved + rule_bwd)
-
-
-def safe_softmax_scratch(s: TrainingSetup, kind: dict, b: int, S: int) -> int:
-    """What the CPU's math attention kernel allocates inside one op, which the trace (a dispatch mode: it sees ops,
-    not a kernel's own allocations) cannot: aten::_safe_softmax keeps a bool mask per score element, a bool per
-    score row and a scalar beside its output (torch.profiler on the op alone, B·heads × S × S at S = 64, 128 and
-    256, fp32 and bf16: 1 + 1/S bytes per element + 4). Counted in a kind whose forward rises with S² (its
-    scores: sdpa's math path runs there) on a CPU plan; minicpm3's recompute peaked inside it (LoRA+checkpointing
-    −3.5 %)."""
-    if s.device != "cpu" or s.attn != "sdpa" or not kind["fwd"][2]:
-        return 0
-    rows = b * s.model.num_heads * S
-    return rows * S + rows + 4
 
 
 # what cross-entropy itself saves per logit: log_softmax's fp32 output (the engine's head terms count it)
