@@ -93,3 +93,18 @@ def test_a_multimodal_models_towers_are_not_its_layers_and_get_no_gradient_on_te
     assert 0.9 * arch.params < towers < arch.params          # the towers hold most of this small build
     ddp = replace(one, hardware=parse_gpus("2xH100"), device="cuda")
     assert model_states(ddp).gradients_backward == 4 * arch.params     # DDP's buckets hold every trainable one
+
+
+@pytest.mark.long                       # builds a small model under peft
+def test_the_layers_of_a_peft_wrapped_model_whose_get_decoder_is_itself_are_found():
+    """Llama4ForCausalLM.get_decoder() returns the causal LM itself. Under peft the layers sat inside another
+    pretrained model than that "decoder" and were left out as a tower's: the LoRA trace found no layers, counted
+    everything as shared, and llama4_text's LoRA step was planned 28 % under."""
+    from scaletrain.measure.saved_activations import decoder_layers
+    from scaletrain.measure.step import build_harness
+    from scaletrain.measure.tiny_configs import config_dict
+
+    cfg = config_dict("llama4_text")
+    h = build_harness(cfg, method="lora", lora_rank=8, lora_alpha=16, lora_targets=("q_proj", "v_proj"),
+                      grad_ckpt=False, attn="sdpa", precision="fp32", device="cpu")
+    assert len(decoder_layers(h.model)) == cfg["num_hidden_layers"]

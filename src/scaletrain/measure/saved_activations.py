@@ -126,13 +126,14 @@ def _outside_decoder(model):
     model's decoder nor one of the decoder's parents? Nothing is, when the model names no decoder."""
     from transformers import PreTrainedModel
 
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model      # under peft: the model
     try:
-        decoder = model.get_decoder()
+        decoder = base.get_decoder()
     except Exception:           # noqa: BLE001 - a model without the accessor: no module is left out
         decoder = None
     modules = dict(model.named_modules())
     path = next((n for n, m in modules.items() if m is decoder), None) if decoder is not None else None
-    if not path:                # none, or the model itself
+    if not path or decoder is base:     # none, or the causal LM itself (llama4's get_decoder returns self)
         return lambda name: False
     others = {n for n, m in modules.items()
               if n and isinstance(m, PreTrainedModel) and not (path == n or path.startswith(n + "."))}

@@ -103,6 +103,8 @@ def _series(S: int, tot: dict, rises: dict, n: int, own_saved: bool) -> dict[str
         out.setdefault(f"layer{i}.input", 0)
         out[f"layer{i}.fwd"] = rises.get(f"fwd{i}", 0)
         out[f"layer{i}.bwd"] = rises.get(f"bwd{i}", 0) + own
+        out[f"layer{i}.fwd_left"] = rises.get(f"fwd{i}.left", 0)
+        out[f"layer{i}.bwd_left"] = rises.get(f"bwd{i}.left", 0)
     return out
 
 
@@ -125,17 +127,19 @@ def _per_kind(runs: list, struct: dict, own_saved: bool = True, pair: tuple | No
     as_two = _series(runs[1][0], pair[0], pair[2], n, own_saved) if pair else {}
     last = {k: v[-1][1] for k, v in series.items()}
     per_token = {k: abs(as_two.get(k, 0) - last[k]) <= slack for k in series} if pair else {}
-    rises = {k: envelope_parts(v, not per_token.get(k)) for k, v in series.items() if k.endswith((".fwd", ".bwd"))}
+    rises = {k: envelope_parts(v, not per_token.get(k)) for k, v in series.items()
+             if k.endswith((".fwd", ".bwd", "_left"))}
     below = {k: b for k, (_, b) in rises.items()}       # what a length under the three longest adds to c0
     fits = {k: per_sequence(rises[k][0] if k in rises else fit(v, k, slack, quadratic=not per_token.get(k)))
             for k, v in series.items()}
     largest = {k: max(lg.get(k, 0) for _, _, lg, _ in runs) for k in series}
     zero = [0, 0, 0]
     kinds = [{"count": k["count"], "attn": zero, "mlp": zero, "fwd": zero, "bwd": zero, "input": zero,
-              "fwd_below": 0, "bwd_below": 0, "largest_attn": 0, "largest_mlp": 0} for k in struct["kinds"]]
+              "fwd_left": zero, "bwd_left": zero, "fwd_below": 0, "bwd_below": 0, "largest_attn": 0,
+              "largest_mlp": 0} for k in struct["kinds"]]
     for i in range(n):
         kind = kinds[struct["layer_kinds"][i]]
-        for part in ("attn", "mlp", "fwd", "bwd", "input"):
+        for part in ("attn", "mlp", "fwd", "bwd", "input", "fwd_left", "bwd_left"):
             kind[part] = [max(a, b) for a, b in zip(kind[part], fits[f"layer{i}.{part}"])]
         for part in ("fwd", "bwd"):
             kind[f"{part}_below"] = max(kind[f"{part}_below"], below[f"layer{i}.{part}"])

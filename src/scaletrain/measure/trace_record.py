@@ -166,6 +166,7 @@ class _Live:
     def __init__(self, torch):
         self.torch = torch
         self.rises: dict[str, int] = {}
+        self.nets: dict[str, int] = {}                 # live bytes at a window's end over its start
         self.calls: dict[int, int] = {}               # layer → forwards it ran
         self.backward = False                          # the backward pass runs (its recomputes are no forward)
         self.prof = None
@@ -220,6 +221,7 @@ class _Live:
                 elif name in windows:
                     start, peak = windows.pop(name)
                     self.rises[name] = peak - start
+                    self.nets[name] = live - start
         windows.pop("tail", None)
         for name, (start, peak) in windows.items():
             self.rises[name] = peak - start
@@ -350,4 +352,12 @@ def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int
         i, n = next(iter(looped.items()))
         raise TraceError(f"its decoder layer {i} ran {n} times in one forward (a looped or recurrent stack): the "
                          "traced layer model counts each layer once, so it is not planned rather than under-counted")
-    return total, largest, live.close_all()
+    rises = dict(live.close_all())
+    if rec.count_passed:        # checkpointed: what each layer's forward and backward leave alive (module doc)
+        layers = decoder_layers(model)
+        for i, layer in enumerate(layers):
+            grads = sum(p.numel() * p.element_size() for p in layer.parameters() if p.requires_grad)
+            inp = total.get(f"layer{i}.input", 0)
+            rises[f"fwd{i}.left"] = max(live.nets.get(f"fwd{i}", 0) - inp, 0)
+            rises[f"bwd{i}.left"] = max(live.nets.get(f"bwd{i}", 0) - grads, 0)
+    return total, largest, rises

@@ -108,7 +108,7 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     cache = 0 if s.grad_ckpt else mask
     for _ in range(L):
         mark("forward", acts + cache + layer.fwd_transient, 0, grads, gather=gather_block)
-        acts += per_block_saved
+        acts += per_block_saved + layer.fwd_left
         cache += layer.cached_copies if recompute else 0
     acts += final
     # loss: the head's forward (sft: logits + fp32 copy + log_softmax output; dpo/grpo: TRL's log-prob tiles)
@@ -172,6 +172,7 @@ def _blocks_backward(s: TrainingSetup, mark: Any, layer: Any, window_mask: int, 
     fsdp = s.strategy == "fsdp"
     if layer.stack and not fsdp:        # a traced stack of unlike layers, walked layer by layer
         return _stack_backward(s, mark, layer.stack, window_mask, acts, grads, gather_block, block_input, grows)
+    left = layer.bwd_left
     big = layer.worst or layer
     recompute = s.grad_ckpt
     # the same for every block: its gradient waiting, what recomputing it adds, its own backward and recompute peaks
@@ -191,13 +192,13 @@ def _blocks_backward(s: TrainingSetup, mark: Any, layer: Any, window_mask: int, 
         if recompute:   # the recompute's forward at down_proj, the gradient of the block's output waiting
             mark("backward", below + recomputed + own_recompute + waiting,
                  0, grads, gather=gather_block + (held if fsdp else 0))
-        acts -= per_block_saved
+        acts += left - per_block_saved
         if grows:
             grads += block_grad
     return acts, grads
 
 
-def _stack_backward(s: TrainingSetup, mark: Any, stack: tuple[tuple[int, int, int], ...], window_mask: int,
+def _stack_backward(s: TrainingSetup, mark: Any, stack: tuple[tuple[int, int, int, int], ...], window_mask: int,
                     acts: int, grads: int, gather_block: int, block_input: int, grows: bool) -> tuple[int, int]:
     """Backward through a traced stack of unlike layers, last first, each layer as its kind: below it, what the
     layers before it keep; its own backward moment (under checkpointing on top of its recomputed input, and then
@@ -206,13 +207,13 @@ def _stack_backward(s: TrainingSetup, mark: Any, stack: tuple[tuple[int, int, in
     waiting = _waiting_grad(s, block_input) if recompute else 0
     full = s.method == "full"
     per_layer_adapters = s.trainable_params // max(s.model.num_layers, 1)
-    for keep, moment, params in reversed(stack):
+    for keep, moment, params, left in reversed(stack):
         below = max(acts - keep, 0)
         recomputed = keep + window_mask if recompute else 0
         mark("backward", below + recomputed + moment, 0, grads, gather=gather_block)
         if recompute:
             mark("backward", below + recomputed + moment + waiting, 0, grads, gather=gather_block)
-        acts -= keep
+        acts += left - keep
         if grows:
             grads += _grad_share(params if full else per_layer_adapters, s)
     return acts, grads

@@ -145,14 +145,18 @@ def traced_block_terms(s: TrainingSetup, micro_batch: int | None, copies: tuple[
     inputs = _inputs(s, kinds, b, S, g)
     fwd, bwd = _moments(s, kinds, b, S, g, flash_backward, max(inputs))
     kept = inputs if s.grad_ckpt else [a + x + c for a, x, c in zip(attn, mlp, consts)]
-    stack = _stack(s, act, kinds, kept, (b, S, g), flash_backward, max(inputs)) if len(kinds) > 1 else ()
+    left = {p: [traced.at(k.get(p, [0, 0, 0]), b, S, g) if s.grad_ckpt else 0 for k in kinds]
+            for p in ("fwd_left", "bwd_left")}
+    stack = _stack(s, act, kinds, kept, left["bwd_left"], (b, S, g), flash_backward, max(inputs)) \
+        if len(kinds) > 1 else ()
     if s.grad_ckpt:     # a block's moments as traced under checkpointing (memory.py adds its input, the waiting grad)
         moment = {"saved_attn": 0, "saved_mlp": bwd, "fwd_transient": fwd, "mlp_bwd_transient": 0,
                   "attn_bwd_transient": 0, "weight_copies": 0, "cached_copies": 0, "recompute_transient": 0,
                   "checkpointed_input": max(inputs)}
         return {"saved_attn": mean(attn), "saved_mlp": mean(mlp), "fwd_transient": fwd, "mlp_bwd_transient": 0,
                 "attn_bwd_transient": 0, "weight_copies": mean(consts), "cached_copies": min(copies[1], mean(consts)),
-                "recompute_transient": 0, "checkpointed_input": mean(inputs), "worst": moment, "stack": stack}
+                "recompute_transient": 0, "checkpointed_input": mean(inputs), "worst": moment, "stack": stack,
+                "fwd_left": mean(left["fwd_left"]), "bwd_left": mean(left["bwd_left"])}
     worst_saved = max(a + x for a, x in zip(attn, mlp))
     worst = {"saved_attn": max(attn), "saved_mlp": worst_saved - max(attn), "fwd_transient": fwd,
              "mlp_bwd_transient": max(bwd - worst_saved, 0), "attn_bwd_transient": 0,
@@ -175,11 +179,12 @@ def traced_block_terms(s: TrainingSetup, micro_batch: int | None, copies: tuple[
     return out
 
 
-def _stack(s: TrainingSetup, act: dict[str, Any], kinds: list[dict], kept: list[int], at: tuple[int, int, int],
-           flash_backward: Callable[[TrainingSetup, int], int], block_input: int) -> tuple[tuple[int, int, int], ...]:
+def _stack(s: TrainingSetup, act: dict[str, Any], kinds: list[dict], kept: list[int], left: list[int],
+           at: tuple[int, int, int], flash_backward: Callable[[TrainingSetup, int], int],
+           block_input: int) -> tuple[tuple[int, int, int, int], ...]:
     """A stack of unlike layers, layer by layer in the real model's order (the structure's `layer_kinds`): what each
     keeps for backward (its saved bytes; checkpointed: its input), its backward moment as `_moments` takes it for
-    its kind alone, and its parameters. memory.py walks backward through it, so a wide kind's backward counts only
+    its kind alone, its parameters, and what its backward leaves alive (checkpointed). memory.py walks backward through it, so a wide kind's backward counts only
     the layers below it (nemotron_h's: the bound of the largest kind over every layer's saved bytes was 9 % over).
     Empty when the order is not known (a cached structure without it)."""
     order = list(s.model.trace.get("layer_kinds") or ()) if s.model.trace else []
@@ -191,8 +196,8 @@ def _stack(s: TrainingSetup, act: dict[str, Any], kinds: list[dict], kept: list[
         return ()
     b, S, g = at
     params = [int(structure_kinds[i]["params"]) for i in present]
-    per_kind = [(keep, _moments(s, [k], b, S, g, flash_backward, block_input)[1], n)
-                for keep, k, n in zip(kept, kinds, params)]
+    per_kind = [(keep, _moments(s, [k], b, S, g, flash_backward, block_input)[1], n, lf)
+                for keep, k, n, lf in zip(kept, kinds, params, left)]
     where = {orig: j for j, orig in enumerate(present)}
     return tuple(per_kind[where[i]] for i in order)
 
