@@ -1,5 +1,5 @@
 """What the traced slice's forward saves and how far live memory rises while each layer runs forward and backward
-(measure/trace.py): a saved-tensor recorder and a dispatch-mode count of live storages, per layer window."""
+(measure/trace.py): a saved-tensor recorder and the CPU allocator's live bytes (torch.profiler), per layer window."""
 
 from __future__ import annotations
 
