@@ -36,9 +36,8 @@ class LayerActivations:
     checkpointed_input: int = 0
     # a stack of unlike layers (a traced model's kinds): the largest block's moments, the fields above averaged
     worst: "LayerActivations | None" = None
-    # checkpointed (traced): what a block's forward and its backward leave alive until the end of backward, beyond
-    # its output and its gradients (gemma4's key/value states shared with later layers; recurrent_gemma's)
-    fwd_left: int = 0
+    # checkpointed (traced): what a block's backward leaves alive until the end of backward, beyond its gradients
+    # (recurrent_gemma's per-position loop)
     bwd_left: int = 0
     # and layer by layer, first to last: (bytes it keeps for backward, its backward moment, its parameters, what
     # its backward leaves)

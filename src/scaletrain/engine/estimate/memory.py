@@ -108,7 +108,7 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     cache = 0 if s.grad_ckpt else mask
     for _ in range(L):
         mark("forward", acts + cache + layer.fwd_transient, 0, grads, gather=gather_block)
-        acts += per_block_saved + layer.fwd_left
+        acts += per_block_saved
         cache += layer.cached_copies if recompute else 0
     acts += final
     # loss: the head's forward (sft: logits + fp32 copy + log_softmax output; dpo/grpo: TRL's log-prob tiles)
