@@ -99,7 +99,10 @@ def one_family(model_type: str, cases=CASES, reuse: dict | None = None, config: 
         try:
             predicted = estimate_memory(s).allocated_peak_bytes
             trainable = s.trainable_params
-            m = _reused(reuse, cfg, method, ckpt, row["attn"]) or measure_step(cfg, method=method, lora_rank=RANK, lora_alpha=2 * RANK,
+            m = _reused(reuse, cfg, method, ckpt, row["attn"])
+            if m is not None and method != "full" and m.trainable_params != trainable:
+                m = None        # peft's count differs: other LoRA targets than the recorded step's, measured again
+            m = m or measure_step(cfg, method=method, lora_rank=RANK, lora_alpha=2 * RANK,
                              lora_targets=s.lora_targets if method != "full" else None, micro_batch=B, seq_len=S,
                              grad_ckpt=ckpt, attn=row["attn"], precision="fp32", device="cpu",
                              optimizer_impl="for-loop")
