@@ -42,6 +42,20 @@ def test_a_traced_family_plans_what_its_full_build_measures(model_type, cases, t
         assert -0.02 <= case["error"] <= 0.05, (model_type, case)
 
 
+@pytest.mark.heavy                      # built whole and profiled, twice
+def test_gemma2s_capped_eager_attention_plans_what_its_full_build_measures():
+    """gemma2 (analytic, eager only on CPU: its class has no sdpa) caps its attention scores and its logits with
+    tanh, which keeps its output for backward, and builds a mask per layer type (sliding and full) that
+    checkpointing keeps: refused until the caps were counted (14-18 % under); the second mask was -3.6 % under."""
+    row = one_family("gemma2", (("full", False), ("lora", True)))
+    assert "refused" not in row, row.get("refused")
+    assert (row["memory_source"], row["attn"]) == ("analytic", "eager")
+    for case in row["cases"]:
+        assert "refused" not in case, case
+        assert case["params_exact"], case
+        assert -0.02 <= case["error"] <= 0.05, case
+
+
 def test_the_sweep_covers_every_causal_lm_transformers_ships():
     """The recorded sweep names every model_type of the installed transformers' causal-LM mapping: planned, or
     refused with its reason."""

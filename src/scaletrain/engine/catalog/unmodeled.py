@@ -3,8 +3,10 @@ saying what was measured (never planned silently under), and the sweep (bench/ar
 
 from __future__ import annotations
 
-UNMODELED_EAGER = {"gemma2": "its eager attention (scores capped by tanh, attn_logit_softcapping) is not in the "
-                             "analytic model yet: 14-18 % under torch.profiler (bench/results/architecture_sweep.json)"}
+# Attention kernels a model_type's plan does not count yet, refused with what was measured. gemma2's eager
+# attention (scores capped by tanh, attn_logit_softcapping) was here, 14-18 % under, until its tanh output was
+# counted (engine/estimate/activations.py, ModelArch.attn_softcap).
+UNMODELED_EAGER: dict[str, str] = {}
 # Checkpointed plans a model_type's trace does not count yet, refused with what was measured (planned without
 # checkpointing). gemma3n_text (10-11 % under) and recurrent_gemma (25-50 % under) were refused here until
 # TRACE_FORMAT 18: what a checkpointed layer's backward leaves alive to the end of backward (recurrent_gemma's

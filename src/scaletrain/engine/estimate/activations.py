@@ -229,10 +229,11 @@ def eager_attention(s: TrainingSetup) -> bool:
 
 
 def eager_masks(s: TrainingSetup) -> int:
-    """Additive masks eager attention keeps: one per attention type the layers use. The MoE families build a mask
-    per entry of config.layer_types (gpt_oss: sliding and full, modeling_gpt_oss.py GptOssModel.forward)."""
+    """Additive masks eager attention keeps: one per attention type the layers use. The models build a mask per
+    entry of config.layer_types (gpt_oss, gemma2, gemma3: sliding and full, each B×1×S×S even where the window is
+    longer than the sequence: modeling_gemma2.py Gemma2Model.forward causal_mask_mapping)."""
     m = s.model
-    return len(set(layer_types(m.config, m.model_type, m.num_layers))) if m.moe is not None else 1
+    return len(set(layer_types(m.config, m.model_type, m.num_layers)))
 
 
 
@@ -272,8 +273,9 @@ def _attention_half(s: TrainingSetup, nm: Numerics, targets: set[str]) -> int:
         attn += 3 * c * qd + 8 * nh + nh * (S + 1) * r + (nh * S * c if r != c else 0)
         attn += _reader_saved(qd, c, 1, n_adapted("o_proj"), nm, full)
     elif eager:
-        # q, k and v repeated to every head, fp32 softmax (+ its 16-bit cast), the transposed output for o_proj
-        attn += 3 * c * qd + nh * S * (4 + (c if c < 4 else 0))
+        # q, k and v repeated to every head, fp32 softmax (+ its 16-bit cast), the transposed output for o_proj;
+        # gemma2 caps the scores (scores / cap, tanh, · cap) and tanh keeps its output for backward
+        attn += 3 * c * qd + nh * S * (4 + (c if c < 4 else 0) + (c if m.attn_softcap else 0))
         attn += _reader_saved(qd, c, 1, n_adapted("o_proj"), nm, full)
     else:
         attn += c * (qd + 2 * kvd) + 4 * nh + c * qd       # q, k, v, fp32 log-sum-exp, output (o_proj's input)
@@ -412,12 +414,14 @@ def logits_bytes(s: TrainingSetup, micro_batch: int | None = None) -> dict[str, 
 
     lm_head writes B·S·V logits in the compute dtype; the loss upcasts them to fp32 (a copy under 16-bit) and
     log_softmax keeps its fp32 output for backward. Backward then holds that output, its incoming gradient and
-    the gradient it produces: three fp32 B·S·V tensors at once.
+    the gradient it produces: three fp32 B·S·V tensors at once. A model that caps its logits (gemma2:
+    tanh(logits / cap) · cap, final_logit_softcapping) keeps tanh's output too, in the compute dtype.
     """
     b = micro_batch or s.micro_batch
     tv = b * s.seq_len * s.model.vocab_size
     c = numerics(s).compute
     saved = 4 * tv                                   # log_softmax output
+    saved += c * tv if s.model.final_softcap else 0
     fwd = c * tv + (4 * tv if c == 2 else 0)         # logits (+ fp32 copy) while log_softmax runs
     bwd = 4 * tv + 4 * tv                            # grad of log_softmax output, grad of its input
     return {"saved": saved, "forward_transient": fwd, "backward_transient": bwd}

@@ -295,6 +295,6 @@ def _check_loss(s: TrainingSetup) -> None:
     if s.strategy in ("zero3", "fsdp"):
         raise ScaletrainError(f"--loss chunked reads lm_head's weight outside lm_head's forward, where {s.strategy} "
                               "holds only this rank's shard of it; use --loss standard, or --strategy ddp/zero1/zero2")
-    if s.model.config.get("final_logit_softcapping"):
+    if s.model.final_softcap:
         raise ScaletrainError(f"--loss chunked cannot reproduce {s.model.model_type}'s logit soft-capping "
                               "(final_logit_softcapping); use --loss standard")
