@@ -421,7 +421,8 @@ def logits_bytes(s: TrainingSetup, micro_batch: int | None = None) -> dict[str, 
     tv = b * s.seq_len * s.model.vocab_size
     c = numerics(s).compute
     saved = 4 * tv                                   # log_softmax output
-    saved += c * tv if s.model.final_softcap else 0
+    if s.model.final_softcap and s.model.memory_source != "traced":    # a trace measures it (traced_blocks._head_tail)
+        saved += c * tv
     fwd = c * tv + (4 * tv if c == 2 else 0)         # logits (+ fp32 copy) while log_softmax runs
     bwd = 4 * tv + 4 * tv                            # grad of log_softmax output, grad of its input
     return {"saved": saved, "forward_transient": fwd, "backward_transient": bwd}
