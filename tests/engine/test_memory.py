@@ -80,6 +80,25 @@ def test_logits_spike_is_three_fp32_bsv_tensors():
     assert lg["saved"] + lg["backward_transient"] == 12 * bsv
 
 
+def test_a_logit_softcap_keeps_tanhs_output_where_no_trace_measured_it():
+    """tanh(logits / cap) · cap keeps tanh's B·S·V output for backward (gemma2: the analytic model adds it). A
+    traced model's trace measures it between the head and the loss (traced_blocks._head_tail): adding it again put
+    inkling2_loop_text (a 200 058-token head) 15.6 % over."""
+    import dataclasses
+
+    capped = {"final_logit_softcapping": 30.0}
+    bsv = 2 * 2048 * QWEN3.vocab_size
+    analytic = dataclasses.replace(QWEN3, config={**QWEN3.config, **capped})
+    plain, with_cap = (logits_bytes(setup(model=m, micro_batch=2, seq_len=2048, precision="bf16"))
+                       for m in (QWEN3, analytic))
+    assert with_cap["saved"] - plain["saved"] == 2 * bsv         # tanh's output in the compute dtype
+    traced = load_model("scaletrain/tiny-phi3")                    # a recorded structure: no trace runs
+    assert traced.memory_source == "traced"
+    capped_traced = dataclasses.replace(traced, config={**traced.config, **capped})
+    assert logits_bytes(setup(model=capped_traced, hardware=parse_gpus("1xH100"), micro_batch=2, seq_len=64)) == \
+        logits_bytes(setup(model=traced, hardware=parse_gpus("1xH100"), micro_batch=2, seq_len=64))
+
+
 def test_lora_and_qlora_weights():
     full = model_states(setup(strategy="ddp"))
     lora = model_states(setup(method="lora", lora_rank=16))

@@ -53,9 +53,6 @@ _FAMILIES: dict[str, dict[str, Any]] = {
 }
 # config.attention_bias when config.json leaves it out (GptOssConfig defaults it to True)
 _ATTENTION_BIAS_DEFAULT = {"gpt_oss": True}
-# Gemma2Config's caps (transformers 5.24), for a config.json that leaves them out: tanh(x / cap) · cap
-_ATTN_SOFTCAP_DEFAULT = {"gemma2": 50.0}
-_FINAL_SOFTCAP_DEFAULT = {"gemma2": 30.0}
 
 # Families whose transformers model class sets _supports_sdpa = False (transformers 5.24 modeling files)
 _NO_SDPA = frozenset({"gpt_oss", "gemma2"})   # _supports_sdpa False in transformers 5.24 (gemma2: its logit softcap)
@@ -128,16 +125,6 @@ class ModelArch:
         if self.model_type in UNMODELED_CHECKPOINTING:
             return False
         return self.trace is None or self.trace.get("checkpointing") is not False
-
-    @property
-    def attn_softcap(self) -> float | None:
-        """The cap eager attention puts on its scores (attn_logit_softcapping); sdpa and flash have none."""
-        return self.config.get("attn_logit_softcapping", _ATTN_SOFTCAP_DEFAULT.get(self.model_type))
-
-    @property
-    def final_softcap(self) -> float | None:
-        """The cap on the output logits (final_logit_softcapping)."""
-        return self.config.get("final_logit_softcapping", _FINAL_SOFTCAP_DEFAULT.get(self.model_type))
 
     @property
     def attention_implementations(self) -> tuple[str, ...]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 # Attention kernels a model_type's plan does not count yet, refused with what was measured. gemma2's eager
 # attention (scores capped by tanh, attn_logit_softcapping) was here, 14-18 % under, until its tanh output was
-# counted (engine/estimate/activations.py, ModelArch.attn_softcap).
+# counted (engine/catalog/softcaps.py).
 UNMODELED_EAGER: dict[str, str] = {}
 # Checkpointed plans a model_type's trace does not count yet, refused with what was measured (planned without
 # checkpointing). gemma3n_text (10-11 % under) and recurrent_gemma (25-50 % under) were refused here until

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from scaletrain.engine.catalog.layer_types import layer_types, windowed_layers
 from scaletrain.engine.catalog.moe import peft_converted_names
+from scaletrain.engine.catalog.softcaps import attn_softcap, final_softcap
 from scaletrain.engine.estimate.chunked_loss import chunked, hidden_saved
 from scaletrain.engine.estimate.moe_activations import moe_half
 from scaletrain.engine.estimate.numerics import Numerics, numerics
@@ -275,7 +276,8 @@ def _attention_half(s: TrainingSetup, nm: Numerics, targets: set[str]) -> int:
     elif eager:
         # q, k and v repeated to every head, fp32 softmax (+ its 16-bit cast), the transposed output for o_proj;
         # gemma2 caps the scores (scores / cap, tanh, · cap) and tanh keeps its output for backward
-        attn += 3 * c * qd + nh * S * (4 + (c if c < 4 else 0) + (c if m.attn_softcap else 0))
+        capped = c if attn_softcap(m.config, m.model_type) else 0
+        attn += 3 * c * qd + nh * S * (4 + (c if c < 4 else 0) + capped)
         attn += _reader_saved(qd, c, 1, n_adapted("o_proj"), nm, full)
     else:
         attn += c * (qd + 2 * kvd) + 4 * nh + c * qd       # q, k, v, fp32 log-sum-exp, output (o_proj's input)
@@ -421,7 +423,8 @@ def logits_bytes(s: TrainingSetup, micro_batch: int | None = None) -> dict[str, 
     tv = b * s.seq_len * s.model.vocab_size
     c = numerics(s).compute
     saved = 4 * tv                                   # log_softmax output
-    if s.model.final_softcap and s.model.memory_source != "traced":    # a trace measures it (traced_blocks._head_tail)
+    # a capped model's tanh output; a trace measures it itself (traced_blocks._head_tail)
+    if final_softcap(s.model.config, s.model.model_type) and s.model.memory_source != "traced":
         saved += c * tv
     fwd = c * tv + (4 * tv if c == 2 else 0)         # logits (+ fp32 copy) while log_softmax runs
     bwd = 4 * tv + 4 * tv                            # grad of log_softmax output, grad of its input

@@ -12,6 +12,7 @@ from typing import Any
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import Hardware
 from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, ModelArch
+from scaletrain.engine.catalog.softcaps import final_softcap
 from scaletrain.engine.catalog.unmodeled import UNMODELED_CHECKPOINTING, UNMODELED_EAGER
 from scaletrain.engine.choices import carries, choices_json, coerce_words
 from scaletrain.engine.vocabulary import Device, Generation, LossImpl, Method, Objective, Offload, RefModel, Strategy
@@ -295,6 +296,6 @@ def _check_loss(s: TrainingSetup) -> None:
     if s.strategy in ("zero3", "fsdp"):
         raise ScaletrainError(f"--loss chunked reads lm_head's weight outside lm_head's forward, where {s.strategy} "
                               "holds only this rank's shard of it; use --loss standard, or --strategy ddp/zero1/zero2")
-    if s.model.final_softcap:
+    if final_softcap(s.model.config, s.model.model_type):
         raise ScaletrainError(f"--loss chunked cannot reproduce {s.model.model_type}'s logit soft-capping "
                               "(final_logit_softcapping); use --loss standard")
