@@ -22,6 +22,10 @@ DS_OP   = $(PY) -c 'from scaletrain.trainer.distributed import load_deepspeed_cp
 PYTEST_ARGS ?=
 XDIST   = $(if $(filter 1,$(JOBS)),,$(shell $(PY) -c 'import xdist' 2>/dev/null && printf '%s' '-n $(JOBS) --dist loadgroup'))
 fast_xdist = $(if $(filter 1,$(FAST_JOBS)),,$(shell $(PY) -c 'import xdist' 2>/dev/null && printf '%s' '-n $(FAST_JOBS) --dist $(1)'))
+# FAST_JOBS workers share the cores: each worker's torch (and what it starts) gets cores ÷ FAST_JOBS threads. Two
+# workers of two threads each on 2 cores wait on each other's OpenMP threads: tests/trainer/test_memory_saved.py
+# took 61.5 s so and 28.5 s on one thread each (this VM, a sweep beside it)
+FAST_THREADS = OMP_NUM_THREADS=$$(( $$(nproc) / $(FAST_JOBS) > 0 ? $$(nproc) / $(FAST_JOBS) : 1 ))
 
 .PHONY: venv demo test test-fast ds-op specs-venv docs docs-images bench clean
 
@@ -43,7 +47,7 @@ demo: $(STAMP)
 
 # (pytest's exit 5, "no test selected", is a pass: PYTEST_ARGS may name files of one kind only)
 test: $(STAMP) ds-op docs specs-venv
-	$(PY) -m pytest -q $(call fast_xdist,loadgroup) -m "not slow" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(FAST_THREADS) $(PY) -m pytest -q $(call fast_xdist,loadgroup) -m "not slow" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(PY) -m pytest -q $(XDIST) -m slow $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # the inner loop (target: 2 minutes on 2 cores): every test but the multi-process training runs (`slow`), the
@@ -52,7 +56,7 @@ test: $(STAMP) ds-op docs specs-venv
 # FAST_JOBS workers, one test at a time each, an idle worker taking tests from the other's queue (worksteal: the two
 # ended up to 20 s apart with `load`); FAST_JOBS=1: one process
 test-fast: $(STAMP)
-	$(PY) -m pytest -q $(call fast_xdist,worksteal) -m "not slow and not heavy and not long" $(PYTEST_ARGS)
+	$(FAST_THREADS) $(PY) -m pytest -q $(call fast_xdist,worksteal) -m "not slow and not heavy and not long" $(PYTEST_ARGS)
 
 # DeepSpeed's CPU comm op, built (or found built) the way the trainer loads it: a no-op of seconds once built
 ds-op: $(STAMP)
