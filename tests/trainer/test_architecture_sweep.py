@@ -123,3 +123,27 @@ def test_the_layers_of_a_peft_wrapped_model_whose_get_decoder_is_itself_are_foun
     h = build_harness(cfg, method="lora", lora_rank=8, lora_alpha=16, lora_targets=("q_proj", "v_proj"),
                       grad_ckpt=False, attn="sdpa", precision="fp32", device="cpu")
     assert len(decoder_layers(h.model)) == cfg["num_hidden_layers"]
+
+
+@pytest.mark.long                       # builds two small models on the meta device
+def test_the_layers_are_found_when_get_decoder_names_no_model_and_are_the_depth_planned(tmp_path, monkeypatch):
+    """modernbert-decoder's get_decoder() finds its output head (a Linear named `decoder`): its layers were left
+    out as another model's and the trace refused it. longcat_flash's config answers num_hidden_layers = 2 ×
+    num_layers: the engine walked 12 layers of 6 and counted every gradient twice (+19.4 % over)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
+    from scaletrain.engine.catalog.architectures import arch_from_config
+    from scaletrain.measure.saved_activations import decoder_layers
+    from scaletrain.measure.tiny_configs import config_dict
+
+    cfg = config_dict("modernbert-decoder")
+    conf = AutoConfig.for_model(cfg["model_type"], **{k: v for k, v in cfg.items() if k != "model_type"})
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(conf)
+    assert not isinstance(model.get_decoder(), PreTrainedModel)         # the head, not a model
+    assert len(decoder_layers(model)) == conf.num_hidden_layers
+    monkeypatch.setenv("SCALETRAIN_CACHE", str(tmp_path))
+    longcat = config_dict("longcat_flash")
+    arch = arch_from_config(longcat, "tiny-longcat_flash")
+    assert arch.num_layers == longcat["num_layers"] == len(arch.trace["layer_kinds"])

@@ -133,7 +133,9 @@ def _outside_decoder(model):
         decoder = None
     modules = dict(model.named_modules())
     path = next((n for n, m in modules.items() if m is decoder), None) if decoder is not None else None
-    if not path or decoder is base:     # none, or the causal LM itself (llama4's get_decoder returns self)
+    # none, the causal LM itself (llama4's get_decoder returns self), or not a model at all: modernbert-decoder's
+    # get_decoder finds its output head, a Linear named `decoder`, and its layers were left out with the rest
+    if not path or decoder is base or not isinstance(decoder, PreTrainedModel):
         return lambda name: False
     others = {n for n, m in modules.items()
               if n and isinstance(m, PreTrainedModel) and not (path == n or path.startswith(n + "."))}

@@ -469,8 +469,12 @@ def _with_trace(arch: ModelArch, structure: Mapping[str, Any] | None = None) -> 
 
     struct = structure if structure is not None else _traced.structure(arch.config, analytic_types())
     head_out = struct.get("head_out")      # the logits' width, where the class sizes its head its own way
+    # the decoder layers the model really has: longcat_flash's config answers num_hidden_layers = 2 × num_layers
+    # (two attention sublayers a layer), and planning 12 layers of 6 counted every gradient twice (+19 %)
+    kinds = struct.get("layer_kinds")
+    depth = len(kinds) if isinstance(kinds, (list, tuple)) and kinds else arch.num_layers
     return replace(arch, trace=MappingProxyType(dict(struct)), exact_params=int(struct["params"]),
-                   tie_embeddings=bool(struct["tied"]),
+                   tie_embeddings=bool(struct["tied"]), num_layers=depth,
                    vocab_size=int(head_out) if isinstance(head_out, int) and head_out > 0 else arch.vocab_size)
 
 
