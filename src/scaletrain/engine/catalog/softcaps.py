@@ -13,9 +13,13 @@ _DEFAULTS = {"gemma2": {"attn_logit_softcapping": 50.0, "final_logit_softcapping
 
 def attn_softcap(config: Mapping[str, Any], model_type: str) -> float | None:
     """The cap eager attention puts on its scores (attn_logit_softcapping); sdpa and flash kernels have none."""
-    return config.get("attn_logit_softcapping", _DEFAULTS.get(model_type, {}).get("attn_logit_softcapping"))
+    return _cap(config, model_type, "attn_logit_softcapping")
 
 
 def final_softcap(config: Mapping[str, Any], model_type: str) -> float | None:
     """The cap on the output logits (final_logit_softcapping)."""
-    return config.get("final_logit_softcapping", _DEFAULTS.get(model_type, {}).get("final_logit_softcapping"))
+    return _cap(config, model_type, "final_logit_softcapping")
+
+
+def _cap(config: Mapping[str, Any], model_type: str, key: str) -> float | None:
+    return config.get(key, _DEFAULTS.get(model_type, {}).get(key))

@@ -165,7 +165,8 @@ def _blocks_backward(s: TrainingSetup, mark: Any, layer: Any, window_mask: int, 
                      grows: bool) -> tuple[int, int]:
     """Backward through the blocks, last first; `big` is a block's moment as its largest kind's (a stack of unlike
     layers; a traced one whose order is known is walked layer by layer: _stack_backward). Under checkpointing the
-    block's own tensors (and autocast's weight copies) are recomputed on top of its saved input. FSDP: a block's own gradients are in bwd_peak as in one process; the reduce-scatter input of the
+    block's own tensors (and autocast's weight copies) are recomputed on top of its saved input. FSDP: a block's
+    own gradients are in bwd_peak as in one process; the reduce-scatter input of the
     block before it in backward (its whole gradients) is kept until this block's post-backward
     (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py post_backward: reduce_scatter_states)."""
     gather_block, grad_gather_block = gathers
