@@ -27,7 +27,8 @@ PROBE_MODULE = "scaletrain.measure.probe"      # the one entry point the engine 
 # 16: a rise's fit over the three longest lengths, the shorter ones' shortfall apart (`*_below`, `long_from`).
 # 17: a window's rise is the CPU allocator's (torch.profiler), not a dispatch mode's count of storages.
 # 18: checkpointed layers' forward and backward leave-behinds (`fwd_left`, `bwd_left`: gemma4's shared keys/values).
-TRACE_FORMAT = 18
+# 19: a layer spread over parallel module lists is counted per layer (XLM's attentions beside its ffns).
+TRACE_FORMAT = 19
 # data profile (engine/request/data_profile.py ↔ measure/data_profile.py)
 PROFILE_FORMAT = 2
 PROBES = ("trace", "data-profile", "tokenizer-check")

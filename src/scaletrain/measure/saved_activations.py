@@ -121,6 +121,23 @@ def decoder_layers(model) -> list:
     return list(best) if best is not None else []
 
 
+def layer_siblings(model, layers: list) -> list[tuple[str, list]]:
+    """The other parts of each layer when a family spreads its layers over parallel module lists: lists beside the
+    decoder layers' list (same parent, same length), XLM's `attentions`, `layer_norm1`, `ffns` and `layer_norm2`,
+    element i of each run as layer i. (list name, its modules) each; none in a family whose layer is one module."""
+    import torch
+
+    if not layers:
+        return []
+    parent = next((m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == len(layers)
+                   and m[0] is layers[0]), None)
+    holder = next((m for m in model.modules() if any(c is parent for c in m.children())), None)
+    if parent is None or holder is None:
+        return []
+    return [(name, list(mod)) for name, mod in holder.named_children()
+            if isinstance(mod, torch.nn.ModuleList) and mod is not parent and len(mod) == len(layers)]
+
+
 def _outside_decoder(model):
     """A test of a module name: is it inside a pretrained model (transformers' PreTrainedModel) that is neither the
     model's decoder nor one of the decoder's parents? Nothing is, when the model names no decoder."""

@@ -40,6 +40,9 @@ class LayerActivations:
     # checkpointed (traced): what a block's backward leaves alive until the end of backward, beyond its gradients
     # (recurrent_gemma's per-position loop)
     bwd_left: int = 0
+    # checkpointed (traced): what a block's forward leaves alive beyond its output, held by the stack's loop until
+    # the next block's forward returns (megatron-bert's layers return their attention probabilities, B·heads·S²)
+    fwd_left: int = 0
     # and layer by layer, first to last: (bytes it keeps for backward, its backward moment, its parameters, what
     # its backward leaves)
     stack: tuple[tuple[int, int, int, int], ...] = ()

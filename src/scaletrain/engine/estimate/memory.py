@@ -104,12 +104,15 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
 
     # forward: blocks one by one. Under checkpointing, autocast's cache still holds every cast trainable weight
     # until forward returns (saved copies count in per_block_saved otherwise); the eager mask lives until then too
+    # (checkpointed, traced: with what the block before it left, which the stack's loop holds until this one returns)
     acts = shared
     cache = 0 if s.grad_ckpt else mask
+    left_before = 0
     for _ in range(L):
-        mark("forward", acts + cache + layer.fwd_transient, 0, grads, gather=gather_block)
+        mark("forward", acts + cache + left_before + layer.fwd_transient, 0, grads, gather=gather_block)
         acts += per_block_saved
         cache += layer.cached_copies if recompute else 0
+        left_before = layer.fwd_left
     acts += final
     # loss: the head's forward (sft: logits + fp32 copy + log_softmax output; dpo/grpo: TRL's log-prob tiles)
     acts += head.labels

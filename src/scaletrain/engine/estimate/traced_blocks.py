@@ -145,8 +145,10 @@ def traced_block_terms(s: TrainingSetup, micro_batch: int | None, copies: tuple[
     inputs = _inputs(s, kinds, b, S, g)
     fwd, bwd = _moments(s, kinds, b, S, g, flash_backward, max(inputs))
     kept = inputs if s.grad_ckpt else [a + x + c for a, x, c in zip(attn, mlp, consts)]
-    # what a checkpointed layer's backward leaves (the trace's fwd_left is not counted: unmodeled.py, gemma4)
-    left = {p: [traced.at(k.get(p, [0, 0, 0]), b, S, g) if s.grad_ckpt else 0 for k in kinds] for p in ("bwd_left",)}
+    # what a checkpointed layer's backward leaves (to the end of backward) and its forward (to the next layer's end:
+    # memory.py; what outlives that, gemma4's shared keys and values, is not counted: unmodeled.py)
+    left = {p: [traced.at(k.get(p, [0, 0, 0]), b, S, g) if s.grad_ckpt else 0 for k in kinds]
+            for p in ("bwd_left", "fwd_left")}
     stack = _stack(s, act, kinds, kept, left["bwd_left"], (b, S, g), flash_backward, max(inputs)) \
         if len(kinds) > 1 else ()
     if s.grad_ckpt:     # a block's moments as traced under checkpointing (memory.py adds its input, the waiting grad)
@@ -156,7 +158,7 @@ def traced_block_terms(s: TrainingSetup, micro_batch: int | None, copies: tuple[
         return {"saved_attn": mean(attn), "saved_mlp": mean(mlp), "fwd_transient": fwd, "mlp_bwd_transient": 0,
                 "attn_bwd_transient": 0, "weight_copies": mean(consts), "cached_copies": min(copies[1], mean(consts)),
                 "recompute_transient": 0, "checkpointed_input": mean(inputs), "worst": moment, "stack": stack,
-                "bwd_left": mean(left["bwd_left"])}
+                "bwd_left": mean(left["bwd_left"]), "fwd_left": max(left["fwd_left"])}
     worst_saved = max(a + x for a, x in zip(attn, mlp))
     worst = {"saved_attn": max(attn), "saved_mlp": worst_saved - max(attn), "fwd_transient": fwd,
              "mlp_bwd_transient": max(bwd - worst_saved, 0), "attn_bwd_transient": 0,
