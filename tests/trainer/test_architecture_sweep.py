@@ -57,6 +57,20 @@ def test_gemma2s_capped_eager_attention_plans_what_its_full_build_measures():
         assert -0.02 <= case["error"] <= 0.05, case
 
 
+@pytest.mark.heavy                      # built whole and profiled, twice (small: 6 layers of width 64)
+def test_gpt_oss_clamped_gate_backward_plans_what_its_full_build_measures():
+    """gpt_oss (analytic, grouped_mm experts) slices gate and up as interleaved columns of gate_up and clamps them:
+    at the gate_up backward its checkpointed LoRA step holds the sorted input's k·h gradient and the block's incoming
+    t·h gradient beside the gate_up, gate and up gradients, which the MoE term's max() left out (-2.1 % under)."""
+    row = one_family("gpt_oss", (("lora", True), ("full", True)))
+    assert "refused" not in row, row.get("refused")
+    assert row["memory_source"] == "analytic"
+    for case in row["cases"]:
+        assert "refused" not in case, case
+        assert case["params_exact"], case
+        assert -0.02 <= case["error"] <= 0.05, case
+
+
 def test_the_sweep_covers_every_causal_lm_transformers_ships():
     """The recorded sweep names every model_type of the installed transformers' causal-LM mapping: planned, or
     refused with its reason."""
