@@ -13,9 +13,10 @@ UNMODELED_EAGER: dict[str, str] = {}
 # per-position loop) is traced (`bwd_left`) and the trace reads the allocator, not a dispatch mode that changed the
 # program; their LoRA + checkpointing steps measure -0.1 % and +5.4 % (over: safe side).
 # gemma4: a checkpointed layer's forward leaves its keys and values alive for the later layers that share them,
-# into backward. The trace measures what a layer's forward leaves (`fwd_left`), but gpt_neo's layers leave their
-# attention weights too, freed when forward returns: counted through backward it put gpt_neo 10.6 % over, and which
-# leave-behind outlives the forward is not measured yet. Counted, gemma4_text LoRA + checkpointing was +0.1 %.
+# into backward. The trace measures what a layer's forward leaves (`fwd_left`), and the engine counts it while the
+# next layer runs forward (megatron-bert's and gpt_neo's layers return their attention weights, which the stack's
+# loop drops then); counted through backward it put gpt_neo 10.6 % over, and which leave-behind outlives the
+# forward is not measured yet. Counted through backward, gemma4_text LoRA + checkpointing was +0.1 %.
 _GEMMA4 = ("its checkpointed layers leave keys and values alive for the later layers that share them, which its "
            "plan does not count yet: LoRA + checkpointing measured 6 % under torch.profiler, without checkpointing "
            "within 0.2 % (bench/results/architecture_sweep.json)")
