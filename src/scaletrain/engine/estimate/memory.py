@@ -103,16 +103,10 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
         mark("generation", shared + reference_forward_bytes(s, layer.fwd_transient, b), 0, grads)
 
     # forward: blocks one by one. Under checkpointing, autocast's cache still holds every cast trainable weight
-    # until forward returns (saved copies count in per_block_saved otherwise); the eager mask lives until then too
-    # (checkpointed, traced: with what the block before it left, which the stack's loop holds until this one returns)
-    acts = shared
-    cache = 0 if s.grad_ckpt else mask
-    left_before = 0
-    for _ in range(L):
-        mark("forward", acts + cache + left_before + layer.fwd_transient, 0, grads, gather=gather_block)
-        acts += per_block_saved
-        cache += layer.cached_copies if recompute else 0
-        left_before = layer.fwd_left
+    # until forward returns (saved copies count in per_block_saved otherwise); the eager mask lives until then too;
+    # a traced checkpointed block runs beside what the one before it left (fwd_left: held by the stack's loop)
+    acts, cache = _blocks_forward(mark, layer, L, (shared, 0 if s.grad_ckpt else mask), per_block_saved,
+                                  layer.cached_copies if recompute else 0, grads, gather_block)
     acts += final
     # loss: the head's forward (sft: logits + fp32 copy + log_softmax output; dpo/grpo: TRL's log-prob tiles)
     acts += head.labels
@@ -161,6 +155,19 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     if not gen.peak:
         del peaks.phase_peaks["generation"]
     return {"phase_peaks": peaks.phase_peaks, "parts": peaks.parts, "states": ms, "head": head, "generation": gen}
+
+
+def _blocks_forward(mark: Any, layer: Any, L: int, start: tuple[int, int], per_block_saved: int,
+                    cached_per_block: int, grads: int, gather: int) -> tuple[int, int]:
+    """The blocks' forward, one by one from (saved bytes, autocast's cache) at `start`: each block's rise on top
+    of what the blocks before it keep; returns both after the last block."""
+    acts, cache = start
+    for i in range(L):
+        left = layer.fwd_left if i else 0       # what the block before left, until this one returns
+        mark("forward", acts + cache + left + layer.fwd_transient, 0, grads, gather=gather)
+        acts += per_block_saved
+        cache += cached_per_block
+    return acts, cache
 
 
 def _blocks_backward(s: TrainingSetup, mark: Any, layer: Any, window_mask: int, acts: int, grads: int,
