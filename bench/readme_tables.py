@@ -52,7 +52,6 @@ def architecture_sweep() -> str:
     sm = data["summary"]
     rows = data["rows"]
     v = data["versions"]
-    cases = [c for r in rows for c in r.get("cases", []) if "error" in c]
     st = data["setup"]
     grid = ", ".join(st.get("grid_for", []))
     grid_text = ("full and LoRA × checkpointing off and on" if st.get("cases", "grid") == "grid" else
@@ -73,7 +72,9 @@ def architecture_sweep() -> str:
            f"| largest over / under | {100 * (sm['max_over'] or 0):+.1f}% / {100 * (sm['max_under'] or 0):+.1f}% |",
            f"| cases under by more than 2 % / over by more than 5 % | {sm['under_2pct']} / {sm['over_5pct']} |",
            f"| refused (config does not build as a causal LM, or the engine says why) | {sm['refused']} |", ""]
-    worst = sorted(cases, key=lambda c: c["error"])[:3]
+    # by (model_type, case): two families can record equal cases (gemma3n and its text model)
+    worst = sorted(((r["model_type"], c) for r in rows for c in r.get("cases", []) if "error" in c),
+                   key=lambda rc: rc[1]["error"])[:3]
     reasons: dict[str, list[str]] = {}
     for r in rows:
         if "refused" in r:
@@ -83,8 +84,7 @@ def architecture_sweep() -> str:
     if worst:
         out.append("")
         out.append("Lowest three cases: " + ", ".join(
-            f"{next(r['model_type'] for r in rows if c in r.get('cases', []))} {c['method']}"
-            f"{' ckpt' if c['grad_ckpt'] else ''} {100 * c['error']:+.1f}%" for c in worst) + ".")
+            f"{mt} {c['method']}{' ckpt' if c['grad_ckpt'] else ''} {100 * c['error']:+.1f}%" for mt, c in worst) + ".")
     return "\n".join(out)
 
 
