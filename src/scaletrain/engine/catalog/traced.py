@@ -209,6 +209,8 @@ def _run_trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, acce
         raise _fail(model_type, "the trace printed no JSON answer", accepted) from None
     if not isinstance(answer, dict) or "ok" not in answer:
         why = answer.get("error") if isinstance(answer, dict) else None
+        if isinstance(answer, dict) and answer.get("code") == 4:     # out of memory at its cap: the process ends
+            _WORKER.stop()
         raise _fail(model_type, str(why or "the trace answered in another format"), accepted)
     print(f"tracing {model_type}{what} … {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return answer["ok"]
