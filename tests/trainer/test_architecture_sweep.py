@@ -26,7 +26,8 @@ SUBSET = [("deepseek_v3", (("full", False), ("lora", True))),
           ("recurrent_gemma", (("lora", True),)),  # a per-position loop's backward leaves gradients (was -39 %)
           ("gpt_neo", (("lora", True),)),     # views of its 2048² causal-mask buffers, no allocation (was +12.6 %)
           ("vaultgemma", (("lora", True),)),  # eager masks the trace saw saved, counted again (was +6.8 %)
-          ("megatron-bert", (("lora", True),))]  # a layer returns its attention probabilities (was -2.6 %)
+          ("megatron-bert", (("lora", True),)),  # a layer returns its attention probabilities (was -2.6 %)
+          ("beam", (("lora", True),))]        # MoE layers hold 10x the dense layers' adapters (was -2.3 %)
 
 
 @pytest.mark.heavy                      # tens of CPU seconds a family: traced, built whole, profiled

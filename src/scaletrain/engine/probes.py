@@ -28,7 +28,8 @@ PROBE_MODULE = "scaletrain.measure.probe"      # the one entry point the engine 
 # 17: a window's rise is the CPU allocator's (torch.profiler), not a dispatch mode's count of storages.
 # 18: checkpointed layers' forward and backward leave-behinds (`fwd_left`, `bwd_left`: gemma4's shared keys/values).
 # 19: a layer spread over parallel module lists is counted per layer (XLM's attentions beside its ffns).
-TRACE_FORMAT = 19
+# 20: peft's LoRA count per decoder layer (`per_rank_by_layer`: beam's MoE layers hold 10× its dense layers').
+TRACE_FORMAT = 20
 # data profile (engine/request/data_profile.py ↔ measure/data_profile.py)
 PROFILE_FORMAT = 2
 PROBES = ("trace", "data-profile", "tokenizer-check")

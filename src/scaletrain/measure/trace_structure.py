@@ -313,7 +313,7 @@ def lora_count(config: dict, targets, ranks: tuple[int, ...] = (1, 2)) -> dict[s
 
     from scaletrain.trainer import model as model_lib
 
-    counts = []
+    counts, by_layer = [], []
     for rank in ranks:
         model = model_lib.add_lora(_meta_model(config), rank=rank, alpha=2 * rank, dropout=0.0,
                                    targets=list(targets) if targets else "all-linear", quantized=False,
@@ -321,10 +321,13 @@ def lora_count(config: dict, targets, ranks: tuple[int, ...] = (1, 2)) -> dict[s
         trainable = sum(int(p.numel()) for p in model.parameters() if p.requires_grad)
         adapted = sum(1 for _, m in model.named_modules() if isinstance(m, LoraLayer))
         counts.append((trainable, adapted))
+        if not by_layer:        # each decoder layer's own adapters, in order (an MoE layer's fused experts hold more)
+            by_layer = [sum(int(p.numel()) for p in layer.parameters() if p.requires_grad)
+                        for layer in decoder_layers(model)]
     if len(counts) > 1 and counts[1][0] != 2 * counts[0][0]:
         raise TraceError(f"peft's LoRA parameters are not linear in the rank here ({counts[0][0]} at rank 1, "
                          f"{counts[1][0]} at rank 2)")
     if counts[0][1] == 0:
         raise TraceError(f"peft adapts no module of {config.get('model_type')} for the targets "
                          f"{', '.join(targets) if targets else 'all-linear'}")
-    return {"per_rank": counts[0][0], "adapted": counts[0][1]}
+    return {"per_rank": counts[0][0], "adapted": counts[0][1], "per_rank_by_layer": by_layer}

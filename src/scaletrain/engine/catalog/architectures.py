@@ -349,6 +349,13 @@ class ModelArch:
                                   f"{self.model_type}'s blocks; it has: {', '.join(have)}")
         return n
 
+    def lora_params_by_layer(self, rank: int, targets: tuple[str, ...] | None = None) -> tuple[int, ...]:
+        """A traced model's LoRA trainable count per decoder layer, in order (peft's own); () when not known (an
+        analytic model, whose blocks the memory model counts by kind)."""
+        if self.trace is None:
+            return ()
+        return tuple(rank * int(n) for n in self._traced_lora(targets).get("per_rank_by_layer", ()))
+
     def _traced_lora(self, targets: tuple[str, ...] | None) -> Mapping[str, int]:
         return _traced.lora(self.config, tuple(sorted(targets or self.default_lora_targets)), analytic_types())
 
