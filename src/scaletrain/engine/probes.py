@@ -30,6 +30,7 @@ PROBE_MODULE = "scaletrain.measure.probe"      # the one entry point the engine 
 # 19: a layer spread over parallel module lists is counted per layer (XLM's attentions beside its ffns).
 # 20: peft's LoRA count per decoder layer (`per_rank_by_layer`: beam's MoE layers hold 10× its dense layers').
 TRACE_FORMAT = 20
+TRACE_OUT_OF_MEMORY = 4     # a served answer's code: refused at the trace process's memory cap, and that process ends
 # data profile (engine/request/data_profile.py ↔ measure/data_profile.py)
 PROFILE_FORMAT = 2
 PROBES = ("trace", "data-profile", "tokenizer-check")

@@ -48,7 +48,8 @@ import sys
 from typing import Any
 
 from scaletrain.engine.catalog.traced import granule
-from scaletrain.engine.probes import TRACE_FORMAT
+from scaletrain.engine.devices.detect import host_memory_bytes
+from scaletrain.engine.probes import TRACE_FORMAT, TRACE_OUT_OF_MEMORY as OUT_OF_MEMORY
 from scaletrain.measure.trace_fit import TraceError, envelope, envelope_parts, fit
 from scaletrain.measure.trace_record import gradless_params, head_width, saved_by_scope, warm_up
 from scaletrain.measure.trace_structure import (FIT_TOLERANCE, TRACE_BATCH, TRACE_MULTIPLES, check_slice_size,
@@ -247,7 +248,6 @@ def _one_thread() -> None:
 
 MEMORY_ENV = "SCALETRAIN_TRACE_MEMORY_GB"     # the trace process's memory cap, GiB (default: MEMORY_SHARE below)
 MEMORY_SHARE = 0.8                             # of the memory available when the trace process starts
-OUT_OF_MEMORY = 4                              # the answer's code: refused at the cap, and this process ends
 
 
 def _memory_cap() -> int | None:
@@ -260,19 +260,17 @@ def _memory_cap() -> int | None:
         import resource
 
         env = os.environ.get(MEMORY_ENV)
-        if env:
-            cap = int(float(env) * 2**30)
-        else:
-            with open("/proc/meminfo", encoding="ascii") as f:
-                info = {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in f if ln.split()[1:2]}
-            cap = int(MEMORY_SHARE * info["MemAvailable"])
+        free = None if env else host_memory_bytes(field="MemAvailable")
+        if not env and free is None:
+            return None
+        cap = int(float(env) * 2**30) if env else int(MEMORY_SHARE * free)
         soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
         if hard != resource.RLIM_INFINITY:
             cap = min(cap, hard)
         if soft == resource.RLIM_INFINITY or cap < soft:
             resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
         return cap
-    except (ImportError, OSError, ValueError, KeyError):    # not Linux, or a value that is not a number
+    except (ImportError, OSError, ValueError):    # not Linux, or a value that is not a number
         return None
 
 

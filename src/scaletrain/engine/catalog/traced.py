@@ -36,6 +36,7 @@ from scaletrain.engine.dist_versions import installed_version
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import atomic_write
 from scaletrain.engine.probes import TRACE_FORMAT, probe_argv   # a cached answer of another format: traced again
+from scaletrain.engine.probes import TRACE_OUT_OF_MEMORY      # a served answer: out of memory at its cap
 
 # A trace imports transformers (~10 s on a loaded 2-core machine) and builds a slice at the real widths (a
 # 9B model's two layers: a few seconds more); anything past this is stuck.
@@ -209,7 +210,7 @@ def _run_trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, acce
         raise _fail(model_type, "the trace printed no JSON answer", accepted) from None
     if not isinstance(answer, dict) or "ok" not in answer:
         why = answer.get("error") if isinstance(answer, dict) else None
-        if isinstance(answer, dict) and answer.get("code") == 4:     # out of memory at its cap: the process ends
+        if isinstance(answer, dict) and answer.get("code") == TRACE_OUT_OF_MEMORY:   # at its cap: the process ends
             _WORKER.stop()
         raise _fail(model_type, str(why or "the trace answered in another format"), accepted)
     print(f"tracing {model_type}{what} … {time.perf_counter() - t0:.1f} s", file=sys.stderr)

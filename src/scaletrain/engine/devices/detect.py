@@ -61,13 +61,14 @@ def require_local_gpus(device: str, gpus_per_node: int, what: str, result: Detec
             f"{f' ({why})' if why else ''}; run it on the GPU machine, or plan for this one (e.g. --gpus 2xCPU)")
 
 
-def host_memory_bytes(meminfo: str = "/proc/meminfo") -> int | None:
-    """This node's total RAM (Linux /proc/meminfo MemTotal); None where it cannot be read. The plan's verdict weighs
-    host needs (offloaded states, the end-of-run export) against it for plans on this machine."""
+def host_memory_bytes(meminfo: str = "/proc/meminfo", field: str = "MemTotal") -> int | None:
+    """This node's total RAM (Linux /proc/meminfo MemTotal; `field` another line of it, MemAvailable); None where it
+    cannot be read. The plan's verdict weighs host needs (offloaded states, the end-of-run export) against it for
+    plans on this machine."""
     try:
         with open(meminfo) as f:
             for line in f:
-                if line.startswith("MemTotal:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None
