@@ -16,16 +16,20 @@ def predicted_vs_measured(s, mem, measured, **extra_pairs: tuple[int, int]) -> d
     """The row fields both scripts compare: parameter counts and state bytes (exact), and the peak (with its error).
     `s` a TrainingSetup, `mem` its MemoryEstimate, `measured` the profiler's step; extra_pairs: name → (predicted,
     measured) compared the same way (e.g. the reference model's bytes)."""
+    from scaletrain.engine.estimate.numerics import numerics
     from scaletrain.engine.estimate.states import model_states
 
     states = model_states(s)
+    # the parameters' bytes against the profiler's parameters: the engine's weights also hold a traced model's
+    # buffers (rotary frequencies, a causal-mask table), which the peak counts and the PARAMETER category does not
+    buffers = s.model.buffer_bytes(numerics(s).weight if s.method == "full" else numerics(s).frozen)
     predicted = mem.allocated_peak_bytes
     row = {
         # the measured model carries the adapters too: base + trainable for LoRA
         "params_predicted": s.model.params + (s.trainable_params if s.method != "full" else 0),
         "params_measured": measured.params,
         "trainable_predicted": s.trainable_params, "trainable_measured": measured.trainable_params,
-        "weights_bytes_predicted": states.weights, "weights_bytes_measured": measured.param_bytes,
+        "weights_bytes_predicted": states.weights - buffers, "weights_bytes_measured": measured.param_bytes,
     }
     for name, (pred, meas) in extra_pairs.items():
         row.update({f"{name}_predicted": pred, f"{name}_measured": meas})
@@ -59,9 +63,13 @@ def run_groundtruth(argv: list[str] | None, *, cases: Sequence, quick: Sequence,
         versions = {name: importlib.import_module(name).__version__ for name in libraries}
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
+        machine = machine_line()
         if args.only and out.is_file():   # a subset replaces its own rows (by case label) and keeps the others
             rerun = {r["case"] for r in rows}
-            rows = [r for r in json.loads(out.read_text())["cases"] if r["case"] not in rerun] + rows
-        out.write_text(json.dumps({"machine": machine_line(), **versions, "command": command,
+            earlier = json.loads(out.read_text())
+            rows = [r for r in earlier["cases"] if r["case"] not in rerun] + rows
+            if earlier.get("machine") and earlier["machine"] != machine:    # the other rows' machine stays named
+                machine = f"{earlier['machine']}; the rows matching --only {args.only!r}: {machine}"
+        out.write_text(json.dumps({"machine": machine, **versions, "command": command,
                                    "cases": rows}, indent=1) + "\n")
     return 0

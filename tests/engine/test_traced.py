@@ -431,9 +431,10 @@ def test_a_slice_shrinks_the_logits_width_that_follows_the_vocabulary():
 @pytest.mark.heavy                      # two trace processes (about 15 CPU s)
 def test_a_trace_past_its_memory_cap_is_refused_in_one_line_and_the_next_one_runs(tmp_path, monkeypatch):
     """The trace process caps its heap below the memory free when it starts (measure/trace.py _memory_cap): rwkv's
-    sweep config (64 wide, attention_hidden_size 4096 by its class default) took its trace process to 23.6 GB of a
-    24 GiB machine and the kernel's OOM killer ended it (-9). Past the cap an allocation fails, the model is
-    refused in one line that names the cap and how to raise it, and the next request gets a fresh process."""
+    sweep config (64 wide, attention_hidden_size 4096 as its class derives it from the default width; the sweep's
+    shrink keeps the two equal now) took its trace process to 23.6 GB of a 24 GiB machine and the kernel's OOM
+    killer ended it (-9). Past the cap an allocation fails, the model is refused in one line that names the cap and
+    how to raise it, and the next request gets a fresh process."""
     from scaletrain.measure.tiny_configs import config_dict
 
     monkeypatch.setenv("SCALETRAIN_CACHE", str(tmp_path / "traces"))
@@ -442,7 +443,7 @@ def test_a_trace_past_its_memory_cap_is_refused_in_one_line_and_the_next_one_run
     traced._WORKER.stop()                        # a trace process started under the cap
     try:
         with pytest.raises(ScaletrainError) as e:
-            traced.trace(config_dict("rwkv"), regime, "test")
+            traced.trace({**config_dict("rwkv"), "attention_hidden_size": 4096}, regime, "test")
         text = str(e.value)
         assert "out of memory at 1.5 GiB (SCALETRAIN_TRACE_MEMORY_GB)" in text and "\n" not in text, text
         assert traced._WORKER.proc is None           # its heap full to the cap, that process has ended

@@ -29,7 +29,9 @@ PROBE_MODULE = "scaletrain.measure.probe"      # the one entry point the engine 
 # 18: checkpointed layers' forward and backward leave-behinds (`fwd_left`, `bwd_left`: gemma4's shared keys/values).
 # 19: a layer spread over parallel module lists is counted per layer (XLM's attentions beside its ffns).
 # 20: peft's LoRA count per decoder layer (`per_rank_by_layer`: beam's MoE layers hold 10× its dense layers').
-TRACE_FORMAT = 20
+# 21: the backward before the stack (`front_bwd`) and what the first layer's backward leaves for the whole stack
+#     (`bwd_carry`: gemma3n's gradient of the per-layer inputs), apart from its kind's leave-behind.
+TRACE_FORMAT = 21
 TRACE_OUT_OF_MEMORY = 4     # a served answer's code: refused at the trace process's memory cap, and that process ends
 # data profile (engine/request/data_profile.py ↔ measure/data_profile.py)
 PROFILE_FORMAT = 2

@@ -110,6 +110,7 @@ def shrink(d: dict[str, Any], model_type: str, fill: bool = False, cut: bool = F
         out[key] = _shrunk_size(key, value, fill)
     out["model_type"] = d.get("model_type", model_type)
     _fix_heads(out)
+    _same_width(out, d)
     if fill:
         _derive_widths(out, d)
     for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
@@ -133,6 +134,17 @@ def _shrunk_size(key: str, value: Any, fill: bool) -> Any:
     if value is None and fill and key not in ("num_key_value_heads", "head_dim"):
         return SIZES[key]
     return value
+
+
+def _same_width(d: dict[str, Any], default: dict[str, Any]) -> None:
+    """A width the class derives from its hidden size when the config leaves it None (rwkv's attention_hidden_size):
+    to_dict() writes the derived full width, which the shrink left at 4096 beside a hidden size of 64 (a 2-layer
+    trace of it outgrew 6 GiB). Shrunk with the hidden size, as a real checkpoint's config keeps them equal."""
+    wide = next((default[k] for k in ("hidden_size", "n_embd", "d_model") if _ints(default.get(k))), None)
+    hidden = next((d[k] for k in ("hidden_size", "n_embd", "d_model") if _ints(d.get(k))), None)
+    for key, v in default.items():
+        if key.endswith("_hidden_size") and key not in SIZES and _ints(v, wide, hidden) and v == wide:
+            d[key] = hidden
 
 
 def _sub_config(v: dict[str, Any]) -> bool:

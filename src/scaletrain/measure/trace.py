@@ -97,6 +97,7 @@ def _series(S: int, tot: dict, rises: dict, n: int, own_saved: bool) -> dict[str
     """One run's numbers by series: each layer half's saved bytes, each layer's forward and backward rise."""
     out = dict(tot)
     out["tail.bwd"] = rises.get("tail", 0)
+    out["front.bwd"] = rises.get("front", 0)
     for i in range(n):
         own = tot.get(f"layer{i}.attn", 0) + tot.get(f"layer{i}.mlp", 0) if own_saved else 0
         out.setdefault(f"layer{i}.attn", 0)
@@ -138,9 +139,12 @@ def _per_kind(runs: list, struct: dict, own_saved: bool = True, pair: tuple | No
     kinds = [{"count": k["count"], "attn": zero, "mlp": zero, "fwd": zero, "bwd": zero, "input": zero,
               "fwd_left": zero, "bwd_left": zero, "fwd_below": 0, "bwd_below": 0, "largest_attn": 0,
               "largest_mlp": 0} for k in struct["kinds"]]
+    carry = _carry(fits, struct["layer_kinds"][:n])
     for i in range(n):
         kind = kinds[struct["layer_kinds"][i]]
         for part in ("attn", "mlp", "fwd", "bwd", "input", "fwd_left", "bwd_left"):
+            if part == "bwd_left" and i == n - 1 and any(carry):
+                continue        # the stack's carry (below), not its kind's
             kind[part] = [max(a, b) for a, b in zip(kind[part], fits[f"layer{i}.{part}"])]
         for part in ("fwd", "bwd"):
             kind[f"{part}_below"] = max(kind[f"{part}_below"], below[f"layer{i}.{part}"])
@@ -149,7 +153,23 @@ def _per_kind(runs: list, struct: dict, own_saved: bool = True, pair: tuple | No
     return {"kinds": kinds, "shared": fits.get("shared", zero), "final_norm": fits.get("final_norm", zero),
             "head_input": fits.get("head_input", zero), "loss_vocab": fits.get("loss_vocab", zero),
             "tail_bwd": fits.get("tail.bwd", zero), "tail_bwd_below": below.get("tail.bwd", 0),
+            "front_bwd": fits.get("front.bwd", zero), "bwd_carry": carry,
+            "front_grads": min(r.get("front.grads", 0) for _, _, _, r in runs),
             "long_from": sorted(S for S, _, _, _ in runs)[-3]}
+
+
+def _carry(fits: dict, layer_kinds: list) -> list:
+    """What the first layer to run backward (the slice's last) leaves beyond what the other layers of its kind
+    leave: a buffer made once for the whole stack, gemma3n's gradient of the per-layer inputs every layer reads
+    (B·S·L·256, accumulated in place by the layers after it). Counted once by the engine, from that layer's
+    backward to the end, not by every layer of the kind. Nothing when no other layer of the kind is in the slice
+    (its leave-behind stays its kind's: the safe side)."""
+    last = len(layer_kinds) - 1
+    others = [i for i in range(last) if layer_kinds[i] == layer_kinds[-1]] if last >= 0 else []
+    if not others:
+        return [0, 0, 0]
+    own = [max(c) for c in zip(*(fits.get(f"layer{i}.bwd_left", [0, 0, 0]) for i in others))]
+    return [max(a - b, 0) for a, b in zip(fits.get(f"layer{last}.bwd_left", [0, 0, 0]), own)]
 
 
 def per_sequence(coeffs: list) -> list:

@@ -177,6 +177,7 @@ class _Live:
         self.nets: dict[str, int] = {}                 # live bytes at a window's end over its start
         self.calls: dict[int, int] = {}               # layer → forwards it ran
         self.backward = False                          # the backward pass runs (its recomputes are no forward)
+        self.front_grads: int | None = None            # parameter gradient bytes when the front's window opened
         self.prof = None
 
     def profiling(self):
@@ -195,6 +196,17 @@ class _Live:
     def close(self, name: str) -> None:
         """The window's rise (its peak over its start) is kept; later allocations no longer raise it."""
         self._mark("close", name)
+
+    def front(self, model) -> None:
+        """The first layer's input gradient: its backward window ends, the front's opens (what runs backward
+        before the stack: the embedding's, gemma3n's per-layer input projection). Its peak is taken over what is
+        alive when backward ends less the gradients the front made (`front.grads`), not over its start: what the
+        stack's backward freed before the front began (gemma3n's per-layer inputs, held by the checkpoints) is
+        not counted twice. The engine takes the front's gradients off again (it counts every gradient itself):
+        apart, both fit as the traced lengths' curves do (their difference has a negative constant)."""
+        self.close("bwd0")
+        self.front_grads = _grad_bytes(model)
+        self.open("front")
 
     def tail_then(self, name: str) -> None:
         """A layer's output gradient: the tail's window (open from the head's input gradient) ends, the layer's
@@ -233,7 +245,13 @@ class _Live:
         windows.pop("tail", None)
         for name, (start, peak) in windows.items():
             self.rises[name] = peak - start
+        if "front" in windows:      # over what outlives backward, not over the front's start (front())
+            self.rises["front"] = windows["front"][1] - live
         return self.rises
+
+
+def _grad_bytes(model) -> int:
+    return sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
 
 
 def _first_tensor(x):
@@ -262,7 +280,7 @@ def _window_hooks(model, live: _Live) -> list:
             live.open(f"fwd{i}")
             x = _first_tensor(list(args[:1])) if args else _first_tensor(kwargs.get("hidden_states"))
             if x is not None and x.requires_grad:
-                x.register_hook(lambda g, i=i: live.close(f"bwd{i}"))
+                x.register_hook(lambda g, i=i: live.close(f"bwd{i}") if i else live.front(model))
 
         def post(module, args, output, i=i):
             if live.backward:
@@ -337,6 +355,7 @@ def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int
             rec.alive.clear()
             live.backward = True
             loss.backward()
+            grads_after = _grad_bytes(model)
     finally:
         for h in hooks:
             h.remove()
@@ -361,11 +380,16 @@ def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int
         raise TraceError(f"its decoder layer {i} ran {n} times in one forward (a looped or recurrent stack): the "
                          "traced layer model counts each layer once, so it is not planned rather than under-counted")
     rises = dict(live.close_all())
-    if rec.count_passed:        # checkpointed: what each layer's forward and backward leave alive (module doc)
-        layers = decoder_layers(model)
-        for i, layer in enumerate(layers):
-            grads = sum(p.numel() * p.element_size() for p in layer.parameters() if p.requires_grad)
-            inp = total.get(f"layer{i}.input", 0)
-            rises[f"fwd{i}.left"] = max(live.nets.get(f"fwd{i}", 0) - inp, 0)
-            rises[f"bwd{i}.left"] = max(live.nets.get(f"bwd{i}", 0) - grads, 0)
+    if "front" in rises and live.front_grads is not None:   # the gradients made in the front (module doc of front())
+        rises["front.grads"] = grads_after - live.front_grads
+        rises["front"] = max(rises["front"] + rises["front.grads"], 0)
+    # what each layer's backward leaves alive past its own gradients (without checkpointing, past its saved tensors
+    # freed too: the backward's net is their release); checkpointed, also what its forward leaves (module doc)
+    for i, layer in enumerate(decoder_layers(model)):
+        grads = sum(p.numel() * p.element_size() for p in layer.parameters() if p.requires_grad)
+        own = 0 if rec.count_passed else total.get(f"layer{i}.attn", 0) + total.get(f"layer{i}.mlp", 0)
+        if f"bwd{i}" in live.nets:
+            rises[f"bwd{i}.left"] = max(live.nets[f"bwd{i}"] + own - grads, 0)
+        if rec.count_passed:
+            rises[f"fwd{i}.left"] = max(live.nets.get(f"fwd{i}", 0) - total.get(f"layer{i}.input", 0), 0)
     return total, largest, rises

@@ -43,6 +43,9 @@ class LayerActivations:
     # checkpointed (traced): what a block's forward leaves alive beyond its output, held by the stack's loop until
     # the next block's forward returns (megatron-bert's layers return their attention probabilities, B·heads·S²)
     fwd_left: int = 0
+    # traced: what the first block to run backward leaves for the rest of backward, once for the whole stack (gemma3n:
+    # the gradient of the per-layer inputs every block reads, which the blocks after it accumulate into)
+    bwd_carry: int = 0
     # and layer by layer, first to last: (bytes it keeps for backward, its backward moment, its parameters, what
     # its backward leaves)
     stack: tuple[tuple[int, int, int, int], ...] = ()

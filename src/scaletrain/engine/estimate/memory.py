@@ -141,6 +141,9 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
                                    per_block_saved, (gather_block, grad_gather_block), block_input,
                                    ms.grows_in_backward)
     grads = max(grads, ms.gradients_backward)
+    # traced: what runs backward before the stack, at its peak beyond the ids (the stack's saved tensors released)
+    if out.get("front_bwd"):
+        mark("backward", min(acts, 8 * t) + out["front_bwd"], 0, grads)
     # the embedding's backward writes a dense V×h gradient; with tied embeddings autograd adds it to lm_head's,
     # which waits in the engine's input buffer from the head's backward on (beside an accumulation buffer too): out of place (a third V×h tensor) unless lm_head's gradient is a
     # fresh fp32 copy of autocast's 16-bit one, which the engine may add into (torch/csrc/autograd/input_buffer.cpp)
@@ -182,7 +185,8 @@ def _blocks_backward(s: TrainingSetup, mark: Any, layer: Any, window_mask: int, 
     gather_block, grad_gather_block = gathers
     fsdp = s.strategy == "fsdp"
     if layer.stack and not fsdp:        # a traced stack of unlike layers, walked layer by layer
-        return _stack_backward(s, mark, layer.stack, window_mask, acts, grads, gather_block, block_input, grows)
+        return _stack_backward(s, mark, layer.stack, window_mask, acts, grads, gather_block, block_input, grows,
+                               layer.bwd_carry)
     left = layer.bwd_left
     big = layer.worst or layer
     recompute = s.grad_ckpt
@@ -195,6 +199,7 @@ def _blocks_backward(s: TrainingSetup, mark: Any, layer: Any, window_mask: int, 
     # block's still alive: exact when it runs first in backward (gemma4's wide-headed last layer), else over
     own_saved = per_block_saved if recompute else big.saved + big.weight_copies
     for k in range(s.model.num_layers):
+        acts += layer.bwd_carry if k == 1 else 0     # the first block's backward left it for the whole stack
         held = (grad_gather_block if k else 0) if fsdp else grad_gather_block
         below = max(acts - own_saved, 0)
         mark("backward", below + recomputed + own_bwd, 0, grads, gather=gather_block + held)
@@ -210,7 +215,8 @@ def _blocks_backward(s: TrainingSetup, mark: Any, layer: Any, window_mask: int, 
 
 
 def _stack_backward(s: TrainingSetup, mark: Any, stack: tuple[tuple[int, int, int, int], ...], window_mask: int,
-                    acts: int, grads: int, gather_block: int, block_input: int, grows: bool) -> tuple[int, int]:
+                    acts: int, grads: int, gather_block: int, block_input: int, grows: bool,
+                    carry: int = 0) -> tuple[int, int]:
     """Backward through a traced stack of unlike layers, last first, each layer as its kind: below it, what the
     layers before it keep; its own backward moment (under checkpointing on top of its recomputed input, and then
     with its output's gradient waiting); its own parameters' gradients after it (LoRA: the adapters' share)."""
@@ -222,7 +228,8 @@ def _stack_backward(s: TrainingSetup, mark: Any, stack: tuple[tuple[int, int, in
     by_layer = s.model.lora_params_by_layer(s.lora_rank, s.lora_targets) if not full else ()
     if len(by_layer) != len(stack):
         by_layer = (s.trainable_params // max(s.model.num_layers, 1),) * len(stack)
-    for (keep, moment, params, left), adapters in zip(reversed(stack), reversed(by_layer)):
+    for k, ((keep, moment, params, left), adapters) in enumerate(zip(reversed(stack), reversed(by_layer))):
+        acts += carry if k == 1 else 0     # the first layer's backward left it for the whole stack
         below = max(acts - keep, 0)
         recomputed = keep + window_mask if recompute else 0
         mark("backward", below + recomputed + moment, 0, grads, gather=gather_block)

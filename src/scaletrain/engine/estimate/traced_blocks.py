@@ -151,6 +151,7 @@ def traced_block_terms(s: TrainingSetup, micro_batch: int | None, copies: tuple[
             for p in ("bwd_left", "fwd_left")}
     stack = _stack(s, act, kinds, kept, left["bwd_left"], (b, S, g), flash_backward, max(inputs)) \
         if len(kinds) > 1 else ()
+    carry = traced.at(act.get("bwd_carry", [0, 0, 0]), b, S, g)
     if s.grad_ckpt:     # a block's moments as traced under checkpointing (memory.py adds its input, the waiting grad)
         moment = {"saved_attn": 0, "saved_mlp": bwd, "fwd_transient": fwd, "mlp_bwd_transient": 0,
                   "attn_bwd_transient": 0, "weight_copies": 0, "cached_copies": 0, "recompute_transient": 0,
@@ -158,7 +159,7 @@ def traced_block_terms(s: TrainingSetup, micro_batch: int | None, copies: tuple[
         return {"saved_attn": mean(attn), "saved_mlp": mean(mlp), "fwd_transient": fwd, "mlp_bwd_transient": 0,
                 "attn_bwd_transient": 0, "weight_copies": mean(consts), "cached_copies": min(copies[1], mean(consts)),
                 "recompute_transient": 0, "checkpointed_input": mean(inputs), "worst": moment, "stack": stack,
-                "bwd_left": mean(left["bwd_left"]), "fwd_left": max(left["fwd_left"])}
+                "bwd_left": mean(left["bwd_left"]), "fwd_left": max(left["fwd_left"]), "bwd_carry": carry}
     worst_saved = max(a + x for a, x in zip(attn, mlp))
     worst = {"saved_attn": max(attn), "saved_mlp": worst_saved - max(attn), "fwd_transient": fwd,
              "mlp_bwd_transient": max(bwd - worst_saved, 0), "attn_bwd_transient": 0,
@@ -167,7 +168,7 @@ def traced_block_terms(s: TrainingSetup, micro_batch: int | None, copies: tuple[
     out = {"saved_attn": mean(attn), "saved_mlp": mean(mlp), "fwd_transient": fwd,
            "mlp_bwd_transient": max(bwd - mean(attn) - mean(mlp), 0), "attn_bwd_transient": 0,
            "weight_copies": mean(consts), "cached_copies": min(copies[1], mean(consts)),
-           "recompute_transient": max(fwd - mean(attn) - mean(mlp), 0)}
+           "recompute_transient": max(fwd - mean(attn) - mean(mlp), 0), "bwd_carry": carry}
     if len(kinds) > 1:
         out["worst"] = worst
         out["stack"] = stack
@@ -276,4 +277,8 @@ def traced_outside_blocks(s: TrainingSetup, micro_batch: int | None = None) -> d
     tail_fit = list(act.get("tail_bwd", [0, 0, 0]))
     tail_fit[0] += act.get("tail_bwd_below", 0) if _under_long_fits(act, S, g) else 0
     tail = max(traced.at(tail_fit, b, S, g) - head_input, 0) if own_head else 0
-    return {"shared": shared, "final": final, "labels": 8 * t, "window_mask": 0, "tail_bwd": tail}
+    # before the stack, last in backward (the embedding's, gemma3n's per-layer input projection): its peak over what
+    # outlives backward, its parameters' own gradients apart (the engine's `grads`)
+    front = max(traced.at(act.get("front_bwd", [0, 0, 0]), b, S, g) - int(act.get("front_grads", 0)), 0)
+    return {"shared": shared, "final": final, "labels": 8 * t, "window_mask": 0, "tail_bwd": tail,
+            "front_bwd": front}
