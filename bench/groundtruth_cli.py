@@ -16,13 +16,12 @@ def predicted_vs_measured(s, mem, measured, **extra_pairs: tuple[int, int]) -> d
     """The row fields both scripts compare: parameter counts and state bytes (exact), and the peak (with its error).
     `s` a TrainingSetup, `mem` its MemoryEstimate, `measured` the profiler's step; extra_pairs: name → (predicted,
     measured) compared the same way (e.g. the reference model's bytes)."""
-    from scaletrain.engine.estimate.numerics import numerics
-    from scaletrain.engine.estimate.states import model_states
+    from scaletrain.engine.estimate.states import buffer_bytes, model_states
 
     states = model_states(s)
     # the parameters' bytes against the profiler's parameters: the engine's weights also hold a traced model's
     # buffers (rotary frequencies, a causal-mask table), which the peak counts and the PARAMETER category does not
-    buffers = s.model.buffer_bytes(numerics(s).weight if s.method == "full" else numerics(s).frozen)
+    buffers = buffer_bytes(s)
     predicted = mem.allocated_peak_bytes
     row = {
         # the measured model carries the adapters too: base + trainable for LoRA

@@ -140,11 +140,15 @@ def _same_width(d: dict[str, Any], default: dict[str, Any]) -> None:
     """A width the class derives from its hidden size when the config leaves it None (rwkv's attention_hidden_size):
     to_dict() writes the derived full width, which the shrink left at 4096 beside a hidden size of 64 (a 2-layer
     trace of it outgrew 6 GiB). Shrunk with the hidden size, as a real checkpoint's config keeps them equal."""
-    wide = next((default[k] for k in ("hidden_size", "n_embd", "d_model") if _ints(default.get(k))), None)
-    hidden = next((d[k] for k in ("hidden_size", "n_embd", "d_model") if _ints(d.get(k))), None)
+    wide, hidden = _width(default), _width(d)
     for key, v in default.items():
         if key.endswith("_hidden_size") and key not in SIZES and _ints(v, wide, hidden) and v == wide:
             d[key] = hidden
+
+
+def _width(d: dict[str, Any]) -> int | None:
+    """The hidden width under the name the config class uses."""
+    return next((d[k] for k in ("hidden_size", "n_embd", "d_model") if _ints(d.get(k))), None)
 
 
 def _sub_config(v: dict[str, Any]) -> bool:
@@ -162,10 +166,10 @@ def _derive_widths(d: dict[str, Any], default: dict[str, Any]) -> None:
         if _ints(d.get(key)):
             d[key] = 1
     heads = next((d[k] for k in ("num_attention_heads", "n_head", "n_heads") if _ints(d.get(k))), None)
-    hidden = next((d[k] for k in ("hidden_size", "n_embd", "d_model") if _ints(d.get(k))), None)
+    hidden = _width(d)
     if "head_dim" in d and d["head_dim"] is None and _ints(heads, hidden):
         d["head_dim"] = hidden // heads
-    wide = next((default[k] for k in ("hidden_size", "n_embd", "d_model") if _ints(default.get(k))), None)
+    wide = _width(default)
     if _ints(d.get("embedding_dim"), wide, hidden) and default["embedding_dim"] == wide:
         d["embedding_dim"] = hidden             # the width under a second name (xlstm's embedding_dim)
     old_heads = next((default[k] for k in ("num_attention_heads", "n_head", "n_heads") if _ints(default.get(k))), None)

@@ -355,11 +355,12 @@ def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int
             rec.alive.clear()
             live.backward = True
             loss.backward()
-            grads_after = _grad_bytes(model)
     finally:
         for h in hooks:
             h.remove()
     del loss
+    # the gradients made in the front (front()'s doc), read before they are dropped
+    front_grads = None if live.front_grads is None else _grad_bytes(model) - live.front_grads
     model.zero_grad(set_to_none=True)
     total: dict[str, int] = {}
     largest: dict[str, int] = {}
@@ -380,8 +381,8 @@ def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int
         raise TraceError(f"its decoder layer {i} ran {n} times in one forward (a looped or recurrent stack): the "
                          "traced layer model counts each layer once, so it is not planned rather than under-counted")
     rises = dict(live.close_all())
-    if "front" in rises and live.front_grads is not None:   # the gradients made in the front (module doc of front())
-        rises["front.grads"] = grads_after - live.front_grads
+    if "front" in rises and front_grads is not None:
+        rises["front.grads"] = front_grads
         rises["front"] = max(rises["front"] + rises["front.grads"], 0)
     # what each layer's backward leaves alive past its own gradients (without checkpointing, past its saved tensors
     # freed too: the backward's net is their release); checkpointed, also what its forward leaves (module doc)

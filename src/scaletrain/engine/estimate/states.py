@@ -56,6 +56,13 @@ def _ds_bucket(s: TrainingSetup, cb: int) -> int:
     return cb * min(s.trainable_params, DS_REDUCE_BUCKET_ELEMS)
 
 
+def buffer_bytes(s: TrainingSetup) -> int:
+    """A traced model's buffers in the weights' dtype (full fine-tuning) or the frozen base's (LoRA): part of
+    ModelStates.weights, though no parameter's."""
+    nm = numerics(s)
+    return s.model.buffer_bytes(nm.weight if s.method == "full" else nm.frozen)
+
+
 def model_states(s: TrainingSetup) -> ModelStates:
     m = s.model
     n = s.world_size
@@ -86,8 +93,7 @@ def model_states(s: TrainingSetup) -> ModelStates:
     if shard_param:
         weights = weights // n
     host_weights, weights = (weights, 0) if s.offload == "all" else (0, weights)
-    buffers = m.buffer_bytes(nm.weight if s.method == "full" else nm.frozen)   # never sharded nor offloaded
-    weights += buffers + sum(r.weight_bytes() for r in s.residents)
+    weights += buffer_bytes(s) + sum(r.weight_bytes() for r in s.residents)   # buffers: never sharded nor offloaded
 
     # -- optimizer (+ DeepSpeed's fp32 master) -----------------------------------------------------------------
     master_pp = 4 if (ds and s.precision != "fp32") else 0
