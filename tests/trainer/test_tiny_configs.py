@@ -63,6 +63,27 @@ def test_a_config_transformers_does_not_build_is_the_configs_refusal_not_the_eng
     assert row["refused"].startswith("config: transformers does not build it as a causal LM: ")
 
 
+def test_a_config_of_nested_parts_is_shrunk_whole_and_a_wide_rung_is_not_built():
+    """blt: a vocabulary of its own name (encoder_hash_byte_group_vocab, 500 002 rows a group) and a width that names
+    another part's hidden size (encoder_config.hidden_size_global: global_config's 2048) shrink with the rest; the
+    plain rung, sub-configs still at full width, holds 1.56 B parameters and is not built (it ran the sweep out of
+    memory): the config is the sub-configs' rung, and it builds."""
+    from transformers import AutoConfig
+
+    from scaletrain.measure import tiny_configs as tc
+
+    defaults = AutoConfig.for_model("blt").to_dict()
+    plain = tc.shrink(defaults, "blt")
+    assert plain["encoder_hash_byte_group_vocab"] == tc.VOCAB
+    assert tc.meta_parameters(plain) > tc.MAX_TINY_PARAMETERS
+    cfg = tc.config_dict("blt")
+    assert cfg["encoder_config"]["hidden_size_global"] == cfg["global_config"]["hidden_size"] == tc.HIDDEN
+    assert tc.meta_parameters(cfg) < 2_000_000 and tc.builds(cfg)
+    # a width equal to its own part's hidden size under another name stays (embedding_gemma2's per-layer input)
+    gemma = AutoConfig.for_model("embedding_gemma2_text").to_dict()
+    assert tc.shrink(gemma, "embedding_gemma2_text")["hidden_size_per_layer_input"] == gemma["hidden_size_per_layer_input"]
+
+
 def test_a_plain_family_keeps_its_plain_shrink():
     """Families that built before keep the same config (their recorded sweep rows stand)."""
     from transformers import AutoConfig

@@ -55,6 +55,11 @@ PER_LAYER_HINTS = ("layer", "block", "pattern", "types")
 # depth kept with its lists (a class whose validators tie the depth to other fields: per_layer_config indices,
 # gpt_neo's attention_types, dory's input/recurrent/output split).
 RUNGS = ({}, {"fill": True}, {"fill": True, "cut": True}, {"fill": True, "keep_depth": True})
+# A rung whose model would hold more parameters than this is not tiny: not built, the next rung tried. The sweep
+# measures a full AdamW step of it (16 bytes a parameter, on a 24 GiB machine); the largest config it measured has
+# 870 M (phi4_multimodal's towers). blt's plain shrink kept its sub-configs at full width: 1.56 B parameters, and
+# building them to see ran the sweep out of memory.
+MAX_TINY_PARAMETERS = 1_000_000_000
 
 
 def config_dict(model_type: str) -> dict[str, Any]:
@@ -72,15 +77,17 @@ def config_dict(model_type: str) -> dict[str, Any]:
     for rung in RUNGS:
         out = shrink(d, model_type, **rung)
         first = first or out
-        if builds(out):
+        if meta_parameters(out) <= MAX_TINY_PARAMETERS and builds(out):
             return out
     return first
 
 
 def shrink(d: dict[str, Any], model_type: str, fill: bool = False, cut: bool = False,
-           keep_depth: bool = False) -> dict[str, Any]:
-    """One rung of the shrinking (RUNGS) of the config class's dict `d`."""
+           keep_depth: bool = False, widths: frozenset[int] | None = None) -> dict[str, Any]:
+    """One rung of the shrinking (RUNGS) of the config class's dict `d`; `widths`: every hidden width of the whole
+    config tree (a sub-config names its neighbour's: blt's encoder_config.hidden_size_global is global_config's)."""
     depth = _depth(d)
+    widths = _widths(d) if widths is None else widths
     out: dict[str, Any] = {}
     for key, value in d.items():
         if key.startswith("_") or key in ("transformers_version", "architectures", "auto_map", "torch_dtype", "dtype"):
@@ -103,14 +110,15 @@ def shrink(d: dict[str, Any], model_type: str, fill: bool = False, cut: bool = F
             out[key] = {k: v for k, v in value.items() if int(k) < LAYERS}
             continue
         if fill and isinstance(value, dict) and _sub_config(value):
-            value = shrink(value, model_type, fill=True)
+            value = shrink(value, model_type, fill=True, widths=widths)
         elif fill and isinstance(value, dict) and value and all(isinstance(v, dict) and _sub_config(v)
                                                                 for v in value.values()):
-            value = {k: shrink(v, model_type, fill=True) for k, v in value.items()}   # dots3's configs by layer type
+            value = {k: shrink(v, model_type, fill=True, widths=widths)      # dots3's configs by layer type
+                     for k, v in value.items()}
         out[key] = _shrunk_size(key, value, fill)
     out["model_type"] = d.get("model_type", model_type)
     _fix_heads(out)
-    _same_width(out, d)
+    _same_width(out, d, widths)
     if fill:
         _derive_widths(out, d)
     for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
@@ -128,6 +136,10 @@ def shrink(d: dict[str, Any], model_type: str, fill: bool = False, cut: bool = F
 
 def _shrunk_size(key: str, value: Any, fill: bool) -> Any:
     if key not in SIZES:
+        # a vocabulary under a name of its own (blt's hash n-gram embeddings, encoder_hash_byte_group_vocab 500 002
+        # rows per group: the shrunk model kept 4.6 B parameters and its build ran the sweep out of memory)
+        if key.endswith("_vocab") and _ints(value) and value > VOCAB:
+            return VOCAB
         return value
     if isinstance(value, int) and not isinstance(value, bool) and value > SIZES[key]:
         return SIZES[key]
@@ -136,14 +148,27 @@ def _shrunk_size(key: str, value: Any, fill: bool) -> Any:
     return value
 
 
-def _same_width(d: dict[str, Any], default: dict[str, Any]) -> None:
+def _same_width(d: dict[str, Any], default: dict[str, Any], widths: frozenset[int]) -> None:
     """A width the class derives from its hidden size when the config leaves it None (rwkv's attention_hidden_size):
     to_dict() writes the derived full width, which the shrink left at 4096 beside a hidden size of 64 (a 2-layer
-    trace of it outgrew 6 GiB). Shrunk with the hidden size, as a real checkpoint's config keeps them equal."""
+    trace of it outgrew 6 GiB). Shrunk with the hidden size, as a real checkpoint's config keeps them equal; so is a
+    width that names another part's hidden size (blt's hidden_size_global: the global transformer's, 2048)."""
     wide, hidden = _width(default), _width(d)
     for key, v in default.items():
-        if key.endswith("_hidden_size") and key not in SIZES and _ints(v, wide, hidden) and v == wide:
+        if key in SIZES or not _ints(v, hidden):
+            continue
+        other = v in widths and v != wide        # another part's hidden size
+        if key.endswith("_hidden_size") and (v == wide or other) or key.startswith("hidden_size_") and other:
             d[key] = hidden
+
+
+def _widths(d: dict[str, Any]) -> frozenset[int]:
+    """Every hidden width in a config dict and its sub-configs' dicts."""
+    found = {w for w in (_width(d),) if w}
+    for v in d.values():
+        if isinstance(v, dict):
+            found |= _widths(v)
+    return frozenset(found)
 
 
 def _width(d: dict[str, Any]) -> int | None:
@@ -191,6 +216,25 @@ def _derive_widths(d: dict[str, Any], default: dict[str, Any]) -> None:
 
 def _ints(*vs: Any) -> bool:
     return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in vs)
+
+
+def meta_parameters(cfg: dict[str, Any]) -> int:
+    """Parameters of `cfg` built on the meta device (no memory, no init); 0 when that build fails (`build_error`
+    says why)."""
+    import warnings
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from scaletrain.trainer import model as model_lib
+
+    try:
+        with warnings.catch_warnings(), torch.device("meta"):
+            warnings.simplefilter("ignore")
+            model = AutoModelForCausalLM.from_config(model_lib.hf_config(cfg))
+    except Exception:          # noqa: BLE001 - the real build reports it
+        return 0
+    return sum(p.numel() for p in model.parameters())
 
 
 def builds(cfg: dict[str, Any]) -> bool:
