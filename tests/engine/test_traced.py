@@ -451,3 +451,88 @@ def test_a_trace_past_its_memory_cap_is_refused_in_one_line_and_the_next_one_run
         assert answer["activations"]["kinds"]
     finally:
         traced._WORKER.stop()
+
+
+@pytest.mark.heavy                      # one trace process (about 10 CPU s)
+def test_threads_trace_one_at_a_time_in_one_process_that_outlives_them(tmp_path, monkeypatch):
+    """The wizard plans from threads (a solve per keystroke, the model step's warm-up). Two threads asking the
+    trace process at once read each other's answers ("the trace answered in another format", or one regime's
+    bytes filed under another's key), and a process started by a thread died with that thread (prctl's
+    PR_SET_PDEATHSIG is per thread), so the next plan imported transformers again. Now: one trace at a time, each
+    thread its own answer, one process for both, alive after the threads end, and `tracing_now` says what runs."""
+    import threading
+    import time
+
+    monkeypatch.setenv("SCALETRAIN_CACHE", str(tmp_path / "traces"))
+    traced._WORKER.stop()
+    cfg = _config("phi3")
+    full = _regime("phi3", "full")
+    ckpt = dict(full, grad_ckpt=True)
+    out: dict[str, object] = {}
+    seen: list[tuple[str, float]] = []
+
+    def first() -> None:
+        out["first"] = traced.prefetch(cfg, [full], "test")
+
+    def second() -> None:
+        out["second"] = traced.activations(cfg, ckpt, "test")
+
+    try:
+        threads = [threading.Thread(target=first), threading.Thread(target=second)]
+        for t in threads:
+            t.start()
+            time.sleep(0.2)
+        while any(t.is_alive() for t in threads):
+            now = traced.tracing_now()
+            if now is not None:
+                seen.append(now)
+            time.sleep(0.1)
+        assert out["first"] == 1 and "seq_lens" in out["second"], out
+        pid = traced._WORKER.proc.pid
+        time.sleep(1.0)                                  # the threads that started and used it have ended
+        assert traced._WORKER.proc.poll() is None
+        assert traced.activations(cfg, ckpt, "test")["kinds"] == out["second"]["kinds"]      # the cache, now
+        answer, cached = traced.trace(cfg, dict(full, attn="eager"), "test")
+        assert not cached and traced._WORKER.proc.pid == pid and answer["activations"]["kinds"]
+        assert traced.tracing_now() is None
+        assert seen and all(what.startswith("phi3 (") and seconds >= 0 for what, seconds in seen)
+    finally:
+        traced._WORKER.stop()
+
+
+@pytest.mark.heavy                      # a trace process importing torch (about 5 CPU s)
+def test_the_trace_process_ends_with_the_planning_process_and_a_warm_up_builds_the_family(tmp_path):
+    """A planning process killed outright (SIGKILL: no atexit) takes its trace process with it, even mid-trace.
+    `warm` (the wizard, when a model is picked) starts the trace process and builds the family, caching its
+    structure, and does nothing when that structure is cached."""
+    import os
+    import signal
+    import time
+
+    script = (
+        "import json, os, sys\n"
+        "from scaletrain.engine.catalog import traced\n"
+        "from scaletrain.engine.catalog.architectures import catalog_entry\n"
+        "cfg = dict(catalog_entry('scaletrain/tiny-granite')['config'])\n"
+        "first, again = traced.warm(cfg), traced.warm(cfg)\n"
+        "print(json.dumps([first, again, traced._WORKER.proc.pid]), flush=True)\n"
+        "traced._WORKER.proc.stdin.write(json.dumps({'config': cfg, 'regime': {'method': 'full', 'lora_rank': 0, "
+        "'lora_targets': None, 'precision': 'fp32', 'attn': 'sdpa'}}) + '\\n')\n"
+        "traced._WORKER.proc.stdin.flush()\n"
+        "import time; time.sleep(60)\n")
+    env = dict(os.environ, SCALETRAIN_CACHE=str(tmp_path / "traces"))
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env,
+                              stdin=subprocess.DEVNULL)
+    try:
+        first, again, child = json.loads(parent.stdout.readline())
+        assert first is True and again is False
+        assert list((tmp_path / "traces").rglob("*.json"))       # the structure, cached
+        os.kill(parent.pid, signal.SIGKILL)                       # mid-trace: its regime was asked
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and os.path.exists(f"/proc/{child}"):
+            time.sleep(0.2)
+        status = open(f"/proc/{child}/status").read() if os.path.exists(f"/proc/{child}") else "gone"
+        assert status == "gone" or "zombie" in status, status
+    finally:
+        parent.kill()

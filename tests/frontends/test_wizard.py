@@ -496,3 +496,48 @@ def test_master_weights_key_switches_to_bf16_only_weights_and_back(tmp_path):
     written = json.loads((run_dir / "plan.json").read_text())
     assert written["training"]["master_weights"] == "bf16" and written["training"]["strategy"] in ("ddp", "fsdp")
     assert written["memory"]["per_gpu_bytes"]["weights"] == after.memory.weights_bytes
+
+
+@pytest.mark.heavy                # a real trace process (transformers imported, tiny-phi3 traced: ~12 CPU s)
+def test_a_traced_family_is_warmed_when_picked_and_the_solver_says_it_is_tracing(tmp_path, monkeypatch):
+    """The first plan of a family with no analytic layout traces it (about 12 s here). The model step starts the
+    trace process when such a model is picked (transformers imported, the family built) while the method and batch
+    are chosen; the batch step's solver says "tracing phi3 … N s" instead of a silent "solving…"; quitting ends the
+    trace process, not after it."""
+    from scaletrain.engine.catalog import traced
+
+    monkeypatch.setenv("SCALETRAIN_CACHE", str(tmp_path / "traces"))
+    traced._WORKER.stop()
+    app = create_app(parse_args(["--gpus", "1xCPU", "--run-dir", str(tmp_path / "run")]), detect=no_gpu,
+                     launch=False)
+    panels: list[str] = []
+
+    async def walk():
+        async with app.run_test(size=(100, 32)) as pilot:
+            await settle(pilot, app)
+            await press(pilot, app, "ctrl+n")
+            await retype(pilot, app, "model", "scaletrain/tiny-phi3")
+            await pilot.press("enter")
+            for _ in range(100):                  # the warm-up starts the trace process off the UI thread
+                await pilot.pause(0.05)
+                if traced._WORKER.proc is not None:
+                    break
+            assert traced._WORKER.proc is not None and traced._WORKER.proc.poll() is None
+            await pilot.click("#method-full")
+            await pilot.press("ctrl+n")
+            for _ in range(600):
+                await pilot.pause(0.05)
+                if screen_name(app) == "BatchScreen":
+                    panels.append(text_of(app, "#solver"))
+                    if "fits" in panels[-1]:
+                        break
+            assert "fits" in panels[-1], panels[-1]
+            assert any(p.startswith("tracing phi3") for p in panels), panels[:3]
+            proc = traced._WORKER.proc
+            assert proc is not None and proc.poll() is None          # one process for the warm-up and the plan
+            await pilot.press("ctrl+q")
+            await pilot.pause()
+        return app.return_code, proc
+
+    code, proc = run(walk())
+    assert code == 0 and traced._WORKER.proc is None and proc.wait(timeout=10) is not None

@@ -240,18 +240,23 @@ def one_line(e: BaseException, limit: int = 200) -> str:
 
 
 def _die_with_parent() -> None:
-    """Linux: end with the planning process that started this one, even mid-trace (prctl PR_SET_PDEATHSIG)."""
-    import signal
+    """End with the planning process that started this one, even mid-trace: a daemon thread watches the parent
+    process id (it changes when the parent dies and this process is re-parented). Not prctl's PR_SET_PDEATHSIG: that
+    fires when the THREAD that started this process ends, and the wizard plans from threads that end after each
+    plan, which killed the trace process between two plans (and the next paid transformers' import again)."""
+    import threading
+    import time
 
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)         # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() == 1:                     # the parent was gone before the signal was asked for
+    parent = os.getppid()
+    if parent == 1:                           # the parent was gone before this process started watching
         sys.exit(0)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _one_thread() -> None:

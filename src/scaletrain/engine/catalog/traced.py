@@ -27,6 +27,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from importlib.util import find_spec
 from pathlib import Path
@@ -57,6 +58,13 @@ MAX_ERROR_CHARS = 300
 # model configs traced (a subprocess ran) in this process, by cache key of their structure: `source()` says
 # "traced" for these and "traced (cached)" for the rest
 _RAN: set[str] = set()
+# One trace at a time per planning process: the trace process answers its pipe in order, and the wizard plans from
+# threads (a solve per keystroke; the model step's warm-up). Two threads asking at once read each other's answers
+# ("the trace answered in another format", or a regime's bytes filed under another's key). Held from the cache check
+# to the cache write, so a thread that waited finds the answer cached instead of tracing it again.
+_LOCK = threading.RLock()
+# the trace running now: (what, time.monotonic() at its start), for a front end to say why a plan waits
+_ACTIVE: tuple[str, float] | None = None
 
 
 def cache_dir() -> Path:
@@ -127,6 +135,10 @@ class _Worker:
     errors: Any = None
 
     def ask(self, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        with _LOCK:          # one question and its answer at a time on the pipe
+            return self._ask(body, timeout_s)
+
+    def _ask(self, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         import selectors
 
         if self.proc is None or self.proc.poll() is not None:
@@ -165,11 +177,14 @@ class _Worker:
         errors = [x for x in lines if "Error" in x or "Exception" in x or x.startswith("Killed")]
         return errors[-1] if errors else ""
 
-    def stop(self) -> None:
+    def stop(self, now: bool = False) -> None:
+        """End the trace process: after its answer (stdin closed), or `now` (terminated mid-trace)."""
         proc, self.proc = self.proc, None
         if proc is None:
             return
         try:
+            if now:
+                proc.terminate()
             if proc.stdin:
                 proc.stdin.close()
             proc.wait(timeout=5)
@@ -198,6 +213,8 @@ def _run_trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, acce
     what = "" if regime is None else f" ({_describe(regime)})"
     what += f" ({'; '.join(_describe(r) for r in regimes)})" if regimes else ""
     t0 = time.perf_counter()
+    global _ACTIVE
+    _ACTIVE = (f"{model_type}{what}", time.monotonic())
     try:
         answer = _WORKER.ask(body, TRACE_TIMEOUT_S)
     except TimeoutError:
@@ -208,6 +225,8 @@ def _run_trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, acce
         raise _fail(model_type, f"cannot start {sys.executable}: {e.strerror or e}", accepted) from None
     except ValueError:
         raise _fail(model_type, "the trace printed no JSON answer", accepted) from None
+    finally:
+        _ACTIVE = None
     if not isinstance(answer, dict) or "ok" not in answer:
         why = answer.get("error") if isinstance(answer, dict) else None
         if isinstance(answer, dict) and answer.get("code") == TRACE_OUT_OF_MEMORY:   # at its cap: the process ends
@@ -236,6 +255,12 @@ def trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, accepted:
 
 
 def _trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, accepted: str) -> tuple[dict, bool]:
+    with _LOCK:
+        return _trace_locked(config, regime, accepted)
+
+
+def _trace_locked(config: Mapping[str, Any], regime: Mapping[str, Any] | None,
+                  accepted: str) -> tuple[dict, bool]:
     key = cache_key(config, regime)
     path = _cache_path(config, key)
     hit = _read(path)
@@ -266,6 +291,12 @@ def prefetch(config: Mapping[str, Any], regimes: list[Mapping[str, Any]], accept
     """Trace the structure and every regime not cached yet in ONE subprocess (one transformers import), and cache
     them; returns how many regimes were traced. For a planner or a benchmark that knows its regimes up front.
     `runner`: measure/trace.py's `run`, called in this process instead (a caller that has imported torch anyway)."""
+    with _LOCK:
+        return _prefetch_locked(config, regimes, accepted, runner)
+
+
+def _prefetch_locked(config: Mapping[str, Any], regimes: list[Mapping[str, Any]], accepted: str,
+                     runner: Callable[[dict], dict] | None) -> int:
     missing = [r for r in regimes if _read(_cache_path(config, cache_key(config, r))) is None]
     if not missing:
         return 0
@@ -293,6 +324,37 @@ def _store_lora(config: Mapping[str, Any], regime: Mapping[str, Any] | None, act
                {"format": TRACE_FORMAT, "model_type": config.get("model_type"), "lora": act["lora"]})
 
 
+def tracing_now() -> tuple[str, float] | None:
+    """The trace this process runs now, (what: model_type and regimes, seconds since it started); None when none
+    runs. For a front end whose plan waits on it (the wizard's solver says so instead of "solving…")."""
+    active = _ACTIVE
+    return None if active is None else (active[0], time.monotonic() - active[1])
+
+
+def shutdown() -> None:
+    """End this process's trace process now, mid-trace if it is tracing: a front end that quits does not wait for
+    a trace nobody will read (a plan waiting on it gets the trace's one-line refusal)."""
+    _WORKER.stop(now=True)
+
+
+def warm(config: Mapping[str, Any]) -> bool:
+    """Start this process's trace process and build `config` in it, without waiting for a plan: transformers and
+    the family's modelling code are imported (most of a first plan's wait: about 7 s of a 12 s first plan of
+    tiny-phi3 on 2 cores), so the plan that follows traces only its regimes. For a front end that knows the model
+    before the plan (the wizard, when a model is picked); run it off the UI thread. Nothing is done when the trace
+    process runs already or this family's structure is cached (traced here before: its plans read the cache).
+    Returns whether it traced; a refusal is the plan's to say, not raised here."""
+    try:
+        with _LOCK:
+            running = _WORKER.proc is not None and _WORKER.proc.poll() is None
+            if running or _read(_cache_path(config, cache_key(config, None))) is not None:
+                return False
+            _trace_locked(config, None, "")
+            return True
+    except ScaletrainError:
+        return False
+
+
 def structure(config: Mapping[str, Any], accepted: str) -> dict[str, Any]:
     """The real model's parameters and one block's modules (regime-free)."""
     return trace(config, None, accepted)[0]["structure"]
@@ -317,14 +379,15 @@ def lora(config: Mapping[str, Any], targets: Any, accepted: str) -> dict[str, in
 def _peft_answer(config: Mapping[str, Any], question: dict[str, Any], field: str, kind: type, accepted: str) -> Any:
     """The trace process's answer to one peft question (its `field`, of type `kind`), cached per question: the
     cache is read first, and only LoRA plans ask (a full plan never imports peft)."""
-    hit = _read(_cache_path(config, cache_key(config, question)))
-    if hit is not None and isinstance(hit.get(field), kind):
-        return hit[field]
-    data = _run_trace(config, None, accepted, question=question)
-    if not isinstance(data.get(field), kind):
-        raise _fail(str(config.get("model_type")), "the trace answered in another format", accepted)
-    _store(config, question, {"format": TRACE_FORMAT, "model_type": data.get("model_type"), field: data[field]})
-    return data[field]
+    with _LOCK:
+        hit = _read(_cache_path(config, cache_key(config, question)))
+        if hit is not None and isinstance(hit.get(field), kind):
+            return hit[field]
+        data = _run_trace(config, None, accepted, question=question)
+        if not isinstance(data.get(field), kind):
+            raise _fail(str(config.get("model_type")), "the trace answered in another format", accepted)
+        _store(config, question, {"format": TRACE_FORMAT, "model_type": data.get("model_type"), field: data[field]})
+        return data[field]
 
 
 def granule(config: Mapping[str, Any]) -> int:

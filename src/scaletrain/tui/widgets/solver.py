@@ -6,6 +6,7 @@ from rich.console import Group
 from rich.text import Text
 from textual.widgets import Static
 
+from scaletrain.engine.catalog import traced
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.tui.views import plan_text
@@ -17,6 +18,17 @@ class SolverPanel(Static):
     def on_mount(self) -> None:
         self.border_title = "solver"
         self.update(Text("solving…", style="dim"))
+        self.set_interval(0.5, self._tracing)
+
+    def _tracing(self) -> None:
+        """While the engine traces a family (its first plan here), say so instead of a silent "solving…"."""
+        now = traced.tracing_now()
+        if now is not None:
+            what, seconds = now
+            self.update(Text.assemble(
+                (f"tracing {what} … {seconds:.0f} s\n", "bold"),
+                ("a model family with no analytic layout is measured once (transformers imported, a slice built at "
+                 "its real widths); later plans read the cache", "dim")))
 
     def show(self, plan: Plan | None, error: ScaletrainError | None) -> None:
         if plan is None:

@@ -17,6 +17,7 @@ from textual.binding import Binding
 from textual.worker import Worker
 
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.catalog import traced
 from scaletrain.engine.catalog.architectures import ModelArch
 from scaletrain.engine.devices.nvml import DetectionResult, detect
 from scaletrain.engine.plan.plan import Plan
@@ -155,6 +156,11 @@ class WizardApp(App[int]):
         """ctrl+q at any step: exit 0. A run launched from here runs in the background and keeps training (its
         launcher has its own session); run_wizard says so, with how to attach again or stop it."""
         self.exit(0)
+
+    def on_unmount(self) -> None:
+        """A trace still running (the model step's warm-up, a solve's first plan of a family) ends with the app:
+        quitting does not wait for it."""
+        traced.shutdown()
 
     # ---- launching (the write step asks; the monitor watches) -----------------------------------------------------
     def launch_run(self, run: RunDir) -> None:

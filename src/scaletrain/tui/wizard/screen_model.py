@@ -11,6 +11,7 @@ from textual.widgets.option_list import Option
 from textual.worker import get_current_worker
 
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.catalog import traced
 from scaletrain.engine.catalog.architectures import ModelArch, load_model
 from scaletrain.engine.request.fields import FORM_FIELD
 from scaletrain.engine.request.request import base_setup
@@ -161,17 +162,24 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
     @work(thread=True, exclusive=True, group="model-info")
     def _load_info(self, spec: str) -> None:
         """Resolve the model off the UI thread (a path or cache id reads disk; unknown families load torch)."""
+        arch = None
         if not spec.strip():
             info: Text = Text("no model chosen yet", style="dim")
         else:
             try:
-                info = describe_model(load_model(spec))
+                arch = load_model(spec)
+                info = describe_model(arch)
             except ScaletrainError as e:
                 info = Text(str(e), style="yellow")
             except Exception as e:  # shown in place, never a traceback
                 info = Text(f"cannot read {spec!r}: {e.__class__.__name__}: {e}", style="yellow")
-        if not get_current_worker().is_cancelled:
-            self.app.call_from_thread(self._show_info, spec, info)
+        if get_current_worker().is_cancelled:
+            return
+        self.app.call_from_thread(self._show_info, spec, info)
+        if arch is not None and arch.memory_source == "traced":
+            # while the method and batch are chosen, the trace process imports transformers and builds the
+            # family once: the plan step then traces only its regimes (engine/catalog/traced.warm)
+            traced.warm(arch.config)
 
     # ---- method ----------------------------------------------------------------------------------------------
     def _method(self) -> str | None:
