@@ -536,3 +536,38 @@ def test_the_trace_process_ends_with_the_planning_process_and_a_warm_up_builds_t
         assert status == "gone" or "zombie" in status, status
     finally:
         parent.kill()
+
+
+@pytest.mark.heavy                      # a trace process importing transformers (about 8 CPU s)
+def test_ctrl_c_on_a_first_plan_ends_it_and_its_trace_process_at_once(tmp_path):
+    """`scaletrain plan` interrupted while its first plan of a traced family traces: exit 130 within a second or
+    two, its trace process gone with it (not waited for: it was mid-trace and nobody reads its answer), no cache
+    file half written."""
+    import os
+    import signal
+    import time
+
+    env = dict(os.environ, SCALETRAIN_CACHE=str(tmp_path / "traces"))
+    proc = subprocess.Popen([sys.executable, "-m", "scaletrain.tui.cli.main", "plan", "--model",
+                             "scaletrain/tiny-glm4", "--gpus", "1xCPU", "--json"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL)
+    try:
+        child = None
+        deadline = time.monotonic() + 60
+        while child is None and time.monotonic() < deadline:
+            kids = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+            child = int(kids[0]) if kids else None
+            time.sleep(0.1)
+        assert child is not None, "no trace process started"
+        time.sleep(1.0)                                          # importing transformers, mid-trace
+        t0 = time.monotonic()
+        os.kill(proc.pid, signal.SIGINT)                         # the planning process alone: not its group
+        assert proc.wait(timeout=10) == 130
+        assert time.monotonic() - t0 < 3, time.monotonic() - t0
+        while time.monotonic() - t0 < 5 and os.path.exists(f"/proc/{child}"):
+            time.sleep(0.1)
+        assert not os.path.exists(f"/proc/{child}") or "zombie" in open(f"/proc/{child}/status").read()
+        assert "interrupted" in proc.stderr.read()
+        assert not list((tmp_path / "traces").rglob(".*.tmp"))              # atomic_write's temporaries
+    finally:
+        proc.kill()

@@ -194,7 +194,8 @@ class _Worker:
 
 
 _WORKER = _Worker()
-atexit.register(_WORKER.stop)
+# at exit nobody reads an answer: a trace under way is ended, not waited for (Ctrl-C on a first plan waited 5 s)
+atexit.register(_WORKER.stop, now=True)
 
 
 def _run_trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, accepted: str,
