@@ -191,6 +191,15 @@ MOE_CASES = [
         ("hidden_size", 512), ("num_experts", 32), ("num_experts_per_tok", 8), ("moe_intermediate_size", 256)), **kw)
       for kw in ({}, {"grad_ckpt": True},
                  {"method": "lora", "lora_targets": ("q_proj", "k_proj", "v_proj", "o_proj")})],
+    # issue 28: experts far wider than the tokens each sees (32 experts, 64 tokens), LoRA on the fused experts with
+    # checkpointing: peft's gradients of the merged weights W + ΔW (E·h·i at down's backward, E·h·2i at gate_up's)
+    # outgrow every per-token term; the experts' backward without them was 3.4-3.7 % under
+    Case("scaletrain/tiny-olmoe", method="lora", grad_ckpt=True, micro_batch=1, seq_len=64,
+         overrides=_MOE4 + (("hidden_size", 128), ("num_experts", 32), ("intermediate_size", 256))),
+    Case("scaletrain/tiny-qwen3-moe", method="lora", grad_ckpt=True, micro_batch=1, seq_len=64,
+         overrides=_MOE4 + (("hidden_size", 128), ("num_experts", 32), ("moe_intermediate_size", 256))),
+    Case("scaletrain/tiny-mixtral", method="lora", grad_ckpt=True, micro_batch=1, seq_len=64,
+         overrides=_MOE4 + (("hidden_size", 128), ("num_local_experts", 32), ("intermediate_size", 256))),
 ]
 # traced families (no analytic layout: engine/catalog/traced.py measures a 2-layer slice once, then plans from it)
 TRACED = [Case(f"scaletrain/tiny-{fam}", method=method, grad_ckpt=ckpt)

@@ -172,7 +172,7 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: st
             mlp = -(-(n_moe * moe_mlp + n_dense * mlp) // m.num_layers)
             const += -(-n_moe * half.const // m.num_layers)
         fwd_t = max(fwd_t, t * half.fwd_transient)
-        mlp_bwd_t = max(mlp_bwd_t, t * half.bwd_transient)
+        mlp_bwd_t = max(mlp_bwd_t, half.backward_bytes(t))
     o_proj_saved = _reader_saved(m.q_dim, c, 1, n_adapted("o_proj"), nm, full) + adapter_out("o_proj")
     attn_bwd_t = _attention_backward_transient(s, nm, b, o_proj_saved)
     if nm.trainable_copies:   # the 16-bit weight gradient of the largest linear before its fp32 conversion
