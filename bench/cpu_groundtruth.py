@@ -286,7 +286,7 @@ FSDP_CASES = [
 FSDP_QUICK = [FSDP_CASES[i] for i in (0, 3)]
 CASES += MOE_CASES + TRACED + LOOP_CASES + CHUNKED_CASES + AMP_LOOP_CASES + FSDP_CASES
 QUICK = [CASES[i] for i in (0, 2, 3, 4, 6, 9, 10, 13, 15, 17, 19, 23, 25, 26, 29, 31, 33)] + [
-    MOE_CASES[i] for i in (0, 1, 6, 11)] + [LOOP_CASES[i] for i in (3, 6, 9, 14)] + [
+    MOE_CASES[i] for i in (0, 1, 6, 11, 29)] + [LOOP_CASES[i] for i in (3, 6, 9, 14)] + [
     CHUNKED_CASES[i] for i in (0, 1)]
 # CI's subset of AMP_LOOP_CASES (tests/trainer/test_memory_groundtruth.py): every loop kind, checkpointing on and off
 AMP_LOOP_QUICK = [AMP_LOOP_CASES[i] for i in (1, 2, 3, 4, 7)]
