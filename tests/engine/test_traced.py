@@ -548,9 +548,13 @@ def test_ctrl_c_on_a_first_plan_ends_it_and_its_trace_process_at_once(tmp_path):
     import time
 
     env = dict(os.environ, SCALETRAIN_CACHE=str(tmp_path / "traces"))
+    # SIGINT as a terminal leaves it: a suite started in the background (a non-interactive shell's `&`, as the
+    # clean-clone run was) ignores SIGINT, a child inherits that, and Python then installs no KeyboardInterrupt
+    # handler
     proc = subprocess.Popen([sys.executable, "-m", "scaletrain.tui.cli.main", "plan", "--model",
                              "scaletrain/tiny-glm4", "--gpus", "1xCPU", "--json"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL)
+                            stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         child = None
         deadline = time.monotonic() + 60
