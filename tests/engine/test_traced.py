@@ -360,13 +360,13 @@ def test_a_slice_of_a_config_without_special_ids_moves_its_class_defaults_into_t
     """Phi3Config's default pad_token_id is 32000: a config.json naming none, sliced with the trace's small
     vocabulary, could not be built (padding_idx outside the embedding), so no prefix matched and the whole
     32-layer stack was taken as the slice and refused as too large for the CPU."""
-    from scaletrain.measure.trace_structure import SLICE_VOCAB, _meta_model, prefix_config
+    from scaletrain.measure.trace_structure import SLICE_VOCAB, meta_model, prefix_config
 
     cfg = {"model_type": "phi3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 32,
            "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 32064}
     sliced = prefix_config(cfg, 2)
     assert sliced["num_hidden_layers"] == 2 and sliced["pad_token_id"] == SLICE_VOCAB - 1
-    assert _meta_model(sliced).get_input_embeddings().padding_idx == SLICE_VOCAB - 1
+    assert meta_model(sliced).get_input_embeddings().padding_idx == SLICE_VOCAB - 1
 
 
 def test_a_window_the_plan_does_not_meet_is_kept_out_of_the_traced_lengths():
@@ -413,14 +413,14 @@ def test_a_slice_shrinks_the_logits_width_that_follows_the_vocabulary():
     """MarianConfig's decoder_vocab_size is the width of MarianForCausalLM's logits (vocab_size when unset): left at
     58101 beside the slice's small vocabulary, the trace's forward failed reshaping the logits and marian was refused
     (found by bench/architecture_sweep.py). A width that differs from vocab_size is left as the config says."""
-    from scaletrain.measure.trace_structure import SLICE_VOCAB, _meta_model, prefix_config
+    from scaletrain.measure.trace_structure import SLICE_VOCAB, meta_model, prefix_config
 
     cfg = {"model_type": "marian", "d_model": 64, "decoder_ffn_dim": 128, "decoder_layers": 4,
            "decoder_attention_heads": 4, "vocab_size": 58101, "decoder_vocab_size": 58101, "pad_token_id": 58100,
            "decoder_start_token_id": 58100}
     sliced = prefix_config(cfg, 2)
     assert sliced["vocab_size"] == sliced["decoder_vocab_size"] == SLICE_VOCAB
-    assert _meta_model(sliced).get_output_embeddings().out_features == SLICE_VOCAB
+    assert meta_model(sliced).get_output_embeddings().out_features == SLICE_VOCAB
     assert prefix_config({**cfg, "decoder_vocab_size": 1000}, 2)["decoder_vocab_size"] == 1000
     # gemma3n's per-layer embedding: a row per token id, 262 144 rows (512 MiB in the slice) for 509 ids
     gemma3n = {"model_type": "gemma3n_text", "num_hidden_layers": 35, "vocab_size": 262400,

@@ -223,15 +223,12 @@ def meta_parameters(cfg: dict[str, Any]) -> int:
     says why)."""
     import warnings
 
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from scaletrain.trainer import model as model_lib
+    from scaletrain.measure.trace_structure import meta_model
 
     try:
-        with warnings.catch_warnings(), torch.device("meta"):
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = AutoModelForCausalLM.from_config(model_lib.hf_config(cfg))
+            model = meta_model(cfg)
     except Exception:          # noqa: BLE001 - the real build reports it
         return 0
     return sum(p.numel() for p in model.parameters())

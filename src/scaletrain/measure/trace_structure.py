@@ -39,7 +39,8 @@ _NUMBERING = re.compile(r"idx|index|layer_id|layer_num|layer_no|block_id", re.I)
 
 # ---- the model, on the meta device ----------------------------------------------------------------------------
 
-def _meta_model(config: dict):
+def meta_model(config: dict):
+    """`config` built by transformers on the meta device (no memory, no init), its tied weights tied."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -116,7 +117,7 @@ def _kinds(layers) -> tuple[list[dict], list[int], list[str]]:
 
 def structure(config: dict) -> dict[str, Any]:
     """The real model's parameters, its layer kinds and the slice that holds one of each (meta device)."""
-    model = _meta_model(config)
+    model = meta_model(config)
     unique = {id(p): p for p in model.parameters()}
     layers = decoder_layers(model)
     if not layers:
@@ -270,7 +271,7 @@ def _slice_depth(config: dict, sigs: list[str]) -> int:
     n = max(max(firsts.values()) + 1, min(2, depth))
     while n < depth:
         try:
-            got = [layer_signature(x) for x in decoder_layers(_meta_model(prefix_config(config, n)))]
+            got = [layer_signature(x) for x in decoder_layers(meta_model(prefix_config(config, n)))]
         except Exception:          # noqa: BLE001 - a prefix transformers refuses: try a longer one
             got = []
         if got == sigs[:n]:
@@ -315,7 +316,7 @@ def lora_count(config: dict, targets, ranks: tuple[int, ...] = (1, 2)) -> dict[s
 
     counts, by_layer = [], []
     for rank in ranks:
-        model = model_lib.add_lora(_meta_model(config), rank=rank, alpha=2 * rank, dropout=0.0,
+        model = model_lib.add_lora(meta_model(config), rank=rank, alpha=2 * rank, dropout=0.0,
                                    targets=list(targets) if targets else "all-linear", quantized=False,
                                    grad_ckpt=False)
         trainable = sum(int(p.numel()) for p in model.parameters() if p.requires_grad)

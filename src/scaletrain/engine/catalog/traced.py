@@ -63,6 +63,16 @@ _RAN: set[str] = set()
 # ("the trace answered in another format", or a regime's bytes filed under another's key). Held from the cache check
 # to the cache write, so a thread that waited finds the answer cached instead of tracing it again.
 _LOCK = threading.RLock()
+
+
+def _one_at_a_time(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def locked(*args: Any, **kwargs: Any) -> Any:
+        with _LOCK:
+            return fn(*args, **kwargs)
+    return locked
+
+
 # the trace running now: (what, time.monotonic() at its start), for a front end to say why a plan waits
 _ACTIVE: tuple[str, float] | None = None
 
@@ -134,11 +144,8 @@ class _Worker:
     proc: subprocess.Popen | None = None
     errors: Any = None
 
+    @_one_at_a_time          # one question and its answer at a time on the pipe
     def ask(self, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        with _LOCK:          # one question and its answer at a time on the pipe
-            return self._ask(body, timeout_s)
-
-    def _ask(self, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         import selectors
 
         if self.proc is None or self.proc.poll() is not None:
@@ -255,13 +262,8 @@ def trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, accepted:
     return data, cached
 
 
+@_one_at_a_time
 def _trace(config: Mapping[str, Any], regime: Mapping[str, Any] | None, accepted: str) -> tuple[dict, bool]:
-    with _LOCK:
-        return _trace_locked(config, regime, accepted)
-
-
-def _trace_locked(config: Mapping[str, Any], regime: Mapping[str, Any] | None,
-                  accepted: str) -> tuple[dict, bool]:
     key = cache_key(config, regime)
     path = _cache_path(config, key)
     hit = _read(path)
@@ -287,17 +289,12 @@ def _store(config: Mapping[str, Any], regime: Mapping[str, Any] | None, data: Ma
         pass      # an unwritable cache costs a trace next time, not this plan
 
 
+@_one_at_a_time
 def prefetch(config: Mapping[str, Any], regimes: list[Mapping[str, Any]], accepted: str,
              runner: Callable[[dict], dict] | None = None) -> int:
     """Trace the structure and every regime not cached yet in ONE subprocess (one transformers import), and cache
     them; returns how many regimes were traced. For a planner or a benchmark that knows its regimes up front.
     `runner`: measure/trace.py's `run`, called in this process instead (a caller that has imported torch anyway)."""
-    with _LOCK:
-        return _prefetch_locked(config, regimes, accepted, runner)
-
-
-def _prefetch_locked(config: Mapping[str, Any], regimes: list[Mapping[str, Any]], accepted: str,
-                     runner: Callable[[dict], dict] | None) -> int:
     missing = [r for r in regimes if _read(_cache_path(config, cache_key(config, r))) is None]
     if not missing:
         return 0
@@ -350,7 +347,7 @@ def warm(config: Mapping[str, Any]) -> bool:
             running = _WORKER.proc is not None and _WORKER.proc.poll() is None
             if running or _read(_cache_path(config, cache_key(config, None))) is not None:
                 return False
-            _trace_locked(config, None, "")
+            _trace(config, None, "")
             return True
     except ScaletrainError:
         return False
@@ -377,18 +374,18 @@ def lora(config: Mapping[str, Any], targets: Any, accepted: str) -> dict[str, in
     return _peft_answer(config, {"lora_targets": sorted(targets) if targets else None}, "lora", dict, accepted)
 
 
+@_one_at_a_time
 def _peft_answer(config: Mapping[str, Any], question: dict[str, Any], field: str, kind: type, accepted: str) -> Any:
     """The trace process's answer to one peft question (its `field`, of type `kind`), cached per question: the
     cache is read first, and only LoRA plans ask (a full plan never imports peft)."""
-    with _LOCK:
-        hit = _read(_cache_path(config, cache_key(config, question)))
-        if hit is not None and isinstance(hit.get(field), kind):
-            return hit[field]
-        data = _run_trace(config, None, accepted, question=question)
-        if not isinstance(data.get(field), kind):
-            raise _fail(str(config.get("model_type")), "the trace answered in another format", accepted)
-        _store(config, question, {"format": TRACE_FORMAT, "model_type": data.get("model_type"), field: data[field]})
-        return data[field]
+    hit = _read(_cache_path(config, cache_key(config, question)))
+    if hit is not None and isinstance(hit.get(field), kind):
+        return hit[field]
+    data = _run_trace(config, None, accepted, question=question)
+    if not isinstance(data.get(field), kind):
+        raise _fail(str(config.get("model_type")), "the trace answered in another format", accepted)
+    _store(config, question, {"format": TRACE_FORMAT, "model_type": data.get("model_type"), field: data[field]})
+    return data[field]
 
 
 def granule(config: Mapping[str, Any]) -> int:

@@ -37,7 +37,7 @@ class MoeHalf:
     weight_copies: int    # autocast's 16-bit copies of the router (and eager's per-expert weights), per block
     cached_copies: int    # the part autocast's cache holds until forward returns (trainable fp32 weights)
     # the experts' backward moments as (bytes per token, bytes per block), when they are not one per-token rise:
-    # grouped_mm's down and gate/up backward, each with peft's gradient of its whole merged weight W + ΔW
+    # grouped_mm's down and gate/up backward, eager's and batched_mm's, with peft's gradients of its merged weights
     bwd_moments: tuple[tuple[int, int], ...] = ()
 
     def backward_bytes(self, tokens: int) -> int:
@@ -106,10 +106,11 @@ def moe_half(s: TrainingSetup, nm: Numerics, full: bool, readers_saved) -> MoeHa
         out += 3 * mb * si + (mb * si if full else readers_saved(si, mb, 1, int("down_proj" in targets)))
         out += lc * h + lc                             # shared output and the gate's sigmoid, kept by the multiply
     const = 4 * E if impl == "grouped_mm" else 0       # int32 offsets per expert
-    if not full and impl != "batched_mm" and not (impl == "eager" and nm.autocast and ew == 4):
+    merged = 0 if full else ew * E * h * ((2 * i if gu else 0) + (i if dn else 0))   # peft's adapted W + ΔW
+    if impl != "batched_mm" and not (impl == "eager" and nm.autocast and ew == 4):
         # peft's ParamWrapper adds the adapters' delta to a frozen expert weight: W + ΔW is saved (eager under
         # autocast saves the 16-bit cast of each expert's slice instead, one of weight_copies)
-        const += ew * E * h * ((2 * i if gu else 0) + (i if dn else 0))
+        const += merged
     fwd = k * ew * 2 * i
     bwd = max(2 * k * ew * 2 * i, _routing_multiply_backward(impl, k, h, ew, lc, sb))
     moments: tuple[tuple[int, int], ...] = ()
@@ -121,8 +122,7 @@ def moe_half(s: TrainingSetup, nm: Numerics, full: bool, readers_saved) -> MoeHa
         # writes a gradient of the whole merged weight, added into its accumulated gradient; both accumulated
         # gradients and one such write stand at the loop's last expert (torch.profiler, olmoe 32 experts, h 128,
         # i 256, 64 tokens, LoRA + checkpointing: -18 % without them)
-        whole = ew * E * h * ((i if dn else 0) + (2 * i if gu else 0))
-        moments = ((bwd, whole + ew * E * h * (2 * i if gu else i)),)
+        moments = ((bwd, merged + ew * E * h * (2 * i if gu else i)),)
     elif impl == "batched_mm" and (full or dn):
         # each pair's gathered down weight gets its own gradient (k·h·i per token) before the index backward sums
         # it into the expert's (the same shape; the timeline holds both, net one over the saved gathered weights:
