@@ -132,7 +132,8 @@ def test_offline_keeps_todays_note(hub, tmp_path):
     proc = _cli(["plan", "--model", "scaletrain/tiny-qwen2", "--gpus", "2xCPU", "--weights", "org/tiny", "--json"],
                 _env(tmp_path, hub, HF_HUB_OFFLINE="1"), tmp_path)
     note = json.loads(proc.stdout)["weights"]["note"]
-    assert "not in the HF cache" in note and "the trainer loads them offline: download them first" in note
+    assert "not in the HF cache" in note and "here the hub is off (HF_HUB_OFFLINE is set)" in note
+    assert "a launch where the hub answers downloads them first" in note and "huggingface-cli download org/tiny" in note
     assert not hub.requests
 
 
@@ -164,7 +165,7 @@ def test_offline_an_uncached_hub_model_is_todays_line_before_any_rank(hub, tmp_p
     proc = _cli(["--preset", "cpu-tiny", "--weights", "org/tiny", "--headless", "--run-dir", str(run), *SHORT],
                 _env(tmp_path, hub, HF_HUB_OFFLINE="1"), tmp_path)
     line = _one_line(proc)
-    assert "the weights of org/tiny are not in the HF cache" in line and "download them first" in line
+    assert "the weights of org/tiny are not in the HF cache" in line and "huggingface-cli download org/tiny" in line
     assert not (run / "logs" / "rank-0.log").exists() and not hub.requests
 
 

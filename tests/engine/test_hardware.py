@@ -26,6 +26,7 @@ def test_catalog_has_required_gpus_with_numbers():
     ("NVIDIA GeForce RTX 4090", "RTX4090"), ("rtx 3090", "RTX3090"), ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
     ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("NVIDIA H100 80GB HBM3", "H100-SXM"), ("NVIDIA H100 PCIe", "H100-PCIe"),
     ("Tesla V100-SXM2-32GB", "V100"), ("NVIDIA L40S", "L40S"), ("NVIDIA RTX A6000", "A6000"),
+    ("NVIDIA B200", "B200"), ("8xB200", "B200"), ("NVIDIA A10", "A10"), ("Tesla T4", "T4"),
 ])
 def test_forgiving_names(name, key):
     assert find_gpu(name).key == key
@@ -39,6 +40,26 @@ def test_parse_gpus(text, per_node, nodes, key):
     hw = parse_gpus(text)
     assert (hw.gpus_per_node, hw.nodes, hw.gpu.key) == (per_node, nodes, key)
     assert hw.world_size == per_node * nodes
+
+
+@pytest.mark.parametrize("name", ["NVIDIA A10G", "NVIDIA A40", "NVIDIA L40", "NVIDIA H20", "NVIDIA T40"])
+def test_a_card_whose_name_holds_a_shorter_catalog_name_is_not_taken_for_it(name):
+    """'a10' inside 'a10g', 't4' inside 't40': another card with other numbers, refused in one line rather than
+    planned with the wrong card's compute."""
+    with pytest.raises(ScaletrainError, match="unknown GPU"):
+        find_gpu(name)
+
+
+def test_the_2026_cards_plan_with_their_own_memory_and_rates():
+    """B200 (Blackwell, NVLink 5), A10 and T4 (no bf16: a bf16 plan is refused, fp16 is planned)."""
+    from scaletrain.engine.estimate.time_constants import FLASH_EFFICIENCY, GEMM_EFFICIENCY, LINK_EFFICIENCY
+
+    b200 = parse_gpus("8xB200").gpu
+    assert b200.arch == "blackwell" and b200.memory_bytes == 183359 * 1024**2 and b200.link_gbps == 900
+    assert {"blackwell", "turing"} <= set(GEMM_EFFICIENCY) & set(FLASH_EFFICIENCY)
+    assert "nvlink5" in LINK_EFFICIENCY
+    t4 = find_gpu("T4")
+    assert t4.arch == "turing" and not t4.supports_bf16 and t4.peak_tflops("fp16") == 65.0
 
 
 def test_parse_gpus_nodes_flag_and_conflicts():
@@ -131,6 +152,18 @@ def test_detect_reads_every_field():
     hw = hardware_from_detection(result=res)
     assert hw.gpu.key == "H100-SXM" and hw.gpus_per_node == 2 and hw.source == "detected"
     assert hw.gpu.memory_bytes == 81559 * 1024**2
+
+
+def test_a_detected_card_outside_the_catalog_is_named_with_its_memory_and_the_cards_to_choose_from():
+    class Unknown(FakeNvml):
+        def nvmlDeviceGetName(self, h):
+            return "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+
+    with pytest.raises(ScaletrainError) as e:
+        hardware_from_detection(result=detect(lambda: Unknown()))
+    line = str(e.value)
+    assert "\n" not in line and "2× 'NVIDIA RTX PRO 6000 Blackwell Server Edition' (79.6 GiB)" in line
+    assert "--gpus 2xNAME" in line and all(g.key in line for g in GPU_CATALOG)
 
 
 def test_each_field_fails_alone():

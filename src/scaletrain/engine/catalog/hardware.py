@@ -24,7 +24,7 @@ class GpuSpec:
     bf16_tflops: float       # dense bf16 tensor-core peak (fp32 accumulate); 0 where bf16 is unsupported
     fp16_tflops: float       # dense fp16 tensor-core peak (fp32 accumulate)
     hbm_gbps: float          # device memory bandwidth, GB/s
-    interconnect: str        # "nvlink4" | "nvlink3" | "nvlink2" | "pcie5" | "pcie4" | "pcie3"
+    interconnect: str        # "nvlink5" | "nvlink4" | "nvlink3" | "nvlink2" | "pcie5" | "pcie4" | "pcie3"
     link_gbps: float         # intra-node GPU↔GPU bandwidth per GPU, one direction, GB/s (nominal)
     p2p: bool                # peer-to-peer over the link (GeForce cards have it disabled: traffic bounces via host)
     aliases: tuple[str, ...] = ()
@@ -39,7 +39,7 @@ class GpuSpec:
         achievable efficiencies follow it. Cards outside the catalog fall back by their interconnect."""
         if self.key in GPU_ARCH:
             return GPU_ARCH[self.key]
-        return {"nvlink4": "hopper", "nvlink3": "ampere", "nvlink2": "volta", "loopback": "cpu"}.get(
+        return {"nvlink5": "blackwell", "nvlink4": "hopper", "nvlink3": "ampere", "nvlink2": "volta", "loopback": "cpu"}.get(
             self.interconnect, "ampere")
 
     def peak_tflops(self, precision: str) -> float:
@@ -55,12 +55,17 @@ class GpuSpec:
 GPU_ARCH = {
     "H200": "hopper", "H100-SXM": "hopper", "H100-PCIe": "hopper", "A100-80GB": "ampere", "A100-40GB": "ampere",
     "A6000": "ampere", "RTX3090": "ampere", "L40S": "ada", "RTX4090": "ada", "L4": "ada", "V100": "volta",
-    "CPU": "cpu",
+    "B200": "blackwell", "A10": "ampere", "T4": "turing", "CPU": "cpu",
 }
 
 # Sources: NVIDIA datasheets (H200 SXM, H100 SXM/PCIe, A100, L40S, RTX A6000, V100) and the Ada/Ampere GeForce
 # whitepapers (RTX 4090: 165.2 dense fp16/bf16 TFLOP/s with fp32 accumulate; RTX 3090: 71 TFLOP/s).
-# NVLink: 4th gen 900 GB/s bidirectional → 450 one way; 3rd gen 600 → 300; 2nd gen (V100 SXM2) 300 → 150.
+# NVLink: 5th gen (B200) 1.8 TB/s bidirectional → 900 one way; 4th gen 900 → 450; 3rd gen 600 → 300; 2nd gen
+# (V100 SXM2) 300 → 150.
+# B200: HGX B200 datasheet (4.5 PFLOP/s bf16 with 2:4 sparsity per GPU → 2250 dense; 8 TB/s HBM3e); its memory as
+# nvidia-smi reports it on an 8×B200 node (183359 MiB: NVIDIA/TensorRT-LLM issue #10278). A10 (125 TFLOP/s bf16
+# dense, 600 GB/s) and T4 (65 TFLOP/s fp16 with fp32 accumulate, no bf16, 320 GB/s): their datasheets; their totals
+# as nvidia-smi reports them (23028 and 15360 MiB: modal-labs/modal-client PR #2797).
 # PCIe x16 one way: gen5 64 GB/s, gen4 32 GB/s, gen3 16 GB/s.
 GPU_CATALOG: tuple[GpuSpec, ...] = (
     GpuSpec("H200", "NVIDIA H200 141GB (SXM)", 143771 * MiB, 989.4, 989.4, 4800, "nvlink4", 450, True,
@@ -83,6 +88,10 @@ GPU_CATALOG: tuple[GpuSpec, ...] = (
     GpuSpec("V100", "NVIDIA V100 32GB (SXM2)", 32768 * MiB, 0.0, 125.0, 900, "nvlink2", 150, True,
             ("v100", "v10032gb", "v100sxm232gb", "teslav100sxm232gb", "v100sxm2")),
     GpuSpec("L4", "NVIDIA L4 24GB", 23034 * MiB, 121.0, 121.0, 300, "pcie4", 32, True, ("l4",)),
+    GpuSpec("B200", "NVIDIA B200 180GB (SXM)", 183359 * MiB, 2250.0, 2250.0, 8000, "nvlink5", 900, True,
+            ("b200", "b200sxm", "b200180gb", "hgxb200", "dgxb200")),
+    GpuSpec("A10", "NVIDIA A10 24GB", 23028 * MiB, 125.0, 125.0, 600, "pcie4", 32, True, ("a10", "a10pcie")),
+    GpuSpec("T4", "NVIDIA T4 16GB", 15360 * MiB, 0.0, 65.0, 320, "pcie3", 16, True, ("t4",)),
 )
 
 
@@ -149,7 +158,8 @@ def find_gpu(name: str) -> GpuSpec:
     if n in _ALIASES:
         return _ALIASES[n]
     # NVML names carry memory sizes and form factors: try the most specific catalog entry contained in the name.
-    hits = [(len(a), g) for a, g in _ALIASES.items() if len(a) >= 3 and (a in n or n in a and len(n) >= 4)]
+    # Four characters at least: a shorter name inside a longer one is another card ('a10' in 'a10g', 't4' in 't40').
+    hits = [(len(a), g) for a, g in _ALIASES.items() if len(a) >= 4 and (a in n or n in a and len(n) >= 4)]
     if hits:
         return max(hits, key=lambda t: t[0])[1]
     raise ScaletrainError(

@@ -6,7 +6,7 @@ import os
 from dataclasses import replace
 
 from scaletrain.engine.errors import ScaletrainError
-from scaletrain.engine.catalog.hardware import Hardware, find_gpu, host_cores
+from scaletrain.engine.catalog.hardware import GPU_CATALOG, Hardware, find_gpu, host_cores
 from scaletrain.engine.devices.nvml import DetectionResult, detect
 
 
@@ -23,11 +23,15 @@ def hardware_from_detection(nodes: int | None = None, inter_node_gbps: float | N
     if len(names) > 1:
         raise ScaletrainError(f"--gpus auto found mixed GPUs ({', '.join(sorted(names))}); pass --gpus explicitly")
     name = names.pop()
+    mem = res.gpus[0].memory_total_bytes
     try:
         spec = find_gpu(name)
     except ScaletrainError:
-        raise ScaletrainError(f"detected {name!r}, which is not in the catalog; pass --gpus with a catalog name") from None
-    mem = res.gpus[0].memory_total_bytes
+        size = f" ({mem / 1024**3:.1f} GiB)" if mem else ""
+        raise ScaletrainError(
+            f"detected {len(res.gpus)}× {name!r}{size}, which is not in the catalog (its compute and bandwidth are "
+            f"not known); plan for the closest catalog card with --gpus {len(res.gpus)}xNAME, NAME one of "
+            f"{', '.join(g.key for g in GPU_CATALOG)}") from None
     if mem:
         spec = replace(spec, memory_bytes=mem, name=name)
     hw = Hardware(gpu=spec, gpus_per_node=len(res.gpus), nodes=nodes or 1, source="detected",

@@ -15,18 +15,21 @@ from typing import Any, Mapping
 # Fraction of the dense tensor peak a large bf16 cuBLAS GEMM sustains, per GPU generation. Hopper: fitted to the
 # H100 sweep (bench/fit_time.py: 0.60 of 989 TFLOP/s ≈ 590 TFLOP/s, in the range of public cuBLAS bf16 results on
 # H100 SXM); Ampere/Ada/Volta: A100 cuBLAS reaches ~80 % of its 312 TFLOP/s, GeForce Ada and Volta a little less
-# (NVIDIA's published GEMM benchmarks). Not yet measured here; `validate --save` calibrates them.
+# (NVIDIA's published GEMM benchmarks). Not yet measured here; `validate --save` calibrates them. Blackwell takes
+# Hopper's fraction and Turing Volta's until a run on them is measured (no such card has been lent to this project).
 GEMM_EFFICIENCY: Mapping[str, float] = MappingProxyType({
-    "hopper": 0.60, "ampere": 0.78, "ada": 0.70, "volta": 0.70,
+    "hopper": 0.60, "ampere": 0.78, "ada": 0.70, "volta": 0.70, "blackwell": 0.60, "turing": 0.70,
 })
 # Thin matrices waste tensor-core tiles (128-256 wide) and waves: each GEMM dimension d contributes d / (d + 64).
 # A 4096-wide dimension loses 1.5 %, the 128-wide k_proj of a GQA model a third.
 GEMM_HALF_DIM = 64
 # FlashAttention-2 as torch's sdpa runs it, fraction of the dense peak, forward / backward (FlashAttention-3 paper,
 # Shah et al. 2024, Fig. 5-6: FA2 on H100 SXM reaches 300-350 TFLOP/s forward, 200-290 backward at head dims 64-128;
-# FlashAttention-2 paper, Dao 2023: 50-73 % of A100's peak forward, ~40-60 % backward).
+# FlashAttention-2 paper, Dao 2023: 50-73 % of A100's peak forward, ~40-60 % backward). Blackwell: Hopper's (FA2
+# has no Blackwell-specific kernels either); Turing: Volta's (sdpa's memory-efficient kernel: FA2 needs sm80+).
 FLASH_EFFICIENCY: Mapping[str, tuple[float, float]] = MappingProxyType({
     "hopper": (0.33, 0.25), "ampere": (0.60, 0.45), "ada": (0.55, 0.40), "volta": (0.40, 0.30),
+    "blackwell": (0.33, 0.25), "turing": (0.40, 0.30),
 })
 # Causal attention: flash / memory-efficient kernels skip the masked upper triangle; eager computes all of it.
 CAUSAL_ATTENTION_FRACTION = 0.5
@@ -93,9 +96,10 @@ DS_STEP_BYTES_PER_PARAM = 8 + 4 + 6 + 6
 # ---- links (multi-GPU) ------------------------------------------------------------------------------------------
 # Achievable NCCL bus bandwidth as a fraction of the nominal per-GPU one-way link (hardware.py catalog).
 # nccl-tests all_reduce_perf busbw: DGX-H100 ~360 of 450 GB/s without NVLS, DGX-A100 ~230 of 300 GB/s,
-# DGX-1V ~120 of 150 GB/s; PCIe switches with P2P reach ~70 % of x16 line rate.
+# DGX-1V ~120 of 150 GB/s; PCIe switches with P2P reach ~70 % of x16 line rate; NVLink 5 (B200) as NVLink 4 until
+# measured.
 LINK_EFFICIENCY: Mapping[str, float] = MappingProxyType({
-    "nvlink4": 0.80, "nvlink3": 0.78, "nvlink2": 0.80, "pcie5": 0.70, "pcie4": 0.70, "pcie3": 0.70,
+    "nvlink5": 0.80, "nvlink4": 0.80, "nvlink3": 0.78, "nvlink2": 0.80, "pcie5": 0.70, "pcie4": 0.70, "pcie3": 0.70,
 })
 # GeForce cards have P2P disabled: NCCL stages every hop through pinned host memory (SHM transport, two copies
 # over PCIe and the root complex). nccl-tests issues #269/#270 and NCCL #1530 report 8×RTX 4090 ring all-reduce
@@ -104,9 +108,9 @@ NO_P2P_LINK_EFFICIENCY = 0.25
 # Inter-node: a single HDR/NDR port reaches ~90 % of line rate in nccl-tests across nodes; the ring crosses each
 # node's NIC once per direction, so the slower of the NIC and the intra-node link bounds the bus bandwidth.
 INTER_NODE_EFFICIENCY = 0.90
-# Host link of NVLink boards (GPU↔CPU still goes over PCIe): H100/H200 SXM gen5, A100 gen4, V100 gen3.
+# Host link of NVLink boards (GPU↔CPU still goes over PCIe): B200, H100/H200 SXM gen5, A100 gen4, V100 gen3.
 HOST_LINK_GBPS: Mapping[str, float] = MappingProxyType({
-    "nvlink4": 64.0, "nvlink3": 32.0, "nvlink2": 16.0, "pcie5": 64.0, "pcie4": 32.0, "pcie3": 16.0,
+    "nvlink5": 64.0, "nvlink4": 64.0, "nvlink3": 32.0, "nvlink2": 16.0, "pcie5": 64.0, "pcie4": 32.0, "pcie3": 16.0,
 })
 # Pinned-memory cudaMemcpy reaches ~70-80 % of PCIe x16 one-way; several GPUs share a socket's root complex.
 HOST_LINK_EFFICIENCY = 0.70

@@ -6,7 +6,7 @@ Why here, once per node: N ranks downloading one model race over one cache and f
 refuses a gated, missing or unauthorised repository in one line, and then starts the ranks with HF_HUB_OFFLINE=1:
 they read exactly the snapshot checked here, with no request per rank and file. Offline (HF_HUB_OFFLINE, or the
 hub unreachable) nothing is asked: the ranks load from the cache as before, and weights or a dataset not cached
-are the plan's own line ("… download them first …"), said here instead of in every rank's log.
+are the plan's own line ("… huggingface-cli download …"), said here instead of in every rank's log.
 
 Then the tokenizer: transformers 5 can return an empty tokenizer (one token, encoding every text to nothing) for a
 source whose tokenizer files are missing, and a run would train on end-of-sequence tokens alone. The trainer's own

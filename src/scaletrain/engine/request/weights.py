@@ -175,9 +175,9 @@ def weights_download(model_source: str | None) -> tuple[Any, str | None]:
         if isinstance(files, str):
             return None, f"{files}; the launch stops there"
         return (files, files.note()) if files.missing else (None, None)
-    return None, (f"the weights of {model_source} are not in the HF cache at {cache_roots()[0]}; the trainer loads "
-                  f"them offline: download them first on the machine that trains (huggingface-cli download "
-                  f"{model_source})")
+    return None, (f"the weights of {model_source} are not in the HF cache at {cache_roots()[0]}, and here {why}: a "
+                  f"launch where the hub answers downloads them first; elsewhere download them on the machine "
+                  f"that trains (huggingface-cli download {model_source})")
 
 
 def _asked(model_source: str) -> Any:
