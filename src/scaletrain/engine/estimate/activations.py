@@ -171,13 +171,21 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: st
         elif kind is None:
             mlp = -(-(n_moe * moe_mlp + n_dense * mlp) // m.num_layers)
             const += -(-n_moe * half.const // m.num_layers)
-        fwd_t = max(fwd_t, t * half.fwd_transient)
+        # batched_mm under autocast: at down's gather the block's saved tensors so far, with the fp32 gathers beside
+        fwd_t = max(fwd_t, t * half.fwd_transient, t * (attn + moe_mlp + half.gather_rise) if half.gather else 0)
         mlp_bwd_t = max(mlp_bwd_t, half.backward_bytes(t))
     o_proj_saved = _reader_saved(m.q_dim, c, 1, n_adapted("o_proj"), nm, full) + adapter_out("o_proj")
     attn_bwd_t = _attention_backward_transient(s, nm, b, o_proj_saved)
     if nm.trainable_copies:   # the 16-bit weight gradient of the largest linear before its fp32 conversion
         mlp_bwd_t += c * max(a * o for a, o, _ in m.linear_shapes().values())
     recompute_t = 0
+    if eager and fam.get("sinks") and c < nm.residual:
+        # the block's forward at the probabilities' cast, on top of the blocks before it (no MoE gradient yet)
+        fwd_t = max(fwd_t, t * (attn - o_proj_saved) + _sinks_recompute(s, nm, b, 0))
+    if m.moe is not None and s.grad_ckpt:
+        recompute_t = t * half.gather_rise
+        if eager and fam.get("sinks") and c < nm.residual:
+            recompute_t = max(recompute_t, _sinks_recompute(s, nm, b, half.first_backward) - t * (mlp + o_proj_saved))
     if m.moe is None:
         # at gate_proj's / up_proj's adapter add, what down_proj keeps does not exist yet (counted in `saved`)
         add_t = _adapter_add_transient(s, nm, n_adapted("gate_proj", "up_proj"))
@@ -308,10 +316,7 @@ def _attention_backward_transient(s: TrainingSetup, nm: Numerics, b: int, o_proj
     s2 = b * nh * S * S   # attention score elements
     eager = eager_attention(s)
     if eager and m.family.get("sinks"):
-        # gpt_oss: the softmax's gradients over the scores and the sink column in the mask's dtype (its incoming
-        # gradient, padded by the slice, and its output), and the 16-bit gradient of the probabilities under
-        # autocast (an upper bound of the chain in eager_attention_forward, checked against the profiler)
-        return 2 * b * nh * S * (S + 1) * r + (s2 * c if c < r else 0)
+        return _sinks_backward_transient(s, b * nh * S * (S + 1), s2 * c if c < r else 0, r)
     elif eager:
         # at softmax's backward (torch.profiler at the peak of a chunked-loss step, eager, bf16 and fp32): the
         # gradients of its fp32 output and input, and the residual stream's gradient; o_proj's saved input and,
@@ -322,6 +327,39 @@ def _attention_backward_transient(s: TrainingSetup, nm: Numerics, b: int, o_proj
         return b * S * _flash_backward_bytes(s, c)
     else:
         return 3 * b * S * m.q_dim * c
+
+
+def _sinks_recompute(s: TrainingSetup, nm: Numerics, b: int, moe_first_backward: int) -> int:
+    """gpt_oss under autocast, checkpointed: the recompute's forward at the probabilities' 16-bit cast
+    (modeling_gpt_oss.py eager_attention_forward), beyond the attention half's saved tensors (all but o_proj's
+    input, made later; the MLP half is not recomputed yet). Its frames hold the masked scores and the logits with
+    the sink column in the mask's (residual) dtype; q and k after the rotary embedding, promoted to that dtype by
+    its cos/sin, and k repeated to every head; v as v_proj gave it; and the decoder layer's frame the normed input
+    (autocast's 16-bit casts of it are what the linears save). The MoE's first backward node has written its
+    gradient before the recompute began (`moe_first_backward` per token). Read from torch.profiler's timeline:
+    tiny-gpt-oss, full fine-tuning, bf16 autocast + checkpointing, 2×256, where the step peaks."""
+    m = s.model
+    S, c, r = s.seq_len, nm.compute, nm.residual
+    t = b * S
+    scores = r * b * m.num_heads * S * (2 * S + 1)
+    frames = t * (r * (2 * m.q_dim + m.kv_dim) + c * m.kv_dim + r * m.hidden_size)
+    return scores + frames + t * moe_first_backward
+
+
+def _sinks_backward_transient(s: TrainingSetup, scores: int, cast: int, r: int) -> int:
+    """gpt_oss's eager attention backward (modeling_gpt_oss.py eager_attention_forward), beyond the block's saved
+    tensors: the largest of its moments over the `scores` elements (the scores and the sink column, B·heads·S·(S+1),
+    in the mask's dtype `r`). `cast`: the probabilities' 16-bit copy under autocast, saved for attention·V.
+
+    - the softmax's backward: its incoming gradient, padded by the slice, and its output;
+    - the max's backward (the logits minus their row max): the logits' gradient beside the zeros the max's gradient
+      is scattered into, the probabilities freed by then; on the CPU a 16-bit scatter_ also allocates a buffer of
+      the scores in fp32 (torch.profiler: bf16 LoRA + checkpointing at 1×512 peaks there; the softmax's moment
+      alone planned it 6.4 % under);
+    - (the checkpointed recompute's forward under autocast is _sinks_recompute's)."""
+    softmax = 2 * scores * r - cast
+    max_backward = scores * r - cast + (4 * scores if s.device == "cpu" and r < 4 else 0)
+    return max(softmax, max_backward)
 
 
 def sliding_layers(s: TrainingSetup) -> int:
