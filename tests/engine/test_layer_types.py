@@ -96,7 +96,7 @@ def test_each_spelling_slides_the_layers_transformers_slides(model_type, kw):
 
 def test_the_plan_counts_the_windowed_layers_of_gemma3s_hub_pattern():
     """google/gemma-3-*'s config.json writes `sliding_window_pattern: 6` and no layer_types: five of every six layers
-    are windowed once the sequence is longer than the window, none when it is not."""
+    are windowed once the sequence reaches the window, none when it is shorter."""
     cfg = dict(model_type="gemma3_text", hidden_size=64, intermediate_size=128, num_attention_heads=4,
                num_key_value_heads=2, head_dim=16, vocab_size=128, num_hidden_layers=12, sliding_window=64,
                sliding_window_pattern=6)
@@ -107,5 +107,17 @@ def test_the_plan_counts_the_windowed_layers_of_gemma3s_hub_pattern():
                              micro_batch=1, seq_len=seq_len, device="cpu")
 
     assert sliding_layers(setup(128)) == 10
-    assert sliding_layers(setup(64)) == 0
+    assert sliding_layers(setup(64)) == 10
+    assert sliding_layers(setup(63)) == 0
     assert windowed_layers(cfg, "gemma3_text", 12, 128) == 10
+
+
+@pytest.mark.parametrize("seq_len", [255, 256, 257, 512])
+def test_a_layer_is_windowed_exactly_where_transformers_builds_its_sdpa_mask(seq_len):
+    """transformers skips the mask (sdpa's is_causal) only while the sequence is shorter than the window; at equal
+    lengths it builds one though the window masks nothing there (masking_utils._ignore_causal_mask_sdpa)."""
+    from transformers.masking_utils import _ignore_causal_mask_sdpa
+
+    cfg = dict(model_type="mistral", sliding_window=256)
+    builds_mask = not _ignore_causal_mask_sdpa(None, seq_len, seq_len, 0, 0, local_attention_size=256)
+    assert (windowed_layers(cfg, "mistral", 4, seq_len) == 4) == builds_mask

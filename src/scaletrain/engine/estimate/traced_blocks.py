@@ -51,8 +51,8 @@ def trace_regime(s: TrainingSetup) -> dict[str, Any]:
         regime["grad_ckpt"] = True    # the recompute's moments are traced as they run
     cfg = s.model.config
     window = cfg.get("sliding_window")
-    if _length(window) and window < s.seq_len:
-        regime["windowed"] = True     # traced with a window shorter than its sequences: masks, repeated k/v
+    if _length(window) and window <= s.seq_len:
+        regime["windowed"] = True     # traced with a window its sequences reach: masks, repeated k/v
     if any(_length(v) and v > traced.MAX_GRANULE and v < s.seq_len for k, v in cfg.items() if "chunk" in k):
         regime["chunked"] = True      # an attention chunk (llama4's) the sequences exceed: traced as a short one
     residue = s.seq_len % traced.granule(cfg)
