@@ -364,7 +364,7 @@ def _sinks_backward_transient(s: TrainingSetup, scores: int, cast: int, r: int) 
 
 def sliding_layers(s: TrainingSetup) -> int:
     """Blocks whose attention is windowed at this sequence length (Gemma 3's local layers, Mistral v0.1): they
-    need an explicit mask once the sequence is longer than the window. Every spelling of which layers slide
+    need an explicit mask once the sequence reaches the window. Every spelling of which layers slide
     (layer_types, sliding_window_pattern, use_sliding_window + max_window_layers, the config classes' defaults) is
     read as transformers reads it: catalog/layer_types.py."""
     m = s.model
