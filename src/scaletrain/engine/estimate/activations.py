@@ -172,19 +172,20 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: st
             mlp = -(-(n_moe * moe_mlp + n_dense * mlp) // m.num_layers)
             const += -(-n_moe * half.const // m.num_layers)
         # batched_mm under autocast: at down's gather the block's saved tensors so far, with the fp32 gathers beside
-        fwd_t = max(fwd_t, t * half.fwd_transient, t * (attn + moe_mlp + half.gather_rise) if half.gather else 0)
+        fwd_t = max(fwd_t, t * half.fwd_transient, t * (attn + moe_mlp + half.gather_rise) if half.gather_rise else 0)
         mlp_bwd_t = max(mlp_bwd_t, half.backward_bytes(t))
     o_proj_saved = _reader_saved(m.q_dim, c, 1, n_adapted("o_proj"), nm, full) + adapter_out("o_proj")
     attn_bwd_t = _attention_backward_transient(s, nm, b, o_proj_saved)
     if nm.trainable_copies:   # the 16-bit weight gradient of the largest linear before its fp32 conversion
         mlp_bwd_t += c * max(a * o for a, o, _ in m.linear_shapes().values())
     recompute_t = 0
-    if eager and fam.get("sinks") and c < nm.residual:
+    sinks_cast = eager and fam.get("sinks") and c < nm.residual     # gpt_oss's probabilities cast under autocast
+    if sinks_cast:
         # the block's forward at the probabilities' cast, on top of the blocks before it (no MoE gradient yet)
         fwd_t = max(fwd_t, t * (attn - o_proj_saved) + _sinks_recompute(s, nm, b, 0))
     if m.moe is not None and s.grad_ckpt:
         recompute_t = t * half.gather_rise
-        if eager and fam.get("sinks") and c < nm.residual:
+        if sinks_cast:
             recompute_t = max(recompute_t, _sinks_recompute(s, nm, b, half.first_backward) - t * (mlp + o_proj_saved))
     if m.moe is None:
         # at gate_proj's / up_proj's adapter add, what down_proj keeps does not exist yet (counted in `saved`)

@@ -42,10 +42,8 @@ class MoeHalf:
     # per token: what the half's first node in backward writes before it reads a saved tensor, so alive while a
     # checkpointed block is recomputed (grouped_mm's `weighted_out[inv_perm]`: IndexBackward0's k·h gradient)
     first_backward: int = 0
-    # per token, batched_mm under autocast over fp32 expert weights: alive at down's gather beside what the block
-    # saved before it (both weights gathered per token-expert pair in fp32, gate_up's 16-bit cast), and the part of
-    # that which the half's saved tensors do not hold (the rise over `saved`)
-    gather: int = 0
+    # per token, batched_mm under autocast over fp32 expert weights: what is alive at down's gather beyond the
+    # half's saved tensors (both weights gathered per token-expert pair in fp32 beside gate_up's saved 16-bit cast)
     gather_rise: int = 0
 
     def backward_bytes(self, tokens: int) -> int:
@@ -148,16 +146,15 @@ def moe_half(s: TrainingSetup, nm: Numerics, full: bool, readers_saved) -> MoeHa
         copies = router + experts
         cached = copies if nm.trainable_copies else 0
     first = k * h * max(ew, sb) if impl == "grouped_mm" else 0
-    gather = rise = 0
+    rise = 0
     if impl == "batched_mm" and lc < ew:
         # autocast over fp32 expert weights: batched_mm gathers gate_up's and down's weights per token-expert pair
         # in fp32 and its autocast bmm casts each to 16 bits, the casts saved (counted in `pair`): at down's gather
         # gate_up's fp32 gather (a local until the function returns), its cast and down's fp32 gather are alive
         # (torch.profiler, full bf16 autocast: tiny-qwen3-moe + checkpointing peaks there in the recompute, planned
         # 42 % under without it; tiny-gpt-oss without checkpointing in the last block's forward, 19 % under)
-        gather = k * i * h * (3 * ew + 2 * lc)
-        rise = k * i * h * (3 * ew - lc)
-    return MoeHalf(out, const, fwd, bwd, copies, cached, moments, first, gather, rise)
+        rise = k * i * h * (3 * ew - lc)           # 3·ew gathered + 2·lc cast alive, 3·lc of casts in `pair`
+    return MoeHalf(out, const, fwd, bwd, copies, cached, moments, first, rise)
 
 
 def _grouped_backward(k: int, h: int, i: int, E: int, dtypes: tuple[int, int, int], adapted: tuple[bool, bool, bool],
