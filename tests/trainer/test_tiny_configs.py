@@ -34,6 +34,42 @@ def test_the_shrunk_config_is_one_transformers_builds(model_type, check):
     assert not tc.builds(plain)           # the plain shrink alone is what the sweep refused before
 
 
+def test_widths_the_class_derived_at_full_size_are_derived_again_from_the_shrunk_ones():
+    """zamba2 (refused before: "num_hidden_layers (6) must be equal to the number of layer_types (54)", then a
+    mamba head width of 640 on a 64-wide model): its attention reads the concatenated embeddings (2 × hidden), its
+    head width and kv channels follow the heads, its mamba heads × head width = expand × hidden. dots3's per-layer
+    overrides (64 heads, kv_lora_rank 1024, a 192-wide nope head on the sliding layers) shrink with the rest, their
+    key/value heads as many as the heads, and the sliding layers' head_dim stays nope + rope as its validator
+    demands. Both build; the rungs before built neither."""
+    from transformers import AutoConfig
+
+    from scaletrain.measure import tiny_configs as tc
+
+    z = tc.config_dict("zamba2")
+    assert z["attention_hidden_size"] == 2 * z["hidden_size"]
+    assert z["attention_head_dim"] * z["num_attention_heads"] == 2 * z["hidden_size"]
+    assert z["n_mamba_heads"] * z["mamba_headdim"] == z["mamba_expand"] * z["hidden_size"]
+    assert tc.builds(z) and tc.meta_parameters(z) < 1_000_000
+    d = tc.config_dict("dots3_note")
+    swa = next(o for o in d["per_layer_config"].values() if "qk_nope_head_dim" in o)
+    assert swa["num_key_value_heads"] == swa["num_attention_heads"] <= tc.SIZES["num_attention_heads"]
+    assert d["head_dim"] == swa["qk_nope_head_dim"] + d["qk_rope_head_dim"] and tc.builds(d)
+    defaults = AutoConfig.for_model("zamba2").to_dict()
+    assert not any(tc.builds(tc.shrink(defaults, "zamba2", **r)) for r in tc.RUNGS[:4])
+
+
+def test_a_text_config_that_the_auto_mapping_does_not_list_builds_with_its_familys_causal_lm():
+    """mllama's and emu3's config.json keep the language model under text_config (model_type mllama_text_model),
+    which AutoModelForCausalLM does not map: their family's causal-LM class takes it (its config class), as the
+    engine's plan of the config.json reads it. Both were refused ("Unrecognized configuration class")."""
+    from scaletrain.measure import tiny_configs as tc
+    from scaletrain.trainer.model import hf_config, random_init
+
+    cfg = tc.config_dict("mllama")
+    assert cfg["model_type"] == "mllama_text_model" and tc.builds(cfg)
+    assert type(random_init(hf_config(cfg), "sdpa", device=None)).__name__ == "MllamaForCausalLM"
+
+
 def test_a_bart_style_decoder_gets_heads_that_divide_its_shrunk_width():
     """plbart's 12 decoder heads do not divide the shrunk d_model of 64 ("embed_dim must be divisible by num_heads":
     the sweep listed it as refused); heads that divide it, as bart's 16 do, are left as the class wrote them."""

@@ -31,7 +31,9 @@ PROBE_MODULE = "scaletrain.measure.probe"      # the one entry point the engine 
 # 20: peft's LoRA count per decoder layer (`per_rank_by_layer`: beam's MoE layers hold 10× its dense layers').
 # 21: the backward before the stack (`front_bwd`) and what the first layer's backward leaves for the whole stack
 #     (`bwd_carry`: gemma3n's gradient of the per-layer inputs), apart from its kind's leave-behind.
-TRACE_FORMAT = 21
+# 22: a looped stack traced (a layer run k times: its k runs' saved bytes and checkpointed inputs, its largest rise,
+#     its k backward nets); a stack built as several lists of one layer class traced whole (hrm_text's L and H).
+TRACE_FORMAT = 22
 TRACE_OUT_OF_MEMORY = 4     # a served answer's code: refused at the trace process's memory cap, and that process ends
 # data profile (engine/request/data_profile.py ↔ measure/data_profile.py)
 PROFILE_FORMAT = 2

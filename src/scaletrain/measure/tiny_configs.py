@@ -54,7 +54,12 @@ PER_LAYER_HINTS = ("layer", "block", "pattern", "types")
 # cut to the new depth rather than dropped (a class that does not derive them again: lfm2_moe); then the default
 # depth kept with its lists (a class whose validators tie the depth to other fields: per_layer_config indices,
 # gpt_neo's attention_types, dory's input/recurrent/output split).
-RUNGS = ({}, {"fill": True}, {"fill": True, "cut": True}, {"fill": True, "keep_depth": True})
+RUNGS = ({}, {"fill": True}, {"fill": True, "cut": True}, {"fill": True, "keep_depth": True},
+         # widths the class derived from its default width at full size, derived again from the shrunk one (zamba2's
+         # attention over the concatenated embeddings, 2 × hidden; its mamba heads × head width), cut or deep
+         {"fill": True, "cut": True, "derive": True}, {"fill": True, "keep_depth": True, "derive": True},
+         # the class's own derivations: built from the shrunk sizes alone (gemma4_unified_assistant's layer types)
+         {"fill": True, "from_class": True})
 # A rung whose model would hold more parameters than this is not tiny: not built, the next rung tried. The sweep
 # measures a full AdamW step of it (16 bytes a parameter, on a 24 GiB machine); the largest config it measured has
 # 870 M (phi4_multimodal's towers). blt's plain shrink kept its sub-configs at full width: 1.56 B parameters, and
@@ -75,15 +80,28 @@ def config_dict(model_type: str) -> dict[str, Any]:
     d = base.to_dict()
     first = None
     for rung in RUNGS:
-        out = shrink(d, model_type, **rung)
+        out = _rung(base, d, model_type, rung)
         first = first or out
-        if meta_parameters(out) <= MAX_TINY_PARAMETERS and builds(out):
+        if out is not None and meta_parameters(out) <= MAX_TINY_PARAMETERS and builds(out):
             return out
     return first
 
 
+def _rung(base: Any, d: dict[str, Any], model_type: str, rung: dict[str, bool]) -> dict[str, Any] | None:
+    """One rung's config dict of the config object `base` (its dict `d`); None when the class refuses the sizes."""
+    if not rung.get("from_class"):
+        return shrink(d, model_type, **{k: v for k, v in rung.items() if k != "derive"},
+                      derive=rung.get("derive", False))
+    sizes = {k: _shrunk_size(k, v, False) for k, v in d.items() if k in SIZES}
+    try:
+        derived = type(base)(**{k: v for k, v in sizes.items() if v != d[k]}).to_dict()
+    except Exception:          # noqa: BLE001 - the class's validators refuse these sizes: the next rung
+        return None
+    return shrink(derived, model_type, fill=True)
+
+
 def shrink(d: dict[str, Any], model_type: str, fill: bool = False, cut: bool = False,
-           keep_depth: bool = False, widths: frozenset[int] | None = None) -> dict[str, Any]:
+           keep_depth: bool = False, widths: frozenset[int] | None = None, derive: bool = False) -> dict[str, Any]:
     """One rung of the shrinking (RUNGS) of the config class's dict `d`; `widths`: every hidden width of the whole
     config tree (a sub-config names its neighbour's: blt's encoder_config.hidden_size_global is global_config's)."""
     depth = _depth(d)
@@ -107,7 +125,7 @@ def shrink(d: dict[str, Any], model_type: str, fill: bool = False, cut: bool = F
             continue        # derived again from the new depth
         if not keep_depth and depth and isinstance(value, dict) and value and all(
                 str(k).isdigit() for k in value):      # a map by layer index (dots3's per_layer_config): below the new depth
-            out[key] = {k: v for k, v in value.items() if int(k) < LAYERS}
+            out[key] = {k: _shrunk_layer(v, fill) if derive else v for k, v in value.items() if int(k) < LAYERS}
             continue
         if fill and isinstance(value, dict) and _sub_config(value):
             value = shrink(value, model_type, fill=True, widths=widths)
@@ -121,6 +139,8 @@ def shrink(d: dict[str, Any], model_type: str, fill: bool = False, cut: bool = F
     _same_width(out, d, widths)
     if fill:
         _derive_widths(out, d)
+    if derive:
+        _derive_multiples(out, d)
     for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
         v = out.get(key)
         if isinstance(v, int) and v >= VOCAB:
@@ -131,6 +151,17 @@ def shrink(d: dict[str, Any], model_type: str, fill: bool = False, cut: bool = F
         out["is_decoder"], out["add_cross_attention"] = True, False
     out["use_cache"] = False
     out["tie_word_embeddings"] = bool(out.get("tie_word_embeddings", False))
+    return out
+
+
+def _shrunk_layer(overrides: Any, fill: bool) -> Any:
+    """One layer's overrides of a map by layer index, its sizes shrunk (dots3's 64 heads and kv_lora_rank 1024);
+    key/value heads as many as the heads where they were (multi-head latent attention)."""
+    if not isinstance(overrides, dict):
+        return overrides
+    out = {k: _shrunk_size(k, v, fill) for k, v in overrides.items()}
+    if "num_key_value_heads" in out and overrides["num_key_value_heads"] == overrides.get("num_attention_heads"):
+        out["num_key_value_heads"] = out["num_attention_heads"]
     return out
 
 
@@ -212,6 +243,44 @@ def _derive_widths(d: dict[str, Any], default: dict[str, Any]) -> None:
             d[dim_key] = hidden * expand // n
     if _ints(d.get("mamba_d_ssm"), d.get("mamba_expand"), hidden):
         d["mamba_d_ssm"] = hidden * d["mamba_expand"]
+
+
+def _derive_multiples(d: dict[str, Any], default: dict[str, Any]) -> None:
+    """Widths the class derived from its default width and heads, at their relation to the shrunk ones: a width m
+    times the hidden size (zamba's attention_hidden_size, 2 ×), a head width m × hidden / heads (its
+    attention_head_dim, kv_channels), a group count equal to the heads (num_query_groups), a mamba mixer's head width
+    (n_mamba_heads × mamba_headdim = mamba_expand × hidden) and parts that sum to the width (reformer's axial
+    position embeddings)."""
+    wide, hidden = _width(default), _width(d)
+    old_heads = next((default[k] for k in ("num_attention_heads", "n_head", "n_heads") if _ints(default.get(k))), None)
+    heads = next((d[k] for k in ("num_attention_heads", "n_head", "n_heads") if _ints(d.get(k))), None)
+    if not _ints(wide, hidden, old_heads, heads):
+        return
+    for key, v in default.items():
+        if not _ints(v) or key in ("num_attention_heads", "n_head", "n_heads") or any(
+                k in key for k in ("layer", "vocab", "position", "experts", "rank", "state", "conv")):
+            continue
+        for m in (1, 2, 4):
+            if "hidden_size" in key and m > 1 and v == m * wide:
+                d[key] = m * hidden
+            elif key.endswith(("head_dim", "headdim", "channels")) and v * old_heads == m * wide:
+                d[key] = m * hidden // heads
+        if key.endswith("groups") and v == old_heads and old_heads > 1:
+            d[key] = heads
+    for key, v in default.items():      # parts of the width in a list
+        parts = isinstance(v, (list, tuple)) and len(v) > 1 and all(_ints(x) for x in v)
+        if parts and sum(v) == wide and wide % hidden == 0:
+            d[key] = [x * hidden // wide for x in v]
+    for key, layers in default.items():   # a head width that is some layers' nope + rope (dots3's sliding layers)
+        by_index = isinstance(layers, dict) and layers and all(str(k).isdigit() for k in layers)
+        if by_index and all(isinstance(v, dict) for v in layers.values()):
+            for i, o in layers.items():
+                nope, rope = o.get("qk_nope_head_dim"), default.get("qk_rope_head_dim")
+                if _ints(nope, rope, default.get("head_dim")) and nope + rope == default["head_dim"] and i in d[key]:
+                    d["head_dim"] = d[key][i]["qk_nope_head_dim"] + d["qk_rope_head_dim"]
+    n, expand = d.get("n_mamba_heads"), d.get("mamba_expand")
+    if _ints(n, expand, d.get("mamba_headdim")):
+        d["mamba_headdim"] = hidden * expand // n
 
 
 def _ints(*vs: Any) -> bool:

@@ -30,7 +30,9 @@ A request is `{"config": <config.json dict>, "regime": null | {"method", "lora_r
   residual streams). Per kind: the largest coefficients of its layers in the slice. Outside the blocks: `shared` (the ids the embedding keeps, and tensors every block receives:
   rotary tables, masks), `final_norm`, `head_input`; the logits, log-softmax and labels are the engine's.
   `gradless_params`: elements of the trainable parameters outside the decoder layers that a step on text gives
-  no gradient (a multimodal causal LM's towers), which torch's optimizers give no state.
+  no gradient (a multimodal causal LM's towers), which torch's optimizers give no state. `looped`, `call_order`: a
+  stack that runs its layers several times in one forward (hrm_text's cycles): the most forwards a layer ran, and
+  the layers' runs with gradients in the order they ran (the engine walks backward run by run).
 - `lora` (LoRA regimes and LoRA requests): peft's own count on the meta-device model with the run's targets —
   trainable parameters per unit of rank and adapted modules — as the trainer's `add_lora` builds it.
 - `peft_refuses` (asked by a LoRA plan without its own targets): the block linears peft will not adapt (a mamba
@@ -86,8 +88,13 @@ def activations(config: dict, regime: dict, struct: dict) -> dict[str, Any]:
         # the last length's tokens as twice the sequences
         pair = saved_by_scope(harness, lengths[1], batch=2 * TRACE_BATCH)
         gradless = gradless_params(harness, lengths[0])
-    out = {"gradless_params": gradless, "seq_lens": lengths, "granule": g, "residue": residue, "slice_layers": n, "head_out": head_width(harness.model),
-           **_per_kind(runs, struct, own_saved=not regime.get("grad_ckpt"), pair=pair)}
+    looped = max(int(r.get("calls.max", 1)) for _, _, _, r in runs)
+    # a looped stack: the most forwards a layer ran, and the layers' runs with gradients in the order they ran
+    order = list(runs[0][3].get("calls.order", ())) if looped > 1 else []
+    out = {"gradless_params": gradless, "looped": looped if looped > 1 else 0, "call_order": order,
+           "seq_lens": lengths, "granule": g, "residue": residue, "slice_layers": n,
+           "head_out": head_width(harness.model),
+           **_per_kind(runs, struct, own_saved=not regime.get("grad_ckpt"), pair=pair, looped=looped > 1)}
     if regime["method"] != "full":
         out["lora"] = lora_count(config, targets)
     return out
@@ -110,13 +117,16 @@ def _series(S: int, tot: dict, rises: dict, n: int, own_saved: bool) -> dict[str
     return out
 
 
-def _per_kind(runs: list, struct: dict, own_saved: bool = True, pair: tuple | None = None) -> dict[str, Any]:
+def _per_kind(runs: list, struct: dict, own_saved: bool = True, pair: tuple | None = None,
+              looped: bool = False) -> dict[str, Any]:
     """The runs fitted per scope and per layer window, then taken per kind (the largest coefficients of its layers
     in the slice): saved bytes of each half, and the rise of live bytes in the layer's forward and backward (the
     backward's counted on top of what is alive below the layer: its rise plus the layer's own saved bytes; under
     checkpointing the layer saved nothing but its input, alive below it, and its backward's rise holds the
     recompute). A rise is fitted over the three longest lengths (`long_from` on); `*_below`: what a shorter
-    planned length adds to its constant (trace_fit.envelope_parts)."""
+    planned length adds to its constant (trace_fit.envelope_parts). A looped stack's layers of one kind run a
+    different number of times (hrm_text's L module 3 times with gradients, its H module twice): traced whole (no
+    prefix of it builds), each kind's saved bytes and inputs are its layers' mean, their sum exact."""
     n = struct["slice_layers"]
     slack = int(FIT_TOLERANCE * max(sum(v for k, v in tot.items() if k != "loss_vocab" and not k.endswith(".input"))
                                     for _, tot, _, _ in runs))
@@ -140,11 +150,15 @@ def _per_kind(runs: list, struct: dict, own_saved: bool = True, pair: tuple | No
               "fwd_left": zero, "bwd_left": zero, "fwd_below": 0, "bwd_below": 0, "largest_attn": 0,
               "largest_mlp": 0} for k in struct["kinds"]]
     carry = _carry(fits, struct["layer_kinds"][:n])
+    mean = looped and n == len(struct["layer_kinds"])
     for i in range(n):
         kind = kinds[struct["layer_kinds"][i]]
         for part in ("attn", "mlp", "fwd", "bwd", "input", "fwd_left", "bwd_left"):
             if part == "bwd_left" and i == n - 1 and any(carry):
                 continue        # the stack's carry (below), not its kind's
+            if mean and part in ("attn", "mlp", "input"):
+                kind[part] = [a + b / kind["count"] for a, b in zip(kind[part], fits[f"layer{i}.{part}"])]
+                continue
             kind[part] = [max(a, b) for a, b in zip(kind[part], fits[f"layer{i}.{part}"])]
         for part in ("fwd", "bwd"):
             kind[f"{part}_below"] = max(kind[f"{part}_below"], below[f"layer{i}.{part}"])

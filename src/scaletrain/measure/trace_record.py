@@ -41,6 +41,7 @@ class _Recorder:
         self.seen: dict = {}            # storage key → [bytes, scope, shape, dtype]
         self.leaf = None                # the input embedding's output when it is a leaf that requires grad
         self.inputs: dict[int, int] = {}  # layer → bytes of the hidden states it receives (what checkpointing keeps)
+        self.input_keys: set = set()      # (layer, storage) of those counted
         self.carried: set = set()         # storages the last layer returned beside its hidden states
 
     def pack(self, t):
@@ -137,9 +138,16 @@ class _Recorder:
         Its real width, not the config's hidden size: hyper-connections (hy_v4's hc_mult) hand every layer several
         copies of the residual stream (torch.profiler: hy_v4 LoRA + checkpointing, 4·h per token per layer).
         `carried`: the bytes of what the layer before returned beside them."""
+        from scaletrain.measure.step import storage_key
+
         x = _first_tensor(list(args[:1])) if args else _first_tensor(kwargs.get("hidden_states"))
         if isinstance(x, self.torch.Tensor) and x.layout == self.torch.strided and x.device.type != "meta":
-            self.inputs[i] = max(self.inputs.get(i, 0), x.untyped_storage().nbytes() + carried)
+            # a layer a looped stack runs several times keeps each run's input (a run under no_grad keeps none);
+            # a checkpoint's recompute hands it the same storage again
+            key = (i, storage_key(x))
+            if self.torch.is_grad_enabled() and key not in self.input_keys:
+                self.input_keys.add(key)
+                self.inputs[i] = self.inputs.get(i, 0) + x.untyped_storage().nbytes() + carried
 
     def _held_leaf(self, args, kwargs) -> None:
         """LoRA + checkpointing: transformers (gradient_checkpointing_enable) and peft make the frozen embedding's
@@ -175,7 +183,9 @@ class _Live:
         self.torch = torch
         self.rises: dict[str, int] = {}
         self.nets: dict[str, int] = {}                 # live bytes at a window's end over its start
-        self.calls: dict[int, int] = {}               # layer → forwards it ran
+        self.calls: dict[int, int] = {}               # layer → forwards it ran (a looped stack's: several)
+        self.front_hooked = False                      # the stack's first input that requires grad is hooked
+        self.order: list[int] = []                     # the layers' forwards with gradients, in the order they ran
         self.backward = False                          # the backward pass runs (its recomputes are no forward)
         self.front_grads: int | None = None            # parameter gradient bytes when the front's window opened
         self.prof = None
@@ -238,13 +248,13 @@ class _Live:
                 what, name = n.name[len(self.PREFIX):].split("/", 1)
                 if what == "open":
                     windows[name] = [live, live]
-                elif name in windows:
+                elif name in windows:        # a layer a looped stack runs k times: its largest rise, its k nets
                     start, peak = windows.pop(name)
-                    self.rises[name] = peak - start
-                    self.nets[name] = live - start
+                    self.rises[name] = max(self.rises.get(name, 0), peak - start)
+                    self.nets[name] = self.nets.get(name, 0) + live - start
         windows.pop("tail", None)
         for name, (start, peak) in windows.items():
-            self.rises[name] = peak - start
+            self.rises[name] = max(self.rises.get(name, 0), peak - start)
         if "front" in windows:      # over what outlives backward, not over the front's start (front())
             self.rises["front"] = windows["front"][1] - live
         return self.rises
@@ -277,10 +287,14 @@ def _window_hooks(model, live: _Live) -> list:
             if live.backward:          # a checkpoint's recompute: its rise is in the layer's backward window
                 return
             live.calls[i] = live.calls.get(i, 0) + 1
+            if live.torch.is_grad_enabled():
+                live.order.append(i)
             live.open(f"fwd{i}")
             x = _first_tensor(list(args[:1])) if args else _first_tensor(kwargs.get("hidden_states"))
             if x is not None and x.requires_grad:
-                x.register_hook(lambda g, i=i: live.close(f"bwd{i}") if i else live.front(model))
+                first = not i and not live.front_hooked     # the stack's first input: the front's backward follows
+                live.front_hooked |= first
+                x.register_hook(lambda g, i=i: live.front(model) if first else live.close(f"bwd{i}"))
 
         def post(module, args, output, i=i):
             if live.backward:
@@ -375,12 +389,9 @@ def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int
             largest[scope] = max(largest.get(scope, 0), nb // (seq_len * batch))
     for i, nb in rec.inputs.items():
         total[f"layer{i}.input"] = nb
-    looped = {i: n for i, n in live.calls.items() if n > 1}
-    if looped:
-        i, n = next(iter(looped.items()))
-        raise TraceError(f"its decoder layer {i} ran {n} times in one forward (a looped or recurrent stack): the "
-                         "traced layer model counts each layer once, so it is not planned rather than under-counted")
     rises = dict(live.close_all())
+    rises["calls.max"] = max(live.calls.values(), default=1)    # > 1: a looped stack (a layer ran several times)
+    rises["calls.order"] = live.order                           # type: ignore[assignment]  (its runs, in order)
     if "front" in rises and front_grads is not None:
         rises["front.grads"] = front_grads
         rises["front"] = max(rises["front"] + rises["front.grads"], 0)

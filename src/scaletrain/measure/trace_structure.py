@@ -42,13 +42,12 @@ _NUMBERING = re.compile(r"idx|index|layer_id|layer_num|layer_no|block_id", re.I)
 def meta_model(config: dict):
     """`config` built by transformers on the meta device (no memory, no init), its tied weights tied."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     from scaletrain.trainer import model as model_lib
 
     conf = model_lib.hf_config(config)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(conf)
+        model = model_lib.causal_lm_from_config(conf)
     if getattr(model.config, "tie_word_embeddings", False):
         model.tie_weights()
     return model

@@ -50,6 +50,23 @@ def hf_config(config: Mapping[str, Any]) -> Any:
     return AutoConfig.for_model(model_type, **cfg)     # transformers' own classes only: never a folder's code
 
 
+def causal_lm_from_config(conf: Any, **kwargs: Any) -> Any:
+    """transformers' causal LM built from the config object `conf` (AutoModelForCausalLM.from_config's keywords). A
+    multimodal family's text config that the auto mapping does not list (mllama's and emu3's text_config, which a
+    plan of their config.json reads) is built by the family's own causal-LM class, whose config class it is."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if type(conf) not in AutoModelForCausalLM._model_mapping:
+        parts = type(conf).__module__.split(".")       # transformers.models.<family>.configuration_<family>
+        name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(parts[2]) if parts[:2] == ["transformers", "models"] else None
+        cls = getattr(transformers, name, None) if name else None
+        if cls is not None and getattr(cls, "config_class", None) is type(conf):
+            return cls._from_config(conf, **kwargs)
+    return AutoModelForCausalLM.from_config(conf, **kwargs)
+
+
 def random_init(config: Mapping[str, Any] | Any, attn_implementation: str, dtype: str = "float32",
                 device: Any = "cpu") -> Any:
     """The architecture (a dict, or a config from hf_config) with random weights in `dtype` (seed torch first).
@@ -61,18 +78,15 @@ def random_init(config: Mapping[str, Any] | Any, attn_implementation: str, dtype
     as it is built by DeepSpeed's zero.Init when ZeRO-3 is on (transformers does that itself, and its ZeRO-3 init
     cannot run on the meta device)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     conf = hf_config(config) if isinstance(config, Mapping) else config
     if device is None:
-        model = AutoModelForCausalLM.from_config(conf, attn_implementation=attn_implementation,
-                                                 dtype=getattr(torch, dtype))
+        model = causal_lm_from_config(conf, attn_implementation=attn_implementation, dtype=getattr(torch, dtype))
         if getattr(model.config, "tie_word_embeddings", False):
             model.tie_weights()
         return model
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(conf, attn_implementation=attn_implementation,
-                                                 dtype=getattr(torch, dtype))
+        model = causal_lm_from_config(conf, attn_implementation=attn_implementation, dtype=getattr(torch, dtype))
     model.to_empty(device=device)
     model.init_weights()                   # skipped on the meta device; re-run here (it also ties the embeddings)
     return model

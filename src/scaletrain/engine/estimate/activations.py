@@ -49,6 +49,9 @@ class LayerActivations:
     # and layer by layer, first to last: (bytes it keeps for backward, its backward moment, its parameters, what
     # its backward leaves)
     stack: tuple[tuple[int, int, int, int], ...] = ()
+    # traced: a looped stack (a layer runs several times in one forward: hrm_text's cycles), the layers' runs with
+    # gradients in the order they ran (the fields above per layer: its runs' sum); empty for a stack run once
+    looped: tuple[int, ...] = ()
 
     @property
     def saved(self) -> int:

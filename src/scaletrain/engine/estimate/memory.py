@@ -184,6 +184,9 @@ def _blocks_backward(s: TrainingSetup, mark: Any, layer: Any, window_mask: int, 
     (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py post_backward: reduce_scatter_states)."""
     gather_block, grad_gather_block = gathers
     fsdp = s.strategy == "fsdp"
+    if layer.looped and not fsdp:       # a looped stack: walked run by run
+        return _looped_backward(s, mark, layer, window_mask, acts, grads, block_grad, per_block_saved,
+                                gather_block, block_input, grows)
     if layer.stack and not fsdp:        # a traced stack of unlike layers, walked layer by layer
         return _stack_backward(s, mark, layer.stack, window_mask, acts, grads, gather_block, block_input, grows,
                                layer.bwd_carry)
@@ -212,6 +215,35 @@ def _blocks_backward(s: TrainingSetup, mark: Any, layer: Any, window_mask: int, 
         if grows:
             grads += block_grad
     return acts, grads
+
+
+def _looped_backward(s: TrainingSetup, mark: Any, layer: Any, window_mask: int, acts: int, grads: int,
+                     block_grad: int, per_block_saved: int, gather_block: int, block_input: int,
+                     grows: bool) -> tuple[int, int]:
+    """Backward through a looped stack (a layer runs several times in one forward), its runs with gradients last
+    first: each run's backward moment over what the runs before it keep, a run's saved bytes its layer's over its
+    runs. A layer's gradients appear at its first run in backward, its last in forward: the first runs in backward
+    make most of them while the stack's earlier runs still hold their saved tensors (hrm_text: every block's
+    gradients beside 3 of its 5 runs' inputs)."""
+    order = layer.looped
+    L = max(s.model.num_layers, 1)
+    per_run = -(-per_block_saved * L // len(order))
+    big = layer.worst or layer
+    recompute = s.grad_ckpt
+    waiting = _waiting_grad(s, block_input) if recompute else 0
+    moment = (big.weight_copies + window_mask + big.bwd_peak if recompute
+              else max(big.bwd_peak - big.saved, 0))
+    seen: set[int] = set()
+    for i in reversed(order):
+        mark("backward", acts + moment, 0, grads, gather=gather_block)
+        if recompute:
+            mark("backward", acts + moment + waiting, 0, grads, gather=gather_block)
+        acts -= per_run
+        if i not in seen:
+            seen.add(i)
+            acts += layer.bwd_left
+            grads += block_grad if grows else 0
+    return max(acts, 0), grads
 
 
 def _stack_backward(s: TrainingSetup, mark: Any, stack: tuple[tuple[int, int, int, int], ...], window_mask: int,

@@ -152,6 +152,7 @@ def traced_block_terms(s: TrainingSetup, micro_batch: int | None, copies: tuple[
     stack = _stack(s, act, kinds, kept, left["bwd_left"], (b, S, g), flash_backward, max(inputs)) \
         if len(kinds) > 1 else ()
     carry = traced.at(act.get("bwd_carry", [0, 0, 0]), b, S, g)
+    looped = tuple(int(i) for i in act.get("call_order") or ()) if act.get("looped") else ()
     if s.grad_ckpt:     # a block's moments as traced under checkpointing (memory.py adds its input, the waiting grad)
         moment = {"saved_attn": 0, "saved_mlp": bwd, "fwd_transient": fwd, "mlp_bwd_transient": 0,
                   "attn_bwd_transient": 0, "weight_copies": 0, "cached_copies": 0, "recompute_transient": 0,
@@ -162,7 +163,8 @@ def traced_block_terms(s: TrainingSetup, micro_batch: int | None, copies: tuple[
         return {"saved_attn": mean(attn), "saved_mlp": mean(mlp), "fwd_transient": fwd, "mlp_bwd_transient": 0,
                 "attn_bwd_transient": 0, "weight_copies": mean(consts), "cached_copies": copies[1],
                 "recompute_transient": 0, "checkpointed_input": mean(inputs), "worst": moment, "stack": stack,
-                "bwd_left": mean(left["bwd_left"]), "fwd_left": max(left["fwd_left"]), "bwd_carry": carry}
+                "bwd_left": mean(left["bwd_left"]), "fwd_left": max(left["fwd_left"]), "bwd_carry": carry,
+                "looped": looped}
     worst_saved = max(a + x for a, x in zip(attn, mlp))
     worst = {"saved_attn": max(attn), "saved_mlp": worst_saved - max(attn), "fwd_transient": fwd,
              "mlp_bwd_transient": max(bwd - worst_saved, 0), "attn_bwd_transient": 0,
@@ -171,7 +173,7 @@ def traced_block_terms(s: TrainingSetup, micro_batch: int | None, copies: tuple[
     out = {"saved_attn": mean(attn), "saved_mlp": mean(mlp), "fwd_transient": fwd,
            "mlp_bwd_transient": max(bwd - mean(attn) - mean(mlp), 0), "attn_bwd_transient": 0,
            "weight_copies": mean(consts), "cached_copies": min(copies[1], mean(consts)),
-           "recompute_transient": max(fwd - mean(attn) - mean(mlp), 0), "bwd_carry": carry}
+           "recompute_transient": max(fwd - mean(attn) - mean(mlp), 0), "bwd_carry": carry, "looped": looped}
     if len(kinds) > 1:
         out["worst"] = worst
         out["stack"] = stack
