@@ -90,8 +90,7 @@ def config_dict(model_type: str) -> dict[str, Any]:
 def _rung(base: Any, d: dict[str, Any], model_type: str, rung: dict[str, bool]) -> dict[str, Any] | None:
     """One rung's config dict of the config object `base` (its dict `d`); None when the class refuses the sizes."""
     if not rung.get("from_class"):
-        return shrink(d, model_type, **{k: v for k, v in rung.items() if k != "derive"},
-                      derive=rung.get("derive", False))
+        return shrink(d, model_type, **rung)
     sizes = {k: _shrunk_size(k, v, False) for k, v in d.items() if k in SIZES}
     try:
         derived = type(base)(**{k: v for k, v in sizes.items() if v != d[k]}).to_dict()
@@ -248,9 +247,10 @@ def _derive_widths(d: dict[str, Any], default: dict[str, Any]) -> None:
 def _derive_multiples(d: dict[str, Any], default: dict[str, Any]) -> None:
     """Widths the class derived from its default width and heads, at their relation to the shrunk ones: a width m
     times the hidden size (zamba's attention_hidden_size, 2 ×), a head width m × hidden / heads (its
-    attention_head_dim, kv_channels), a group count equal to the heads (num_query_groups), a mamba mixer's head width
-    (n_mamba_heads × mamba_headdim = mamba_expand × hidden) and parts that sum to the width (reformer's axial
-    position embeddings)."""
+    attention_head_dim, kv_channels), a group count equal to the heads (num_query_groups), parts that sum to the width
+    (reformer's axial position embeddings) and zamba's mamba head width (n_mamba_heads × mamba_headdim =
+    mamba_expand × hidden). That last relation is _derive_widths' kind, kept here: there, the fill + cut rung would
+    build zamba2 with its attention still 5120 wide beside a hidden size of 64."""
     wide, hidden = _width(default), _width(d)
     old_heads = next((default[k] for k in ("num_attention_heads", "n_head", "n_heads") if _ints(default.get(k))), None)
     heads = next((d[k] for k in ("num_attention_heads", "n_head", "n_heads") if _ints(d.get(k))), None)

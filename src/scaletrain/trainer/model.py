@@ -56,9 +56,9 @@ def causal_lm_from_config(conf: Any, **kwargs: Any) -> Any:
     plan of their config.json reads) is built by the family's own causal-LM class, whose config class it is."""
     import transformers
     from transformers import AutoModelForCausalLM
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    if type(conf) not in AutoModelForCausalLM._model_mapping:
+    if type(conf) not in MODEL_FOR_CAUSAL_LM_MAPPING:
         parts = type(conf).__module__.split(".")       # transformers.models.<family>.configuration_<family>
         name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(parts[2]) if parts[:2] == ["transformers", "models"] else None
         cls = getattr(transformers, name, None) if name else None
