@@ -81,6 +81,12 @@ def architecture_sweep() -> str:
             reasons.setdefault(r["refused"].split(":")[0], []).append(r["model_type"])
     out.append("Refused, by who refused: " + "; ".join(f"{k} ({len(x)}): {', '.join(x)}"
                                                      for k, x in sorted(reasons.items())) + ".")
+    shaped = [r for r in rows if r.get("shape") and "cases" in r]
+    if shaped:
+        out.append("")
+        out.append("Measured at a shape of their own: " + "; ".join(
+            f"{r['model_type']} " + ", ".join(f"{m} at {bs[0]} × {bs[1]}" for m, bs in r["shape"].items()
+                                              if m != "why") + f" ({r['shape']['why']})" for r in shaped) + ".")
     if worst:
         out.append("")
         out.append("Lowest three cases: " + ", ".join(
@@ -173,7 +179,22 @@ def host_overhead() -> str:
     return "\n".join(out)
 
 
-SECTIONS = {"architecture-sweep": architecture_sweep, "cpu-groundtruth": cpu_groundtruth,
+def trace_latency() -> str:
+    data = json.loads((RESULTS / "trace_latency-vm.json").read_text())
+    m = data["machine"]
+    out = ["| model | first plan, `scaletrain plan` (cold) | first plan after the wizard's warm-up | cached plan, "
+           "`scaletrain plan` | cached, in the wizard's process |", "|---|---:|---:|---:|---:|"]
+    sec = lambda x: "—" if x is None else f"{x:.2f} s"     # noqa: E731
+    for r in data["rows"]:
+        out.append(f"| {r['model']} | {sec(r['first_median'])} | {sec(r.get('first_after_warm_up_median'))} | "
+                   f"{sec(r['cached_median'])} | {sec(r.get('in_process_cached_median'))} |")
+    out += ["", f"Medians of {len(data['rows'][0]['first_plan_seconds'])} runs each, `python bench/trace_latency.py` "
+                f"({m['cpu_model']}, {m['cpu_cores']} cores, load {m['load_average_1m_at_start']:.1f}). "
+                "tiny-llama is analytic (no trace)."]
+    return "\n".join(out)
+
+
+SECTIONS = {"architecture-sweep": architecture_sweep, "trace-latency": trace_latency, "cpu-groundtruth": cpu_groundtruth,
             "gpu-accuracy": gpu_accuracy, "bench-plan": bench_plan, "bench-ui": bench_ui,
             "host-overhead": host_overhead}
 

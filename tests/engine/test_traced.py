@@ -23,6 +23,7 @@ from scaletrain.engine.estimate.activations import block_activations
 from scaletrain.engine.estimate.memory import estimate_memory
 from scaletrain.engine.estimate.setup import TrainingSetup
 from scaletrain.engine.estimate.traced_blocks import trace_regime
+from scaletrain.engine.plan.search import search
 
 FAMILIES = ("phi3", "granite", "glm4")
 # each block's nn.Linear modules as transformers 5 names them (what peft matches LoRA targets against)
@@ -283,7 +284,41 @@ def test_a_looped_stack_is_traced_run_by_run_and_planned_as_measured(tmp_path, m
                      optimizer_impl="for-loop")
     assert m.params == arch.params
     assert abs(estimate_memory(s).allocated_peak_bytes / m.peak_allocated_bytes - 1) <= 0.005
-    with pytest.raises(ScaletrainError, match="looped stack checkpointed"):
+    with pytest.raises(ScaletrainError, match="runs layers several times in one forward"):
+        estimate_memory(replace(s, grad_ckpt=True))
+    # a search left free to checkpoint leaves it out, and plans the rest
+    found = search(s, target=None, fixed={"micro_batch": B})
+    assert found.ranked and not any(c.setup.grad_ckpt for c in found.ranked)
+
+
+@pytest.mark.heavy                      # a trace subprocess and a model built and stepped (~30 CPU s)
+def test_a_stack_that_loops_in_its_forward_and_counts_blocks_as_layers_is_traced_whole(tmp_path, monkeypatch):
+    """dory's forward runs its middle layers n_recurrent_loops times from one list, and its config.json counts each
+    layer's attention and mlp blocks as two of num_hidden_layers (its class halves them; the input, recurrent and
+    output counts must sum to that). No prefix of it builds, and cutting the whole model's config to the model's
+    layer count failed its validator ("its forward failed"): refused before. Traced whole as written, every run
+    counted, its full step is planned as torch.profiler measures it; its checkpointing is refused from the trace."""
+    from dataclasses import replace
+
+    from scaletrain.measure.step import measure_step
+    from scaletrain.measure.tiny_configs import config_dict
+
+    monkeypatch.setenv("SCALETRAIN_CACHE", str(tmp_path))
+    blocks = ["sliding_attention", "mlp", "full_attention", "mlp"] * 3         # config.json's: 6 layers, 12 blocks
+    cfg = {**config_dict("dory"), "num_hidden_layers": 12, "layer_types": blocks, "n_input_layers": 2,
+           "n_recurrent_layers": 8, "n_output_layers": 2, "n_recurrent_loops": 3}
+    arch = arch_from_config(cfg, "tiny-dory")
+    s = TrainingSetup(model=arch, hardware=parse_gpus("1xCPU"), method="full", strategy="ddp", precision="fp32",
+                      optimizer_impl="for-loop", attn="sdpa", micro_batch=B, seq_len=S, device="cpu")
+    act = traced.activations(arch.config, trace_regime(s), "")
+    assert arch.num_layers == 6 and act["slice_layers"] == 6 and act["looped"] == 3
+    assert act["call_order"] == [0, *[1, 2, 3, 4] * 3, 5]        # 1 input layer, 4 recurrent 3 times, 1 output
+    m = measure_step(cfg, method="full", micro_batch=B, seq_len=S, attn="sdpa", precision="fp32", device="cpu",
+                     optimizer_impl="for-loop")
+    assert m.params == arch.params
+    # the issue's bound (never 2 % under, at most 5 % over): measured -1.3 % here, -0.4 % at the sweep's 36 layers
+    assert -0.02 <= estimate_memory(s).allocated_peak_bytes / m.peak_allocated_bytes - 1 <= 0.05
+    with pytest.raises(ScaletrainError, match="runs layers several times in one forward"):
         estimate_memory(replace(s, grad_ckpt=True))
 
 
@@ -592,3 +627,34 @@ def test_ctrl_c_on_a_first_plan_ends_it_and_its_trace_process_at_once(tmp_path):
         assert not list((tmp_path / "traces").rglob(".*.tmp"))              # atomic_write's temporaries
     finally:
         proc.kill()
+
+
+@pytest.mark.heavy                      # one trace process, a 1 GB trace (about 15 CPU s)
+def test_the_trace_process_hands_back_what_a_trace_freed(tmp_path):
+    """The trace process lives as long as the planning process (a wizard session), idle between traces; glibc kept
+    what a trace had freed, and zamba's sweep trace process held 14.3 GB idle beside the step the sweep then
+    measured, which took the 24 GiB machine into reclaim. After each answer it returns the free heap: resident
+    memory falls well below the trace's peak (here 0.38 of it; 0.83 without)."""
+    import os
+    import time
+
+    from scaletrain.engine.probes import probe_argv
+
+    cfg = dict(_config("phi3"), hidden_size=1024, intermediate_size=4096, num_attention_heads=16,
+               num_key_value_heads=16, vocab_size=32064)
+    proc = subprocess.Popen(probe_argv("trace", "--serve"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=dict(os.environ, SCALETRAIN_CACHE=str(tmp_path)))
+    try:
+        proc.stdin.write(json.dumps({"config": cfg, "regime": _regime("phi3", "full")}) + "\n")
+        proc.stdin.flush()
+        assert "ok" in json.loads(proc.stdout.readline())
+        for _ in range(50):          # it answers first, then hands the memory back
+            status = dict(line.split(":", 1) for line in open(f"/proc/{proc.pid}/status"))
+            rss, peak = (int(status[k].split()[0]) for k in ("VmRSS", "VmHWM"))
+            if rss <= 0.6 * peak:
+                break
+            time.sleep(0.1)
+        assert rss <= 0.6 * peak, (rss, peak)
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)

@@ -216,13 +216,15 @@ def _depth_key(config: dict) -> str:
     raise TraceError("config.json names no number of layers (num_hidden_layers, or a layers_block_type list)")
 
 
-def prefix_config(config: dict, n: int) -> dict:
+def prefix_config(config: dict, n: int, whole: bool = False) -> dict:
     """The config of the first `n` layers: per-layer lists and strings cut to n, layer-numbered maps and index
-    lists kept below n; the vocabulary small, special token ids moved inside it."""
+    lists kept below n; the vocabulary small, special token ids moved inside it. `whole`: the slice is every layer
+    the model builds, and its layers are kept as config.json writes them (dory's counts each layer's attention and
+    mlp blocks as two of its num_hidden_layers, and its input/recurrent/output split must sum to that)."""
     cfg = dict(config)
     key = _depth_key(cfg)
     depth = len(cfg[key]) if key in LAYER_LIST_KEYS else cfg[key]
-    for k, v in config.items():
+    for k, v in ({} if whole else config).items():
         if isinstance(v, (list, str)) and len(v) == depth and depth > 1 and k not in ("model_type",):
             cfg[k] = v[:n]
         elif isinstance(v, dict) and v and all(str(x).isdigit() for x in v) and "layer" in k:
@@ -230,7 +232,7 @@ def prefix_config(config: dict, n: int) -> dict:
         elif (isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
               and "layer" in k and max(v) < depth):
             cfg[k] = [x for x in v if x < n]
-    if key not in LAYER_LIST_KEYS:      # a list of layer types is cut to n above
+    if key not in LAYER_LIST_KEYS and not whole:      # a list of layer types is cut to n above
         cfg[key] = n
     for k, v in config.items():
         # marian's decoder_vocab_size (its logits' width) follows vocab_size; gemma3n's per-layer embedding has a row

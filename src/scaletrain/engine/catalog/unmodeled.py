@@ -20,10 +20,6 @@ UNMODELED_EAGER: dict[str, str] = {}
 _GEMMA4 = ("its checkpointed layers leave keys and values alive for the later layers that share them, which its "
            "plan does not count yet: LoRA + checkpointing measured 6 % under torch.profiler, without checkpointing "
            "within 0.2 % (bench/results/architecture_sweep.json)")
-# hrm_text: a looped stack (its L module runs three times with gradients, its H module twice, in turns), traced run
-# by run (TRACE_FORMAT 22). Checkpointed, the allocator holds about six hidden states more at the peak than the
-# tensors torch.profiler's timeline lists, which the trace does not see: -2.4 % (LoRA), -1.1 % (full).
-_HRM = ("its looped stack checkpointed holds more than its plan counts: LoRA + checkpointing measured 2.4 % under "
-        "torch.profiler, without checkpointing within 0.01 % (bench/results/architecture_sweep.json)")
-UNMODELED_CHECKPOINTING: dict[str, str] = {"gemma4_text": _GEMMA4, "gemma4_unified_text": _GEMMA4,
-                                           "hrm_text": _HRM}
+# hrm_text was here (-2.4 % under, LoRA + checkpointing) until every looped stack's checkpointing was refused from
+# its trace (engine/estimate/traced_blocks.py LOOPED_CHECKPOINTING): dory's measured the same.
+UNMODELED_CHECKPOINTING: dict[str, str] = {"gemma4_text": _GEMMA4, "gemma4_unified_text": _GEMMA4}

@@ -23,6 +23,7 @@ from scaletrain.engine.plan.plan import Plan, evaluate
 from scaletrain.engine.request.fields import HARDWARE_FIELDS, SEARCH_FIELDS
 from scaletrain.engine.plan.search import divisors, search
 from scaletrain.engine.estimate.setup import TrainingSetup
+from scaletrain.engine.estimate.traced_blocks import unmodeled_checkpointing
 from scaletrain.engine.units import fmt_bytes, fmt_seconds
 from scaletrain.engine.vocabulary import Method, Offload, Strategy
 
@@ -120,6 +121,12 @@ def _split_for(setup: TrainingSetup, per_gpu: int, max_micro: int, base: Plan, g
     return None
 
 
+def _plans_checkpointing(s: TrainingSetup) -> bool:
+    """Checkpointing is a remedy the memory model can predict for `s`'s model (not a looped stack's, nor a class
+    that cannot checkpoint)."""
+    return s.model.can_checkpoint and unmodeled_checkpointing(s.with_(grad_ckpt=True)) is None
+
+
 def _with_split(title: str, kind: str, changes: dict[str, Any], setup: TrainingSetup, base: Plan, gap: int,
                 capacity: int) -> Remedy:
     """Apply a structural change; if it alone does not fit, also shrink the micro batch (keeping the batch),
@@ -128,7 +135,7 @@ def _with_split(title: str, kind: str, changes: dict[str, Any], setup: TrainingS
     per_gpu = setup.effective_batch // setup.world_size
     if setup.effective_batch % setup.world_size == 0:
         split = _split_for(setup, per_gpu, s0.micro_batch, base, gap, capacity)
-        if split is None and not setup.grad_ckpt and setup.model.can_checkpoint:
+        if split is None and not setup.grad_ckpt and _plans_checkpointing(setup):
             split = _split_for(setup.with_(grad_ckpt=True), per_gpu, s0.micro_batch, base, gap, capacity)
             if split is not None:
                 changes = {**changes, "grad_ckpt": True}
@@ -176,7 +183,7 @@ def rank_remedies(plan: Plan, failure: dict[str, Any] | None = None) -> list[Rem
     if chunked is not None:
         out.append(chunked)
     # 2. gradient checkpointing
-    if not s.grad_ckpt and s.model.can_checkpoint:
+    if not s.grad_ckpt and _plans_checkpointing(s):
         out.append(_with_split("gradient checkpointing on", "checkpointing", {"grad_ckpt": True},
                                s.with_(grad_ckpt=True), plan, gap, capacity))
     # 3. ZeRO stage up (FSDP counts as stage 3)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.estimate.activations import block_activations, eager_attention, eager_masks, outside_blocks
 from scaletrain.engine.estimate.breakdown import MemoryBreakdown
 from scaletrain.engine.estimate.numerics import numerics, uses_deepspeed
@@ -30,6 +31,7 @@ from scaletrain.engine.estimate.objectives import (generation_cost, head_cost, h
                                                 reference_forward_bytes, reference_weight_bytes, sequences)
 from scaletrain.engine.estimate.setup import TrainingSetup
 from scaletrain.engine.estimate.states import DS_PREFETCH_BUCKET_ELEMS, ModelStates, model_states
+from scaletrain.engine.estimate.traced_blocks import unmodeled_checkpointing
 
 # ---- constants (each one named, sourced, and overridable by calibration later) --------------------------------
 GiB = 1024**3
@@ -58,6 +60,14 @@ CUBLAS_HANDLES = 2
 
 
 # ---- the step, moment by moment --------------------------------------------------------------------------------
+def _refuse_unmodeled(s: TrainingSetup) -> None:
+    """A setup the model does not count (a looped stack's checkpointing, traced_blocks.py) in one line."""
+    why = unmodeled_checkpointing(s)
+    if why:
+        raise ScaletrainError(f"{s.model.name} ({s.model.model_type}) with --grad-ckpt: {why}; plan it without "
+                              "--grad-ckpt")
+
+
 def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str, Any]:
     """Walk one (last) micro-step and the optimizer step; return the peak of each phase and the peak's parts."""
     m = s.model
@@ -381,6 +391,7 @@ def overhead_bytes(s: TrainingSetup, allocated_peak: int) -> int:
 
 def estimate_memory(s: TrainingSetup, headroom_fraction: float = 0.10,
                     micro_batch: int | None = None) -> MemoryBreakdown:
+    _refuse_unmodeled(s)
     sim = simulate_step(s, micro_batch)
     ms: ModelStates = sim["states"]
     parts = sim["parts"]

@@ -110,6 +110,23 @@ def _trace(s: TrainingSetup) -> dict[str, Any]:
     return traced.activations(s.model.config, trace_regime(s), analytic_types())
 
 
+# A looped stack checkpointed (hrm_text, dory: TRACE_FORMAT 22 traces their runs) holds about six hidden states
+# more at its backward's peak than the traced runs count, which the trace does not see yet: their LoRA +
+# checkpointing steps measured 2.4 % under torch.profiler (hrm_text -2.35 %, dory -2.37 %; full + checkpointing
+# -1.1 % and -0.7 %), without checkpointing within 0.4 % (bench/results/architecture_sweep.json).
+LOOPED_CHECKPOINTING = ("its stack runs layers several times in one forward, and checkpointed such a stack holds "
+                        "more than its plan counts: LoRA + checkpointing measured 2.4 % under torch.profiler "
+                        "(hrm_text, dory), without checkpointing within 0.4 % (bench/results/architecture_sweep.json)")
+
+
+def unmodeled_checkpointing(s: TrainingSetup) -> str | None:
+    """Why the memory model does not plan `s`'s checkpointing, from its trace (a looped stack); None when it does.
+    A planner leaves such a setup out; an estimate of it is refused in one line (memory.py)."""
+    if not s.grad_ckpt or s.model.memory_source != "traced":
+        return None
+    return LOOPED_CHECKPOINTING if _trace(s).get("looped") else None
+
+
 def gradless_params(s: TrainingSetup) -> int:
     """Trainable parameters that a step on text gives no gradient (a multimodal causal LM's towers; the trace's
     `gradless_params`). Plain PyTorch in one process allocates no gradient for them and torch's optimizers no state;
