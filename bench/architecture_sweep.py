@@ -30,7 +30,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "architecture_sweep.json"
 B, S, RANK = 2, 128, 8
-# a family measured at a shape of its own, and why: torch.profiler's record of the step is what outgrows the machine
 # a family measured at a shape of its own (its methods not named there: not measured), and why: torch.profiler's
 # record of the step is what outgrows the machine
 SHAPES = {"zamba": ({"full": (2, 64)},

@@ -194,9 +194,9 @@ def trace_latency() -> str:
     return "\n".join(out)
 
 
-SECTIONS = {"architecture-sweep": architecture_sweep, "trace-latency": trace_latency, "cpu-groundtruth": cpu_groundtruth,
-            "gpu-accuracy": gpu_accuracy, "bench-plan": bench_plan, "bench-ui": bench_ui,
-            "host-overhead": host_overhead}
+SECTIONS = {"architecture-sweep": architecture_sweep, "trace-latency": trace_latency,
+            "cpu-groundtruth": cpu_groundtruth, "gpu-accuracy": gpu_accuracy, "bench-plan": bench_plan,
+            "bench-ui": bench_ui, "host-overhead": host_overhead}
 
 
 def pages() -> list[Path]:
