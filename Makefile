@@ -27,7 +27,7 @@ fast_xdist = $(if $(filter 1,$(FAST_JOBS)),,$(shell $(PY) -c 'import xdist' 2>/d
 # took 61.5 s that way and 28.5 s on one thread each; the not-slow pass of `make test` 20:46 -> 10:44 (this VM)
 FAST_THREADS = OMP_NUM_THREADS=$$(( $$(nproc) / $(FAST_JOBS) > 0 ? $$(nproc) / $(FAST_JOBS) : 1 ))
 
-.PHONY: venv demo test test-fast ds-op specs-venv docs docs-images bench clean
+.PHONY: venv demo test test-fast test-sweep ds-op specs-venv docs docs-images bench clean
 
 venv: $(STAMP)
 
@@ -57,6 +57,11 @@ test: $(STAMP) ds-op docs specs-venv
 # ended up to 20 s apart with `load`); FAST_JOBS=1: one process
 test-fast: $(STAMP)
 	$(FAST_THREADS) $(PY) -m pytest -q $(call fast_xdist,worksteal) -m "not slow and not heavy and not long" $(PYTEST_ARGS)
+
+# CI's share of the architecture sweep rotates (tests/trainer/test_architecture_sweep.py: one family always, two of
+# the others a day); this runs every check of it, on FAST_JOBS workers
+test-sweep: $(STAMP)
+	SCALETRAIN_SWEEP=all $(FAST_THREADS) $(PY) -m pytest -q $(call fast_xdist,worksteal) tests/trainer/test_architecture_sweep.py $(PYTEST_ARGS)
 
 # DeepSpeed's CPU comm op, built (or found built) the way the trainer loads it: a no-op of seconds once built
 ds-op: $(STAMP)

@@ -163,10 +163,23 @@ def test_a_family_transformers_does_not_know_is_refused_in_one_line(tmp_path, mo
                        timeout=300)
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert r.returncode != 0 and "Traceback" not in r.stderr
-    assert len(lines) == 1 and len(lines[0].removeprefix("scaletrain: error: ")) <= 300, r.stderr
+    assert len(lines) == 1 and len(lines[0].removeprefix("scaletrain: error: ")) <= traced.MAX_ERROR_CHARS, r.stderr
     assert "no_such_family" in lines[0] and "no analytic layout" in lines[0]
     with pytest.raises(ScaletrainError):
         arch_from_config(cfg, "x")
+
+
+def test_a_refusal_keeps_its_reason_whole_before_the_list_of_what_is_accepted():
+    """A big MoE's real slice is refused by size; with the accepted list first in line, the 300-character line cut
+    the reason to "the 4-layer slice of qwen3_next that holds each …", the size and the limit gone."""
+    from scaletrain.engine.catalog.architectures import analytic_types
+
+    why = ("the 4-layer slice of qwen3_next that holds each of its 2 layer kinds is 12.3 GiB in the traced dtype, "
+           "over the 4 GiB a trace may take on this CPU (no reduced-width trace is proven exact for it)")
+    line = str(traced._fail("qwen3_next", why, analytic_types()))
+    assert why in line and "accepted: gemma2" in line and len(line) <= traced.MAX_ERROR_CHARS
+    line = str(traced._fail("x", "Unrecognized model " + "aimv2, albert, " * 400, analytic_types()))
+    assert len(line) <= traced.MAX_ERROR_CHARS and "\n" not in line and "accepted: " in line
 
 
 def test_a_layer_too_large_for_the_cpu_is_refused_before_it_is_built():
@@ -271,7 +284,9 @@ def test_a_looped_stack_is_traced_run_by_run_and_planned_as_measured(tmp_path, m
 
     monkeypatch.setenv("SCALETRAIN_CACHE", str(tmp_path))
     traced._WORKER.stop()
-    cfg = config_dict("hrm_text")
+    # its cycles as the sweep's config has them (H 2 × L 3, the last 2 of each with gradients), 4 layers a stack
+    # where the sweep's has 16: the same turns at a quarter of the trace and the step
+    cfg = {**config_dict("hrm_text"), "num_layers_per_stack": 4}
     arch = arch_from_config(cfg, "tiny-hrm_text")
     s = TrainingSetup(model=arch, hardware=parse_gpus("1xCPU"), method="full", strategy="ddp", precision="fp32",
                       optimizer_impl="for-loop", attn="sdpa", micro_batch=B, seq_len=S, device="cpu")

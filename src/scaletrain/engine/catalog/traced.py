@@ -54,7 +54,8 @@ BASE_GRANULE = 64
 LENGTHS_PER_GRANULE = 5
 # config.json's spellings of the positions a model has learned embeddings for (a longer sequence cannot run)
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length")
-MAX_ERROR_CHARS = 300
+MAX_ERROR_CHARS = 480
+MAX_REASON_CHARS = 240      # of it, why the trace failed (transformers' own words can run to thousands)
 # model configs traced (a subprocess ran) in this process, by cache key of their structure: `source()` says
 # "traced" for these and "traced (cached)" for the rest
 _RAN: set[str] = set()
@@ -122,13 +123,16 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 
 def _fail(model_type: str, why: str, accepted: str) -> ScaletrainError:
+    """One line: why the trace failed gets the room first (the slice's size and the limit, transformers' own
+    words), then what is accepted, cut if it must be (a 300-character cap left the reason 70: "the 4-layer slice
+    of qwen3_next that holds each …")."""
     head = f"model_type {model_type[:40]!r} has no analytic layout and could not be traced ("
     tail = f"); accepted: {accepted}, or a model_type transformers can build with the 'train' extra"
-    room = MAX_ERROR_CHARS - len(head) - len(tail)
     why = " ".join(why.split())
-    if len(why) > room:
-        why = why[:max(room - 1, 0)] + "…"
-    return ScaletrainError((head + why + tail)[:MAX_ERROR_CHARS])
+    if len(why) > MAX_REASON_CHARS:
+        why = why[:MAX_REASON_CHARS - 1] + "…"
+    line = head + why + tail
+    return ScaletrainError(line if len(line) <= MAX_ERROR_CHARS else line[:MAX_ERROR_CHARS - 1] + "…")
 
 
 def _describe(regime: Mapping[str, Any]) -> str:
