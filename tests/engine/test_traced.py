@@ -673,3 +673,40 @@ def test_the_trace_process_hands_back_what_a_trace_freed(tmp_path):
     finally:
         proc.stdin.close()
         proc.wait(timeout=30)
+
+
+@pytest.mark.heavy                      # two trace processes, 4 regimes each (about 20 CPU s)
+def test_served_regimes_traced_by_forked_copies_answer_as_one_process_does(tmp_path):
+    """A first plan asks for 4 regimes at once; served, forked copies of the trace process trace them side by side
+    (no second transformers import). Their answers are byte-identical to one process tracing them in turn, a regime
+    that fails in a copy is traced again by the server and fails with the same line, and no copy outlives its
+    answer."""
+    import os
+
+    from scaletrain.engine.probes import probe_argv
+
+    cfg = _config("phi3")
+    regimes = [dict(_regime("phi3", "full"), precision=p, **({"grad_ckpt": True} if ck else {}))
+               for p in ("bf16", "bf16-pure") for ck in (False, True)]
+    bad = [*regimes[:2], dict(regimes[0], attn="no_such_kernel")]
+    answers = {}
+    for copies in ("1", "4"):
+        env = dict(os.environ, SCALETRAIN_CACHE=str(tmp_path), SCALETRAIN_TRACE_COPIES=copies)
+        proc = subprocess.Popen(probe_argv("trace", "--serve"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True, env=env)
+        try:
+            for what in (regimes, bad):
+                proc.stdin.write(json.dumps({"config": cfg, "regime": None, "regimes": what}) + "\n")
+                proc.stdin.flush()
+                answers[copies, len(what)] = json.loads(proc.stdout.readline())
+            children = open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split()
+            # CPU time of the children it waited for (/proc/PID/stat's cutime, clock ticks): the copies traced
+            copies_cpu = int(open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()[13])
+        finally:
+            proc.stdin.close()
+            proc.wait(timeout=30)
+        assert children == []                                       # every copy ended with its answer
+        assert (copies_cpu > 0) == (copies != "1"), (copies, copies_cpu)
+    assert "ok" in answers["1", 4] and json.dumps(answers["1", 4], sort_keys=True) == \
+        json.dumps(answers["4", 4], sort_keys=True)
+    assert "error" in answers["1", 3] and answers["1", 3] == answers["4", 3]

@@ -5,7 +5,7 @@
 
 `--serve` is how the engine runs it (engine/catalog/traced.py, through the probes' entry point measure/probe.py):
 one process per planning process, transformers imported once, every structure, regime and LoRA count of a plan
-answered by it.
+answered by it (several regimes asked at once: by forked copies of it, side by side; see "several regimes").
 
 A request is `{"config": <config.json dict>, "regime": null | {"method", "lora_rank", "lora_targets", "precision",
 "attn", "windowed"?, "chunked"?}}` (precision in measure/step.py's names), or `"regimes": [...]` (answered as
@@ -219,8 +219,12 @@ def run(request: dict) -> dict[str, Any]:
     struct = _structure_of(config)
     out: dict[str, Any] = {"format": TRACE_FORMAT, "model_type": config["model_type"], "structure": struct}
     regimes = list(request.get("regimes") or ([request["regime"]] if request.get("regime") else []))
+    done = _in_copies(config, regimes, struct, _copies(len(regimes), struct)) if _SERVING else {}
     answers = []
-    for regime in regimes:
+    for i, regime in enumerate(regimes):
+        if i in done:
+            answers.append(done[i])
+            continue
         try:
             answers.append(activations(config, regime, struct))
         except TraceError:
@@ -246,6 +250,73 @@ def run(request: dict) -> dict[str, Any]:
         except Exception as e:          # noqa: BLE001
             raise TraceError(f"peft cannot adapt it: {one_line(e)}") from None
     return out
+
+
+# ---- several regimes at once -----------------------------------------------------------------------------------
+# A search asks for several regimes of one family (4 for a first plan: autocast and 16-bit weights, checkpointed or
+# not). Served, they are traced by forked copies of this process, one per core, each from the state the structure
+# left (transformers imported, the family built once): no second import. A copy takes what a trace takes, about six
+# times its slice's weights (qwen3_next's real widths at 32 experts: 12.3 GB for a 2.0 GiB slice), so the copies are
+# as many as the memory cap holds at 8 times. A regime a copy did not answer (an error, a copy that died) is traced
+# here after, and fails as it fails alone. SCALETRAIN_TRACE_COPIES=1: one regime at a time.
+COPIES_ENV = "SCALETRAIN_TRACE_COPIES"
+MAX_COPIES = 8
+COPY_MEMORY_PER_SLICE_BYTE = 8
+_SERVING = False
+
+
+def _copies(regimes: int, struct: dict) -> int:
+    """How many forked copies trace `regimes` regimes of the family of `struct` at once (1: this process alone)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+        wanted = int(os.environ.get(COPIES_ENV) or MAX_COPIES)
+    except (AttributeError, OSError, ValueError):        # not Linux, or a value that is not a number
+        return 1
+    weights = 4 * sum(struct["kinds"][k]["params"] for k in struct["layer_kinds"][:struct["slice_layers"]])
+    by_memory = _CAP // max(COPY_MEMORY_PER_SLICE_BYTE * weights, 1) if _CAP else 1
+    return max(1, min(regimes, cores, wanted, by_memory, MAX_COPIES))
+
+
+def _in_copies(config: dict, regimes: list, struct: dict, copies: int) -> dict[int, dict]:
+    """The answers of the regimes `copies` forked copies of this process traced, by index (see above)."""
+    if copies < 2:
+        return {}
+    started = []
+    for c in range(copies):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:                                    # the copy: its share, as JSON on the pipe, then out
+            os.close(read)
+            _traced_copy(config, [(i, regimes[i]) for i in range(c, len(regimes), copies)], struct, write)
+        os.close(write)
+        started.append((pid, read))
+    done: dict[int, dict] = {}
+    for pid, read in started:
+        with os.fdopen(read, encoding="utf-8") as f:
+            text = f.read()
+        os.waitpid(pid, 0)
+        try:
+            done.update({int(i): a for i, a in json.loads(text).items()})
+        except (ValueError, AttributeError):            # a copy that died or was killed: traced here
+            pass
+    return done
+
+
+def _traced_copy(config: dict, mine: list, struct: dict, write: int) -> None:
+    code = 1
+    try:
+        _die_with_parent()
+        answers = {}
+        for i, regime in mine:
+            try:
+                answers[str(i)] = activations(config, regime, struct)
+            except Exception:                           # noqa: BLE001 - left to the serving process
+                pass
+        with os.fdopen(write, "w", encoding="utf-8") as f:
+            json.dump(answers, f)
+        code = 0
+    finally:
+        os._exit(code)
 
 
 def one_line(e: BaseException, limit: int = 200) -> str:
@@ -285,6 +356,8 @@ def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
+# the memory cap this process set (bytes; None: none): the forked copies share it
+_CAP: int | None = None
 MEMORY_ENV = "SCALETRAIN_TRACE_MEMORY_GB"     # the trace process's memory cap, GiB (default: MEMORY_SHARE below)
 MEMORY_SHARE = 0.8                             # of the memory available when the trace process starts
 
@@ -308,6 +381,8 @@ def _memory_cap() -> int | None:
             cap = min(cap, hard)
         if soft == resource.RLIM_INFINITY or cap < soft:
             resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
+        global _CAP
+        _CAP = cap
         return cap
     except (ImportError, OSError, ValueError):    # not Linux, or a value that is not a number
         return None
@@ -323,9 +398,11 @@ def _out_of_memory(e: BaseException) -> bool:
 def serve() -> int:
     """Answer one JSON request per line until stdin closes; the protocol owns the real stdout (whatever a library
     prints goes to stderr)."""
+    global _SERVING
     _die_with_parent()
     _one_thread()
     cap = _memory_cap()
+    _SERVING = True
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     for line in sys.stdin:
