@@ -710,3 +710,25 @@ def test_served_regimes_traced_by_forked_copies_answer_as_one_process_does(tmp_p
     assert "ok" in answers["1", 4] and json.dumps(answers["1", 4], sort_keys=True) == \
         json.dumps(answers["4", 4], sort_keys=True)
     assert "error" in answers["1", 3] and answers["1", 3] == answers["4", 3]
+
+
+@pytest.mark.heavy                      # two regimes traced in this process (about 5 CPU s)
+def test_regimes_no_copy_could_be_forked_for_are_traced_by_the_server(monkeypatch):
+    """Out of processes or memory, os.fork fails: the served trace answers every regime itself, as before copies."""
+    import os
+
+    from scaletrain.measure import trace
+
+    def no_fork():
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(trace, "_SERVING", True)
+    monkeypatch.setattr(trace, "_CAP", 16 << 30)
+    monkeypatch.setenv("SCALETRAIN_TRACE_COPIES", "2")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "fork", no_fork)
+    regimes = [_regime("phi3", "full"), dict(_regime("phi3", "full"), grad_ckpt=True)]
+    assert trace._copies(len(regimes), trace.structure(_config("phi3"))) == 2
+    answer = trace.run({"config": _config("phi3"), "regime": None, "regimes": regimes})
+    by_regime = answer["activations_by_regime"]
+    assert len(by_regime) == 2 and all(a["kinds"] and a["seq_lens"] for a in by_regime)

@@ -283,8 +283,16 @@ def _in_copies(config: dict, regimes: list, struct: dict, copies: int) -> dict[i
         return {}
     started = []
     for c in range(copies):
-        read, write = os.pipe()
-        pid = os.fork()
+        try:
+            read, write = os.pipe()
+        except OSError:                                 # out of descriptors: the rest is traced here
+            break
+        try:
+            pid = os.fork()
+        except OSError:                                 # out of processes or memory: the rest is traced here
+            os.close(read)
+            os.close(write)
+            break
         if pid == 0:                                    # the copy: its share, as JSON on the pipe, then out
             os.close(read)
             _traced_copy(config, [(i, regimes[i]) for i in range(c, len(regimes), copies)], struct, write)
