@@ -150,10 +150,11 @@ _WHAT, _OBJ, _HW, _HOW, _BATCH = ("what to train", "objective (TRL: reward, dpo,
 _RUN = "run directory"
 
 FIELDS: tuple[PlanField, ...] = (
-    PlanField("model", _WHAT, help="catalog id (scaletrain models), config.json path or folder, or HF cache id",
+    PlanField("model", _WHAT, help="catalog id (scaletrain models), config.json path or folder, or a Hugging Face "
+              "id (its config.json from the HF cache, else the Hub)",
               default="none: required, unless --preset gives it",
-              label="model", hint="catalog id, config.json path or folder, or a local HF cache id",
-              prompt="Model (catalog id, config.json path, or HF cache id)"),
+              label="model", hint="catalog id, config.json path or folder, or an HF id (from the cache or the Hub)",
+              prompt="Model (catalog id, config.json path, or HF id)"),
     PlanField("method", _WHAT, choices=Method.values(), prompt="Method",
               help="full fine-tuning, LoRA adapters, or QLoRA (LoRA on a 4-bit base)"),
     PlanField("lora_rank", _WHAT, parse=int, bounds=(1, 1 << 16), label="LoRA rank", metavar="R",
