@@ -58,8 +58,8 @@ test: $(STAMP) ds-op docs specs-venv
 test-fast: $(STAMP)
 	$(FAST_THREADS) $(PY) -m pytest -q $(call fast_xdist,worksteal) -m "not slow and not heavy and not long" $(PYTEST_ARGS)
 
-# CI's share of the architecture sweep rotates (tests/trainer/test_architecture_sweep.py: one family always, two of
-# the others a day); this runs every check of it, on FAST_JOBS workers
+# CI's share of the architecture sweep rotates (tests/trainer/test_architecture_sweep.py: one pair of its checks a
+# day, a costly one with a cheap one); this runs every check of it, on FAST_JOBS workers
 test-sweep: $(STAMP)
 	SCALETRAIN_SWEEP=all $(FAST_THREADS) $(PY) -m pytest -q $(call fast_xdist,worksteal) tests/trainer/test_architecture_sweep.py $(PYTEST_ARGS)
 

@@ -56,7 +56,7 @@ from scaletrain.measure.trace_fit import TraceError, envelope, envelope_parts, f
 from scaletrain.measure.trace_record import gradless_params, head_width, saved_by_scope, warm_up
 from scaletrain.measure.trace_structure import (FIT_TOLERANCE, TRACE_BATCH, TRACE_MULTIPLES, check_slice_size,
                                                 lora_count, peft_refuses, prefix_config, shrink_windows,
-                                                structure)
+                                                slice_params, structure)
 
 __all__ = ["TraceError", "activations", "envelope", "fit", "lora_count", "main", "prefix_config", "run", "serve",
            "structure"]
@@ -272,7 +272,7 @@ def _copies(regimes: int, struct: dict) -> int:
         wanted = int(os.environ.get(COPIES_ENV) or MAX_COPIES)
     except (AttributeError, OSError, ValueError):        # not Linux, or a value that is not a number
         return 1
-    weights = 4 * sum(struct["kinds"][k]["params"] for k in struct["layer_kinds"][:struct["slice_layers"]])
+    weights = 4 * slice_params(struct)
     by_memory = _CAP // max(COPY_MEMORY_PER_SLICE_BYTE * weights, 1) if _CAP else 1
     return max(1, min(regimes, cores, wanted, by_memory, MAX_COPIES))
 
@@ -364,7 +364,7 @@ def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
-# the memory cap this process set (bytes; None: none): the forked copies share it
+# the memory cap the serving process set (bytes; None: none): the forked copies share it
 _CAP: int | None = None
 MEMORY_ENV = "SCALETRAIN_TRACE_MEMORY_GB"     # the trace process's memory cap, GiB (default: MEMORY_SHARE below)
 MEMORY_SHARE = 0.8                             # of the memory available when the trace process starts
@@ -389,8 +389,6 @@ def _memory_cap() -> int | None:
             cap = min(cap, hard)
         if soft == resource.RLIM_INFINITY or cap < soft:
             resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
-        global _CAP
-        _CAP = cap
         return cap
     except (ImportError, OSError, ValueError):    # not Linux, or a value that is not a number
         return None
@@ -406,10 +404,10 @@ def _out_of_memory(e: BaseException) -> bool:
 def serve() -> int:
     """Answer one JSON request per line until stdin closes; the protocol owns the real stdout (whatever a library
     prints goes to stderr)."""
-    global _SERVING
+    global _SERVING, _CAP
     _die_with_parent()
     _one_thread()
-    cap = _memory_cap()
+    cap = _CAP = _memory_cap()
     _SERVING = True
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())

@@ -281,11 +281,16 @@ def _slice_depth(config: dict, sigs: list[str]) -> int:
     return depth
 
 
+def slice_params(struct: dict) -> int:
+    """Parameters of the slice a regime traces: its layers', each counted by its kind."""
+    return sum(struct["kinds"][k]["params"] for k in struct["layer_kinds"][:struct["slice_layers"]])
+
+
 def check_slice_size(struct: dict, precision: str, model_type: str) -> None:
     per = 4 if precision in ("fp32", "bf16") else 2
     n = struct["slice_layers"]
     kinds = struct["kinds"]
-    need = per * sum(kinds[k]["params"] for k in struct["layer_kinds"][:n])
+    need = per * slice_params(struct)
     if need > MAX_SLICE_BYTES:
         raise TraceError(f"the {n}-layer slice of {model_type} that holds each of its {len(kinds)} layer kinds is "
                          f"{need / 2**30:.1f} GiB in the traced dtype, over the {MAX_SLICE_BYTES >> 30} GiB a trace "
