@@ -189,9 +189,14 @@ def trace_latency() -> str:
         out.append(f"| {r['model']} | {sec(r['first_median'])} | {sec(r.get('first_after_warm_up_median'))} | "
                    f"{sec(r['cached_median'])} | {sec(r.get('in_process_cached_median'))} |")
     out += ["", f"Medians of {len(data['rows'][0]['first_plan_seconds'])} runs each, `python bench/trace_latency.py` "
-                f"({m['cpu_model']}, {m['cpu_cores']} cores, load {m['load_average_1m_at_start']:.1f}). "
-                "tiny-llama is analytic (no trace)."]
+                f"({m['cpu_model']}, {m['cpu_cores']} cores, 1-minute load {m['load_average_1m_at_start']:.1f} at "
+                f"the start{_end_load(data)}). tiny-llama is analytic (no trace)."]
     return "\n".join(out)
+
+
+def _end_load(data: dict) -> str:
+    end = data.get("load_average_1m_at_end")
+    return "" if end is None else f", {end:.1f} at the end"
 
 
 SECTIONS = {"architecture-sweep": architecture_sweep, "trace-latency": trace_latency,

@@ -126,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
                          "first_after_warm_up_median": statistics.median(after_warm) if after_warm else None,
                          "exit": [rc1, rc2], "last_line": err2})
             print(json.dumps(rows[-1]), flush=True)
-    out = {"machine": machine(), "rows": rows,
+    # the load while it ran (the start's is in `machine`): a busy core doubles a cold plan (7.3 s at load 1.3 for
+    # tiny-phi3's, 4.6 s on an idle machine)
+    out = {"machine": machine(), "load_average_1m_at_end": round(os.getloadavg()[0], 2), "rows": rows,
            "note": "wall time of `scaletrain plan --json` as a subprocess; first: empty trace cache; "
                    "in_process_cached: four plans in one process that imported the engine (the wizard's replan), "
                    "the cache filled; its median leaves out the first (the engine's lazy imports); "
