@@ -35,6 +35,15 @@ def fmt_count(n: int) -> str:
     return f"{n:,}"
 
 
+def fmt_params(n: int) -> str:
+    """A parameter count in the unit that shows it: 7.62B, 229.7M, 230K (a tiny test model is not "0.00B")."""
+    if n >= 10**9:
+        return f"{n / 1e9:.2f}B"
+    if n >= 10**6:
+        return f"{n / 1e6:.1f}M"
+    return f"{n / 1e3:.0f}K"
+
+
 def printable(text: object) -> str:
     """Text safe to print on a terminal: every control, format (bidi) or other non-printable character shown as its
     escape (\\x1b, \\u202e), so a log's or a file's bytes cannot set the title, clear the screen or reach the

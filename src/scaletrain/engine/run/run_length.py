@@ -112,7 +112,8 @@ class RunTime:
             parts.append(f"{fmt_seconds(self.epoch_seconds)}/epoch")
         parts.append(f"{fmt_seconds(self.total_seconds)} total" if self.total_seconds is not None
                      else "total: give the samples")
-        parts.append(f"{self.hours_per_1000_samples:.3g} h per 1,000 samples")
+        h = self.hours_per_1000_samples          # under 36 s in seconds (a tiny model's "4.73e-05 h" read as noise)
+        parts.append(f"{h:.3g} h per 1,000 samples" if h >= 0.01 else f"{fmt_seconds(h * 3600)} per 1,000 samples")
         return " · ".join(parts)
 
 

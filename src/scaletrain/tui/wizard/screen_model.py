@@ -16,7 +16,7 @@ from scaletrain.engine.catalog.architectures import ModelArch, load_model
 from scaletrain.engine.request.fields import FORM_FIELD
 from scaletrain.engine.request.request import base_setup
 from scaletrain.engine.vocabulary import Method, Objective
-from scaletrain.engine.units import fmt_count
+from scaletrain.engine.units import fmt_count, fmt_params
 from scaletrain.tui.wizard.screen_base import WizardStep
 from scaletrain.tui.widgets.field import Field
 from scaletrain.tui.wizard.sources import model_weights, parse_weights
@@ -110,7 +110,7 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
 
     def _label(self, mid: str) -> Text:
         arch = self.wizard.catalog_arch[mid]
-        return Text.assemble((f"{mid:<34}", "bold"), (f"{arch.params / 1e9:6.2f}B {arch.model_type}", "dim"))
+        return Text.assemble((f"{mid:<34}", "bold"), (f"{fmt_params(arch.params):>7} {arch.model_type}", "dim"))
 
     def refresh_catalog_labels(self) -> None:
         """The app's worker finished loading the catalog (ids and exact parameter counts)."""
@@ -196,7 +196,7 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
         box = self.query_one("#lora-box")
         method = self._method()
         self.query_one("#method-said", Static).update(
-            Text(METHOD_WORDS.get(method or "", "none chosen yet: ←/→ and space pick one"),
+            Text(METHOD_WORDS.get(method or "", "pick: ←/→, space"),
                  style="bold" if method else "yellow"))
         full = method in ("full", None)
         box.set_class(full, "-disabled")

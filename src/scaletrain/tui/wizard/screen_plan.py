@@ -54,7 +54,7 @@ the run trains as the trainer will run it (a `train.max_steps` overrides the epo
 """
     BINDINGS = [
         Binding("plus,equals_sign", "what_if('micro+')", "micro", key_display="+/-",
-                tooltip="micro batch up (keeps the effective batch)"),
+                tooltip="micro batch up (+) or down (-), the effective batch kept"),
         Binding("minus", "what_if('micro-')", "micro −", show=False, tooltip="micro batch down"),
         Binding("u", "unpin", "unpin", tooltip="unpin: every planner choice free again (the planner's best)"),
         Binding("z", "what_if('zero')", "strategy", tooltip="strategy: DDP → ZeRO-1 → 2 → 3 → FSDP"),
