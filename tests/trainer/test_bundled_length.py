@@ -1,0 +1,55 @@
+"""The plan's length of a run on the bundled data is the trainer's: the blocks its own data code makes of it.
+
+The wizard's first run on the CPU (tiny-phi3, 2 processes, effective batch 128, seq 2048) said "1 epoch = 7 steps
+of 1,000 samples": the plan counted the demo file's rows, the trainer packed them into 31 blocks of 2048 tokens,
+repeated them to one optimizer step's 128 and ran 1 step.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from scaletrain.engine.plan.planner import make_plan
+from scaletrain.engine.request.options import TrainOptions, bundled_demo_dataset
+from scaletrain.engine.request.request import PlanRequest
+from scaletrain.engine.run.run_length import known_length, run_length, with_known_length
+from scaletrain.trainer import data as data_mod
+from scaletrain.trainer.model import tokenizer_for
+from scaletrain.trainer.train import make_schedule
+
+
+def _trainer_steps(plan, train: TrainOptions) -> tuple[int, int]:
+    """(blocks of the data, steps per epoch) as the trainer makes them of the bundled data for this plan
+    (trainer/train.py: load_blocks with one optimizer step's blocks at least, then make_schedule)."""
+    s = plan.setup
+    tok = tokenizer_for(s.model.name, "random-init")
+    per_step = s.micro_batch * s.grad_accum * s.world_size
+    natural = data_mod.load_blocks(bundled_demo_dataset(), tok, s.seq_len, packing=train.packing)
+    trained = data_mod.load_blocks(bundled_demo_dataset(), tok, s.seq_len, packing=train.packing,
+                                   min_blocks=per_step)
+    cfg = SimpleNamespace(micro_batch=s.micro_batch, grad_accum=s.grad_accum, seq_len=s.seq_len, epochs=s.epochs,
+                          train=train)
+    return len(natural), make_schedule(cfg, len(trained), s.world_size).steps_per_epoch
+
+
+@pytest.mark.parametrize("model,gpus,batch,seq,packing", [
+    ("scaletrain/tiny-phi3", "2xCPU", 128, 2048, True),     # the walk: 31 blocks, repeated to one step
+    ("tiny-llama", "1xCPU", 8, 256, True),                  # more blocks than a step: several steps
+    ("tiny-llama", "2xCPU", 16, 64, False),                  # padded: a block per row
+])
+def test_the_plan_counts_the_blocks_the_trainer_makes_of_the_bundled_data(model, gpus, batch, seq, packing):
+    train = TrainOptions(packing=packing)
+    req = PlanRequest(model=model, gpus=gpus, effective_batch=batch, seq_len=seq)
+    plan = make_plan(with_known_length(req, train))
+    blocks, steps = _trainer_steps(plan, train)
+    assert known_length(req, train).samples == blocks
+    assert run_length(plan, train).steps == steps, known_length(req, train).source
+    if blocks < batch:
+        assert "repeated by the trainer" in known_length(req, train).source
+
+
+def test_a_real_tokenizer_is_not_fetched_to_count_the_demo_and_the_plan_says_it_counts_rows():
+    known = known_length(PlanRequest(model="Qwen/Qwen3-4B", gpus="1xH100-SXM"), TrainOptions())
+    assert known.samples == 1000 and "counted one sample each" in known.source
