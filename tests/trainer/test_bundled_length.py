@@ -8,6 +8,7 @@ repeated them to one optimizer step's 128 and ran 1 step.
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,7 @@ from scaletrain.trainer.model import tokenizer_for
 from scaletrain.trainer.train import make_schedule
 
 
-def _trainer_steps(plan, train: TrainOptions) -> tuple[int, int]:
+def _trainer_steps(plan, train: TrainOptions) -> tuple[int, Any]:
     """(blocks of the data, steps per epoch) as the trainer makes them of the bundled data for this plan
     (trainer/train.py: load_blocks with one optimizer step's blocks at least, then make_schedule)."""
     s = plan.setup
@@ -31,7 +32,7 @@ def _trainer_steps(plan, train: TrainOptions) -> tuple[int, int]:
                                    min_blocks=per_step)
     cfg = SimpleNamespace(micro_batch=s.micro_batch, grad_accum=s.grad_accum, seq_len=s.seq_len, epochs=s.epochs,
                           train=train)
-    return len(natural), make_schedule(cfg, len(trained), s.world_size).steps_per_epoch
+    return len(natural), make_schedule(cfg, len(trained), s.world_size)
 
 
 @pytest.mark.parametrize("model,gpus,batch,seq,packing", [
@@ -43,9 +44,13 @@ def test_the_plan_counts_the_blocks_the_trainer_makes_of_the_bundled_data(model,
     train = TrainOptions(packing=packing)
     req = PlanRequest(model=model, gpus=gpus, effective_batch=batch, seq_len=seq)
     plan = make_plan(with_known_length(req, train))
-    blocks, steps = _trainer_steps(plan, train)
+    blocks, schedule = _trainer_steps(plan, train)
     assert known_length(req, train).samples == blocks
-    assert run_length(plan, train).steps == steps, known_length(req, train).source
+    length = run_length(plan, train)
+    assert length.steps == schedule.total_steps, known_length(req, train).source
+    assert length.warmup_steps == schedule.warmup_steps
+    # the walk's run: one step, the LR warmup's first, at lr 0 (trainer/schedules.py)
+    assert ("at lr 0" in length.text()) == (schedule.total_steps == 1 and schedule.warmup_steps >= 1)
     if blocks < batch:
         assert "repeated by the trainer" in known_length(req, train).source
 

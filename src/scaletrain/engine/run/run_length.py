@@ -15,25 +15,38 @@ class RunLength:
     steps: int | None              # optimizer steps the trainer runs (None: unknown without a dataset size)
     epochs: float | None           # passes over the data (None: unknown without a dataset size)
     by_max_steps: bool             # train.max_steps decides, not the plan's epochs
+    warmup_steps: int = 0          # the LR's linear warmup (trainer/train.make_schedule: ceil(ratio × steps))
 
     def text(self) -> str:
         """'6 steps (max_steps) = 6.45 epochs', '2 epochs = 1,258 steps', '1 epoch (steps: give a dataset size)'."""
         if self.by_max_steps:
             head = f"{self.steps:,} step{'s' if self.steps != 1 else ''} (max_steps)"
             return head + (f" = {self.epochs:.3g} epochs" if self.epochs is not None else
-                           " (epochs: give a dataset size)")
+                           " (epochs: give a dataset size)") + self.warmup_text()
         ep = f"{self.epochs:g} epoch{'s' if self.epochs != 1 else ''}"
         return ep + (f" = {self.steps:,} step{'s' if self.steps != 1 else ''}" if self.steps is not None
-                     else " (steps: give a dataset size)")
+                     else " (steps: give a dataset size)") + self.warmup_text()
+
+    def warmup_text(self) -> str:
+        """A run that never leaves the LR warmup says so: a linear warmup starts at lr 0, so a one-step run (the
+        wizard's default batch on the bundled demo data) changes no weight."""
+        if not self.steps or self.warmup_steps < self.steps:
+            return ""
+        if self.steps == 1:
+            return " (its one step is the LR warmup's first, at lr 0: no weight changes; warmup_ratio 0 or more data)"
+        return f" (every step in the LR warmup of {self.warmup_steps:,})"
 
 
 def run_length(plan: Any, train: Any) -> RunLength:
     """The plan (its setup's epochs, its time's steps per epoch) and the train options (max_steps)."""
     t = plan.time
     per_epoch = t.steps_per_epoch if t is not None else None
+    ratio = float(getattr(train, "warmup_ratio", 0) or 0)
     if train.max_steps is not None:
-        return RunLength(int(train.max_steps), train.max_steps / per_epoch if per_epoch else None, True)
-    return RunLength(t.total_steps if t is not None else None, float(plan.setup.epochs), False)
+        steps = int(train.max_steps)
+        return RunLength(steps, train.max_steps / per_epoch if per_epoch else None, True, math.ceil(ratio * steps))
+    steps = t.total_steps if t is not None else None
+    return RunLength(steps, float(plan.setup.epochs), False, math.ceil(ratio * steps) if steps else 0)
 
 
 @dataclass(frozen=True)
