@@ -33,7 +33,8 @@ class RunLength:
         if not self.steps or self.warmup_steps < self.steps:
             return ""
         if self.steps == 1:
-            return " (its one step is the LR warmup's first, at lr 0: no weight changes; --set train.warmup_ratio=0, or more data)"
+            return (" (its one step is the LR warmup's first, at lr 0: no weight changes; "
+                    "--set train.warmup_ratio=0, or more data)")
         return f" (every step in the LR warmup of {self.warmup_steps:,})"
 
 
