@@ -50,6 +50,9 @@ def test_summary_speed_leaves_warm_up_out_and_sits_beside_the_plan():
     assert steady_step_seconds(series) == pytest.approx(0.5)
     early = summarize(series[:2], planned_step_seconds=0.25)       # only warm-up so far: it is all there is
     assert early.step_seconds == pytest.approx(3.5) and steady_step_seconds(series[:2]) is None
+    # and says so beside the plan's (a one-step run's first step is not the time model's miss)
+    assert early.versus.warm_up_only and early.versus.step_text().endswith(", warm-up steps only)")
+    assert not s.versus.warm_up_only and "warm-up" not in s.versus.step_text()
     assert summarize(series).versus is None
 
 
