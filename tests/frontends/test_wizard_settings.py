@@ -196,6 +196,30 @@ def test_choosing_random_init_on_the_model_step_shows_the_warning(tmp_path):
     assert run(walk(None)) == (False, "", "Qwen/Qwen2.5-7B-Instruct")       # no random-init unless chosen
 
 
+def test_the_weights_field_shows_what_the_run_starts_from_and_follows_the_model_until_typed(tmp_path):
+    """A config-only catalog model's run starts from random init: its weights field said the model's id
+    (scaletrain/tiny-phi3) while the write step warned of random-init weights (walked at 80x24)."""
+    app = create_app(parse_args(["--gpus", "2xCPU", "--run-dir", str(tmp_path / "run")]), detect=no_gpu,
+                     launch=False)
+
+    async def walk():
+        async with app.run_test(size=(100, 32)) as pilot:
+            await settle(pilot, app)
+            await press(pilot, app, "ctrl+n")
+            shown = []
+            for model in ("scaletrain/tiny-phi3", "Qwen/Qwen2.5-7B-Instruct", "scaletrain/tiny-llama"):
+                await retype(pilot, app, "model", model)
+                shown.append(app.screen.query_one("#in-weights").value)
+            await retype(pilot, app, "weights", "my-org/my-weights")       # typed: no longer follows
+            await retype(pilot, app, "model", "scaletrain/tiny-phi3")
+            shown.append(app.screen.query_one("#in-weights").value)
+            return shown
+
+    assert run(walk()) == [model_weights("scaletrain/tiny-phi3"), "Qwen/Qwen2.5-7B-Instruct",
+                           model_weights("scaletrain/tiny-llama"), "my-org/my-weights"]
+    assert model_weights("scaletrain/tiny-phi3") == "random-init"
+
+
 @pytest.mark.long
 def test_qlora_from_random_init_is_refused_before_writing(tmp_path):
     app = create_app(parse_args(["--gpus", "4xH200", "--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "qlora",

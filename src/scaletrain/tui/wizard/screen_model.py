@@ -21,7 +21,8 @@ from scaletrain.tui.wizard.screen_base import WizardStep
 from scaletrain.tui.widgets.field import Field
 from scaletrain.tui.wizard.sources import model_weights, parse_weights
 from scaletrain.tui.wizard.state import (FieldError, WizardState, field_value, format_residents, hardware_for,
-                                         parse_int, parse_named, parse_residents, parse_targets, weights_text)
+                                         parse_int, parse_named, parse_residents, parse_targets, weights_text,
+                                         followed_weights)
 
 BASE_BITS_CHOICES = (16, 8, 4)
 # The chosen method in words beside its radio buttons (a pressed button is otherwise only a coloured dot).
@@ -91,7 +92,8 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
 
     def on_mount(self) -> None:
         self._info_spec: str | None = None
-        self._model_seen = self.wizard.state.request.model if not self.wizard.state.weights_chosen else ""
+        # the weights the field shows while it follows the model (the model's own, random-init for a config-only one)
+        self._weights_followed = weights_text(self.wizard.state) if not self.wizard.state.weights_chosen else ""
         self.fill_catalog()
         self._sync_method()
         self.query_one("#in-model", Input).focus()
@@ -138,9 +140,8 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
     def _follow_model(self, model: str) -> None:
         """The weights field follows the model field (its own weights) until the user types other weights."""
         weights = self.query_one("#field-weights", Field)
-        if weights.value.strip() in ("", self._model_seen.strip()):
-            weights.value = model.strip()
-        self._model_seen = model
+        if weights.value.strip() in ("", self._weights_followed.strip()):
+            weights.value = self._weights_followed = followed_weights(model)
 
     def pick(self, model_id: str) -> None:
         inp = self.query_one("#in-model", Input)
@@ -252,7 +253,7 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
         """The weights field; while it follows the model, the model's check (below) speaks for both, and a
         config.json's weights are its folder."""
         field = self.query_one("#field-weights", Field)
-        if field.value.strip() == model:
+        if field.value.strip() in (model, self._weights_followed.strip()):
             return model_weights(model)
         return field_value(field, parse_weights)
 
