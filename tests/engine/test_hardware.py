@@ -191,3 +191,27 @@ def test_real_pynvml_path_does_not_crash_without_gpu():
     assert isinstance(res.gpus, tuple)
     if not res.gpus:
         assert res.error
+
+
+@pytest.mark.parametrize("processes", [1, 2, 4])
+def test_the_cpu_device_s_processes_share_the_host_ram_they_plan_against(processes):
+    """Each process of a CPU run plans against its share of the host's RAM: two processes of Qwen2.5-0.5B at
+    micro 2 were planned at 11.36 GiB each "of 23.54 GiB", 22.72 GiB together over the host's 21.19 GiB limit."""
+    from scaletrain.engine.catalog.hardware import CPU_DEVICE
+    from scaletrain.engine.plan.planner import make_plan
+    from scaletrain.engine.request.request import PlanRequest
+    from scaletrain.engine.units import fmt_bytes
+
+    hw = parse_gpus(f"{processes}xCPU")
+    assert hw.memory_per_process_bytes == CPU_DEVICE.memory_bytes // processes
+    assert parse_gpus(f"{processes}xH100-SXM").memory_per_process_bytes == find_gpu("H100-SXM").memory_bytes
+    assert ("for each of" in hw.memory_text()) == (processes > 1) and "host RAM" in hw.memory_text()
+    try:
+        plan = make_plan(PlanRequest(model="Qwen/Qwen2.5-0.5B-Instruct", gpus=f"{processes}xCPU", micro_batch=2,
+                                     grad_accum=1, seq_len=1024, strategy="ddp", grad_ckpt=True))
+    except ScaletrainError as e:       # more processes than the host's RAM holds (4 on 24 GiB)
+        assert "nothing fits" in str(e) and f"over the {fmt_bytes(int(hw.memory_per_process_bytes * 0.9))}" in str(e)
+        return
+    assert plan.memory.capacity_bytes == hw.memory_per_process_bytes
+    if plan.fits:            # the node's processes together within the host's limit
+        assert processes * plan.memory.total_bytes <= CPU_DEVICE.memory_bytes * (1 - plan.memory.headroom_fraction)

@@ -234,6 +234,26 @@ class Hardware:
     def world_size(self) -> int:
         return self.gpus_per_node * self.nodes
 
+    @property
+    def memory_per_process_bytes(self) -> int:
+        """The memory each training process plans against: a GPU's own; the host's RAM shared by the node's
+        processes on the CPU device (two processes of 11.36 GiB each on a 23.54 GiB host were planned as fitting,
+        22.72 GiB together over its 21.19 GiB limit)."""
+        if self.gpu.arch == "cpu":
+            return self.gpu.memory_bytes // max(self.gpus_per_node, 1)
+        return self.gpu.memory_bytes
+
+    def memory_text(self) -> str:
+        """'79.65 GiB each', or 'host RAM 23.54 GiB, 11.77 GiB for each of 2 processes'."""
+        from scaletrain.engine.units import fmt_bytes
+
+        each = fmt_bytes(self.memory_per_process_bytes)
+        if self.gpu.arch != "cpu":
+            return f"{each} each"
+        if self.gpus_per_node == 1:
+            return f"host RAM {each}"
+        return f"host RAM {fmt_bytes(self.gpu.memory_bytes)}, {each} for each of {self.gpus_per_node} processes"
+
     def describe(self) -> str:
         head = f"{self.nodes}x" if self.nodes > 1 else ""
         return f"{head}{self.gpus_per_node}x{self.gpu.key}"

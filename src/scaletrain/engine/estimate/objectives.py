@@ -261,7 +261,7 @@ def generation_cost(s: TrainingSetup) -> GenerationCost:
         return GenerationCost(0, 0, 0, 0)
     if s.generation == "colocate":
         return GenerationCost(s.micro_batch * s.grad_accum, 0, 0,
-                              int(s.generation_memory * s.hardware.gpu.memory_bytes) if s.device == "cuda" else 0)
+                              int(s.generation_memory * s.hardware.memory_per_process_bytes) if s.device == "cuda" else 0)
     m = s.model
     c = numerics(s).compute
     n = s.micro_batch * s.grad_accum

@@ -106,8 +106,8 @@ def _gpus_row(plan: Plan, hw: Hardware) -> GpuRow:
     s = plan.setup
     gpu = hw.gpu
     target = s.effective_batch
-    row = GpuRow(gpu=gpu.key, gpu_memory_bytes=gpu.memory_bytes, nodes=hw.nodes, gpus_per_node=hw.gpus_per_node,
-                 world_size=hw.world_size)
+    row = GpuRow(gpu=gpu.key, gpu_memory_bytes=hw.memory_per_process_bytes, nodes=hw.nodes,
+                 gpus_per_node=hw.gpus_per_node, world_size=hw.world_size)
     if s.precision == "bf16" and s.device == "cuda" and not gpu.supports_bf16:
         return replace(row, reason="no bf16 support (plan with --precision fp16)")
     if target % hw.world_size:

@@ -25,7 +25,7 @@ def model_line(plan: Plan) -> Text:
 def hardware_line(plan: Plan) -> Text:
     hw = plan.setup.hardware
     where = "detected" if hw.source == "detected" else "planned"
-    return Text.assemble((hw.describe(), "bold"), f"  {hw.gpu.name}, {fmt_bytes(hw.gpu.memory_bytes)} each, "
+    return Text.assemble((hw.describe(), "bold"), f"  {hw.gpu.name}, {hw.memory_text()}, "
                          f"{hw.gpu.interconnect} ({where})")
 
 

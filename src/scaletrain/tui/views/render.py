@@ -61,7 +61,7 @@ def print_plan(plan: Plan, *, alternatives: bool = False, table: str | None = No
         c.print(moe)
     if s.model.memory_source != "analytic":
         c.print(s.model.memory_source_line(), markup=False)
-    c.print(f"[bold]{hw.describe()}[/]  {hw.gpu.name}, {fmt_bytes(hw.gpu.memory_bytes)} each, "
+    c.print(f"[bold]{hw.describe()}[/]  {hw.gpu.name}, {hw.memory_text()}, "
             f"{hw.gpu.interconnect}{' (detected)' if hw.source == 'detected' else ''}")
     c.print(f"threads: {hw.threads_text()}", markup=False)
     c.print(f"{s.strategy}{'' if s.offload == 'none' else f' + offload {s.offload}'}, {s.precision_label}, "

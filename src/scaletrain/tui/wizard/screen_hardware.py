@@ -173,7 +173,7 @@ keeps free, 0.10 by default) and the **inter-node link** of a multi-node plan (G
             self.show_field_error(e)
             summary.update(Text(f"✗ {e}", style="bold red"))
             return
-        mem = "host RAM" if hw.gpu.key == CPU_DEVICE.key else f"{fmt_bytes(hw.gpu.memory_bytes)} each"
+        mem = hw.memory_text()
         where = "detected here" if hw.source == "detected" else "planned from the catalog"
         summary.update(Text.assemble(("→ ", "bold"), (hw.describe(), "bold"),
                                      f": {hw.gpu.name}, {mem}, {hw.gpu.interconnect}; "
