@@ -7,6 +7,7 @@ repeated them to one optimizer step's 128 and ran 1 step.
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -58,3 +59,22 @@ def test_the_plan_counts_the_blocks_the_trainer_makes_of_the_bundled_data(model,
 def test_a_real_tokenizer_is_not_fetched_to_count_the_demo_and_the_plan_says_it_counts_rows():
     known = known_length(PlanRequest(model="Qwen/Qwen3-4B", gpus="1xH100-SXM"), TrainOptions())
     assert known.samples == 1000 and "counted one sample each" in known.source
+
+
+@pytest.mark.parametrize("eval_fraction", [0.0, 0.1])
+def test_data_typed_in_the_wizard_is_counted_as_plan_data_counts_it(tmp_path, eval_fraction):
+    """The wizard's data field counted rows where `scaletrain --data` counted the trainer's blocks (less the eval
+    split): one engine, one number."""
+    from scaletrain.engine.request.args import asked_from_args
+    from scaletrain.tui.cli.parser import build_parser
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": f"sample {i} " + "with a few more words " * (i % 7)}) + "\n"
+                            for i in range(300)))
+    argv = ["--model", "tiny-llama", "--gpus", "1xCPU", "--seq-len", "128", "--data", str(data),
+            "--eval-fraction", str(eval_fraction)]
+    asked = asked_from_args(build_parser().parse_args(argv))
+    typed = known_length(PlanRequest(model="tiny-llama", gpus="1xCPU", seq_len=128),
+                         TrainOptions(dataset=str(data), eval_fraction=eval_fraction))
+    assert typed.samples == asked.request().dataset_size, typed.source
+    assert typed.samples < 300 and "blocks of 128 tokens" in typed.source

@@ -72,7 +72,14 @@ def known_length(request: Any, train: Any) -> KnownLength:
             rows = _rows(train.dataset)
         except ScaletrainError:
             return KnownLength(None, f"{train.dataset} cannot be counted here")
-        return KnownLength(rows, f"{train.dataset}, {rows:,} rows" if rows else str(train.dataset))
+        blocks = _data_blocks(request, train, str(train.dataset))
+        if blocks is not None and rows:
+            held = math.ceil(train.eval_fraction * blocks) if train.eval_fraction else 0
+            after = f", {blocks - held:,} after {train.eval_fraction:g} held out for eval" if held else ""
+            return KnownLength(blocks - held, f"{train.dataset}: {rows:,} rows "
+                                              f"{_blocked(blocks, rows, request, train)}{after}")
+        packed = " counted one sample each (not tokenized here)" if train.packing and rows else ""
+        return KnownLength(rows, f"{train.dataset}, {rows:,} rows{packed}" if rows else str(train.dataset))
     path = bundled_dataset(request.objective or "sft")
     try:
         rows = _rows(str(path))
@@ -80,16 +87,40 @@ def known_length(request: Any, train: Any) -> KnownLength:
         return KnownLength(None, f"the bundled data {path.name} is missing")
     blocks = _bundled_blocks(request, train, str(path))
     if blocks is not None:
-        seq = f"{int(request.seq_len):,}"
-        how = f"packed into {blocks:,} blocks of {seq} tokens" if train.packing else \
-            f"padded to {seq} tokens" + (f", {blocks:,} of them with tokens to train" if blocks != rows else "")
         short = request.effective_batch is not None and blocks < request.effective_batch
+        how = _blocked(blocks, rows, request, train)
         return KnownLength(blocks, f"the bundled data {path.name}: {rows:,} rows {how}"
                                    f"{', repeated by the trainer to fill one optimizer step' if short else ''}; "
                                    "set the dataset for yours")
     packed = " counted one sample each (the trainer packs them into fewer sequences)" if train.packing else ""
     return KnownLength(rows, f"the bundled data {path.name}, {rows:,} rows{packed}; set the dataset for yours")
 
+
+def _blocked(blocks: int, rows: int, request: Any, train: Any) -> str:
+    """'packed into 31 blocks of 2,048 tokens', 'padded to 512 tokens'."""
+    seq = f"{int(request.seq_len):,}"
+    if train.packing:
+        return f"packed into {blocks:,} blocks of {seq} tokens"
+    return f"padded to {seq} tokens" + (f", {blocks:,} of them trained" if blocks != rows else "")
+
+
+def _data_blocks(request: Any, train: Any, spec: str) -> int | None:
+    """The blocks the trainer makes of the run's own data (the train option `dataset`, typed in the wizard), as
+    `plan --data` counts them (engine/request/args.py; the caller takes the eval split off): the data profile with
+    the run's tokenizer, a subprocess cached per file version. The wizard counted rows where `plan --data` counted
+    blocks (10,000 chats of ~500 tokens packed into 2,048-token blocks: four times the steps). None when the
+    tokenizer is not on this machine (the profile's note): the rows are counted then."""
+    from scaletrain.engine.request.weights import resolve_weights
+
+    if not request.model:
+        return None
+    try:
+        weights = resolve_weights(train.model_source, request.model)
+    except Exception:            # noqa: BLE001 - a model the plan itself refuses, in its own words
+        return None
+    columns = tuple(sorted((train.data_columns or {}).items()))
+    return _profiled_blocks(spec, _version(spec), request.model, weights, int(request.seq_len), bool(train.packing),
+                            columns)
 
 
 def _bundled_blocks(request: Any, train: Any, path: str) -> int | None:
@@ -107,33 +138,41 @@ def _bundled_blocks(request: Any, train: Any, path: str) -> int | None:
             return None
     except Exception:            # noqa: BLE001 - a model the plan itself refuses, in its own words
         return None
-    return _profiled_blocks(path, request.model, int(request.seq_len), bool(train.packing))
+    return _profiled_blocks(path, _version(path), request.model, RANDOM_INIT, int(request.seq_len),
+                            bool(train.packing), ())
 
 
 @lru_cache(maxsize=64)
-def _profiled_blocks(path: str, model: str, seq_len: int, packing: bool) -> int | None:
+def _profiled_blocks(spec: str, version: tuple, model: str, weights: str, seq_len: int, packing: bool,
+                     columns: tuple) -> int | None:
+    """The data profile's blocks (engine/request/data_profile.py), once per file version in this process: the
+    wizard asks on every what-if key. None when it cannot tell (no tokenizer here, unreadable data)."""
     from scaletrain.engine.errors import ScaletrainError
     from scaletrain.engine.request.data_profile import profile_data
-    from scaletrain.engine.request.weights import RANDOM_INIT
 
     try:
-        blocks = profile_data(path, model, RANDOM_INIT, seq_len, packing=packing).blocks
+        profile = profile_data(spec, model, weights, seq_len, packing=packing, columns=dict(columns) or None)
     except ScaletrainError:
         return None
-    return blocks if isinstance(blocks, int) and blocks > 0 else None
+    blocks = profile.blocks
+    return blocks if isinstance(blocks, int) and blocks > 0 and not profile.error else None
 
 
 def _rows(spec: str) -> int | None:
     """The rows of a data file or folder (engine.request.data_source.resolve_data), counted once per file version:
     the wizard asks on every what-if key, and reading the file each time costs milliseconds."""
+    return _rows_of(spec, _version(spec))
+
+
+def _version(spec: str) -> tuple:
+    """A data file's or folder's (size, mtime): what a cached count of it is valid for; () for a hub id."""
     import os
 
     try:
         st = os.stat(os.path.expanduser(spec))
-        version: tuple = (st.st_size, st.st_mtime_ns)
+        return (st.st_size, st.st_mtime_ns)
     except (OSError, ValueError):
-        version = ()             # a hub id: resolve_data looks it up in the cache
-    return _rows_of(spec, version)
+        return ()             # a hub id: resolve_data looks it up in the cache
 
 
 @lru_cache(maxsize=64)
