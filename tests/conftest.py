@@ -233,3 +233,18 @@ def pytest_collection_finish(session):
     from _pytest.unraisableexception import gc_collect_iterations_key
 
     session.config.stash[gc_collect_iterations_key] = 1
+
+
+def _ended_as_interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config):
+    """A SIGTERM (`pkill`, a CI job's timeout) ends the session as Ctrl-C does, so the tests' `finally` blocks and
+    fixtures stop the runs they started: killed by SIGTERM's default, pytest left test_detach's detached run (100,000
+    steps) training for 40 minutes beside the next session's tests."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _ended_as_interrupted)

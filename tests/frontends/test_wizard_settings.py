@@ -196,6 +196,7 @@ def test_choosing_random_init_on_the_model_step_shows_the_warning(tmp_path):
     assert run(walk(None)) == (False, "", "Qwen/Qwen2.5-7B-Instruct")       # no random-init unless chosen
 
 
+@pytest.mark.long
 def test_the_weights_field_shows_what_the_run_starts_from_and_follows_the_model_until_typed(tmp_path):
     """A config-only catalog model's run starts from random init: its weights field said the model's id
     (scaletrain/tiny-phi3) while the write step warned of random-init weights (walked at 80x24)."""

@@ -21,6 +21,9 @@ from scaletrain.trainer import data as data_mod
 from scaletrain.trainer.model import tokenizer_for
 from scaletrain.trainer.train import make_schedule
 
+# the data profile runs as a subprocess and the trainer's data code blocks the demo: over test-fast's 2.5 CPU-seconds
+pytestmark = pytest.mark.long
+
 
 def _trainer_steps(plan, train: TrainOptions) -> tuple[int, Any]:
     """(blocks of the data, steps per epoch) as the trainer makes them of the bundled data for this plan
