@@ -6,7 +6,6 @@ overrides, then explicit flags; the preset is read once (`Asked`). The flags are
 
 from __future__ import annotations
 
-import math
 
 from dataclasses import dataclass, replace
 from typing import Any
@@ -88,8 +87,9 @@ def asked_from_args(args: Any) -> Asked:
 
                 raise ScaletrainError(no_blocks(resolve_data(data).spec, profile.data["seq_len"], train.packing))
             if profile.blocks and not profile.error:           # the trainer's rows: blocks of seq_len tokens
-                held_out = math.ceil(train.eval_fraction * profile.blocks) if train.eval_fraction else 0
-                fields["dataset_size"] = profile.blocks - held_out    # less the eval split (trainer/evaluate.py)
+                from scaletrain.engine.request.data_profile import trained_blocks
+
+                fields["dataset_size"] = trained_blocks(profile.blocks, train.eval_fraction)   # less the eval split
     return Asked(fields, train, data, weights, profile)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import subprocess
 from dataclasses import dataclass
@@ -26,6 +27,12 @@ from scaletrain.engine.request.data_source import resolve_data
 from scaletrain.engine.units import fmt_count
 
 PROFILE_TIMEOUT_S = 600     # a tokenizer load and a large file on a busy machine
+
+
+def trained_blocks(blocks: int, eval_fraction: float) -> int:
+    """The blocks left to train on when train.eval_fraction of them is held out (trainer/evaluate.py takes
+    ceil(fraction × blocks) for eval); what a plan counts as its samples."""
+    return blocks - (math.ceil(eval_fraction * blocks) if eval_fraction else 0)
 
 
 @dataclass(frozen=True)

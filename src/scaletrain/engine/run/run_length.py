@@ -74,10 +74,12 @@ def known_length(request: Any, train: Any) -> KnownLength:
             return KnownLength(None, f"{train.dataset} cannot be counted here")
         blocks = _data_blocks(request, train, str(train.dataset))
         if blocks is not None and rows:
-            held = math.ceil(train.eval_fraction * blocks) if train.eval_fraction else 0
-            after = f", {blocks - held:,} after {train.eval_fraction:g} held out for eval" if held else ""
-            return KnownLength(blocks - held, f"{train.dataset}: {rows:,} rows "
-                                              f"{_blocked(blocks, rows, request, train)}{after}")
+            from scaletrain.engine.request.data_profile import trained_blocks
+
+            trained = trained_blocks(blocks, train.eval_fraction)
+            after = f", {trained:,} after {train.eval_fraction:g} held out for eval" if trained != blocks else ""
+            return KnownLength(trained, f"{train.dataset}: {rows:,} rows "
+                                        f"{_blocked(blocks, rows, request, train)}{after}")
         packed = " counted one sample each (not tokenized here)" if train.packing and rows else ""
         return KnownLength(rows, f"{train.dataset}, {rows:,} rows{packed}" if rows else str(train.dataset))
     path = bundled_dataset(request.objective or "sft")
@@ -110,13 +112,8 @@ def _data_blocks(request: Any, train: Any, spec: str) -> int | None:
     the run's tokenizer, a subprocess cached per file version. The wizard counted rows where `plan --data` counted
     blocks (10,000 chats of ~500 tokens packed into 2,048-token blocks: four times the steps). None when the
     tokenizer is not on this machine (the profile's note): the rows are counted then."""
-    from scaletrain.engine.request.weights import resolve_weights
-
-    if not request.model:
-        return None
-    try:
-        weights = resolve_weights(train.model_source, request.model)
-    except Exception:            # noqa: BLE001 - a model the plan itself refuses, in its own words
+    weights = _run_weights(request, train)
+    if weights is None:
         return None
     columns = tuple(sorted((train.data_columns or {}).items()))
     return _profiled_blocks(spec, _version(spec), request.model, weights, int(request.seq_len), bool(train.packing),
@@ -129,17 +126,25 @@ def _bundled_blocks(request: Any, train: Any, path: str) -> int | None:
     download, no torch, ~0.2 s once and cached. The wizard's first run on the CPU planned 7 steps of 1,000 rows
     where the trainer packed them into 31 blocks of 2048 tokens and ran 1 step. A real tokenizer is the Hub's:
     not fetched to count a demo (the rows are counted, and the plan says so). None when not known."""
-    from scaletrain.engine.request.weights import RANDOM_INIT, resolve_weights
+    from scaletrain.engine.request.weights import RANDOM_INIT
 
-    if (request.objective or "sft") != "sft" or not request.model:
-        return None
-    try:
-        if resolve_weights(train.model_source, request.model) != RANDOM_INIT:
-            return None
-    except Exception:            # noqa: BLE001 - a model the plan itself refuses, in its own words
+    if (request.objective or "sft") != "sft" or _run_weights(request, train) != RANDOM_INIT:
         return None
     return _profiled_blocks(path, _version(path), request.model, RANDOM_INIT, int(request.seq_len),
                             bool(train.packing), ())
+
+
+def _run_weights(request: Any, train: Any) -> str | None:
+    """The weights the run starts from (engine.request.weights.resolve_weights); None without a model, or for one
+    the plan itself refuses, in its own words."""
+    from scaletrain.engine.request.weights import resolve_weights
+
+    if not request.model:
+        return None
+    try:
+        return resolve_weights(train.model_source, request.model)
+    except Exception:            # noqa: BLE001 - the plan's own refusal says why
+        return None
 
 
 @lru_cache(maxsize=64)
