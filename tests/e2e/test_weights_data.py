@@ -85,6 +85,13 @@ def test_an_hf_model_neither_cached_nor_reachable_is_one_line_with_a_did_you_mea
     assert "HF_HUB_OFFLINE" in err and "config.json path" in err and "did you mean meta-llama/Llama-3.1-70B?" in err
 
 
+def test_a_base_model_not_here_is_pointed_at_its_catalog_variant(offline_cache, capsys):
+    """Qwen/Qwen2.5-7B (the base) is not in the catalog; its Instruct variant is: the nearest id, not a model whose
+    name only shares letters (it said "did you mean Qwen/Qwen3-4B?")."""
+    err = _fails(capsys, ["plan", "--model", "Qwen/Qwen2.5-7B", "--gpus", "8xH100"], "unknown model")
+    assert "did you mean Qwen/Qwen2.5-7B-Instruct?" in err
+
+
 # ---- weights ------------------------------------------------------------------------------------------------------
 def test_weights_default_to_the_models_own_and_random_init_is_a_red_warning(capsys):
     assert _json(capsys, "--model", "Qwen/Qwen3-4B", "--gpus", "8xRTX4090")["weights"]["source"] == "Qwen/Qwen3-4B"

@@ -401,7 +401,8 @@ def test_help_and_save_preset(tmp_path, monkeypatch):
 
 @pytest.mark.long
 def test_every_step_fits_80x24(tmp_path):
-    """At the smallest terminal the wizard supports, each step's focused widget is on screen."""
+    """At the smallest terminal the wizard supports, each step's focused widget is on screen, and the plan step's
+    alternatives show every column (the last, what a row changes, was cut at 80 columns)."""
     app = create_app(parse_args(["--gpus", "4xH200", "--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora",
                       "--run-dir", str(tmp_path / "run")]), detect=no_gpu, launch=False)
 
@@ -414,6 +415,9 @@ def test_every_step_fits_80x24(tmp_path):
                 region = focused.region
                 assert region.width > 0 and region.height > 0
                 assert 0 <= region.y < 24 and region.right <= 80, f"step {step + 1}: {focused} at {region}"
+                if step == 3:       # the plan step: every column of the alternatives is on screen, none cut
+                    table = app.screen.query_one("#alternatives")
+                    assert table.row_count > 1 and table.max_scroll_x == 0, (table.virtual_size, table.size)
                 if step < 4:
                     await press(pilot, app, "ctrl+n")
 

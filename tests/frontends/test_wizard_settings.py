@@ -222,6 +222,43 @@ def test_the_weights_field_shows_what_the_run_starts_from_and_follows_the_model_
 
 
 @pytest.mark.long
+def test_an_hf_id_that_begins_a_catalog_id_is_kept_when_tabbed_past_the_list(tmp_path, monkeypatch):
+    """Qwen/Qwen2.5-7B (the base model, here in the HF cache) begins the catalog's Qwen/Qwen2.5-7B-Instruct: enter
+    picks the catalog's, as the hint says, and the hint says how to keep the typed id; tabbing past the list kept
+    the text but checked nothing (no model line, the weights empty) until the write step (walked at 80x24)."""
+    from scaletrain.engine.catalog.architectures import catalog_entry
+
+    root = tmp_path / "hf" / "hub"
+    snap = root / "models--Qwen--Qwen2.5-7B" / "snapshots" / "0123abcd"
+    snap.mkdir(parents=True)
+    (root / "models--Qwen--Qwen2.5-7B" / "refs").mkdir()
+    (root / "models--Qwen--Qwen2.5-7B" / "refs" / "main").write_text("0123abcd")
+    (snap / "config.json").write_text(json.dumps(catalog_entry("Qwen/Qwen2.5-7B-Instruct")["config"]))
+    monkeypatch.setenv("HF_HUB_CACHE", str(root))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    app = create_app(parse_args(["--gpus", "2xH100", "--run-dir", str(tmp_path / "run")]), detect=no_gpu,
+                     launch=False)
+
+    async def walk():
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(pilot, app)
+            await press(pilot, app, "ctrl+n")
+            await retype(pilot, app, "model", "Qwen/Qwen2.5-7B")
+            hint = text_of(app, "#model-info")
+            await press(pilot, app, "tab")                   # into the suggestions: still a search
+            in_list = text_of(app, "#model-info")
+            await press(pilot, app, "tab")                   # past them
+            return (hint, in_list, text_of(app, "#model-info"), app.screen.query_one("#in-model").value,
+                    app.screen.query_one("#in-weights").value)
+
+    hint, in_list, info, model, weights = run(walk())
+    assert "enter picks Qwen/Qwen2.5-7B-Instruct" in hint and "tab past the list keeps Qwen/Qwen2.5-7B" in hint
+    assert in_list == hint
+    assert model == weights == "Qwen/Qwen2.5-7B"
+    assert info.startswith("Qwen/Qwen2.5-7B · qwen2 · 7,615,616,512 params"), info
+
+
+@pytest.mark.long
 def test_qlora_from_random_init_is_refused_before_writing(tmp_path):
     app = create_app(parse_args(["--gpus", "4xH200", "--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "qlora",
                       "--effective-batch", "64", "--run-dir", str(tmp_path / "run")]), detect=no_gpu, launch=False)

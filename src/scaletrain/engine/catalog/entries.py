@@ -42,6 +42,10 @@ def did_you_mean(spec: str) -> str | None:
     prefixed = [i for i in ids if name.startswith(i.split("/")[-1].lower())]    # Qwen3-4B-Instruct → Qwen3-4B
     if prefixed:
         return max(prefixed, key=len)
+    # the base model of a catalog variant (Qwen/Qwen2.5-7B → Qwen/Qwen2.5-7B-Instruct): the shortest such id
+    extended = [i for i in ids if i.split("/")[-1].lower().startswith(name) and name]
+    if extended:
+        return min(extended, key=len)
     hit = difflib.get_close_matches(spec, ids, n=1, cutoff=0.6)
     if not hit:
         names = {i.split("/")[-1].lower(): i for i in ids}

@@ -127,9 +127,10 @@ def pin_cost(request: PlanRequest, plan: Plan, hardware: Hardware | None = None)
                    best.time.total_seconds)
 
 
-def row_versus(row: Any, plan: Plan) -> str:
+def row_versus(row: Any, plan: Plan, named: bool = True) -> str:
     """What an alternatives row (engine.plan.rows.AlternativeRow) differs in from the plan on screen, and what that
-    changes: "−8.9 s +3.00 GiB: FSDP, 4×4" ('the plan above' for the plan's own choices)."""
+    changes: "−8.9 s +3.00 GiB: FSDP, 4×4" ('the plan above' for the plan's own choices); `named=False`: the change
+    alone ("−8.9 s +3.00 GiB"), where the row's own cells show what differs."""
     s = plan.setup
     mine, _theirs = _differing(row_setup_view(row, s), s, short=True)
     if not mine:
@@ -138,7 +139,8 @@ def row_versus(row: Any, plan: Plan) -> str:
     dm = row.per_gpu_bytes - plan.memory.total_bytes
     sign_t = "+" if dt >= 0 else "−"
     sign_m = "+" if dm >= 0 else "−"
-    return f"{sign_t}{fmt_seconds(abs(dt))} {sign_m}{fmt_bytes(abs(dm))}: {', '.join(mine)}"
+    change = f"{sign_t}{fmt_seconds(abs(dt))} {sign_m}{fmt_bytes(abs(dm))}"
+    return f"{change}: {', '.join(mine)}" if named else change
 
 
 @dataclass(frozen=True)

@@ -165,21 +165,28 @@ def why_lines(plan: Plan, explanation: str | None = None) -> list[Text]:
     return out
 
 
+# the offloaded states in a row's strategy cell (the table's title says what they mean)
+OFFLOAD_MARK = {"none": "", "optimizer": "+opt", "all": "+all"}
+
+
 def alternative_row(row: AlternativeRow, plan: Plan | None = None) -> tuple[str, ...]:
     """One row of the planner's ranked alternatives (engine.plan.tables.rank_alternatives) and, beside the plan on
-    screen, what it differs in and what that changes (engine.plan.pins.row_versus)."""
+    screen, what that row changes (engine.plan.pins.row_versus; its own cells show what differs): 80 columns wide."""
     from scaletrain.engine.plan.pins import row_versus
 
     return (
         str(row.rank),
-        row.strategy.label + ("" if row.offload == "none" else f"+off:{row.offload}"),
+        row.strategy.label + OFFLOAD_MARK[row.offload],
         f"{row.micro_batch}×{row.grad_accum}",
         "on" if row.grad_ckpt else "off",
         fmt_bytes(row.per_gpu_bytes),
         fmt_seconds(row.step_seconds),
         fmt_seconds(row.epoch_seconds) if row.epoch_seconds else "–",
-        row_versus(row, plan) if plan is not None else "",
+        row_versus(row, plan, named=False) if plan is not None else "",
     )
 
 
-ALTERNATIVE_COLUMNS = ("#", "strategy", "micro×accum", "ckpt", "per GPU", "step", "epoch", "vs the plan above")
+# 80 columns hold every cell: "batch" is micro×accum, and the last column says what a row changes only (its own cells
+# show what differs)
+ALTERNATIVE_COLUMNS = ("#", "strategy", "batch", "ckpt", "per GPU", "step", "epoch", "vs the plan above")
+ALTERNATIVES_TITLE = "alternatives (enter picks; +opt/+all: optimizer/all states offloaded)"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual import on, work
+from textual import events, on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Input, Label, OptionList, RadioButton, RadioSet, Static
@@ -21,10 +21,16 @@ from scaletrain.tui.wizard.screen_base import WizardStep
 from scaletrain.tui.widgets.field import Field
 from scaletrain.tui.wizard.sources import model_weights, parse_weights
 from scaletrain.tui.wizard.state import (FieldError, WizardState, field_value, format_residents, hardware_for,
-                                         parse_int, parse_named, parse_residents, parse_targets, weights_text,
-                                         followed_weights)
+                                         parse_int, parse_named, parse_residents, parse_targets, weights_text)
 
 BASE_BITS_CHOICES = (16, 8, 4)
+
+
+def _own_model(text: str) -> bool:
+    """Typed text that names a model by itself, not only a search: an HF id (org/name) or a path."""
+    return "/" in text or text.startswith(("~", "."))
+
+
 # The chosen method in words beside its radio buttons (a pressed button is otherwise only a coloured dot).
 METHOD_WORDS = {"full": "→ full fine-tuning", "lora": "→ LoRA adapters", "qlora": "→ LoRA on a 4-bit base"}
 # The objective's radio labels: what each trains (engine.vocabulary.Objective), short enough for 80 columns.
@@ -126,12 +132,26 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
         if text and text not in self.wizard.catalog_ids and found:
             # still a search: the suggestions speak, not an "unknown model" error, and the weights stay as they are
             self._info_spec = None          # a model check still under way for an earlier text is not shown
+            # an id or path typed in full (Qwen/Qwen2.5-7B beside the catalog's Qwen/Qwen2.5-7B-Instruct) is a model
+            # of its own: tab past the list keeps it (checked when focus moves on, _model_left)
+            keeps = f", tab past the list keeps {text}" if _own_model(text) else ""
             self.query_one("#model-info", Static).update(Text(
                 f"{len(found)} catalog match{'es' if len(found) != 1 else ''}: enter picks {found[0]}, "
-                "↓ chooses another", style="dim"))
+                f"↓ chooses another{keeps}", style="dim"))
             return
         self._follow_model(event.value)
         self.load_info(event.value)
+
+    @on(events.DescendantFocus)
+    def _model_left(self, event: events.DescendantFocus) -> None:
+        """Focus moved past the model field and its suggestions (tab, a click) with a search still typed: the text
+        is the model now, so it is checked and the weights follow it, as enter does for a catalog id."""
+        if event.widget.id in ("in-model", "models"):
+            return
+        text = self.query_one("#in-model", Input).value.strip()
+        if text and text != self._info_spec:
+            self._follow_model(text)
+            self.load_info(text)
 
     @on(OptionList.OptionSelected, "#models")
     def _model_picked(self, event: OptionList.OptionSelected) -> None:
@@ -141,7 +161,7 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
         """The weights field follows the model field (its own weights) until the user types other weights."""
         weights = self.query_one("#field-weights", Field)
         if weights.value.strip() in ("", self._weights_followed.strip()):
-            weights.value = self._weights_followed = followed_weights(model)
+            weights.value = self._weights_followed = model_weights(model)
 
     def pick(self, model_id: str) -> None:
         inp = self.query_one("#in-model", Input)

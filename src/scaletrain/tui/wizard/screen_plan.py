@@ -94,7 +94,7 @@ the run trains as the trainer will run it (a `train.max_steps` overrides the epo
 
     def on_mount(self) -> None:
         table = self.query_one("#alternatives", DataTable)
-        table.border_title = "alternatives (enter picks)"
+        table.border_title = plan_text.ALTERNATIVES_TITLE
         table.add_columns(*plan_text.ALTERNATIVE_COLUMNS)
         table.focus()
         self.show_plan(self.wizard.plan)

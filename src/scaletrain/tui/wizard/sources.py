@@ -24,8 +24,15 @@ def parse_weights(text: str) -> str:
 
 
 def model_weights(model: str) -> str:
-    """A model's own weights, as --weights means when not given (random-init for config-only models)."""
-    return default_weights(model)
+    """The weights a run of `model` starts from when none are named, as --weights means when not given (the model's
+    own; random-init for a config-only model: engine.request.weights.default_weights); "" for no model, and the text
+    as typed for what is not a model yet (a catalog search, a half-typed path: the model field's own check speaks)."""
+    if not model.strip():
+        return ""
+    try:
+        return default_weights(model)
+    except Exception:          # noqa: BLE001 - not a model yet (above)
+        return model.strip()
 
 
 def parse_data(text: str) -> DataSource | None:

@@ -26,10 +26,10 @@ from scaletrain.engine.plan.what_if import repaired, what_if_changes
 from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.request.data_source import DataSource, resolve_data
 from scaletrain.engine.request.records import check_data
-from scaletrain.engine.request.weights import default_weights, resolve_weights, weights_problem, weights_warning
+from scaletrain.engine.request.weights import resolve_weights, weights_problem, weights_warning
 from scaletrain.engine.plan.pins import PinCost, pin_cost
 from scaletrain.engine.run.run_length import with_known_length
-from scaletrain.tui.wizard.sources import parse_data
+from scaletrain.tui.wizard.sources import model_weights, parse_data
 from scaletrain.engine.request.args import asked_from_args
 from scaletrain.engine.request.fields import FORM_FIELD, PIN_FIELDS, parse_resident, screen_fields
 
@@ -383,18 +383,7 @@ def weights_text(state: WizardState) -> str:
     own id or folder; random-init for a config-only model, which the field showed as the model's id)."""
     if state.weights_chosen:
         return state.train.model_source
-    return followed_weights(state.request.model or "")
-
-
-def followed_weights(model: str) -> str:
-    """The weights a run of `model` starts from when none are named (engine.request.weights.default_weights); the
-    text as typed for what is not a model yet (a catalog search)."""
-    if not model.strip():
-        return ""
-    try:
-        return default_weights(model)
-    except Exception:          # noqa: BLE001 - a half-typed path or id: the model field's own check speaks
-        return model.strip()
+    return model_weights(state.request.model or "")
 
 
 def weights_verdict(state: WizardState) -> tuple[str | None, str | None]:
