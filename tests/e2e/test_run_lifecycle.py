@@ -187,6 +187,35 @@ class _Evil:
 
 
 @pytest.mark.slow
+def test_a_fresh_launch_over_a_trained_run_keeps_the_earlier_training_apart(demo_run, tmp_path):
+    """`scaletrain launch RUN` without --resume on a run that trained (a copy of the shared demo run: checkpoints at
+    6 and 12, step 12 exported), now planned for 6 steps: the new step-6/ replaced the old one while the old
+    step-12/ stayed, so a later --resume continued the OLD run's step 12; the end-of-run export was refused by
+    the old export/step-12/ (a warning in the rank log only). Now the earlier checkpoints, metrics and export move
+    to attempts/<n>-<stamp>/ and the launch says so."""
+    run = demo_run.copy(tmp_path / "run")
+    old12 = (run.checkpoints / "step-12" / "trainer_state.json").read_bytes()
+    plan = json.loads(run.plan.read_text())
+    plan["train"]["max_steps"] = 6
+    run.plan.write_text(json.dumps(plan))
+
+    out = subprocess.run([*CLI, "launch", str(run.path)], capture_output=True, text=True, timeout=300,
+                         stdin=subprocess.DEVNULL, env=dict(os.environ, COLUMNS="400"))
+    assert out.returncode == 0, out.stdout + out.stderr + run.rank_log(0).read_text()[-2000:]
+    (aside,) = (run.path / "attempts").iterdir()
+    assert (f"this launch starts at step 0: the earlier launch's checkpoints, metrics.jsonl, tensorboard, export "
+            f"moved to attempts/{aside.name}/; `--resume` would have continued from its step-12") in out.stdout
+    assert sorted(p.name for p in run.checkpoints.iterdir()) == ["step-6"]        # this run's only
+    assert run.newest_checkpoint() == run.checkpoints / "step-6"
+    assert (aside / "checkpoints" / "step-12" / "trainer_state.json").read_bytes() == old12
+    assert sorted(p.name for p in (aside / "export").iterdir()) == ["step-12"]
+    assert json.loads((aside / "launch.json").read_text())["newest_checkpoint"] == "step-12"
+    assert [r.step for r in read_metrics(run.metrics)] == list(range(1, 7))      # one series, this run's
+    assert json.loads((run.export_dir(6) / "export.json").read_text())["step"] == 6
+    assert "export of step" not in run.rank_log(0).read_text().split("==> scaletrain launch")[-1]  # no failure
+
+
+@pytest.mark.slow
 def test_resume_runs_no_pickle_skips_a_damaged_checkpoint_and_keeps_each_step_once(ddp_run, tmp_path):
     """A copy of the shared DDP run (tests/conftest.py: 24 steps, checkpoints at 10, 20 and 24) with its two newest
     checkpoints damaged, resumed: it falls back to step-10 and trains on from there."""

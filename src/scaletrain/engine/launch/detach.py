@@ -52,6 +52,7 @@ class Detached:
     pid: int                    # the detached launcher
     state: str                  # status.json's state when start_detached returned ("running", or "starting")
     log: Path                   # where its own output goes
+    notes: tuple[str, ...] = ()  # what the launch's checks said (prepare_launch), in its log too
 
 
 def detached_argv(run_dir: Path, *, resume: bool = False, machine_rank: int | None = None,
@@ -88,6 +89,8 @@ def start_detached(run_dir: str | os.PathLike[str], *, resume: bool = False, env
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
         out = open(log, "ab")
+        out.write("".join(f"scaletrain: note: {n}\n" for n in prep.notes).encode())
+        out.flush()
     except OSError as e:
         raise ScaletrainError(f"cannot write {log}: {os_error_reason(e)}") from None
     try:
@@ -98,7 +101,7 @@ def start_detached(run_dir: str | os.PathLike[str], *, resume: bool = False, env
     finally:
         out.close()
     state = _wait_running(proc, prep.status, log, wait_s)
-    return Detached(prep.run.path, proc.pid, state, log)
+    return Detached(prep.run.path, proc.pid, state, log, prep.notes)
 
 
 def _wait_running(proc: subprocess.Popen, status: Path, log: Path, wait_s: float) -> str:

@@ -47,6 +47,7 @@ from scaletrain.engine.request.options import TrainOptions, bundled_demo_dataset
 from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
 from scaletrain.engine.launch.prefetch import prefetch
 from scaletrain.engine.request.data_source import is_hub_dataset
+from scaletrain.engine.launch.attempts import set_aside_earlier
 from scaletrain.engine.launch.processes import TRACK_SECONDS, ProcessTree, oom_kill_count, process_start
 from scaletrain.engine.launch.rank_logs import RankLogs
 from scaletrain.engine.launch.registry import register_quietly
@@ -211,13 +212,18 @@ def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None 
     per_node_gpus = doc.gpus_per_node if isinstance(doc.gpus_per_node, int) else 1
     require_local_gpus("cpu" if doc.on_cpu else "cuda", per_node_gpus, f"{run.path} ({doc.gpu or 'GPU'})")
     offset = node * per_node
-    if not train.script:                     # the bundled trainer's checkpoints and logs must fit the disk
-        check_room(run.path, doc.replan()[1], train, written_bytes=_bytes_under(run.checkpoints))
+    # the bundled trainer's checkpoints and logs must fit the disk; a fresh start's old checkpoints stay on it
+    if not train.script:
+        check_room(run.path, doc.replan()[1], train, written_bytes=_bytes_under(run.checkpoints) if resume else 0)
     fetched = prefetch(train, progress)                  # the hub's files on this node, the tokenizer checked
     lock = RunLock(run.node_lock(node)).acquire(_what(run, node))       # last: a refused launch leaves no lock
+    # a fresh start over an earlier launch's training: that training kept aside, not overwritten (attempts.py); the
+    # head node's folder (a node without a shared filesystem keeps its own partitions, the head's commit decides)
+    aside = set_aside_earlier(run) if not resume and not train.script and node == 0 else None
     return PreparedLaunch(run, argv, nprocs, single, offset, range(offset, offset + (1 if single else per_node)),
                           machine_rank=node, num_machines=nmachines, main_process_ip=str(head) if head else None,
-                          threads=threads, lock=lock, notes=loop_notes(doc, train) + fetched.notes,
+                          threads=threads, lock=lock,
+                          notes=loop_notes(doc, train) + fetched.notes + ((aside,) if aside else ()),
                           env=tuple({**elastic_env(train, multi_node=nmachines > 1), **fetched.env}.items()))
 
 

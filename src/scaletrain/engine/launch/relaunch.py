@@ -14,9 +14,7 @@ variables of the relaunched processes (also written to the attempt's record).
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from pathlib import Path
@@ -29,7 +27,8 @@ from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.request.fields import HARDWARE_FIELDS, RESUMABLE_FIELDS
 from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.launch.launcher import LaunchResult, launch
-from scaletrain.engine.run.layout import BACKED_UP, RunDir
+from scaletrain.engine.launch.attempts import backup_attempt
+from scaletrain.engine.run.layout import RunDir
 from scaletrain.engine.request.options import TrainOptions
 from scaletrain.engine.run.plan_document import PlanDocument, read_plan_document
 from scaletrain.engine.launch.status import read_status
@@ -37,9 +36,7 @@ from scaletrain.engine.run.writers import render_run_files
 
 # Train options that only decide which checkpoints are written: the schedule and the data order stay.
 RESUMABLE_TRAIN_OPTIONS = frozenset({"checkpoint_every", "keep_checkpoints", "save_checkpoints"})
-ATTEMPTS_DIR = "attempts"
 ENV_PREFIX, TRAIN_PREFIX = "env.", "train."
-# What an attempt's backup keeps (the run-directory layout's files; logs are copied, the launcher appends to them).
 
 
 @dataclass(frozen=True)
@@ -97,27 +94,6 @@ def resume_blocker(old: PlanDocument, new_plan: Plan, plan_c: dict[str, Any],
     if schedule:
         return f"train option {', '.join(schedule)} needs a fresh schedule"
     return None
-
-
-def _backup(run: RunDir, record: dict[str, Any], move: tuple[str, ...] = ()) -> Path:
-    """attempts/<n>-<stamp>/: copies of the plan files and logs as they were; `move` names are moved there."""
-    root = run.path / ATTEMPTS_DIR
-    root.mkdir(exist_ok=True)
-    n = 1 + sum(1 for p in root.iterdir() if p.is_dir())
-    dest = root / f"{n:02d}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    dest.mkdir()
-    for name in BACKED_UP:
-        src = run.path / name
-        if src.is_file() and name not in move:
-            shutil.copy2(src, dest / name)
-    if run.logs.is_dir():
-        shutil.copytree(run.logs, dest / run.logs.name)
-    for name in move:
-        src = run.path / name
-        if src.exists():
-            shutil.move(str(src), str(dest / name))
-    atomic_write(dest / "remedy.json", json.dumps(record, indent=2, default=str) + "\n", backup=False)
-    return dest
 
 
 @dataclass(frozen=True)
@@ -178,7 +154,7 @@ def apply_remedy(run_dir: str | os.PathLike[str], changes: dict[str, Any], *, re
     record = {"title": title, "changes": changes, "resume_from": ck.name if resume else None,
               "restart_reason": blocker, "applied": datetime.now().isoformat(timespec="seconds")}
     move = (run.checkpoints.name, run.metrics.name) if blocker else ()
-    backup = _backup(run, record, move)
+    backup = backup_attempt(run, record, move)
     files = render_run_files(new_plan, new_req, train, run)
     for name, (text, mode) in files.items():
         atomic_write(run.path / name, text, mode=mode)

@@ -115,6 +115,6 @@ def run_headless(args: argparse.Namespace) -> int:
         from scaletrain.tui.cli.runs import print_detached
 
         d = start_detached(run.path, main_process_ip=ip)
-        print_detached(d.run_dir, d.pid, d.state)
+        print_detached(d.run_dir, d.pid, d.state, notes=d.notes)
         return 0
     return stream_run(run.path, main_process_ip=ip)

@@ -64,7 +64,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
         d = start_detached(args.run_dir, machine_rank=args.machine_rank, main_process_ip=args.main_process_ip,
                            resume=args.resume, script=args.script, script_args=tuple(args.script_args))
-        print_detached(d.run_dir, d.pid, d.state)
+        print_detached(d.run_dir, d.pid, d.state, notes=d.notes)
         return 0
     from scaletrain.tui.monitor.stream import stream_run
 

@@ -73,9 +73,11 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0 if st.over else 1
 
 
-def print_detached(run_dir: object, pid: int, state: str, out=None) -> None:
-    """What a detached launch says: where the run is and how to watch or stop it."""
+def print_detached(run_dir: object, pid: int, state: str, out=None, notes: tuple[str, ...] = ()) -> None:
+    """What a detached launch says: its launch's notes, where the run is and how to watch or stop it."""
     out = out or sys.stdout
+    for note in notes:
+        print(f"note: {note}", file=out)
     print(f"launched {run_dir} in the background (launcher pid {pid}, {state}); it keeps training when this "
           f"terminal closes.\n  watch: scaletrain monitor {run_dir}\n  list:  scaletrain runs\n  stop:  "
           f"scaletrain stop {run_dir}", file=out, flush=True)
