@@ -295,3 +295,18 @@ def test_a_run_that_failed_after_a_restart_names_both(tmp_path):
     assert d.summary.endswith("; after 1 elastic restart (restart 1: rank 1 killed by SIGKILL, resumed from step 4)")
     assert d.restarts == ("restart 1: rank 1 killed by SIGKILL, resumed from step 4",)
     assert "restarted" in KINDS
+
+
+def test_the_peers_of_a_stopped_run_are_every_ranks_not_those_before_a_failure():
+    """A run stopped from outside (Ctrl-C, `scaletrain stop`): no rank failed, so the peers line names every rank's
+    peak as the run was stopped (it said "before a rank failed, the other ranks' peaks")."""
+    from scaletrain.engine.doctor.peers import peer_report
+    from scaletrain.engine.run.metrics import RankMemory, StepMetrics
+
+    ranks = tuple(RankMemory(r, 2**30 * (r + 1), None, None) for r in range(2))
+    last = StepMetrics(7, 10, 0.5, 1.0, 1e-4, 1000.0, 0.1, 2, 0.0, peak_memory=ranks)
+    stopped = peer_report(None, None, last, stopped=True).line
+    failed = peer_report(1, None, last).line
+    assert stopped.startswith("at step 7, when the run was stopped, the ranks' peaks: rank 1") and "rank 0" in stopped
+    assert failed.startswith("at step 7, before rank 1 failed, the other ranks' peaks: rank 0") and "rank 1" not in \
+        failed.split(":", 1)[1]

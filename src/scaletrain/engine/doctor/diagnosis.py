@@ -188,7 +188,7 @@ def diagnose(logs: list[Path], plan: PlanDocument | None = None, exit_codes: dic
             chosen.details["gpu_total_bytes"] = int(cap)
     secondary = _secondary_lines(events, chosen)
     evidence = tuple(_dedupe(x.text for x in chosen.evidence))[:MAX_EVIDENCE_LINES]
-    peers = peer_report(chosen.rank, plan, last_step)
+    peers = peer_report(chosen.rank, plan, last_step, stopped=chosen.kind == "interrupted")
     diag = Diagnosis(kind=chosen.kind, rank=chosen.rank, gpu=gpu, summary="", evidence=evidence,
                      details=dict(chosen.details), secondary=secondary, node=peers.node if peers else None,
                      peers=peers.line if peers else None)

@@ -30,8 +30,10 @@ class PeerReport:
     peak_ratio: float | None            # the highest measured ÷ predicted allocated peak (GPU runs), ≥ 1 only
 
 
-def peer_report(rank: int | None, doc: PlanDocument | None, last: StepMetrics | None) -> PeerReport | None:
-    """None when no step was logged (the run died before its first optimizer step)."""
+def peer_report(rank: int | None, doc: PlanDocument | None, last: StepMetrics | None,
+                stopped: bool = False) -> PeerReport | None:
+    """None when no step was logged (the run died before its first optimizer step). `stopped`: no rank failed (the
+    run was stopped from outside): every rank's peak, said as such."""
     view: JobView = job_view(doc, last)
     if not view.cells:
         return None
@@ -43,7 +45,9 @@ def peer_report(rank: int | None, doc: PlanDocument | None, last: StepMetrics | 
     parts = [_peer(c) for c in others[:PEERS_SHOWN]]
     if len(others) > PEERS_SHOWN:
         parts.append(f"{len(others) - PEERS_SHOWN} more")
-    line = (f"at step {view.step}, before {who} failed, the other ranks' peaks: " + "; ".join(parts)) if parts else None
+    head = (f"at step {view.step}, when the run was stopped, the ranks' peaks: " if stopped else
+            f"at step {view.step}, before {who} failed, the other ranks' peaks: ")
+    line = (head + "; ".join(parts)) if parts else None
     ratios = [c.of_plan for c in view.cells if c.of_plan is not None]
     peak_ratio = max(ratios) if ratios else None
     return PeerReport(node, me.host if me is not None else None, line,
