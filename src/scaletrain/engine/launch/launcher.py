@@ -338,7 +338,7 @@ def _run(prep: PreparedLaunch, on_output: Callable[[int | None, str], None] | No
     def reader(stream: Any) -> None:
         for raw in iter(stream.readline, b""):
             rank, text = logs.feed(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
-            if on_output is not None:
+            if on_output is not None and text is not None:
                 try:
                     on_output(rank, text)
                 except Exception:          # a viewer's bug (or a hung-up terminal) must not stop log capture
@@ -388,6 +388,7 @@ def _run(prep: PreparedLaunch, on_output: Callable[[int | None, str], None] | No
         interrupted = True                     # the caller's own exception (a deadline, a viewer): stop, record
         raise
     finally:
+        logs.stopping = interrupted            # the agent's answer to the stop is not a crash (rank_logs.py)
         try:
             _stop(proc, tree, refresh, stop_grace_seconds if proc.poll() is None else (0.0, stop_grace_seconds[1]))
         except (KeyboardInterrupt, _Stop):      # a second Ctrl-C: go straight to SIGKILL

@@ -17,6 +17,12 @@ from scaletrain.engine.run.layout import RunDir
 # reads from the last mark on).
 LAUNCH_MARK = "==> scaletrain launch {stamp} <=="
 LAUNCH_MARK_RE = re.compile(r"^==> scaletrain launch .* <==$")
+# A stop the launcher was asked for (Ctrl-C, `scaletrain stop`, the monitor's s s): torchrun's agent answers the
+# SIGINT with a traceback of its own that ends in SignalException, which read as a crash at the end of the log and in
+# the monitor's log tail. Folded into one line that keeps the exception (the doctor's `interrupted` signature).
+TRACEBACK_START = "Traceback (most recent call last):"
+AGENT_SIGNAL = re.compile(r"SignalException: Process \d+ got signal: \d+")
+MAX_HELD_LINES = 200          # a longer block is not the agent's: written as it came
 
 class RankLogs:
     """Split prefixed console lines into logs/rank-<i>.log; the rest goes to logs/launcher.log."""
@@ -31,6 +37,8 @@ class RankLogs:
         self.launcher_lines: list[str] = []
         self.write_error: str | None = None
         self.disk_full = False
+        self.stopping = False            # set by the launcher once it stops the run (the block above)
+        self._held: list[str] = []       # a launcher traceback held while it may be the agent's answer to the stop
         run.logs.mkdir(parents=True, exist_ok=True)
 
     def start(self, ranks: range) -> None:
@@ -58,24 +66,57 @@ class RankLogs:
                 self.write_error = f"cannot write logs/{name}: {os_error_reason(e) if isinstance(e, OSError) else e}"
             self.disk_full = self.disk_full or (isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS)
 
-    def feed(self, line: str) -> tuple[int | None, str]:
-        """Route one line; returns (rank or None for the launcher, the line without its prefix)."""
+    def feed(self, line: str) -> tuple[int | None, str | None]:
+        """Route one line; returns (rank or None for the launcher, the line without its prefix; None while it is
+        held: a launcher traceback during a stop, see TRACEBACK_START)."""
         p = split_prefix(line)
-        if p is not None:
-            rank = p.number + (0 if p.role == "rank" else self.rank_offset)
-            text = line[p.end:]
-            name = self.run.rank_log(rank).name
-        else:
-            rank, text, name = (0 if self.single else None), line, self.launcher_log
-            self.launcher_lines.append(line)
+        if p is None and (self._held or (self.stopping and line.strip() == TRACEBACK_START)):
+            with self._lock:
+                return self._hold(line)
+        if p is None:
+            with self._lock:
+                self._launcher(line)
+            return (0 if self.single else None), line
+        rank = p.number + (0 if p.role == "rank" else self.rank_offset)
+        text = line[p.end:]
         with self._lock:
-            self._write(name, text)
-            if rank is not None and name == self.launcher_log:
-                self._write(self.run.rank_log(rank).name, text)
+            self._write(self.run.rank_log(rank).name, text)
         return rank, text
+
+    def _launcher(self, text: str) -> None:
+        """A launcher line (caller holds the lock): logs/launcher.log, and rank 0's log in a single-process run."""
+        self.launcher_lines.append(text)
+        self._write(self.launcher_log, text)
+        if self.single:
+            self._write(self.run.rank_log(0).name, text)
+
+    def _hold(self, line: str) -> tuple[int | None, str | None]:
+        """A launcher line inside a traceback during a stop (caller holds the lock): the agent's block ending in
+        SignalException becomes one line; any other block is written as it came."""
+        self._held.append(line)
+        ended = not line.startswith((" ", "\t")) and line.strip() not in ("", TRACEBACK_START)
+        m = AGENT_SIGNAL.search(line) if ended else None
+        if m:
+            self._held = []
+            text = f"scaletrain: torchrun's agent stopped as asked ({m.group(0)}; its traceback left out)"
+        elif ended or len(self._held) > MAX_HELD_LINES:
+            text = self._release()
+        else:
+            return None, None
+        self._launcher(text)
+        return (0 if self.single else None), text
+
+    def _release(self) -> str:
+        """Write the held lines but the last as they came (caller holds the lock); the last is returned."""
+        held, self._held = self._held, []
+        for text in held[:-1]:
+            self._launcher(text)
+        return held[-1]
 
     def close(self) -> None:
         with self._lock:
+            if self._held:
+                self._launcher(self._release())
             for f in self._files.values():
                 try:
                     f.close()
