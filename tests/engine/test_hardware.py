@@ -215,3 +215,20 @@ def test_the_cpu_device_s_processes_share_the_host_ram_they_plan_against(process
     assert plan.memory.capacity_bytes == hw.memory_per_process_bytes
     if plan.fits:            # the node's processes together within the host's limit
         assert processes * plan.memory.total_bytes <= CPU_DEVICE.memory_bytes * (1 - plan.memory.headroom_fraction)
+
+
+def test_a_plan_names_its_ranks_by_what_they_run_on():
+    """A CPU plan said "micro 4 × accum 2 × 2 GPUs" and "per-GPU memory" on a machine without a GPU; one GPU was
+    "1 GPUs". The engine's device noun and count, in the explanation, the CLI and the wizard's lines."""
+    from scaletrain.engine.plan.planner import make_plan
+    from scaletrain.engine.request.request import PlanRequest
+    from scaletrain.tui.views.plan_text import batch_line, fit_line
+
+    assert parse_gpus("2xCPU").devices_text() == "2 processes" and parse_gpus("1xCPU").devices_text() == "1 process"
+    assert parse_gpus("8xH100-SXM").devices_text() == "8 GPUs" and parse_gpus("1xH100-SXM").devices_text() == "1 GPU"
+    assert parse_gpus("2x8xH100-SXM").devices_text() == "16 GPUs"
+    cpu = make_plan(PlanRequest(model="scaletrain/tiny-qwen2", gpus="2xCPU", effective_batch=16, seq_len=128))
+    assert "× 2 processes = 16" in cpu.explanation and "per process" in cpu.explanation and "GPU" not in cpu.explanation
+    assert "× 2 processes = 16 effective" in batch_line(cpu).plain and " per process of " in fit_line(cpu).plain
+    one = make_plan(PlanRequest(model="Qwen/Qwen2.5-0.5B-Instruct", gpus="1xH100-SXM", effective_batch=8))
+    assert "× 1 GPU = 8" in one.explanation and "per GPU" in one.explanation

@@ -222,6 +222,32 @@ def test_the_weights_field_shows_what_the_run_starts_from_and_follows_the_model_
 
 
 @pytest.mark.long
+def test_the_lora_targets_hint_names_the_models_own_linears(tmp_path):
+    """phi3's blocks have qkv_proj and gate_up_proj: the hint said q_proj,k_proj,v_proj,… for every model, names the
+    plan then refuses for it (walked at 120x40)."""
+    from scaletrain.engine.catalog.architectures import load_model
+
+    app = create_app(parse_args(["--gpus", "2xCPU", "--run-dir", str(tmp_path / "run")]), detect=no_gpu,
+                     launch=False)
+
+    async def walk():
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot, app)
+            await press(pilot, app, "ctrl+n")
+            hints = []
+            for model in ("scaletrain/tiny-phi3", "Qwen/Qwen2.5-7B-Instruct"):
+                await retype(pilot, app, "model", model)
+                await press(pilot, app, "enter")
+                hints.append(field_message(app, "lora_targets").strip())
+            return hints
+
+    phi3, qwen = run(walk())
+    assert phi3 == "comma list of this model's block linears: o_proj,qkv_proj,gate_up_proj,down_proj"
+    assert load_model("scaletrain/tiny-phi3").block_linear_names == ("o_proj", "qkv_proj", "gate_up_proj", "down_proj")
+    assert qwen == "comma list of this model's block linears: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+
+
+@pytest.mark.long
 def test_an_hf_id_that_begins_a_catalog_id_is_kept_when_tabbed_past_the_list(tmp_path, monkeypatch):
     """Qwen/Qwen2.5-7B (the base model, here in the HF cache) begins the catalog's Qwen/Qwen2.5-7B-Instruct: enter
     picks the catalog's, as the hint says, and the hint says how to keep the typed id; tabbing past the list kept

@@ -23,9 +23,8 @@ from scaletrain.engine.catalog import traced as _traced
 from scaletrain.engine.catalog.entries import CATALOG_DIR, catalog_entry, catalog_ids, did_you_mean  # noqa: F401 - re-exported
 
 
-# Decoder-block layouts of the families counted analytically. A model_type not listed is traced instead
-# (engine/catalog/traced.py: its real modules and saved bytes measured once by measure/trace.py, then cached);
-# nothing reads these layouts for it.
+# Decoder-block layouts of the families counted analytically. A model_type not listed is traced instead, never
+# read from these (engine/catalog/traced.py: its real modules and saved bytes measured by measure/trace.py, cached).
 #   qkv_bias:  "flag" → q,k,v,o follow config.attention_bias; "qkv" → q,k,v always biased, o not (Qwen2);
 #              "qkv_flag" → q,k,v follow config.qkv_bias (default True), o not (Qwen2-MoE)
 #   qk_norm:   None | "head" (RMSNorm over head_dim, Qwen3/Gemma3) | "full" (over all heads, OLMo2)
@@ -117,6 +116,11 @@ class ModelArch:
         if refused is None:
             refused = _traced.peft_refuses(self.config, names, analytic_types())
         return tuple(n for n in names if n not in refused)
+
+    @property
+    def block_linear_names(self) -> tuple[str, ...]:
+        """A block's linears by the names LoRA targets take (the analytic seven, or a traced model's own)."""
+        return tuple(self.linear_shapes()) if self.trace is not None else BLOCK_LINEARS
 
     @property
     def can_checkpoint(self) -> bool:
@@ -453,9 +457,8 @@ def arch_from_config(cfg: Mapping[str, Any], name: str, structure: Mapping[str, 
 
 
 def _sizes_from_trace(cfg: dict[str, Any], structure: Mapping[str, Any] | None) -> tuple[dict, Mapping[str, Any]]:
-    """A traced family whose config.json spells its sizes its own way: the sizes as transformers' config object
-    answers them (its attribute_map), from the trace's structure; a model without attention heads (a state-space
-    stack) counts one head as wide as the model."""
+    """A traced family's sizes as transformers' config object answers them (its attribute_map), from the trace's
+    structure; a model without attention heads (a state-space stack) counts one head as wide as the model."""
     struct = structure if structure is not None else _traced.structure(cfg, analytic_types())
     sizes = dict(struct.get("sizes") or {})
     if "hidden_size" in sizes and "num_attention_heads" not in sizes and "num_attention_heads" not in cfg:
@@ -469,15 +472,13 @@ def analytic_types() -> str:
 
 
 def _with_trace(arch: ModelArch, structure: Mapping[str, Any] | None = None) -> ModelArch:
-    """A model_type without an analytic layout: its real modules and exact counts from a trace (cached; the first
-    time a subprocess builds it on the meta device, engine/catalog/traced.py), or as its catalog entry recorded one
-    (tests/engine/test_traced.py checks those against a fresh trace)."""
+    """A model_type without an analytic layout: its real modules and exact counts from a trace (cached, built on the
+    meta device by engine/catalog/traced.py), or as its catalog entry recorded one (checked by test_traced.py)."""
     from dataclasses import replace
 
     struct = structure if structure is not None else _traced.structure(arch.config, analytic_types())
     head_out = struct.get("head_out")      # the logits' width, where the class sizes its head its own way
-    # the decoder layers the model really has: longcat_flash's config answers num_hidden_layers = 2 × num_layers
-    # (two attention sublayers a layer), and planning 12 layers of 6 counted every gradient twice (+19 %)
+    # the model's own decoder layers: longcat_flash's config counts two a layer (every gradient twice, +19 %)
     kinds = struct.get("layer_kinds")
     depth = len(kinds) if isinstance(kinds, (list, tuple)) and kinds else arch.num_layers
     return replace(arch, trace=MappingProxyType(dict(struct)), exact_params=int(struct["params"]),
@@ -493,8 +494,7 @@ def load_model(spec: str, *, offline_only: bool = False) -> ModelArch:
 
 
 def load_config(spec: str) -> dict[str, Any]:
-    """The causal LM's config dict (a multimodal config's text part) for --model, resolved offline as load_model
-    resolves it but without counting anything: what the trainer builds the model from (no meta-device build, which
-    under an active ZeRO-3 config would go through DeepSpeed's zero.Init)."""
+    """The causal LM's config dict (a multimodal config's text part) for --model, resolved offline, nothing counted:
+    what the trainer builds from (no meta-device build, which under ZeRO-3 would go through zero.Init)."""
     cfg, _, _ = resolve_config(spec, True)
     return text_config(cfg)

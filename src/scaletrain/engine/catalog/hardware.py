@@ -243,6 +243,18 @@ class Hardware:
             return self.gpu.memory_bytes // max(self.gpus_per_node, 1)
         return self.gpu.memory_bytes
 
+    @property
+    def device_noun(self) -> str:
+        """What one rank runs on, as plans say it: 'GPU', or 'process' on the CPU device (a CPU plan said
+        "micro 4 × accum 2 × 2 GPUs" on a machine without one)."""
+        return "process" if self.gpu.arch == "cpu" else "GPU"
+
+    def devices_text(self, n: int | None = None) -> str:
+        """'8 GPUs', '1 GPU', '2 processes': n ranks (the world size when not given)."""
+        n = self.world_size if n is None else n
+        noun = self.device_noun
+        return f"{n} {noun}" if n == 1 else f"{n} {noun}es" if noun.endswith("s") else f"{n} {noun}s"
+
     def memory_text(self) -> str:
         """'79.65 GiB each', or 'host RAM 23.54 GiB, 11.77 GiB for each of 2 processes'."""
         from scaletrain.engine.units import fmt_bytes

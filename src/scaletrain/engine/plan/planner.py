@@ -29,7 +29,7 @@ def make_plan(req: PlanRequest, hardware: Hardware | None = None) -> Plan:
         got = req.micro_batch * req.grad_accum * setup.world_size
         if got != req.effective_batch:
             raise ScaletrainError(
-                f"micro batch {req.micro_batch} × grad accum {req.grad_accum} × {setup.world_size} GPUs = {got}, "
+                f"micro batch {req.micro_batch} × grad accum {req.grad_accum} × {setup.hardware.devices_text()} = {got}, "
                 f"not the effective batch {req.effective_batch}; drop one of them and scaletrain solves it")
     if not _fully_fixed(req):
         return solve(req, setup)
@@ -125,11 +125,12 @@ def explain(best: Candidate, res: SearchResult) -> str:
     m = best.plan.memory
     label = s.strategy.label
     usable = fmt_bytes(m.usable_bytes)
+    per = s.hardware.device_noun
     if "strategy" in res.fixed:
         why = f"{label} as requested"
     elif s.strategy == "ddp":
         why = (f"DDP because a full replica's model states ({fmt_bytes(m.model_states_unsharded_bytes)}) fit "
-               f"within {usable} per GPU")
+               f"within {usable} per {per}")
     else:
         simpler = STRATEGY_ORDER[:STRATEGY_ORDER.index(s.strategy)]
         fitting = {c.setup.strategy for c in res.ranked}
@@ -140,7 +141,7 @@ def explain(best: Candidate, res: SearchResult) -> str:
             lean = min(too_big, key=lambda c: c.per_gpu_bytes)
             names = "/".join(c.setup.strategy.label for c in too_big)
             reasons.append(f"model states need {fmt_bytes(m.model_states_unsharded_bytes)} unsharded, so "
-                           f"{names} cannot fit in {usable} per GPU ({lean.setup.strategy.label} needs at "
+                           f"{names} cannot fit in {usable} per {per} ({lean.setup.strategy.label} needs at "
                            f"least {fmt_bytes(lean.per_gpu_bytes)})")
         runner_up = next((c for c in res.ranked if c.setup.strategy != s.strategy), None)
         if runner_up is not None and runner_up.seconds_per_sample <= best.seconds_per_sample * (1 + TIE_TOLERANCE):
@@ -158,10 +159,10 @@ def explain(best: Candidate, res: SearchResult) -> str:
     if s.offload != "none":
         extras.append(f"offload {s.offload}")
     extras.append("grad-ckpt on" if s.grad_ckpt else "grad-ckpt off")
-    split = f"micro {s.micro_batch} × accum {s.grad_accum} × {s.world_size} GPUs = {s.effective_batch}"
+    split = f"micro {s.micro_batch} × accum {s.grad_accum} × {s.hardware.devices_text()} = {s.effective_batch}"
     if res.target is None and "micro_batch" not in res.fixed:
         split += f" (no --effective-batch: the largest micro batch that fits, at most {MAX_MICRO_BATCH_WITHOUT_TARGET})"
-    return (f"{why}; {split}, {', '.join(extras)}: {fmt_bytes(m.total_bytes)} of {usable} per GPU, "
+    return (f"{why}; {split}, {', '.join(extras)}: {fmt_bytes(m.total_bytes)} of {usable} per {per}, "
             f"{fmt_seconds(best.step_seconds)}/step predicted.")
 
 

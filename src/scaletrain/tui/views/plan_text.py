@@ -32,7 +32,7 @@ def hardware_line(plan: Plan) -> Text:
 def batch_line(plan: Plan) -> Text:
     s = plan.setup
     return Text.assemble("micro ", (str(s.micro_batch), "bold"), " × accum ", (str(s.grad_accum), "bold"),
-                         f" × {s.world_size} GPUs = ", (str(s.effective_batch), "bold cyan"), " effective")
+                         f" × {s.hardware.devices_text()} = ", (str(s.effective_batch), "bold cyan"), " effective")
 
 
 def objective_line(plan: Plan) -> Text:
@@ -77,7 +77,8 @@ def fit_line(plan: Plan) -> Text:
     verdict = ("✓ fits", "bold green") if m.fits else ("✗ does not fit", "bold red")
     spare = (f"{fmt_bytes(m.headroom_bytes)} spare" if m.headroom_bytes >= 0
              else f"{fmt_bytes(-m.headroom_bytes)} over the card")
-    return Text.assemble(verdict, f": {fmt_bytes(m.total_bytes)} per GPU of {fmt_bytes(m.capacity_bytes)} "
+    return Text.assemble(verdict, f": {fmt_bytes(m.total_bytes)} per {plan.setup.hardware.device_noun} of "
+                         f"{fmt_bytes(m.capacity_bytes)} "
                          f"(limit {fmt_bytes(m.usable_bytes)}, {spare})")
 
 
@@ -89,7 +90,8 @@ def time_line(plan: Plan, *, emphasis: bool = True) -> Text | None:
     bold = "bold" if emphasis else ""
     out = Text.assemble("time: ", (f"{fmt_seconds(t.step_seconds)}/step", bold), f", {t.tokens_per_second:,.0f} tokens/s")
     if t.steps_per_epoch and t.epoch_seconds is not None:
-        out.append(f", {t.steps_per_epoch:,} steps/epoch, {fmt_seconds(t.epoch_seconds)}/epoch")
+        out.append(f", {t.steps_per_epoch:,} step{'s' if t.steps_per_epoch != 1 else ''}/epoch, "
+                   f"{fmt_seconds(t.epoch_seconds)}/epoch")
     if t.total_seconds:
         out.append(", ")
         out.append(f"{fmt_seconds(t.total_seconds)} total", style=bold)

@@ -67,11 +67,11 @@ def print_plan(plan: Plan, *, alternatives: bool = False, table: str | None = No
     c.print(f"{s.strategy}{'' if s.offload == 'none' else f' + offload {s.offload}'}, {s.precision_label}, "
             f"{s.optimizer_label}, attn {s.attn}, grad-ckpt {'on' if s.grad_ckpt else 'off'}, seq {s.seq_len}, "
             f"{loop_words(s)}{', loss chunked' if s.loss == 'chunked' else ''}")
-    c.print(f"batch: micro {s.micro_batch} × accum {s.grad_accum} × {s.world_size} GPUs = "
+    c.print(f"batch: micro {s.micro_batch} × accum {s.grad_accum} × {s.hardware.devices_text()} = "
             f"[bold]{s.effective_batch}[/] effective")
     if s.objective != "sft":
         c.print(objective_line(plan))
-    t = Table(title="per-GPU memory at the peak", show_edge=False, pad_edge=False)
+    t = Table(title=f"per-{s.hardware.device_noun} memory at the peak", show_edge=False, pad_edge=False)
     t.add_column("component")
     t.add_column("bytes", justify="right")
     t.add_column("share", justify="right")

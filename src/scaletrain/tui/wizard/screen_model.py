@@ -176,9 +176,14 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
         self._info_spec = spec
         self._load_info(spec)
 
-    def _show_info(self, spec: str, info: Text) -> None:
-        if spec == self._info_spec:
-            self.query_one("#model-info", Static).update(info)
+    def _show_info(self, spec: str, info: Text, arch: ModelArch | None = None) -> None:
+        if spec != self._info_spec:
+            return
+        self.query_one("#model-info", Static).update(info)
+        # the targets this model's blocks have (phi3: qkv_proj, gate_up_proj), not the hint's llama names
+        targets = self.query_one("#field-lora_targets", Field)
+        targets.set_hint(f"comma list of this model's block linears: {','.join(arch.block_linear_names)}"
+                         if arch is not None else FORM_FIELD["lora_targets"].hint or "")
 
     @work(thread=True, exclusive=True, group="model-info")
     def _load_info(self, spec: str) -> None:
@@ -196,7 +201,7 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
                 info = Text(f"cannot read {spec!r}: {e.__class__.__name__}: {e}", style="yellow")
         if get_current_worker().is_cancelled:
             return
-        self.app.call_from_thread(self._show_info, spec, info)
+        self.app.call_from_thread(self._show_info, spec, info, arch)
         if arch is not None and arch.memory_source == "traced":
             # while the method and batch are chosen, the trace process imports transformers and builds the
             # family once: the plan step then traces only its regimes (engine/catalog/traced.warm)
