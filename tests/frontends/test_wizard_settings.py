@@ -222,6 +222,24 @@ def test_the_weights_field_shows_what_the_run_starts_from_and_follows_the_model_
 
 
 @pytest.mark.long
+def test_the_plan_step_checks_the_disk_where_the_run_will_be_written(tmp_path):
+    """--run-dir elsewhere: the plan step's disk line read the free space of ./runs under the working directory,
+    another filesystem than the run's, possibly (walked with --run-dir /tmp/s17/w2 from /tmp/s17)."""
+    run_dir = tmp_path / "elsewhere" / "run"
+    app = create_app(parse_args(["--preset", "cpu-tiny", "--run-dir", str(run_dir)]), detect=no_gpu, launch=False)
+
+    async def walk():
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot, app)
+            for _ in range(3):
+                await press(pilot, app, "ctrl+n")
+            return text_of(app, "#plan-fit")
+
+    disk = next(line for line in run(walk()).splitlines() if line.strip().startswith("disk:"))
+    assert f"free at {run_dir}" in disk, disk
+
+
+@pytest.mark.long
 def test_the_lora_targets_hint_names_the_models_own_linears(tmp_path):
     """phi3's blocks have qkv_proj and gate_up_proj: the hint said q_proj,k_proj,v_proj,… for every model, names the
     plan then refuses for it (walked at 120x40)."""

@@ -134,12 +134,12 @@ def counted_line(plan: Plan, request: Any, train: TrainOptions) -> Text:
     return Text.assemble("runs: ", (run_length(plan, train).text(), "bold"), where, f"; {ev.text()}" if ev else "")
 
 
-def resource_lines(plan: Plan, train: TrainOptions, request: Any) -> list[Text]:
+def resource_lines(plan: Plan, train: TrainOptions, request: Any, run_dir: str | None = None) -> list[Text]:
     """Host RAM and disk beside the GPU fit line, and the verdict over all of them naming the binding one
-    (engine.run.resources.resource_verdict)."""
+    (engine.run.resources.resource_verdict); the disk checked where the run will be written (`run_dir`)."""
     from scaletrain.engine.run.resources import resource_verdict
 
-    verdict = resource_verdict(plan, train, host_ram_gib=request.host_ram)
+    verdict = resource_verdict(plan, train, host_ram_gib=request.host_ram, run_dir=run_dir)
     out = [Text(f"  {c.line()}", style="red" if c.fits is False else "") for c in verdict.checks
            if c.key != "gpu_memory"]
     ok = verdict.fits

@@ -113,7 +113,7 @@ the run trains as the trainer will run it (a `train.max_steps` overrides the epo
         fit = [plan_text.objective_line(plan)] if plan.setup.objective != "sft" else []
         st = self.wizard.state
         fit.append(plan_text.fit_line(plan))
-        fit += plan_text.resource_lines(plan, st.train, st.request)
+        fit += plan_text.resource_lines(plan, st.train, st.request, run_dir=st.run_dir)
         fit += [x for x in (plan_text.run_time_line(plan, st.train), plan_text.lr_line(plan)) if x is not None]
         fit.append(plan_text.counted_line(plan, st.request, st.train))
         self._update("#plan-fit", Group(*fit))
