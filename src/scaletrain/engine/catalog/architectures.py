@@ -400,7 +400,7 @@ class ModelArch:
             "head": "score" if self.score_head else "lm_head",
             **({"experts": self.moe.experts, "experts_per_token": self.moe.top_k,
                 "active_params": self.active_params} if self.moe else {}),
-            "memory_source": self.memory_source if self.trace is None else _traced.source(self.config),
+            "memory_source": self.memory_source,      # never the cache's state: plan.json is the same either way
         }
 
     def memory_source_line(self) -> str:
