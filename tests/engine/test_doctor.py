@@ -310,3 +310,14 @@ def test_the_peers_of_a_stopped_run_are_every_ranks_not_those_before_a_failure()
     assert stopped.startswith("at step 7, when the run was stopped, the ranks' peaks: rank 1") and "rank 0" in stopped
     assert failed.startswith("at step 7, before rank 1 failed, the other ranks' peaks: rank 0") and "rank 1" not in \
         failed.split(":", 1)[1]
+
+
+def test_a_killed_ranks_last_line_is_said_as_its_last_line_not_as_the_cause(tmp_path):
+    """A rank SIGKILLed from outside printed a DDP FutureWarning last: the evidence showed that line bare, first, as
+    if DDP were the cause (walked: kill -9 of rank 1 of a CPU run)."""
+    log = tmp_path / "rank-1.log"
+    log.write_text("  warnings.warn(\n    model = torch.nn.parallel.DistributedDataParallel(model, **kwargs)\n")
+    d = diagnose([log], exit_codes={0: -15, 1: -9}, with_remedies=False)
+    assert d.rank == 1 and d.kind in ("killed", "host_oom")
+    assert d.evidence[0] == "rank 1's last line: model = torch.nn.parallel.DistributedDataParallel(model, **kwargs)"
+    assert "rank 1 exit code -9 (SIGKILL), no traceback" in d.evidence

@@ -190,6 +190,7 @@ def train_objective(cfg: RunConfig, resume: bool) -> int:
     final = cfg.run.checkpoints / "final"
     trainer.save_model(str(final))
     if main:
-        print(f"scaletrain: done, {trainer.state.global_step} steps; model in {final}", flush=True)
+        n = trainer.state.global_step
+        print(f"scaletrain: done, {n} step{'s' if n != 1 else ''}; model in {final}", flush=True)
     sys.stdout.flush()
     return 0

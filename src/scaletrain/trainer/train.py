@@ -422,7 +422,7 @@ def report_done(s: Session, step: int) -> None:
     if s.main:
         where = (f"checkpoints in {s.cfg.run.checkpoints}" if s.cfg.train.save_checkpoints
                  else "no checkpoints written (save_checkpoints false)")
-        print(f"scaletrain: done, {step} steps; {where}", flush=True)
+        print(f"scaletrain: done, {step} step{'s' if step != 1 else ''}; {where}", flush=True)
     if s.cfg.train.save_checkpoints and s.cfg.train.export_at_end:
         from scaletrain.trainer.export import export_at_end
 

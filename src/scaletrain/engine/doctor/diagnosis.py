@@ -96,9 +96,11 @@ def _events_from_exit_codes(exit_codes: dict[int, int], lines_by_rank: dict[int,
         anchor = own[-1] if own else LogLine("exit codes", 0, f"rank {rank} exit code {code} (SIGKILL)",
                                              f"rank {rank} exit code {code} (SIGKILL)", rank, None)
         ev = [anchor]
-        if own:
-            ev.append(LogLine("exit codes", 0, f"rank {rank} exit code {code} (SIGKILL), no traceback",
-                              f"rank {rank} exit code {code} (SIGKILL), no traceback", rank, None))
+        if own:         # its last line is only where it was, not a cause: said so (a warning read as the reason)
+            last = f"rank {rank}'s last line: {anchor.body.strip()}"
+            ev = [LogLine(anchor.source, anchor.number, last, last, rank, anchor.time_key),
+                  LogLine("exit codes", 0, f"rank {rank} exit code {code} (SIGKILL), no traceback",
+                          f"rank {rank} exit code {code} (SIGKILL), no traceback", rank, None)]
         kind = "killed" if oom_kills == 0 else "host_oom"
         out.append(Event(kind, CAUSE, anchor, rank, None, {"exit_code": code, "from_exit_code": True}, ev))
     return out
