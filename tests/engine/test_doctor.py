@@ -321,3 +321,15 @@ def test_a_killed_ranks_last_line_is_said_as_its_last_line_not_as_the_cause(tmp_
     assert d.rank == 1 and d.kind in ("killed", "host_oom")
     assert d.evidence[0] == "rank 1's last line: model = torch.nn.parallel.DistributedDataParallel(model, **kwargs)"
     assert "rank 1 exit code -9 (SIGKILL), no traceback" in d.evidence
+
+
+@pytest.mark.parametrize("kind", ["interrupted", "killed"])
+def test_a_stopped_or_killed_run_s_resume_is_a_remedy_the_monitor_applies(kind, plan_4090x8):
+    """The monitor's `a` on "resume from the last checkpoint" said "a manual step; scaletrain cannot apply it": it
+    is the same plan relaunched from its newest checkpoint (no change), which a relaunch does."""
+    from scaletrain.engine.doctor.fixes import remedies_for
+    from scaletrain.engine.doctor.summary import Diagnosis
+
+    diag = Diagnosis(kind=kind, rank=1 if kind == "killed" else None, gpu=None, summary="", evidence=())
+    (resume,) = remedies_for(diag, PlanDocument(plan_4090x8), None, None)[0]
+    assert resume.applicable and resume.changes == {} and "--resume" in resume.title

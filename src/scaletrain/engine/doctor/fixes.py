@@ -101,8 +101,10 @@ def _remedies(diag: Diagnosis, doc: PlanDocument | None, req: PlanRequest | None
     if k == "fp16_overflow":
         return _fp16_remedies(req, plan, doc)
     if k in ("interrupted", "killed"):
-        return [_known("resume from the last checkpoint (scaletrain launch RUN_DIR --resume)", {}, plan,
-                       applicable=False, why="nothing in the run failed; it was stopped")]
+        # applied as a remedy with no change: the same plan, relaunched from its newest checkpoint (the monitor's
+        # `a`; it said "a manual step; scaletrain cannot apply it" of its own resume)
+        why = "nothing in the run failed; it was stopped" if k == "interrupted" else "it was killed from outside"
+        return [_known("resume from the last checkpoint (scaletrain launch RUN_DIR --resume)", {}, plan, why=why)]
     if k == "config_error":
         unsupported = diag.details.get("attn_unsupported")
         if unsupported:
