@@ -46,6 +46,8 @@ def test_custom_answers_with_bad_entries_refused_and_asked_again(tmp_path):
     assert "✗ give the LR reference as BASE_LR@BASE_BATCH" in out
     assert "square-root rule" in out and "linear rule" in out      # the engine's LR suggestion, in the plan
     assert "not launched" in out           # planned hardware is not this machine
+    # the targets question names this model's block linears (phi3's differ: test_the_targets_question_…)
+    assert "this model's: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj" in out
     assert res.stderr == ""
     written = json.loads((run_dir / "plan.json").read_text())
     assert written["batch"]["effective_batch"] == 128 and written["batch"]["world_size"] == 4
@@ -135,3 +137,11 @@ def test_dpo_prompt_length_is_checked_by_the_engines_rule(tmp_path):
     written = json.loads((run_dir / "plan.json").read_text())
     assert written["training"]["objective"] == "dpo" and written["training"]["prompt_len"] == 512
     assert written["training"]["ref_model"] == "same"
+
+
+def test_the_targets_question_names_the_models_own_linears(tmp_path):
+    """phi3's blocks have qkv_proj and gate_up_proj; the question named none, and q_proj was refused after."""
+    answers = ["", "scaletrain/tiny-phi3", "", "lora", "", "q_proj", "qkv_proj"]     # then input ends
+    out = plain(["--gpus", "2xCPU", "--run-dir", str(tmp_path / "run")], answers).stdout
+    assert "this model's: o_proj,qkv_proj,gate_up_proj,down_proj" in out
+    assert "unknown LoRA target(s) q_proj; accepted: o_proj, qkv_proj, gate_up_proj, down_proj" in out

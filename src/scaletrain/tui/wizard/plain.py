@@ -174,7 +174,8 @@ def ask_model(ask: Any, state: WizardState) -> WizardState:
             arch.lora_params(changes["lora_rank"], parsed)   # the engine checks the names
             return parsed
 
-        changes["lora_targets"] = ask.text(_prompt("lora_targets"),
+        # the model's own block linears (phi3: qkv_proj, gate_up_proj), as the wizard's hint says them
+        changes["lora_targets"] = ask.text(f"{_prompt('lora_targets')}, this model's: {','.join(arch.block_linear_names)}",
                                            ",".join(req.lora_targets or ()) or "all", targets)
 
     def residents(t: str) -> Any:
