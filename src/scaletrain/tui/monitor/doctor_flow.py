@@ -101,11 +101,13 @@ class DoctorFlow:
         if r is None:
             self.set_status("no remedy to apply (the doctor runs when the run fails; d diagnoses now)", "yellow")
             return
-        if not r.applicable:
-            panel.say(f"“{r.title}” is a manual step; scaletrain cannot apply it", "yellow")
-            return
-        if self.launching:
-            panel.say("the run is still running; wait for it to stop before applying a remedy", "yellow")
+        # a refusal in the status line too: at 80x24 the panel's feedback is below its visible lines
+        refused = (f"“{r.title}” is a manual step; scaletrain cannot apply it" if not r.applicable else
+                   "the run is still running; wait for it to stop before applying a remedy" if self.launching else
+                   None)
+        if refused:
+            panel.say(refused, "yellow")
+            self.set_status(refused, "yellow")
             return
         panel.say("working out what this changes…", "dim")
         self.preview(r)
