@@ -87,12 +87,13 @@ def _stop_and_check(run: RunDir, tree: dict[int, float]) -> None:
 @pytest.mark.slow
 def test_headless_detach_returns_at_once_runs_lists_it_and_stop_ends_every_process(tmp_path, capsys):
     run = RunDir(tmp_path / "run")
-    t0 = time.monotonic()
-    r = subprocess.run([*CLI, "--preset", "cpu-tiny", "--headless", "--detach", "--run-dir", str(run.path), *LONG],
-                       capture_output=True, text=True, timeout=60)
-    took = time.monotonic() - t0
-    tree = _run_processes(run)
-    try:
+    tree: dict[int, float] = {}
+    try:                # started inside: whatever fails after it, the long run is stopped (finally)
+        t0 = time.monotonic()
+        r = subprocess.run([*CLI, "--preset", "cpu-tiny", "--headless", "--detach", "--run-dir", str(run.path),
+                            *LONG], capture_output=True, text=True, timeout=60)
+        took = time.monotonic() - t0
+        tree.update(_run_processes(run))
         assert r.returncode == 0, r.stderr
         assert took < DETACH_RETURN_SECONDS, f"--headless --detach took {took:.1f} s"
         assert "in the background" in r.stdout and f"scaletrain stop {run.path}" in r.stdout
@@ -143,10 +144,11 @@ def test_launch_detach_resumes_in_the_background(ddp_run, tmp_path, capsys):
     run.plan.write_text(json.dumps(plan))
     ck = run.newest_checkpoint()
     assert ck.name == "step-24"
-    assert main(["launch", str(run.path), "--detach", "--resume"]) == 0
-    assert "in the background" in capsys.readouterr().out
-    tree = _run_processes(run)
-    try:
+    tree: dict[int, float] = {}
+    try:                # launched inside: whatever fails after it, the 100,000-step run is stopped (finally)
+        assert main(["launch", str(run.path), "--detach", "--resume"]) == 0
+        assert "in the background" in capsys.readouterr().out
+        tree.update(_run_processes(run))
         _wait(lambda: "resumed from" in run.rank_log(0).read_text(), STEP_WAIT_SECONDS, "the resumed run")
         assert ck.name in run.rank_log(0).read_text()
         _wait(lambda: _steps(run) > 24, STEP_WAIT_SECONDS, "a step after the checkpoint")
