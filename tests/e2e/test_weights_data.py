@@ -268,6 +268,9 @@ def test_models_listing_keeps_every_id_whole_at_80_columns():
     assert max(len(ln) for ln in lines) <= 80 and "…" not in r.stdout
     for mid in catalog_ids():
         assert any(ln.split()[:1] == [mid] for ln in lines), mid
+    # every row on one line, every number whole: vocab 151936 was folded into 15193 and 6 on the next line
+    rows = [ln.split() for ln in lines if ln.split()[:1] and ln.split()[0] in catalog_ids()]
+    assert len(rows) == len(lines) - 3 and all(len(r) == 7 and r[5].isdigit() for r in rows), r.stdout
 
 
 def test_the_trainer_reads_every_format_through_datasets(tmp_path, offline_cache):

@@ -13,7 +13,7 @@ from rich.text import Text
 from scaletrain.engine.devices.nvml import DetectionResult
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.model_notes import moe_line
-from scaletrain.engine.units import fmt_bytes, fmt_count
+from scaletrain.engine.units import fmt_bytes, fmt_count, fmt_params
 from scaletrain.tui.views.plan_text import loop_words, objective_line, time_line
 
 COMPONENT_STYLE = {
@@ -128,15 +128,16 @@ def print_detection(res: DetectionResult) -> None:
 
 def print_models(rows: list[dict[str, Any]]) -> None:
     c = _console()
-    # ids and exact counts are never cut (a truncated id cannot be copied into --model): light borders, and the
-    # other columns wrap first on a narrow terminal (80 columns fit)
+    # ids and numbers are never cut or folded (a truncated id cannot be copied into --model; vocab 151936 was
+    # printed as 15193 over 6); parameters as the wizard's list says them (7.62B; `models --json`: exact), so the
+    # table fits 80 columns
     t = Table(title="model catalog", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1),
               collapse_padding=True)
     for col in ("id", "type", "params", "layers", "hidden", "vocab", "tied"):
         t.add_column(col, justify="right" if col in ("params", "layers", "hidden", "vocab") else "left",
-                     no_wrap=col in ("id", "params"), overflow="fold")
+                     no_wrap=col != "type", overflow="fold")
     for r in rows:
-        t.add_row(r["id"], r["model_type"], fmt_count(r["params"]), str(r["layers"]), str(r["hidden_size"]),
+        t.add_row(r["id"], r["model_type"], fmt_params(r["params"]), str(r["layers"]), str(r["hidden_size"]),
                   str(r["vocab_size"]), "yes" if r["tied"] else "no")
     c.print(t)
 
