@@ -169,4 +169,22 @@ def test_table_gpus_text_shows_price_and_cost_columns(capsys, monkeypatch):
     assert main(["plan", "--preset", PRESET, "--table", "gpus", "--sort", "cost"]) == 0
     out = capsys.readouterr().out
     head = next(ln for ln in out.splitlines() if ln.lstrip().startswith("GPU ") and "cost" in ln)
-    assert "price/h" in head
+    assert "USD/h" in head
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("extra", [[], ["--dataset-size", "10000"]])
+def test_table_gpus_fits_80_columns_with_every_number_whole(capsys, monkeypatch, extra):
+    """At 80 columns the GPU table cut its numbers ("179…" GiB, "2.0…" s, "0.0028/…"): every column but a reason
+    now fits whole (the memory column left out there, the epoch column only with a run length)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["plan", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpus", "8xH100", "--method", "lora", "--table",
+                 "gpus", *extra]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("GPUs × count"))
+    head = lines[start + 1].split()
+    assert head[-2:] == ["USD/h", "cost"] and ("epoch" in head) == bool(extra) and "memory" not in head
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("plan: strategy"))
+    rows = lines[start + 3:end]
+    fitting = [ln for ln in rows if "GiB" in ln]
+    assert len(fitting) > 10 and all(len(ln.rstrip()) <= 80 and "…" not in ln for ln in fitting), fitting

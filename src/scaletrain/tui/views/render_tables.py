@@ -39,7 +39,7 @@ def _table(title: str, columns: list[tuple[str, str]]) -> Table:
     """Columns one space apart with a rule under the header: every cell starts (left) or ends (right) where its
     header does, whatever the widths (no cell glued to a border on one side and padded on the other)."""
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
-              padding=(0, 1))
+              padding=(0, 1), collapse_padding=True, min_width=len(title))      # the title on one line
     for col, just in columns:
         t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
     return t
@@ -83,28 +83,39 @@ def print_batch_table(c: Console, rows: list[BatchRow], plan: Plan) -> None:
         c.print(f"[grey50]{note}[/]")
 
 
+# Below this width the GPU table leaves out each card's memory (the GPU's name says it): every other column fits 80
+# columns whole (each was cut to "179…", "2.0…", "0.0028/…" there).
+GPUS_TABLE_FULL_WIDTH = 100
+
+
 def print_gpus_table(c: Console, rows: list[GpuRow], plan: Plan) -> None:
+    """A row per GPU kind × count: the plan that fits (green) or why none does (grey); the epoch column only when
+    the run's length is known, the memory column on a wide terminal."""
     s = plan.setup
+    epochs = any(r.choice is not None and r.choice.epoch_seconds for r in rows)
+    memory_col = c.width >= GPUS_TABLE_FULL_WIDTH
+    cols = [("GPU", "left"), *([("memory", "right")] if memory_col else []), ("GPUs", "right"), ("plan", "left"),
+            ("per GPU", "right"), ("step", "right"), *([("epoch", "right")] if epochs else []),
+            ("USD/h", "right"), ("cost", "right")]
     t = _table(f"GPUs × count at effective batch {s.effective_batch} ({s.model.name} {s.method}, seq {s.seq_len})",
-               [("GPU", "left"), ("memory", "right"), ("GPUs", "right"), ("fit", "left"), ("plan", "left"),
-                ("per GPU", "right"), ("step", "right"), ("epoch", "right"), ("price/h", "right"), ("cost", "right")])
-    t.columns[4].max_width = 18
-    t.columns[4].overflow = "ellipsis"
+               cols)
+    plan_col = t.columns[2 + memory_col]
+    plan_col.max_width, plan_col.overflow = 16, "ellipsis"       # "zero1+opt 1×3 gc"; a reason is cut
     for r in rows:
         count = f"{r.nodes}×{r.gpus_per_node}" if r.nodes > 1 else str(r.gpus_per_node)
-        memory = f"{r.gpu_memory_bytes / GiB:.0f} GiB"
+        head = [r.gpu, *([f"{r.gpu_memory_bytes / GiB:.0f} GiB"] if memory_col else []), count]
         ch = r.choice
         if ch is not None:
             step, epoch = _time_cells(ch)
             how = f"{_how(ch)} {ch.micro_batch}×{ch.grad_accum}{' gc' if ch.grad_ckpt else ''}"
-            t.add_row(r.gpu, memory, count, Text("yes", style="green"), how, fmt_bytes(ch.per_gpu_bytes),
-                      step, epoch, *_cost_cells(r))
+            t.add_row(*head, Text(how, style="green"), fmt_bytes(ch.per_gpu_bytes), step,
+                      *([epoch] if epochs else []), *_cost_cells(r))
         else:
-            t.add_row(r.gpu, memory, count, Text("no", style="red"), Text(r.reason or "", style="grey50"),
-                      "", "", "", "", "")
+            t.add_row(*head, Text(r.reason or "", style="grey50"), *[""] * (len(cols) - len(head) - 1))
     c.print(t)
-    c.print("[grey50]plan: strategy(+opt/+all offload) micro×accum, gc = gradient checkpointing; price/h: the GPUs' "
-            "on-demand price per hour; cost: the plan's steps at that pace (per step without --dataset-size)[/]")
+    c.print("[grey50]plan: strategy(+opt/+all offload) micro×accum, gc = gradient checkpointing (green: fits; grey: "
+            "why nothing fits); USD/h: the GPUs' on-demand price per hour; cost: the plan's steps at that pace (per "
+            "step without --dataset-size)[/]")
 
 
 def _cost_cells(r: GpuRow) -> tuple[str, str]:
