@@ -155,7 +155,7 @@ def run_steps(request: PlanRequest, train: TrainOptions, steps: int, run_dir: Pa
     """Write the plan's run directory with max_steps = `steps` and no checkpoints, run it with the bundled trainer
     (stopped after `budget_seconds`), and remove any checkpoint weights it holds afterwards. `plan`: a plan made
     elsewhere from this request (e.g. with setup fields the request cannot name); default make_plan(request)."""
-    from scaletrain.engine.launch.launcher import launch
+    from scaletrain.engine.launch.launcher import launch, prepare_launch
     from scaletrain.engine.run.metrics import read_metrics
     from scaletrain.engine.run.writers import write_run_dir
 
@@ -173,7 +173,9 @@ def run_steps(request: PlanRequest, train: TrainOptions, steps: int, run_dir: Pa
         timer.daemon = True
         timer.start()
     try:
-        result = launch(run.path, on_output=on_output, stop=stop)
+        # a validation's folder is scratch: what it trains (and what an earlier one left) is removed below, not kept
+        result = launch(run.path, on_output=on_output, stop=stop,
+                        prepared=prepare_launch(run.path, keep_earlier=False))
     finally:
         if timer is not None:
             timer.cancel()

@@ -5,9 +5,8 @@ process group and a killed `accelerate launch` leaves them running. This module 
 it has ever seen (pid + start time, so a recycled pid is never signalled) and stops them all:
 SIGINT to accelerate (torchrun forwards it to the ranks) → SIGTERM to every tracked process group → SIGKILL.
 
-Per-rank logs: launch_argv passes `--tee 3 --log_dir logs/elastic`, and the environment sets torchrun's line
-prefix to `[rank<global rank>]:`; lines are split into logs/rank-<i>.log, the launcher's own into
-logs/launcher.log.
+Per-rank logs: launch_argv passes `--tee 3 --log_dir logs/elastic`, and the environment sets torchrun's line prefix
+to `[rank<global rank>]:`; lines are split into logs/rank-<i>.log, the launcher's own into logs/launcher.log.
 
 Multi-node: `launch(run_dir, machine_rank=R)` starts node R's share (accelerate's `--machine_rank R`) from the same
 files as every other node. Global rank numbering keeps the rank logs of nodes sharing a run directory apart; node
@@ -174,9 +173,11 @@ class PreparedLaunch:
 
 def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None,
                    main_process_ip: str | None = None, resume: bool = False, script: str | None = None,
-                   script_args: Sequence[str] = (), progress: bool | None = None) -> PreparedLaunch:
+                   script_args: Sequence[str] = (), progress: bool | None = None, keep_earlier: bool = True
+                   ) -> PreparedLaunch:
     """Everything short of starting the ranks: read and check the run directory, fetch its hub weights and data
-    (prefetch.py; `progress`: a download bar, None: on a terminal), build the argv.
+    (prefetch.py; `progress`: a download bar, None: on a terminal), build the argv; `keep_earlier` False: a scratch
+    folder (validate's) whose earlier training is not kept in attempts/ (attempts.py).
     Raises ScaletrainError (one line) for anything that would only fail after the ranks start."""
     if not str(os.fspath(run_dir)).strip():
         raise ScaletrainError("RUN_DIR is empty; give a run directory written by scaletrain (it holds plan.json)")
@@ -217,9 +218,9 @@ def prepare_launch(run_dir: str | os.PathLike[str], *, machine_rank: int | None 
         check_room(run.path, doc.replan()[1], train, written_bytes=_bytes_under(run.checkpoints) if resume else 0)
     fetched = prefetch(train, progress)                  # the hub's files on this node, the tokenizer checked
     lock = RunLock(run.node_lock(node)).acquire(_what(run, node))       # last: a refused launch leaves no lock
-    # a fresh start over an earlier launch's training: that training kept aside, not overwritten (attempts.py); the
-    # head node's folder (a node without a shared filesystem keeps its own partitions, the head's commit decides)
-    aside = set_aside_earlier(run) if not resume and not train.script and node == 0 else None
+    # a fresh start over earlier training keeps it aside (attempts.py); on the head node (another node's partitions
+    # follow the head's commit)
+    aside = set_aside_earlier(run) if keep_earlier and not resume and not train.script and node == 0 else None
     return PreparedLaunch(run, argv, nprocs, single, offset, range(offset, offset + (1 if single else per_node)),
                           machine_rank=node, num_machines=nmachines, main_process_ip=str(head) if head else None,
                           threads=threads, lock=lock,
