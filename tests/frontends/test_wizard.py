@@ -22,6 +22,7 @@ from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.plan.planner import make_plan
 from scaletrain.engine.launch.status import read_status
 from scaletrain.tui.cli.parser import parse_args
+from scaletrain.tui.widgets.help import key_rows
 from scaletrain.tui.wizard.app import create_app
 
 NO_GPU_REASON = "NVML unavailable: NVMLError_LibraryNotFound: NVML Shared Library Not Found"
@@ -380,8 +381,11 @@ def test_help_and_save_preset(tmp_path, monkeypatch):
             await press(pilot, app, "escape")
             for _ in range(3):
                 await press(pilot, app, "ctrl+n")
+            keys = [k for k, _ in key_rows(app.screen)]
             await press(pilot, app, "question_mark")          # on the plan step `?` opens help too
             assert screen_name(app) == "HelpScreen"
+            # each key once: "-" was listed beside "+/-" (micro batch down), which already says it
+            assert "+/-" in keys and "-" not in keys and len(keys) == len(set(keys))
             await press(pilot, app, "escape", "ctrl+s")
             assert screen_name(app) == "SavePresetScreen"
             await retype(pilot, app, "preset_name", "bad name!")

@@ -30,7 +30,10 @@ def key_rows(screen: Screen) -> list[tuple[str, str]]:
         for a in active:
             if a.node is owner:       # a focused widget's own keys (a table's arrows) are its business
                 _add(rows, a.binding, app.get_key_display(a.binding))
-    return [(" / ".join(dict.fromkeys(keys)), what) for keys, what in rows.values()]
+    out = [(" / ".join(dict.fromkeys(keys)), what) for keys, what in rows.values()]
+    # a key another row already shows as one of its own ("-" in "+/-": micro batch up or down) is not listed twice
+    shown = {k: {part.strip() for part in k.replace(" / ", "/").split("/")} for k, _ in out}
+    return [(k, w) for k, w in out if not any(shown[k] < shown[o] for o in shown if o != k)]
 
 
 def _add(rows: dict[str, tuple[list[str], str]], binding: Binding, shown: str) -> None:
