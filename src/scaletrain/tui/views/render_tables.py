@@ -11,6 +11,7 @@ from rich.text import Text
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.plan.rows import AlternativeRow, BatchRow, Choice, GpuRow
 from scaletrain.engine.units import GiB, fmt_bytes, fmt_seconds
+from scaletrain.tui.views.plan_text import OFFLOAD_MARK
 
 _FIT = {True: Text("fits", style="green"), False: Text("no", style="red")}
 
@@ -32,7 +33,7 @@ def _time_cells(row: Choice) -> tuple[str, str]:
 
 def _how(row: Choice) -> str:
     """Compact strategy label: zero3, zero3+opt (optimizer offload), fsdp+all (parameters too)."""
-    return row.strategy + {"none": "", "optimizer": "+opt", "all": "+all"}[row.offload]
+    return row.strategy + OFFLOAD_MARK[row.offload]
 
 
 def _table(title: str, columns: list[tuple[str, str]]) -> Table:

@@ -42,14 +42,13 @@ class MemoryBars(Static):
         self.memory = memory
         self.world_size = world_size
 
-    def show(self, memory: MemoryBreakdown, world_size: int, noun: str = "GPU") -> None:
-        """`noun`: what one rank runs on (Hardware.device_noun: a GPU, or a process on the CPU device)."""
+    def show(self, memory: MemoryBreakdown, world_size: int, noun: str, devices: str) -> None:
+        """`noun`, `devices`: what one rank runs on and the ranks in words (Hardware.device_noun, devices_text)."""
         first = self.memory is None
         self.memory = memory
         self.world_size = world_size
         each = "each of the" if world_size > 1 else "the"
-        plural = ("es" if noun.endswith("s") else "s") if world_size > 1 else ""
-        self.border_title = f"per-{noun} memory at the peak ({each} {world_size} {noun}{plural})"
+        self.border_title = f"per-{noun} memory at the peak ({each} {devices})"
         self.border_subtitle = f"{fmt_bytes(memory.total_bytes)} of {fmt_bytes(memory.capacity_bytes)}"
         self.refresh(layout=first)     # same rows every time: only the first plan changes the layout
 

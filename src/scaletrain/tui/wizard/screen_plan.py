@@ -109,7 +109,8 @@ the run trains as the trainer will run it (a `train.max_steps` overrides the epo
         self._update("#plan-head", Group(
             plan_text.model_line(plan), plan_text.hardware_line(plan),
             Text.assemble(plan_text.batch_line(plan), " · ", plan_text.setup_line(plan))))
-        self.query_one(MemoryBars).show(plan.memory, plan.setup.world_size, plan.setup.hardware.device_noun)
+        hw = plan.setup.hardware
+        self.query_one(MemoryBars).show(plan.memory, plan.setup.world_size, hw.device_noun, hw.devices_text())
         fit = [plan_text.objective_line(plan)] if plan.setup.objective != "sft" else []
         st = self.wizard.state
         fit.append(plan_text.fit_line(plan))
