@@ -80,6 +80,22 @@ def test_a_bart_style_decoder_gets_heads_that_divide_its_shrunk_width():
     assert tc.config_dict("bart")["decoder_attention_heads"] == 16
 
 
+def test_a_family_that_needs_a_default_language_gets_one_of_its_own():
+    """xmod's defaults name no default language, and transformers runs no forward of it without one (it asks for
+    set_default_language()): the shrunk config names the first of its own `languages`, as that call would."""
+    from scaletrain.measure import tiny_configs as tc
+
+    cfg = tc.config_dict("xmod")
+    assert cfg["default_language"] == cfg["languages"][0] and tc.builds(cfg)
+    why = tc.build_error({**cfg, "default_language": None})
+    assert why and "set_default_language" in why
+    # a user's config without one: the trace says which key to set (a scaletrain user calls no Python method)
+    from scaletrain.measure.trace import TraceError, run
+
+    with pytest.raises(TraceError, match=r'set "default_language" in its config.json to one of its languages \(en_XX\)'):
+        run({"config": {**cfg, "default_language": None}})
+
+
 def test_a_config_transformers_does_not_build_is_the_configs_refusal_not_the_engines():
     """The sweep asks transformers first: a shrunk config it does not build as a causal LM (its own defaults do not
     build: dbrx's attention config has no rope_theta) is refused by 'config' with transformers' error, so the

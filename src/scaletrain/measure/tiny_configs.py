@@ -148,6 +148,8 @@ def shrink(d: dict[str, Any], model_type: str, fill: bool = False, cut: bool = F
             out[key] = [x if not isinstance(x, int) or x < VOCAB else VOCAB - 1 for x in v]
     if "is_decoder" in out:          # encoder families that transformers also ships as causal LMs
         out["is_decoder"], out["add_cross_attention"] = True, False
+    if out.get("default_language") is None and isinstance(out.get("languages"), list) and out["languages"]:
+        out["default_language"] = out["languages"][0]   # xmod: what set_default_language() writes; none: no forward
     out["use_cache"] = False
     out["tie_word_embeddings"] = bool(out.get("tie_word_embeddings", False))
     return out

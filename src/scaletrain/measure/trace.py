@@ -216,6 +216,11 @@ def run(request: dict) -> dict[str, Any]:
     config = request.get("config")
     if not isinstance(config, dict) or "model_type" not in config:
         raise TraceError("the request has no config.json dict with a model_type")
+    languages = config.get("languages")
+    if config.get("default_language") is None and isinstance(languages, list) and languages:
+        # xmod: transformers runs no forward without one, and the trainer cannot call set_default_language()
+        raise TraceError('its forward needs a default language: set "default_language" in its config.json to one '
+                         f"of its languages ({', '.join(map(str, languages[:4]))}{', …' if len(languages) > 4 else ''})")
     struct = _structure_of(config)
     out: dict[str, Any] = {"format": TRACE_FORMAT, "model_type": config["model_type"], "structure": struct}
     regimes = list(request.get("regimes") or ([request["regime"]] if request.get("regime") else []))
