@@ -114,7 +114,7 @@ def test_headless_detach_returns_at_once_runs_lists_it_and_stop_ends_every_proce
         assert rows[0]["peak_bytes"] > 0 and rows[0]["planned_peak_bytes"] > 0
         assert main(["runs"]) == 0
         table = capsys.readouterr().out
-        assert "running" in table and str(run.path) in table and "1×2 CPU procs" in table
+        assert "running" in table and str(run.path) in table and "1×2 CPU" in table
 
         assert main(["monitor", "--once"]) == 0                 # no folder: the newest running run
         out = capsys.readouterr()

@@ -96,6 +96,22 @@ def test_a_family_that_needs_a_default_language_gets_one_of_its_own():
         run({"config": {**cfg, "default_language": None}})
 
 
+def test_a_reversible_stack_is_refused_by_the_trace_not_planned_under():
+    """reformer's layers run under no_grad in the forward and are recomputed inside their own autograd Function's
+    backward; the windows the trace measures never see them (it planned such a full step 17 % under the profiler,
+    bench/architecture_sweep.py one_family with this shape): refused in one line instead."""
+    from scaletrain.measure import tiny_configs as tc
+    from scaletrain.measure.trace import TraceError, run
+
+    cfg = {"model_type": "reformer", "vocab_size": 512, "hidden_size": 64, "num_attention_heads": 2,
+           "attention_head_size": 32, "feed_forward_size": 128, "attn_layers": ["local", "lsh"], "num_hidden_layers": 2,
+           "axial_pos_embds": False, "is_decoder": True, "max_position_embeddings": 512, "num_buckets": 4,
+           "lsh_attn_chunk_length": 64, "local_attn_chunk_length": 64, "use_cache": False}
+    assert tc.builds(cfg)
+    with pytest.raises(TraceError, match=r"^its decoder layers run without autograd in the forward .* reversible"):
+        run({"config": cfg, "regime": {"method": "full", "precision": "fp32", "attn": "eager"}})
+
+
 def test_a_config_transformers_does_not_build_is_the_configs_refusal_not_the_engines():
     """The sweep asks transformers first: a shrunk config it does not build as a causal LM (its own defaults do not
     build: dbrx's attention config has no rope_theta) is refused by 'config' with transformers' error, so the

@@ -33,7 +33,8 @@ PROBE_MODULE = "scaletrain.measure.probe"      # the one entry point the engine 
 #     (`bwd_carry`: gemma3n's gradient of the per-layer inputs), apart from its kind's leave-behind.
 # 22: a looped stack traced (a layer run k times: its k runs' saved bytes and checkpointed inputs, its largest rise,
 #     its k backward nets); a stack built as several lists of one layer class traced whole (hrm_text's L and H).
-TRACE_FORMAT = 22
+# 23: a stack whose layers ran without autograd in the forward (reformer's reversible layers) is refused, not traced.
+TRACE_FORMAT = 23
 TRACE_OUT_OF_MEMORY = 4     # a served answer's code: refused at the trace process's memory cap, and that process ends
 # data profile (engine/request/data_profile.py ↔ measure/data_profile.py)
 PROFILE_FORMAT = 2

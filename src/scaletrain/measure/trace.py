@@ -88,6 +88,10 @@ def activations(config: dict, regime: dict, struct: dict) -> dict[str, Any]:
         # the last length's tokens as twice the sequences
         pair = saved_by_scope(harness, lengths[1], batch=2 * TRACE_BATCH)
         gradless = gradless_params(harness, lengths[0])
+    if runs[0][3].get("calls.gradless"):
+        raise TraceError("its decoder layers run without autograd in the forward and are recomputed inside their own "
+                         "backward (a reversible residual stack); the trace measures layers autograd records, so "
+                         "it cannot plan this one")
     looped = max(int(r.get("calls.max", 1)) for _, _, _, r in runs)
     # a looped stack: the most forwards a layer ran, and the layers' runs with gradients in the order they ran
     order = list(runs[0][3].get("calls.order", ())) if looped > 1 else []

@@ -410,6 +410,9 @@ def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int
     rises = dict(live.close_all())
     rises["calls.max"] = max(live.calls.values(), default=1)    # > 1: a looped stack (a layer ran several times)
     rises["calls.order"] = live.order                           # type: ignore[assignment]  (its runs, in order)
+    # layers whose every forward ran without autograd: a stack its own autograd Function recomputes in the backward
+    # (reformer's reversible residual layers), which no window here sees
+    rises["calls.gradless"] = sorted(set(live.calls) - set(live.order))   # type: ignore[assignment]
     if "front" in rises and front_grads is not None:
         rises["front.grads"] = front_grads
         rises["front"] = max(rises["front"] + rises["front.grads"], 0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 
 from scaletrain.engine.errors import ScaletrainError
@@ -25,17 +26,34 @@ def configure_stop(p: argparse.ArgumentParser) -> None:
                    help=stated("multi-node: the node whose share to stop (run it on that node)", "0"))
 
 
-def _cells(r) -> tuple[str, ...]:
+def row_cells(r) -> tuple[str, ...]:
     step = f"{r.step}/{r.total_steps}" if r.step is not None else "-"
     loss = f"{r.loss:.4f}" if r.loss is not None else "-"
     eta = fmt_seconds(r.eta_seconds) if r.eta_seconds is not None else "-"
-    peak = (fmt_bytes(r.peak_bytes) + (" RSS" if r.peak_kind == "host RSS" else "")) if r.peak_bytes is not None \
-        else "-"
-    plan = fmt_bytes(r.planned_bytes) if r.planned_bytes else "-"
-    kind = "CPU procs" if r.on_cpu else "GPUs"
+    peak = (_short_bytes(r.peak_bytes) + (" RSS" if r.peak_kind == "host RSS" else "")) \
+        if r.peak_bytes is not None else "-"
+    plan = _short_bytes(r.planned_bytes) if r.planned_bytes else "-"
+    kind = "CPU" if r.on_cpu else "GPU"
     shape = f"{r.nodes}×{r.devices_per_node} {kind}" if r.nodes and r.devices_per_node else "-"
     state = r.state + (f" ({r.exit_code})" if r.state in ("failed", "interrupted") and r.exit_code else "")
     return state, step, loss, eta, f"{peak} / {plan}", shape, str(r.path)
+
+
+def _short_bytes(n: int) -> str:
+    """fmt_bytes to three significant digits (470 MiB, 14.2 MiB, 1.23 GiB): a row that fits 80 columns."""
+    value, unit = fmt_bytes(n).split(" ")
+    return f"{float(value):.3g} {unit}" if float(value) < 1000 else f"{float(value):.0f} {unit}"
+
+
+def table_lines(table: list[tuple[str, ...]], columns: int) -> list[str]:
+    """The table's lines, the folder last on each; where a row would run past `columns` (an 80-column SSH
+    terminal), every folder goes on a line of its own under its row, so no line wraps in the middle of a cell."""
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in table]
+    if max(len(line) + 2 + len(row[-1]) for line, row in zip(lines, table)) <= columns:
+        return [line + "  " + row[-1] for line, row in zip(lines, table)]
+    return [lines[0].rstrip()] + [x for line, row in zip(lines[1:], table[1:]) for x in (line.rstrip(),
+                                                                                     "  " + row[-1])]
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -48,10 +66,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no runs launched on this machine yet (the list lives in {registry_dir()})")
         return 0
-    table = [HEAD, *(_cells(r) for r in rows)]
-    widths = [max(len(row[i]) for row in table) for i in range(len(HEAD) - 1)]
-    for row in table:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+    for line in table_lines([HEAD, *(row_cells(r) for r in rows)], shutil.get_terminal_size().columns):
+        print(line)
     if any(r.state == DIED for r in rows):
         print(f"{DIED}: the launcher is gone and never recorded how the run ended (killed with its watchdog, or the "
               "machine restarted); resume with `scaletrain launch RUN_DIR --resume`")
