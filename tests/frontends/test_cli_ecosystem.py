@@ -68,6 +68,32 @@ def test_help_has_a_short_usage_grouped_plan_options_and_examples(capsys):
     assert "--host-ram GIB" in out and "--micro-batch B" in out
 
 
+def test_every_help_fits_an_80_column_terminal_and_its_examples_parse(capsys, monkeypatch):
+    """An SSH session's 80 columns: no line of any command's --help runs past them (the top help's examples and
+    usage ran to 94, `completion --help` to 176), and each example command is one the parser takes."""
+    import shlex
+
+    from scaletrain.tui.cli.parser import COMMANDS, EXAMPLES
+
+    monkeypatch.setenv("COLUMNS", "80")
+    for argv in ([], *([c.name] for c in COMMANDS)):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([*argv, "--help"])
+        long = [ln for ln in capsys.readouterr().out.splitlines() if len(ln) > 80]
+        assert not long, (argv, long)
+    parsed: list[list[str]] = []
+    continued = False
+    for ln in (x.strip() for x in EXAMPLES.split("\n\n")[0].splitlines()[1:]):
+        if continued:
+            parsed[-1] += shlex.split(ln.rstrip("\\"))
+        elif ln.startswith("scaletrain"):
+            parsed.append(shlex.split(ln.rstrip("\\"))[1:])
+        continued = ln.endswith("\\")
+    assert len(parsed) >= 7 and parsed[1][-2:] == ["--seq-len", "2048"], parsed
+    for argv in parsed:
+        build_parser().parse_args(argv)
+
+
 def test_plan_keys_lists_every_preset_and_set_key_with_its_meaning(capsys):
     assert main(["plan", "--keys", "--json"]) == 0
     keys = json.loads(capsys.readouterr().out)

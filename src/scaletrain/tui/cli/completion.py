@@ -26,7 +26,8 @@ _WORD = re.compile(r"^[A-Za-z0-9._:/+@=-]+$")          # a value the scripts may
 
 def configure_completion(p: argparse.ArgumentParser) -> None:
     p.add_argument("shell", choices=SHELLS, help="the shell to print the script for (required)")
-    p.epilog = ('bash: eval "$(scaletrain completion bash)" in ~/.bashrc; zsh: source <(scaletrain completion zsh); '
+    p.epilog = ('bash: eval "$(scaletrain completion bash)" in ~/.bashrc\n'
+                "zsh:  source <(scaletrain completion zsh) in ~/.zshrc\n"
                 "fish: scaletrain completion fish > ~/.config/fish/completions/scaletrain.fish")
 
 

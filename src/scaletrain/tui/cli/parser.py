@@ -4,6 +4,7 @@ headless replay). Parsing only: each command module runs its command."""
 from __future__ import annotations
 
 import argparse
+import textwrap
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -23,8 +24,8 @@ class Command:
 
 COMMANDS = (
     Command("plan", "predict per-GPU memory, host RAM, disk and time for a training setup", plan.configure_plan,
-            plan.cmd_plan, f"scaletrain plan {PLAN_OPTIONS_USAGE} [--json] [--alternatives] [--table {{batch,gpus}}]"
-                           "\n       scaletrain plan --keys [--json]"),
+            plan.cmd_plan, f"scaletrain plan {PLAN_OPTIONS_USAGE}\n                      [--json] [--alternatives] "
+                           "[--table {batch,gpus}]\n       scaletrain plan --keys [--json]"),
     Command("gpus", "detect local GPUs with NVML", plan.configure_json, plan.cmd_gpus),
     Command("models", "list the bundled model catalog", plan.configure_json, plan.cmd_models),
     Command("presets", "list the bundled and saved presets", config.configure_presets, config.cmd_presets),
@@ -45,31 +46,41 @@ COMMANDS = (
             chat.configure_chat, chat.cmd_chat),
     Command("validate", "run the planned configuration briefly and compare predicted with measured",
             validate.configure_validate, validate.cmd_validate,
-            f"scaletrain validate {PLAN_OPTIONS_USAGE} [--steps N] [--budget-seconds S] [--save] [--json]"),
+            f"scaletrain validate {PLAN_OPTIONS_USAGE}\n                          [--steps N] [--budget-seconds S] "
+            "[--save] [--json]"),
     Command("env", "versions, GPUs, driver, CUDA, configs and environment for a bug report", env.configure_env,
             env.cmd_env),
     Command("completion", "print a shell completion script (bash, zsh or fish)", completion.configure_completion,
             lambda args: completion.print_completion(args.shell, build_parser())),
 )
 
-TOP_USAGE = (f"scaletrain [-h] [--version] {PLAN_OPTIONS_USAGE}\n"
-             "                  [--plain | --headless [--dry-run | --detach]] [--run-dir DIR] [--save-preset NAME] ...\n"
+TOP_USAGE = ("scaletrain [-h] [--version] [plan options] [--preset NAME]\n"
+             "                  [--set KEY=VALUE ...] [--run-dir DIR] [--save-preset NAME]\n"
+             "                  [--plain | --headless [--dry-run | --detach]] ...\n"
              "       scaletrain COMMAND [options]   (scaletrain COMMAND --help)")
 
 EXAMPLES = """\
 examples:
-  scaletrain                                   the wizard: hardware → model → batch → plan → write & launch
-  scaletrain plan --model Qwen/Qwen3-4B --gpus 8xRTX4090 --effective-batch 128 --seq-len 2048
+  # the wizard: hardware → model → batch → plan → write & launch
+  scaletrain
+  # a plan for hardware you name; its alternatives; every preset / --set key
+  scaletrain plan --model Qwen/Qwen3-4B --gpus 8xRTX4090 --effective-batch 128 \\
+      --seq-len 2048
+  scaletrain plan --model meta-llama/Llama-3.1-70B --gpus 8xRTX4090 \\
+      --host-ram 256
   scaletrain plan --preset 4090x8 --alternatives
-  scaletrain plan --model meta-llama/Llama-3.1-70B --gpus 8xRTX4090 --host-ram 256
-  scaletrain plan --keys                       every preset / --set key with its meaning
-  scaletrain --preset cpu-tiny --headless      plan, write the run directory, launch, stream progress
-  scaletrain --preset cpu-tiny --headless --detach   the same, training in the background (runs, monitor, stop)
-  scaletrain env --json                        for a bug report
-  eval "$(scaletrain completion bash)"         tab completion (zsh, fish: scaletrain completion --help)
+  scaletrain plan --keys
+  # plan, write the run directory, launch and stream progress (--detach: in the
+  # background; scaletrain runs, monitor, stop)
+  scaletrain --preset cpu-tiny --headless
+  scaletrain --preset cpu-tiny --headless --detach
+  # for a bug report; tab completion (zsh, fish: scaletrain completion --help)
+  scaletrain env --json
+  eval "$(scaletrain completion bash)"
 
-exit codes: 0 ok · 1 a scaletrain bug · 2 bad input · 3 the plan does not fit (GPU memory, host RAM or disk)
-            · 130 interrupted; launch and the headless path: the training's own exit code"""
+exit codes: 0 ok · 1 a scaletrain bug · 2 bad input · 3 the plan does not fit
+            (GPU memory, host RAM or disk) · 130 interrupted; launch and the
+            headless path: the training's own exit code"""
 
 
 
@@ -88,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", parser_class=_Parser, title="commands", metavar="COMMAND",
                            prog="scaletrain")      # each command's usage: "scaletrain diagnose …"
     for c in COMMANDS:
-        sp = sub.add_parser(c.name, help=c.help, description=c.help, usage=c.usage, formatter_class=_Formatter)
+        sp = sub.add_parser(c.name, help=c.help, description=textwrap.fill(c.help, 79), usage=c.usage,
+                            formatter_class=_Formatter)
         c.configure(sp)
         sp.set_defaults(_run=c.run)
     # top level (no subcommand): the wizard, or a headless preset replay
