@@ -56,6 +56,17 @@ def test_summary_speed_leaves_warm_up_out_and_sits_beside_the_plan():
     assert summarize(series).versus is None
 
 
+def test_the_summary_names_its_ranks_by_what_they_ran_on():
+    """The headless outcome line said "on 2 process(es)" for GPUs and CPU processes alike."""
+    cpu = [_rec(s, 0.5) for s in range(1, 5)]
+    assert summarize(cpu).ranks_text == "2 processes"
+    gpu = [StepMetrics(**{**r.__dict__, "peak_memory": (RankMemory(0, 2**30, 2**31, 2**28),), "world_size": 1})
+           for r in cpu]
+    assert summarize(gpu).ranks_text == "1 GPU"
+    eight = [StepMetrics(**{**r.__dict__, "world_size": 8}) for r in gpu]
+    assert summarize(eight).ranks_text == "8 GPUs"
+
+
 def _run_dir(tmp_path: Path, seconds: list[float]):
     req = PlanRequest(model="Qwen/Qwen2.5-0.5B-Instruct", gpus="2xRTX4090", strategy="ddp", micro_batch=2,
                       grad_accum=4, grad_ckpt=True, offload="none", seq_len=1024)

@@ -216,7 +216,7 @@ def test_ddp_two_ranks_loss_falls_with_checkpoints_and_live_progress(ddp_run):
     doc = read_plan_document(run.plan)
     v = summarize(series, planned_step_seconds=doc.planned_step_seconds,
                   planned_tokens_per_second=doc.planned_tokens_per_second).versus
-    assert f"{v.tokens_text()}, {v.step_text()} on 2 process(es)" in text
+    assert f"{v.tokens_text()}, {v.step_text()} on 2 processes" in text
 
 
 @pytest.mark.slow

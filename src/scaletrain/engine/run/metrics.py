@@ -325,6 +325,14 @@ class MetricsSummary:
     def fraction_done(self) -> float:
         return self.step / self.total_steps if self.total_steps else 0.0
 
+    @property
+    def ranks_text(self) -> str:
+        """'8 GPUs', '1 GPU', '2 processes': the ranks, named by what recorded their peak (allocated bytes come
+        from a GPU; a CPU run records host RSS only)."""
+        noun = "GPU" if self.peak_allocated_bytes is not None else "process"
+        n = self.world_size
+        return f"{n} {noun}" if n == 1 else f"{n} {noun}{'es' if noun == 'process' else 's'}"
+
     def eta_after(self, rec: StepMetrics) -> float:
         """Seconds left after step `rec`, at the recent mean step time (what eta_seconds is for the last step)."""
         return eta_seconds(rec, self.step_seconds)

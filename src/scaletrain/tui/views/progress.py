@@ -51,7 +51,7 @@ def print_outcome(con: Console, run: RunDir, result: Any, s: MetricsSummary | No
         speed = (f"{s.versus.tokens_text()}, {s.versus.step_text()}" if s.versus is not None
                  else f"{s.tokens_per_second:,.0f} tok/s")
         con.print(f"step {s.step}/{s.total_steps}, loss {s.loss_first:.4f} → {s.loss:.4f}, "
-                  f"{speed} on {s.world_size} process(es){mem}")
+                  f"{speed} on {s.ranks_text}{mem}")
     if result.interrupted:
         con.print(f"[yellow]stopped[/] (Ctrl-C); every rank ended. Resume with: "
                   f"scaletrain launch {run.path} --resume")
