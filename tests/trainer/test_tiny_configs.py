@@ -22,6 +22,11 @@ pytestmark = pytest.mark.heavy          # builds small models on the CPU
     # widths tied to the shrunk ones: xlnet's d_head = d_model // n_head, xlstm's embedding_dim = hidden_size
     ("xlnet", lambda c: c["d_head"] * c["n_head"] == c["d_model"]),
     ("xlstm", lambda c: c["embedding_dim"] == c["hidden_size"]),
+    # keys transformers' own model tester sets where the class defaults build nothing (TESTER_KEYS)
+    ("dbrx", lambda c: c["attn_config"]["clip_qkv"] == 8 and c["attn_config"]["rope_theta"] == 500000),
+    ("lfm2_moe", lambda c: c["layer_types"][:2] == ["full_attention", "conv"]
+     and len(c["layer_types"]) == c["num_hidden_layers"]),
+    ("cohere_compass_text", lambda c: c["rope_parameters"]["full_attention"]["rope_theta"] == 10000),
 ])
 def test_the_shrunk_config_is_one_transformers_builds(model_type, check):
     from transformers import AutoConfig
@@ -114,20 +119,20 @@ def test_a_reversible_stack_is_refused_by_the_trace_not_planned_under():
 
 def test_a_config_transformers_does_not_build_is_the_configs_refusal_not_the_engines():
     """The sweep asks transformers first: a shrunk config it does not build as a causal LM (its own defaults do not
-    build: dbrx's attention config has no rope_theta) is refused by 'config' with transformers' error, so the
-    engine's refusals are the engine's."""
+    build: musicgen's config has no dropout) is refused by 'config' with transformers' error, so the engine's
+    refusals are the engine's."""
     import sys
     from pathlib import Path
 
     from scaletrain.measure import tiny_configs as tc
 
     assert tc.build_error(tc.config_dict("llama")) is None
-    why = tc.build_error(tc.config_dict("dbrx"))
-    assert why and "rope_theta" in why and "\n" not in why
+    why = tc.build_error(tc.config_dict("musicgen"))
+    assert why and "dropout" in why and "\n" not in why
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     from architecture_sweep import one_family
 
-    row = one_family("dbrx", ())
+    row = one_family("musicgen", ())
     assert row["refused"].startswith("config: transformers does not build it as a causal LM: ")
 
 
