@@ -27,6 +27,8 @@ pytestmark = pytest.mark.heavy          # builds small models on the CPU
     ("lfm2_moe", lambda c: c["layer_types"][:2] == ["full_attention", "conv"]
      and len(c["layer_types"]) == c["num_hidden_layers"]),
     ("cohere_compass_text", lambda c: c["rope_parameters"]["full_attention"]["rope_theta"] == 10000),
+    ("qwen4_exp", lambda c: c["model_type"] == "qwen4_exp_text"
+     and c["indexer_budget"] % c["indexer_compress_ratio"] == 0),
 ])
 def test_the_shrunk_config_is_one_transformers_builds(model_type, check):
     from transformers import AutoConfig
@@ -97,7 +99,8 @@ def test_a_family_that_needs_a_default_language_gets_one_of_its_own():
     # a user's config without one: the trace says which key to set (a scaletrain user calls no Python method)
     from scaletrain.measure.trace import TraceError, run
 
-    with pytest.raises(TraceError, match=r'set "default_language" in its config.json to one of its languages \(en_XX\)'):
+    with pytest.raises(TraceError,
+                       match=r'set "default_language" in its config.json to one of its languages \(en_XX\)'):
         run({"config": {**cfg, "default_language": None}})
 
 
@@ -119,16 +122,18 @@ def test_a_reversible_stack_is_refused_by_the_trace_not_planned_under():
 
 def test_a_config_transformers_does_not_build_is_the_configs_refusal_not_the_engines():
     """The sweep asks transformers first: a shrunk config it does not build as a causal LM (its own defaults do not
-    build: musicgen's config has no dropout) is refused by 'config' with transformers' error, so the engine's
-    refusals are the engine's."""
+    run on text: musicgen's decoder takes 4 codebooks of audio codes a position) is refused by 'config' with
+    transformers' error, so the engine's refusals are the engine's."""
     import sys
     from pathlib import Path
 
     from scaletrain.measure import tiny_configs as tc
 
     assert tc.build_error(tc.config_dict("llama")) is None
-    why = tc.build_error(tc.config_dict("musicgen"))
-    assert why and "dropout" in why and "\n" not in why
+    cfg = tc.config_dict("musicgen")
+    assert cfg["model_type"] == "musicgen_decoder"        # the part its causal-LM class is built from
+    why = tc.build_error(cfg)
+    assert why and "[-1, 4, 16]" in why and "\n" not in why
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     from architecture_sweep import one_family
 

@@ -80,6 +80,10 @@ TESTER_KEYS: dict[str, dict[str, Any]] = {
     "dbrx": {"attn_config": {"clip_qkv": 8, "rope_theta": 500000}},
     "lfm2_moe": {"layer_types": ("full_attention", "conv")},
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000}}},
+    # its sparse attention's indexer, every size None by default (Qwen4ExpTextModelTester's; the index head as wide
+    # as the shrunk rotary width, which its validator asks for: the tester's rotary width is a quarter of its head)
+    "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 4,
+                       "indexer_compress_ratio": 2},
 }
 
 
@@ -89,12 +93,9 @@ def config_dict(model_type: str) -> dict[str, Any]:
     defaults cannot be made)."""
     from transformers import AutoConfig
 
-    base = AutoConfig.for_model(model_type)
-    text = getattr(base, "text_config", None)
-    if text is not None and getattr(text, "model_type", None) and text is not base:
-        base = text
+    base = _causal_lm_part(AutoConfig.for_model(model_type), model_type)
     d = base.to_dict()
-    for key, value in TESTER_KEYS.get(model_type, {}).items():
+    for key, value in TESTER_KEYS.get(str(getattr(base, "model_type", "")) or model_type, {}).items():
         if isinstance(value, tuple):
             d[key] = [value[i % len(value)] for i in range(_depth(d))]
         elif isinstance(value, dict):
@@ -108,6 +109,22 @@ def config_dict(model_type: str) -> dict[str, Any]:
         if out is not None and meta_parameters(out) <= MAX_TINY_PARAMETERS and builds(out):
             return out
     return first
+
+
+def _causal_lm_part(base: Any, model_type: str) -> Any:
+    """The part of a composite config that the family's causal-LM class is built from: its text_config, or the
+    sub-config of that class's own config type (musicgen's decoder, beside its text and audio encoders)."""
+    text = getattr(base, "text_config", None)
+    if text is not None and getattr(text, "model_type", None) and text is not base:
+        return text
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    want = getattr(getattr(transformers, name, None), "config_class", None) if isinstance(name, str) else None
+    if isinstance(want, type) and not isinstance(base, want):
+        return next((v for v in vars(base).values() if isinstance(v, want)), base)
+    return base
 
 
 def _rung(base: Any, d: dict[str, Any], model_type: str, rung: dict[str, bool]) -> dict[str, Any] | None:
