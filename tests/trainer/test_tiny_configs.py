@@ -22,13 +22,14 @@ pytestmark = pytest.mark.heavy          # builds small models on the CPU
     # widths tied to the shrunk ones: xlnet's d_head = d_model // n_head, xlstm's embedding_dim = hidden_size
     ("xlnet", lambda c: c["d_head"] * c["n_head"] == c["d_model"]),
     ("xlstm", lambda c: c["embedding_dim"] == c["hidden_size"]),
-    # keys transformers' own model tester sets where the class defaults build nothing (TESTER_KEYS)
+    # keys transformers' own model tester sets where the class defaults build nothing (TRANSFORMERS_KEYS)
     ("dbrx", lambda c: c["attn_config"]["clip_qkv"] == 8 and c["attn_config"]["rope_theta"] == 500000),
     ("lfm2_moe", lambda c: c["layer_types"][:2] == ["full_attention", "conv"]
      and len(c["layer_types"]) == c["num_hidden_layers"]),
     ("cohere_compass_text", lambda c: c["rope_parameters"]["full_attention"]["rope_theta"] == 10000),
     ("qwen4_exp", lambda c: c["model_type"] == "qwen4_exp_text"
      and c["indexer_budget"] % c["indexer_compress_ratio"] == 0),
+    ("reformer", lambda c: c["axial_pos_embds"] is False and c["is_decoder"] is True),
 ])
 def test_the_shrunk_config_is_one_transformers_builds(model_type, check):
     from transformers import AutoConfig

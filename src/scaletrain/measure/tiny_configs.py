@@ -4,9 +4,9 @@ For the architecture sweep (bench/architecture_sweep.py) and the traced-path tes
 config starts from `AutoConfig.for_model(model_type)` (the family's defaults: its layer pattern, MoE layout, mamba
 or linear-attention settings), then every size field the families share a name for is shrunk (widths, heads,
 experts, ranks, vocabulary), and per-layer lists whose length was the default depth are dropped (so the config
-class derives them again for the new depth) or cut. Nothing here is per family but TESTER_KEYS: the few keys
-transformers' own model tester sets where the class defaults build no model at all. A family whose defaults do not
-shrink this way is listed by the sweep with transformers' own error.
+class derives them again for the new depth) or cut. Nothing here is per family but TRANSFORMERS_KEYS: the few
+keys transformers itself sets (its model testers, its docs) where the class defaults build no model that trains.
+A family whose defaults do not shrink this way is listed by the sweep with transformers' own error.
 """
 
 from __future__ import annotations
@@ -68,15 +68,15 @@ RUNGS = ({}, {"fill": True}, {"fill": True, "cut": True}, {"fill": True, "keep_d
 MAX_TINY_PARAMETERS = 1_000_000_000
 
 
-# Keys transformers' own model tester (huggingface/transformers tests/models/<family>/test_modeling_<family>.py) sets
-# where the config class's defaults build no model, in transformers 5.24 as in the published checkpoints: dbrx reads
-# attn_config.rope_theta, which DbrxAttentionConfig does not define, and clamps its q/k/v by clip_qkv, None by
-# default (DbrxModelTester: clip_qkv 8, rope_theta 500000, databricks/dbrx's values); lfm2_moe indexes layer_types,
-# None by default and derived from nothing (Lfm2MoeModelTester: full attention, then a short convolution);
-# cohere_compass_text reads its rotary settings by layer type, and the default's are one flat set
-# (CohereCompassTextModelTester: full attention's, theta 10 000). A tuple is a layer pattern, repeated over the
-# default depth; a dict is merged into the default's. Applied to the defaults before any shrinking.
-TESTER_KEYS: dict[str, dict[str, Any]] = {
+# Keys transformers itself sets (its model tester, huggingface/transformers tests/models/<family>/test_modeling_
+# <family>.py, or its docs) where the config class's defaults build no model that trains, in transformers 5.24 as in
+# the published checkpoints: dbrx reads attn_config.rope_theta, which DbrxAttentionConfig does not define, and clamps
+# its q/k/v by clip_qkv, None by default (DbrxModelTester: clip_qkv 8, rope_theta 500000, databricks/dbrx's
+# values); lfm2_moe indexes layer_types, None by default and derived from nothing (Lfm2MoeModelTester: full
+# attention, then a short convolution); cohere_compass_text reads its rotary settings by layer type, and the
+# default's are one flat set (CohereCompassTextModelTester: full attention's, theta 10 000). A tuple is a layer
+# pattern, repeated over the default depth; a dict is merged into the default's. Applied before any shrinking.
+TRANSFORMERS_KEYS: dict[str, dict[str, Any]] = {
     "dbrx": {"attn_config": {"clip_qkv": 8, "rope_theta": 500000}},
     "lfm2_moe": {"layer_types": ("full_attention", "conv")},
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000}}},
@@ -84,6 +84,9 @@ TESTER_KEYS: dict[str, dict[str, Any]] = {
     # as the shrunk rotary width, which its validator asks for: the tester's rotary width is a quarter of its head)
     "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 4,
                        "indexer_compress_ratio": 2},
+    # reformer's axial position embeddings train at one length only, prod(axial_pos_shape) (4096 by default):
+    # transformers' docs (model_doc/reformer.md) turn them off to train at other lengths
+    "reformer": {"axial_pos_embds": False},
 }
 
 
@@ -95,7 +98,7 @@ def config_dict(model_type: str) -> dict[str, Any]:
 
     base = _causal_lm_part(AutoConfig.for_model(model_type), model_type)
     d = base.to_dict()
-    for key, value in TESTER_KEYS.get(str(getattr(base, "model_type", "")) or model_type, {}).items():
+    for key, value in TRANSFORMERS_KEYS.get(str(getattr(base, "model_type", "")) or model_type, {}).items():
         if isinstance(value, tuple):
             d[key] = [value[i % len(value)] for i in range(_depth(d))]
         elif isinstance(value, dict):
