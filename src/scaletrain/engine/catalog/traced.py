@@ -127,7 +127,7 @@ def _fail(model_type: str, why: str, accepted: str) -> ScaletrainError:
     words), then what is accepted, cut if it must be (a 300-character cap left the reason 70: "the 4-layer slice
     of qwen3_next that holds each …")."""
     head = f"model_type {model_type[:40]!r} has no analytic layout and could not be traced ("
-    tail = f"); accepted: {accepted}, or a model_type transformers can build with the 'train' extra"
+    tail = f"); accepted: {accepted} (analytic), or a model_type the trace measures (docs/accuracy.md lists them)"
     why = " ".join(why.split())
     if len(why) > MAX_REASON_CHARS:
         why = why[:MAX_REASON_CHARS - 1] + "…"
