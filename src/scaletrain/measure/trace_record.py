@@ -365,6 +365,22 @@ def gradless_params(harness, seq_len: int) -> int:
     return int(n)
 
 
+def release_memory() -> None:
+    """Hand what a profiled run freed back to the system before the next one. torch.profiler's record of a step
+    stays alive in reference cycles until the collector runs, and glibc keeps the freed heap: zamba's 8-layer slice,
+    traced at 64, 128 and 192 tokens, held 1.1, 3.0 and 4.3 GiB after each run, and its trace stopped at the
+    process's 18 GiB cap; collected and trimmed, 0.46 GiB after each (its per-position mamba loop makes the record
+    large). The measured bytes are allocator events inside each run's windows: unchanged."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):         # not glibc: what the collector freed stays with the allocator
+        pass
+
+
 def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
     """One forward + loss + backward at micro-batch 1: saved bytes per scope (and per layer the bytes of its input,
     `layer{i}.input`), the largest per-token tensor per scope, and per layer the rise of live bytes in its forward (`fwd{i}`) and in its backward (`bwd{i}`)."""
@@ -416,6 +432,8 @@ def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int
     if "front" in rises and front_grads is not None:
         rises["front.grads"] = front_grads
         rises["front"] = max(rises["front"] + rises["front.grads"], 0)
+    live.prof = None
+    release_memory()
     # what each layer's backward leaves alive past its own gradients (without checkpointing, past its saved tensors
     # freed too: the backward's net is their release); checkpointed, also what its forward leaves (module doc)
     for i, layer in enumerate(decoder_layers(model)):
