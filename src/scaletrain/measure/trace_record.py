@@ -224,6 +224,18 @@ class _Live:
         self.close("tail")
         self.open(name)
 
+    def release(self) -> None:
+        """Drop the profiler's record of the run now. torch.profiler.profile refers to itself (its action map of
+        bound methods), so it lives until the collector runs, and its record with it: zamba's 8-layer slice, traced
+        at 64, 128 and 192 tokens, held 1.1, 3.0 and 4.3 GiB after each run (its per-position mamba loop makes the
+        record large), and its trace stopped at the process's 18 GiB cap; released and trimmed, about 0.5 GiB. A
+        collector run instead costs ~0.1-0.2 s a run, seconds of a first plan. The measured bytes are allocator
+        events inside the run's windows, read before: unchanged."""
+        if self.prof is not None:
+            self.prof.profiler = None
+            self.prof = None
+        release_memory()
+
     def close_all(self) -> dict[str, int]:
         """The windows' rises from the profiler's events, in time order; a window still open at the end closes
         there, but the tail's (no layer's output gradient ended it: no tail measured, not all backward)."""
@@ -366,18 +378,13 @@ def gradless_params(harness, seq_len: int) -> int:
 
 
 def release_memory() -> None:
-    """Hand what a profiled run freed back to the system before the next one. torch.profiler's record of a step
-    stays alive in reference cycles until the collector runs, and glibc keeps the freed heap: zamba's 8-layer slice,
-    traced at 64, 128 and 192 tokens, held 1.1, 3.0 and 4.3 GiB after each run, and its trace stopped at the
-    process's 18 GiB cap; collected and trimmed, 0.46 GiB after each (its per-position mamba loop makes the record
-    large). The measured bytes are allocator events inside each run's windows: unchanged."""
+    """Hand the heap freed since the last call back to the system (glibc keeps it otherwise): after a profiled
+    run's record is dropped (_Live.release). A no-op off glibc."""
     import ctypes
-    import gc
 
-    gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):         # not glibc: what the collector freed stays with the allocator
+    except (OSError, AttributeError):
         pass
 
 
@@ -432,8 +439,7 @@ def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int
     if "front" in rises and front_grads is not None:
         rises["front.grads"] = front_grads
         rises["front"] = max(rises["front"] + rises["front.grads"], 0)
-    live.prof = None
-    release_memory()
+    live.release()
     # what each layer's backward leaves alive past its own gradients (without checkpointing, past its saved tensors
     # freed too: the backward's net is their release); checkpointed, also what its forward leaves (module doc)
     for i, layer in enumerate(decoder_layers(model)):
