@@ -7,15 +7,23 @@ MiB = 1024**2
 GB = 1000**3
 
 
-def fmt_bytes(n: float) -> str:
-    """Human bytes in binary units, the way nvidia-smi and torch report them."""
+def fmt_bytes(n: float, significant: int | None = None) -> str:
+    """Human bytes in binary units, the way nvidia-smi and torch report them; `significant`: that many digits
+    (470 MiB, 14.2 MiB) where two decimals take too much room, whole units from 10**significant up."""
     n = float(n)
     sign = "-" if n < 0 else ""
     n = abs(n)
     for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
         if n >= size:
-            return f"{sign}{n / size:.2f} {unit}"
+            v = n / size
+            text = f"{v:.2f}" if significant is None else f"{v:.{significant}g}" if v < 10**significant else f"{v:.0f}"
+            return f"{sign}{text} {unit}"
     return f"{sign}{int(n)} B"
+
+
+def counted(n: int, noun: str) -> str:
+    """'1 GPU', '8 GPUs', '2 processes'."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}es" if noun.endswith("s") else f"{n} {noun}s"
 
 
 def fmt_seconds(s: float) -> str:

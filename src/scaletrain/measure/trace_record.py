@@ -234,7 +234,7 @@ class _Live:
         if self.prof is not None:
             self.prof.profiler = None
             self.prof = None
-        release_memory()
+        _trim_heap()
 
     def close_all(self) -> dict[str, int]:
         """The windows' rises from the profiler's events, in time order; a window still open at the end closes
@@ -377,7 +377,7 @@ def gradless_params(harness, seq_len: int) -> int:
     return int(n)
 
 
-def release_memory() -> None:
+def _trim_heap() -> None:
     """Hand the heap freed since the last call back to the system (glibc keeps it otherwise): after a profiled
     run's record is dropped (_Live.release). A no-op off glibc."""
     import ctypes

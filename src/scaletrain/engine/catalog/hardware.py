@@ -251,9 +251,9 @@ class Hardware:
 
     def devices_text(self, n: int | None = None) -> str:
         """'8 GPUs', '1 GPU', '2 processes': n ranks (the world size when not given)."""
-        n = self.world_size if n is None else n
-        noun = self.device_noun
-        return f"{n} {noun}" if n == 1 else f"{n} {noun}es" if noun.endswith("s") else f"{n} {noun}s"
+        from scaletrain.engine.units import counted
+
+        return counted(self.world_size if n is None else n, self.device_noun)
 
     def memory_text(self) -> str:
         """'79.65 GiB each', or 'host RAM 23.54 GiB, 11.77 GiB for each of 2 processes'."""

@@ -29,7 +29,7 @@ from typing import Any, Iterable
 
 from scaletrain.engine.fileio import AppendedLines, atomic_write, open_regular
 from scaletrain.engine.run.rank_telemetry import RankTelemetry
-from scaletrain.engine.units import fmt_seconds
+from scaletrain.engine.units import counted, fmt_seconds
 
 MAX_RECORD_BYTES = 1 << 20      # one metrics line; a longer one is no step record (skipped, never held whole)
 TORN_TAIL_SCAN_BYTES = 1 << 20  # a record is a few hundred bytes: its line break is well within the last MiB
@@ -329,9 +329,7 @@ class MetricsSummary:
     def ranks_text(self) -> str:
         """'8 GPUs', '1 GPU', '2 processes': the ranks, named by what recorded their peak (allocated bytes come
         from a GPU; a CPU run records host RSS only)."""
-        noun = "GPU" if self.peak_allocated_bytes is not None else "process"
-        n = self.world_size
-        return f"{n} {noun}" if n == 1 else f"{n} {noun}{'es' if noun == 'process' else 's'}"
+        return counted(self.world_size, "GPU" if self.peak_allocated_bytes is not None else "process")
 
     def eta_after(self, rec: StepMetrics) -> float:
         """Seconds left after step `rec`, at the recent mean step time (what eta_seconds is for the last step)."""

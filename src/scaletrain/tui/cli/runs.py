@@ -30,19 +30,13 @@ def row_cells(r) -> tuple[str, ...]:
     step = f"{r.step}/{r.total_steps}" if r.step is not None else "-"
     loss = f"{r.loss:.4f}" if r.loss is not None else "-"
     eta = fmt_seconds(r.eta_seconds) if r.eta_seconds is not None else "-"
-    peak = (_short_bytes(r.peak_bytes) + (" RSS" if r.peak_kind == "host RSS" else "")) \
+    peak = (fmt_bytes(r.peak_bytes, 3) + (" RSS" if r.peak_kind == "host RSS" else "")) \
         if r.peak_bytes is not None else "-"
-    plan = _short_bytes(r.planned_bytes) if r.planned_bytes else "-"
+    plan = fmt_bytes(r.planned_bytes, 3) if r.planned_bytes else "-"
     kind = "CPU" if r.on_cpu else "GPU"
     shape = f"{r.nodes}×{r.devices_per_node} {kind}" if r.nodes and r.devices_per_node else "-"
     state = r.state + (f" ({r.exit_code})" if r.state in ("failed", "interrupted") and r.exit_code else "")
     return state, step, loss, eta, f"{peak} / {plan}", shape, str(r.path)
-
-
-def _short_bytes(n: int) -> str:
-    """fmt_bytes to three significant digits (470 MiB, 14.2 MiB, 1.23 GiB): a row that fits 80 columns."""
-    value, unit = fmt_bytes(n).split(" ")
-    return f"{float(value):.3g} {unit}" if float(value) < 1000 else f"{float(value):.0f} {unit}"
 
 
 def table_lines(table: list[tuple[str, ...]], columns: int) -> list[str]:
