@@ -35,6 +35,15 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _built_ops() -> dict[str, int]:
+    """The torch extensions built in this environment's folder (TORCH_EXTENSIONS_DIR, which the Makefile sets),
+    by path, with their modification times."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path(_get_build_directory("x", verbose=False)).parent)
+    return {str(p): p.stat().st_mtime_ns for p in root.rglob("*.so")}
+
+
 def test_scripts_hold_no_absolute_path_of_the_run_or_of_this_python(tmp_path):
     d = _write(tmp_path, "r", "strategy=zero2", "nodes=2", flags=("--main-process-ip", "127.0.0.1"))
     for script in ("launch.sh", "sbatch.sh"):
@@ -66,9 +75,13 @@ def test_a_moved_run_folder_trains_with_bash_launch_sh(tmp_path, how):
     env = (_env(SCALETRAIN_VENV=sys.prefix, PATH="/usr/bin:/bin") if how == "venv-variable"
            else _env(PATH=f"{bin_dir}{os.pathsep}/usr/bin:/bin"))
     assert (bin_dir / "scaletrain").exists()
+    built = _built_ops()
     r = subprocess.run(["bash", str(new / "launch.sh")], cwd=tmp_path, capture_output=True, text=True, env=env,
                        timeout=RUN_LIMIT_SECONDS)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    # DeepSpeed's CPU op is loaded as built, not built again by another ninja than the venv's (the system's, first
+    # on this PATH: a minute of g++ each time the two alternate)
+    assert _built_ops() == built
     series = read_metrics(new / "metrics.jsonl")
     assert [s.step for s in series] == [1, 2, 3] and all(s.world_size == 2 for s in series)
     assert (new / "logs" / "elastic").is_dir() and not old.exists()
