@@ -63,10 +63,19 @@ def load_deepspeed_cpu_comm_op() -> None:
     under it a baton is another scaletrain rank's only if it is dead, but a process outside scaletrain sharing the
     extensions folder may hold one live: `clear_stale_baton` waits for it, and removes it only once it is older
     than any live build. The op is then built or loaded, and DeepSpeed gets that module instead of taking the
-    baton again."""
+    baton again.
+
+    The build runs the `ninja` first on PATH: this Python's own (its venv's) is put first, as its activate would,
+    so every loader (`make ds-op`, a rank under `scaletrain launch` or launch.sh) builds with one ninja. With the
+    system's ninja (1.11 here) in one and the venv's (1.13) in another, each rebuilt what the other had built:
+    about a minute of g++ each time they alternated."""
     import fcntl
     import importlib
     from pathlib import Path
+
+    tools = os.path.dirname(sys.executable)
+    if tools and os.environ.get("PATH", "").split(os.pathsep)[0] != tools:
+        os.environ["PATH"] = os.pathsep.join(p for p in (tools, os.environ.get("PATH")) if p)
 
     from deepspeed.accelerator import get_accelerator
     from torch.utils.cpp_extension import _get_build_directory
