@@ -97,13 +97,13 @@ def one_family(model_type: str, cases=CASES, reuse: dict | None = None, config: 
                                 precision="fp32", optimizer_impl="for-loop", attn=attn, grad_ckpt=ck,
                                 micro_batch=by_method.get(m, (B, S))[0], seq_len=by_method.get(m, (B, S))[1],
                                 device="cpu") for m, ck in cases]
-        prefetch_traces(setups)
-        why = next((w for w in map(unmodeled_checkpointing, setups) if w), None)
+        refused = _prefetched(setups, prefetch_traces)
+        why = next((w for w in (unmodeled_checkpointing(x) for x in setups if id(x) not in refused) if w), None)
         if why:                         # a looped stack's checkpointing: refused from its trace (traced_blocks.py)
             cases = tuple(dict.fromkeys((m, False) for m, _ in cases))
             row["no_checkpointing"] = True
             setups = [next(x for x in setups if x.method == m).with_(grad_ckpt=False) for m, _ in cases]
-            prefetch_traces(setups)
+            refused = _prefetched(setups, prefetch_traces)
         row["trace_seconds"] = round(time.perf_counter() - t0, 2)
         row["memory_source"] = arch.memory_source
         if arch.trace is not None:
@@ -116,6 +116,9 @@ def one_family(model_type: str, cases=CASES, reuse: dict | None = None, config: 
     row["cases"] = []
     for (method, ckpt), s in zip(cases, setups):
         case = {"method": method, "grad_ckpt": ckpt}
+        if id(s) in refused:        # this case's trace alone (reformer's LoRA: no adapter gets a gradient)
+            row["cases"].append({**case, "refused": "engine: " + refused[id(s)]})
+            continue
         try:
             predicted = estimate_memory(s).allocated_peak_bytes
             trainable = s.trainable_params
@@ -139,6 +142,29 @@ def one_family(model_type: str, cases=CASES, reuse: dict | None = None, config: 
                         params=[arch.params + lora, m.params], trainable=[trainable, m.trainable_params])
         row["cases"].append(case)
     return row
+
+
+def _prefetched(setups: list, prefetch) -> dict[int, str]:
+    """The traces of every case at once, or, when that fails, of each case alone: the cases whose own trace is
+    refused (by id), with the line. Every case refused: the family's refusal, raised."""
+    from scaletrain.engine.errors import ScaletrainError
+
+    try:
+        prefetch(setups)
+        return {}
+    except ScaletrainError:
+        if len(setups) == 1:
+            raise
+    refused: dict[int, str] = {}
+    first: ScaletrainError | None = None
+    for x in setups:
+        try:
+            prefetch([x])
+        except ScaletrainError as e:
+            refused[id(x)], first = _line(e), first or e
+    if first is not None and len(refused) == len(setups):
+        raise first
+    return refused
 
 
 def _reused(row: dict | None, cfg: dict, method: str, ckpt: bool, attn: str, shape: tuple[int, int] = (B, S)):

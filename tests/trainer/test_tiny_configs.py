@@ -105,20 +105,45 @@ def test_a_family_that_needs_a_default_language_gets_one_of_its_own():
         run({"config": {**cfg, "default_language": None}})
 
 
-def test_a_reversible_stack_is_refused_by_the_trace_not_planned_under():
-    """reformer's layers run under no_grad in the forward and are recomputed inside their own autograd Function's
-    backward; the windows the trace measures never see them (it planned such a full step 17 % under the profiler,
-    bench/architecture_sweep.py one_family with this shape): refused in one line instead."""
+_REFORMER = {"model_type": "reformer", "vocab_size": 512, "hidden_size": 64, "num_attention_heads": 2,
+             "attention_head_size": 32, "feed_forward_size": 128, "attn_layers": ["local", "lsh", "local", "lsh"],
+             "num_hidden_layers": 4, "axial_pos_embds": False, "is_decoder": True, "max_position_embeddings": 512,
+             "num_buckets": 4, "lsh_attn_chunk_length": 64, "local_attn_chunk_length": 64, "use_cache": False}
+
+
+def test_a_reversible_stack_is_planned_as_the_profiler_measures_it():
+    """reformer's layers run under no_grad in the forward and are recomputed, last first, inside their own autograd
+    Function's backward. The trace opens each layer's backward window where its parts run there, over what the
+    Function keeps (its saved outputs, the rebuilt hidden states and their gradients): planned -17 % before it
+    was refused, then refused (TRACE_FORMAT 23); now within the sweep's bounds of a full build's step."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import architecture_sweep as sweep
+
     from scaletrain.measure import tiny_configs as tc
+
+    assert tc.builds(_REFORMER)
+    row = sweep.one_family("reformer", cases=(("full", False),), config=_REFORMER)
+    assert "refused" not in row, row.get("refused")
+    (case,) = row["cases"]
+    assert case["params_exact"], case
+    assert -0.02 <= case["error"] <= 0.05, case
+
+
+def test_a_forward_that_writes_its_config_is_refused_naming_the_key():
+    """Unset, reformer's num_buckets is set by its first hashed forward from that forward's length: a trace at
+    other lengths (and a real run's first batch) would run another model than the planned one. Refused in one
+    line that names the key; LoRA, whose frozen embedding gives the reversible Function's input no gradient (no
+    adapter trains), too."""
     from scaletrain.measure.trace import TraceError, run
 
-    cfg = {"model_type": "reformer", "vocab_size": 512, "hidden_size": 64, "num_attention_heads": 2,
-           "attention_head_size": 32, "feed_forward_size": 128, "attn_layers": ["local", "lsh"], "num_hidden_layers": 2,
-           "axial_pos_embds": False, "is_decoder": True, "max_position_embeddings": 512, "num_buckets": 4,
-           "lsh_attn_chunk_length": 64, "local_attn_chunk_length": 64, "use_cache": False}
-    assert tc.builds(cfg)
-    with pytest.raises(TraceError, match=r"^its decoder layers run without autograd in the forward .* reversible"):
-        run({"config": cfg, "regime": {"method": "full", "precision": "fp32", "attn": "eager"}})
+    full = {"method": "full", "precision": "fp32", "attn": "eager"}
+    with pytest.raises(TraceError, match=r"^its forward sets config num_buckets .* set num_buckets in config.json$"):
+        run({"config": {**_REFORMER, "num_buckets": None}, "regime": full})
+    with pytest.raises(TraceError, match=r"^no trainable parameter gets a gradient from its loss: .*--method full"):
+        run({"config": _REFORMER, "regime": {**full, "method": "lora", "lora_rank": 4}})
 
 
 def test_a_config_transformers_does_not_build_is_the_configs_refusal_not_the_engines():

@@ -34,7 +34,10 @@ PROBE_MODULE = "scaletrain.measure.probe"      # the one entry point the engine 
 # 22: a looped stack traced (a layer run k times: its k runs' saved bytes and checkpointed inputs, its largest rise,
 #     its k backward nets); a stack built as several lists of one layer class traced whole (hrm_text's L and H).
 # 23: a stack whose layers ran without autograd in the forward (reformer's reversible layers) is refused, not traced.
-TRACE_FORMAT = 23
+# 24: that stack traced: each layer's backward window opens where its parts are recomputed in the backward, over
+#     the run's start less the gradients made (reformer, +0.5 %); a forward that writes its own config (reformer's
+#     unset num_buckets) is refused, naming the key; a loss with no gradient path under LoRA is refused in one line.
+TRACE_FORMAT = 24
 TRACE_OUT_OF_MEMORY = 4     # a served answer's code: refused at the trace process's memory cap, and that process ends
 # data profile (engine/request/data_profile.py ↔ measure/data_profile.py)
 PROFILE_FORMAT = 2

@@ -297,13 +297,17 @@ def _micro_step(setup: StepHarness, ids, grad_accum: int) -> None:
         setup.accelerator.backward(outputs.loss)
         return
     with setup.autocast():
-        if setup.loss == LossImpl.CHUNKED:
-            loss = _chunked_loss(setup, ids)
-        else:
-            loss = setup.model(input_ids=ids, labels=ids).loss
+        loss = step_loss(setup, ids)
     if grad_accum > 1:
         loss = loss / grad_accum
     loss.backward()
+
+
+def step_loss(setup: StepHarness, ids):
+    """The micro-batch's loss as the harness's loss computes it: the model's own (labels in), or the chunked one."""
+    if setup.loss == LossImpl.CHUNKED:
+        return _chunked_loss(setup, ids)
+    return setup.model(input_ids=ids, labels=ids).loss
 
 
 def _chunked_loss(setup: StepHarness, ids):

@@ -85,8 +85,11 @@ TRANSFORMERS_KEYS: dict[str, dict[str, Any]] = {
     "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 4,
                        "indexer_compress_ratio": 2},
     # reformer's axial position embeddings train at one length only, prod(axial_pos_shape) (4096 by default):
-    # transformers' docs (model_doc/reformer.md) turn them off to train at other lengths
-    "reformer": {"axial_pos_embds": False},
+    # transformers' docs (model_doc/reformer.md) turn them off to train at other lengths. Its LSH attention's
+    # num_buckets, None by default, is set by transformers' first forward from that forward's length
+    # (LSHSelfAttention._set_num_buckets: 2·S / lsh_attn_chunk_length, a power of 2): written here as that rule
+    # gives it at the sweep's 128 tokens and chunk 64, as a trained checkpoint's config.json holds it
+    "reformer": {"axial_pos_embds": False, "num_buckets": 4},
 }
 
 

@@ -29,6 +29,11 @@ A request is `{"config": <config.json dict>, "regime": null | {"method", "lora_r
   each layer receives (`input`: what a checkpointed layer keeps, at its real width: hyper-connections pass several
   residual streams). Per kind: the largest coefficients of its layers in the slice. Outside the blocks: `shared` (the ids the embedding keeps, and tensors every block receives:
   rotary tables, masks), `final_norm`, `head_input`; the logits, log-softmax and labels are the engine's.
+  A reversible stack (reformer's: its layers run without autograd in the forward and are recomputed, last first,
+  inside the stack's own autograd Function's backward): a layer's backward window opens where its parts run in the
+  backward, and rises over the run's start less the gradients made before it (trace_record._recompute); a layer
+  recomputed where no part of it runs as a module is refused. So is a forward that writes its own config (an
+  unset num_buckets set from the first length: what was traced would not be what runs), naming the key.
   `gradless_params`: elements of the trainable parameters outside the decoder layers that a step on text gives
   no gradient (a multimodal causal LM's towers), which torch's optimizers give no state. `looped`, `call_order`: a
   stack that runs its layers several times in one forward (hrm_text's cycles): the most forwards a layer ran, and
@@ -54,9 +59,9 @@ from scaletrain.engine.devices.detect import host_memory_bytes
 from scaletrain.engine.probes import TRACE_FORMAT, TRACE_OUT_OF_MEMORY as OUT_OF_MEMORY
 from scaletrain.measure.trace_fit import TraceError, envelope, envelope_parts, fit
 from scaletrain.measure.trace_record import gradless_params, head_width, saved_by_scope, warm_up
-from scaletrain.measure.trace_structure import (FIT_TOLERANCE, TRACE_BATCH, TRACE_MULTIPLES, check_slice_size,
-                                                lora_count, peft_refuses, prefix_config, shrink_windows,
-                                                slice_params, structure)
+from scaletrain.measure.trace_structure import (FIT_TOLERANCE, TRACE_BATCH, TRACE_MULTIPLES, check_config_kept,
+                                                check_slice_size, config_of, lora_count, peft_refuses,
+                                                prefix_config, shrink_windows, slice_params, structure)
 
 __all__ = ["TraceError", "activations", "envelope", "fit", "lora_count", "main", "prefix_config", "run", "serve",
            "structure"]
@@ -83,15 +88,17 @@ def activations(config: dict, regime: dict, struct: dict) -> dict[str, Any]:
                                 lora_alpha=2 * int(regime.get("lora_rank", 8)), lora_targets=targets,
                                 grad_ckpt=bool(regime.get("grad_ckpt")), attn=regime["attn"],
                                 precision=regime["precision"], device="cpu")
+        before = config_of(harness)
         warm_up(harness, lengths[0])            # lazily built buffers and caches, before anything is counted
         runs = [(S, *saved_by_scope(harness, S, batch=TRACE_BATCH)) for S in lengths]
         # the last length's tokens as twice the sequences
         pair = saved_by_scope(harness, lengths[1], batch=2 * TRACE_BATCH)
         gradless = gradless_params(harness, lengths[0])
-    if runs[0][3].get("calls.gradless"):
-        raise TraceError("its decoder layers run without autograd in the forward and are recomputed inside their own "
-                         "backward (a reversible residual stack); the trace measures layers autograd records, so "
-                         "it cannot plan this one")
+        check_config_kept(harness, before)
+    if runs[0][3].get("calls.unseen"):
+        raise TraceError("its decoder layers run without autograd in the forward and get their gradients where the "
+                         "trace sees none of them run again (no part of them is recomputed as a module in the "
+                         "backward), so it cannot plan this one")
     looped = max(int(r.get("calls.max", 1)) for _, _, _, r in runs)
     # a looped stack: the most forwards a layer ran, and the layers' runs with gradients in the order they ran
     order = list(runs[0][3].get("calls.order", ())) if looped > 1 else []

@@ -187,6 +187,9 @@ class _Live:
         self.front_hooked = False                      # the stack's first input that requires grad is hooked
         self.order: list[int] = []                     # the layers' forwards with gradients, in the order they ran
         self.backward = False                          # the backward pass runs (its recomputes are no forward)
+        self.recomputing: int | None = None            # a reversible layer whose recompute runs in the backward
+        self.tail_grads = 0                            # parameter gradient bytes when the tail's window opened
+        self.recomputed: dict[str, int] = {}           # a recompute window → gradient bytes made since the tail's
         self.front_grads: int | None = None            # parameter gradient bytes when the front's window opened
         self.prof = None
 
@@ -218,6 +221,12 @@ class _Live:
         self.front_grads = _grad_bytes(model)
         self.open("front")
 
+    def open_tail(self, model) -> None:
+        """The head's input gradient: the tail's window opens (what a reversible stack's recompute windows rise
+        over: _recompute)."""
+        self.tail_grads = _grad_bytes(model)
+        self.open("tail")
+
     def tail_then(self, name: str) -> None:
         """A layer's output gradient: the tail's window (open from the head's input gradient) ends, the layer's
         backward window opens."""
@@ -248,6 +257,7 @@ class _Live:
         typed = [n.typed for n in nodes]           # a property that builds its tuple anew: read once each
         first = next((e for kind, e in typed if kind == alloc and e.device == cpu), None)
         live = first.total_allocated - first.alloc_size if first is not None else 0
+        session = live                 # the allocator's running total when the run began (it drifts from run to run)
         windows: dict[str, list[int]] = {}
         for n, (kind, event) in zip(nodes, typed):
             if kind == alloc:
@@ -263,6 +273,8 @@ class _Live:
             what, name = name[len(prefix):].split("/", 1)
             if what == "open":
                 windows[name] = [live, live]
+                if name in self.recomputed:      # over the run's start, less the gradients made (_recompute)
+                    windows[name][0] = session + self.recomputed[name]
             elif name in windows:        # a layer a looped stack runs k times: its largest rise, its k nets
                 start, peak = windows.pop(name)
                 self.rises[name] = max(self.rises.get(name, 0), peak - start)
@@ -310,7 +322,7 @@ def _window_hooks(model, live: _Live) -> list:
         def head_pre(module, args):
             x = _first_tensor(list(args[:1]))
             if x is not None and x.requires_grad and not live.backward:
-                x.register_hook(lambda g: live.open("tail"))
+                x.register_hook(lambda g: live.open_tail(model))
         out.append(head.register_forward_pre_hook(head_pre))
     for i, layer in enumerate(decoder_layers(model)):
         def pre(module, args, kwargs, i=i):
@@ -335,7 +347,26 @@ def _window_hooks(model, live: _Live) -> list:
                 y.register_hook(lambda g, i=i: live.tail_then(f"bwd{i}"))
         out.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
         out.append(layer.register_forward_hook(post))
+        out += [child.register_forward_pre_hook(lambda m, a, i=i: _recompute(live, model, i))
+                for child in layer.children()]
     return out
+
+
+def _recompute(live: _Live, model, i: int) -> None:
+    """A part of layer `i` runs in the backward although the layer's forward never ran with gradients: a reversible
+    residual stack (reformer's), whose own autograd Function rebuilds each layer's input from its output and
+    recomputes it, last layer first, inside its backward. The layer's backward window opens at the first of its
+    parts to run there and closes when another layer's part starts (or when backward ends). Its rise is taken
+    over the tail's start (the head's input gradient), less the gradients the layers after it made: what the
+    Function keeps (its saved outputs, the rebuilt hidden states and their gradients, which no window of a
+    layer's own sees being made) is in it, the layers' gradients are counted by the engine."""
+    if not live.backward or live.recomputing == i or i in live.order or i not in live.calls:
+        return
+    if live.recomputing is not None:
+        live.close(f"bwd{live.recomputing}")
+    live.recomputing = i
+    live.recomputed[f"bwd{i}"] = _grad_bytes(model)
+    live.open(f"bwd{i}")
 
 
 def head_width(model) -> int:
@@ -349,11 +380,11 @@ def head_width(model) -> int:
 def warm_up(harness, seq_len: int) -> None:
     import torch
 
-    from scaletrain.measure.step import make_batches
+    from scaletrain.measure.step import make_batches, step_loss
 
     (ids,) = make_batches(1, 1, seq_len, harness.vocab_size, harness.device, 0)
     with torch.no_grad(), harness.autocast():
-        harness.model(input_ids=ids, labels=ids)
+        step_loss(harness, ids)
 
 
 def gradless_params(harness, seq_len: int) -> int:
@@ -362,14 +393,14 @@ def gradless_params(harness, seq_len: int) -> int:
     .grad is None: no gradient and no optimizer state is allocated for them in a single-process step."""
     import torch
 
-    from scaletrain.measure.step import make_batches
+    from scaletrain.measure.step import make_batches, step_loss
 
     model = harness.model
     in_layers = {id(p) for layer in decoder_layers(model) for p in layer.parameters()}
     (ids,) = make_batches(1, 1, seq_len, harness.vocab_size, harness.device, 0)
     model.zero_grad(set_to_none=True)
     with harness.autocast():
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = step_loss(harness, ids)
     loss.backward()
     del loss
     n = sum(p.numel() for p in model.parameters() if p.requires_grad and p.grad is None and id(p) not in in_layers)
@@ -393,7 +424,7 @@ def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int
     `layer{i}.input`), the largest per-token tensor per scope, and per layer the rise of live bytes in its forward (`fwd{i}`) and in its backward (`bwd{i}`)."""
     import torch
 
-    from scaletrain.measure.step import make_batches, storage_key
+    from scaletrain.measure.step import make_batches, step_loss, storage_key
 
     model = harness.model
     excluded = {storage_key(t) for t in list(model.parameters()) + list(model.buffers())}
@@ -406,8 +437,12 @@ def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int
     try:
         with live.profiling():
             with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t), harness.autocast():
-                loss = model(input_ids=ids, labels=ids).loss
+                loss = step_loss(harness, ids)
             rec.alive.clear()
+            if not loss.requires_grad:
+                raise TraceError("no trainable parameter gets a gradient from its loss: its layers run inside an "
+                                 "autograd Function that tracks only its input (a reversible residual stack), and "
+                                 "the frozen embedding gives that input none; train it fully (--method full)")
             live.backward = True
             loss.backward()
     finally:
@@ -416,6 +451,10 @@ def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int
     del loss
     # the gradients made in the front (front()'s doc), read before they are dropped
     front_grads = None if live.front_grads is None else _grad_bytes(model) - live.front_grads
+    # layers whose every forward ran without autograd (a reversible stack) yet whose parameters got gradients with
+    # no part of them seen running in the backward: recomputed where no window here opens
+    unseen = [i for i, layer in enumerate(decoder_layers(model)) if i in live.calls and i not in live.order
+              and f"bwd{i}" not in live.recomputed and any(p.grad is not None for p in layer.parameters())]
     model.zero_grad(set_to_none=True)
     total: dict[str, int] = {}
     largest: dict[str, int] = {}
@@ -433,9 +472,7 @@ def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int
     rises = dict(live.close_all())
     rises["calls.max"] = max(live.calls.values(), default=1)    # > 1: a looped stack (a layer ran several times)
     rises["calls.order"] = live.order                           # type: ignore[assignment]  (its runs, in order)
-    # layers whose every forward ran without autograd: a stack its own autograd Function recomputes in the backward
-    # (reformer's reversible residual layers), which no window here sees
-    rises["calls.gradless"] = sorted(set(live.calls) - set(live.order))   # type: ignore[assignment]
+    rises["calls.unseen"] = unseen                              # type: ignore[assignment]
     if "front" in rises and front_grads is not None:
         rises["front.grads"] = front_grads
         rises["front"] = max(rises["front"] + rises["front.grads"], 0)

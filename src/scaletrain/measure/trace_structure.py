@@ -338,3 +338,21 @@ def lora_count(config: dict, targets, ranks: tuple[int, ...] = (1, 2)) -> dict[s
         raise TraceError(f"peft adapts no module of {config.get('model_type')} for the targets "
                          f"{', '.join(targets) if targets else 'all-linear'}")
     return {"per_rank": counts[0][0], "adapted": counts[0][1], "per_rank_by_layer": by_layer}
+
+
+def config_of(harness) -> dict:
+    """The model's config as a dict, before anything runs (check_config_kept's `before`)."""
+    config = getattr(harness.model, "config", None)
+    return config.to_dict() if config is not None else {}
+
+
+def check_config_kept(harness, before: dict) -> None:
+    """A forward that writes its own config (reformer's LSH attention sets an unset num_buckets from the first
+    length it hashes, 2·S / chunk) runs every later length as that one, and a real run as its own first batch:
+    what the trace measured is not what the run will. Refused in one line that names the key to set."""
+    after = config_of(harness)
+    changed = sorted(k for k in after if before.get(k) is None and after[k] is not None)
+    if changed:
+        raise TraceError(f"its forward sets config {', '.join(changed)} from the length of its first batch "
+                         f"({', '.join(f'{k}={after[k]!r}' for k in changed)} here), so its memory depends on that "
+                         f"batch; set {', '.join(changed)} in config.json")
