@@ -253,3 +253,31 @@ def test_a_full_plans_trace_never_imports_peft():
     out = subprocess.run([sys.executable, "-c", code, json.dumps(regime)], capture_output=True, text=True,
                          stdin=subprocess.DEVNULL, timeout=600, check=True).stdout.splitlines()[-1]
     assert json.loads(out) == [False, ["activations", "format", "model_type", "structure"]]
+
+
+@pytest.mark.slow
+def test_a_reversible_stack_with_a_parameter_no_step_reaches_trains_on_two_ddp_ranks(tmp_path):
+    """transformers 5 leaves reformer's lm_head.bias untied from its decoder, so no step gives it a gradient, and
+    DDP's reducer, waiting for it, failed the second step ("Expected to have finished reduction in the prior
+    iteration"; find_unused_parameters fails the reversible layers instead: "marked as ready twice"). The trace
+    names it, plan.json carries the name, and the trainer freezes it under DDP: the run trains as planned."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from scaletrain.engine.run.metrics import read_metrics
+
+    model = tmp_path / "reformer"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(_REFORMER))
+    run = tmp_path / "run"
+    scaletrain = os.path.join(os.path.dirname(sys.executable), "scaletrain")
+    r = subprocess.run([scaletrain, "--preset", "cpu-tiny", "--headless", "--model", str(model), "--attn", "eager",
+                        "--run-dir", str(run), "--set", "train.max_steps=3"], capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL, timeout=420)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:], (run / "logs" / "rank-0.log").read_text()[-3000:])
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["model"]["without_gradient"] == {"names": ["lm_head.bias"]}
+    series = read_metrics(run / "metrics.jsonl")
+    assert [s.step for s in series] == [1, 2, 3] and all(s.world_size == 2 for s in series)

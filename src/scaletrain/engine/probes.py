@@ -37,7 +37,9 @@ PROBE_MODULE = "scaletrain.measure.probe"      # the one entry point the engine 
 # 24: that stack traced: each layer's backward window opens where its parts are recomputed in the backward, over
 #     the run's start less the gradients made (reformer, +0.5 %); a forward that writes its own config (reformer's
 #     unset num_buckets) is refused, naming the key; a loss with no gradient path under LoRA is refused in one line.
-TRACE_FORMAT = 24
+# 25: `gradless_names`: the names of the trainable parameters a step on text gives no gradient (the trainer freezes
+#     them under DDP, whose reducer would wait for them).
+TRACE_FORMAT = 25
 TRACE_OUT_OF_MEMORY = 4     # a served answer's code: refused at the trace process's memory cap, and that process ends
 # data profile (engine/request/data_profile.py ↔ measure/data_profile.py)
 PROFILE_FORMAT = 2

@@ -35,7 +35,8 @@ A request is `{"config": <config.json dict>, "regime": null | {"method", "lora_r
   recomputed where no part of it runs as a module is refused. So is a forward that writes its own config (an
   unset num_buckets set from the first length: what was traced would not be what runs), naming the key.
   `gradless_params`: elements of the trainable parameters outside the decoder layers that a step on text gives
-  no gradient (a multimodal causal LM's towers), which torch's optimizers give no state. `looped`, `call_order`: a
+  no gradient (a multimodal causal LM's towers), which torch's optimizers give no state; `gradless_names`: their
+  names (outside the layers, as in the full model), which the trainer freezes under DDP. `looped`, `call_order`: a
   stack that runs its layers several times in one forward (hrm_text's cycles): the most forwards a layer ran, and
   the layers' runs with gradients in the order they ran (the engine walks backward run by run).
 - `lora` (LoRA regimes and LoRA requests): peft's own count on the meta-device model with the run's targets —
@@ -93,7 +94,7 @@ def activations(config: dict, regime: dict, struct: dict) -> dict[str, Any]:
         runs = [(S, *saved_by_scope(harness, S, batch=TRACE_BATCH)) for S in lengths]
         # the last length's tokens as twice the sequences
         pair = saved_by_scope(harness, lengths[1], batch=2 * TRACE_BATCH)
-        gradless = gradless_params(harness, lengths[0])
+        gradless, gradless_names = gradless_params(harness, lengths[0])
         check_config_kept(harness, before)
     if runs[0][3].get("calls.unseen"):
         raise TraceError("its decoder layers run without autograd in the forward and get their gradients where the "
@@ -102,7 +103,8 @@ def activations(config: dict, regime: dict, struct: dict) -> dict[str, Any]:
     looped = max(int(r.get("calls.max", 1)) for _, _, _, r in runs)
     # a looped stack: the most forwards a layer ran, and the layers' runs with gradients in the order they ran
     order = list(runs[0][3].get("calls.order", ())) if looped > 1 else []
-    out = {"gradless_params": gradless, "looped": looped if looped > 1 else 0, "call_order": order,
+    out = {"gradless_params": gradless, "gradless_names": gradless_names,
+           "looped": looped if looped > 1 else 0, "call_order": order,
            "seq_lens": lengths, "granule": g, "residue": residue, "slice_layers": n,
            "head_out": head_width(harness.model),
            **_per_kind(runs, struct, own_saved=not regime.get("grad_ckpt"), pair=pair, looped=looped > 1)}

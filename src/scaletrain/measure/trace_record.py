@@ -387,10 +387,12 @@ def warm_up(harness, seq_len: int) -> None:
         step_loss(harness, ids)
 
 
-def gradless_params(harness, seq_len: int) -> int:
+def gradless_params(harness, seq_len: int) -> tuple[int, list[str]]:
     """Elements of the trainable parameters outside the decoder layers that one step on text gives no gradient (a
-    multimodal causal LM's vision and audio towers: phi4_multimodal's). torch's optimizers skip a parameter whose
-    .grad is None: no gradient and no optimizer state is allocated for them in a single-process step."""
+    multimodal causal LM's vision and audio towers: phi4_multimodal's; reformer's lm_head.bias, which transformers
+    5 no longer ties to its decoder's), and their names. torch's optimizers skip a parameter whose .grad is None:
+    no gradient and no optimizer state is allocated for them in a single-process step; DDP waits for their
+    gradients, so the trainer freezes them by name."""
     import torch
 
     from scaletrain.measure.step import make_batches, step_loss
@@ -403,9 +405,10 @@ def gradless_params(harness, seq_len: int) -> int:
         loss = step_loss(harness, ids)
     loss.backward()
     del loss
-    n = sum(p.numel() for p in model.parameters() if p.requires_grad and p.grad is None and id(p) not in in_layers)
+    none = [(name, p) for name, p in model.named_parameters()
+            if p.requires_grad and p.grad is None and id(p) not in in_layers]
     model.zero_grad(set_to_none=True)
-    return int(n)
+    return int(sum(p.numel() for _, p in none)), sorted(name for name, _ in none)
 
 
 def _trim_heap() -> None:

@@ -30,6 +30,8 @@ class RunConfig(TrainingSection):
     num_generations: int = 8
     ref_model: str = "none"
     offload: str = "none"             # none / optimizer / all (FSDP: "all" is fully_shard's CPUOffloadPolicy)
+    # trainable parameters a step on text gives no gradient, by name (plan.json "model"): frozen under DDP
+    without_gradient: tuple[str, ...] = ()
 
     @property
     def uses_deepspeed(self) -> bool:
@@ -62,7 +64,7 @@ def read_run_config(run_dir: str | os.PathLike[str]) -> RunConfig:
     return RunConfig(
         **section, run=run, train=train, model_id=req.model, micro_batch=batch.micro_batch,
         grad_accum=batch.grad_accum, seq_len=batch.seq_len, epochs=float(req.epochs or 1.0),
-        planned_world_size=batch.world_size, **_objective_fields(doc))
+        planned_world_size=batch.world_size, without_gradient=doc.without_gradient(), **_objective_fields(doc))
 
 
 def _objective_fields(doc) -> dict:

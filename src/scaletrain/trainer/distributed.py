@@ -151,6 +151,20 @@ def make_accelerator(cfg: RunConfig) -> Any:
                                                                         broadcast_buffers=False)])
 
 
+def freeze_without_gradient(model: Any, cfg: RunConfig, world: int) -> None:
+    """DDP's reducer waits for every trainable parameter's gradient, and the next step fails without it ("Expected
+    to have finished reduction in the prior iteration"). The ones a step on text gives none (the plan's
+    `without_gradient`, measured by the trace: reformer's unused lm_head bias, a multimodal model's towers) are
+    frozen first: no gradient, no update either way. find_unused_parameters instead fails reformer's reversible
+    layers, whose gradients its own backward makes ("marked as ready twice")."""
+    if cfg.strategy != "ddp" or world < 2 or not cfg.without_gradient:
+        return
+    names = set(cfg.without_gradient)
+    for name, p in model.named_parameters():
+        if name in names:
+            p.requires_grad_(False)
+
+
 def check_distribution(cfg: RunConfig, acc: Any, model: Any, world: int) -> str:
     """What this rank got (accelerate's distributed type and the model's wrapper) against the plan's strategy: a
     run that would silently be another strategy (accelerate dropping FSDP or DeepSpeed on a CPU host, an edited

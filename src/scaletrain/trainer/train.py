@@ -46,8 +46,9 @@ from scaletrain.trainer.checkpoints import prune_checkpoints, resume_from, save_
 from scaletrain.trainer.config import RunConfig, read_run_config
 from scaletrain.trainer.schedules import lr_scheduler
 from scaletrain.trainer.batches import TokenTable, token_table
-from scaletrain.trainer.distributed import (all_sum, barrier, check_distribution, load_deepspeed_cpu_comm_op,
-                                            make_accelerator, rank_and_world, shutdown, step_stats)
+from scaletrain.trainer.distributed import (all_sum, barrier, check_distribution, freeze_without_gradient,
+                                            load_deepspeed_cpu_comm_op, make_accelerator, rank_and_world, shutdown,
+                                            step_stats)
 from scaletrain.trainer.model import build_model, check_capabilities, make_optimizer, make_tokenizer
 from scaletrain.trainer.telemetry import RankSampler
 
@@ -184,6 +185,7 @@ def prepare(cfg: RunConfig) -> Session:
     blocks = token_table(train_blocks)
     sched = make_schedule(cfg, len(blocks), world)
     model = build_model(cfg, acc.device)
+    freeze_without_gradient(model, cfg, world)
     if torch.cuda.is_available():
         # building (a random base written out and quantized, tied weights before tying) is not a training step:
         # the peaks the metrics report start here

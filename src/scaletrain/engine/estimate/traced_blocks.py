@@ -131,9 +131,24 @@ def gradless_params(s: TrainingSetup) -> int:
     """Trainable parameters that a step on text gives no gradient (a multimodal causal LM's towers; the trace's
     `gradless_params`). Plain PyTorch in one process allocates no gradient for them and torch's optimizers no state;
     DDP's buckets and DeepSpeed's and FSDP's flat partitions hold every trainable parameter, so elsewhere: 0."""
-    if s.model.memory_source != "traced" or s.world_size > 1 or uses_deepspeed(s) or s.strategy == "fsdp":
+    if s.world_size > 1 or uses_deepspeed(s) or s.strategy == "fsdp":
+        return 0
+    return params_without_gradient(s)
+
+
+def params_without_gradient(s: TrainingSetup) -> int:
+    """The trace's `gradless_params` under any strategy."""
+    if s.model.memory_source != "traced":
         return 0
     return min(int(_trace(s).get("gradless_params", 0)), s.trainable_params)
+
+
+def names_without_gradient(s: TrainingSetup) -> tuple[str, ...]:
+    """The names of those parameters (outside the layers: as in the full model), which the trainer freezes under
+    DDP (plan.json): its reducer would wait for their gradients, and the next step fails."""
+    if s.model.memory_source != "traced" or not params_without_gradient(s):
+        return ()
+    return tuple(str(n) for n in _trace(s).get("gradless_names") or ())
 
 
 def _total(kinds: list[dict], L: int, value: Callable[[dict], int]) -> int:

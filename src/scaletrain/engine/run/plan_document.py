@@ -160,6 +160,14 @@ class PlanDocument:
         """The learning rate the run trains with, when the document has a "train" section."""
         return self._get("train", "lr")
 
+    def without_gradient(self) -> tuple[str, ...]:
+        """The trainable parameters a step on text gives no gradient, by name (plan.json "model"; none when
+        absent): a traced model's multimodal towers, reformer's unused lm_head bias."""
+        model = self._data.get("model")
+        entry = model.get("without_gradient") if isinstance(model, Mapping) else None
+        names = entry.get("names") if isinstance(entry, Mapping) else None
+        return tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
+
     def recorded(self, name: str) -> Any:
         """A PlanRequest field's value as the plan recorded it ("training", else "batch"); None if neither has it."""
         tr, ob = self._data.get("training"), self._data.get("batch")
