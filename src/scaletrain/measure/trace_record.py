@@ -188,8 +188,7 @@ class _Live:
         self.order: list[int] = []                     # the layers' forwards with gradients, in the order they ran
         self.backward = False                          # the backward pass runs (its recomputes are no forward)
         self.recomputing: int | None = None            # a reversible layer whose recompute runs in the backward
-        self.tail_grads = 0                            # parameter gradient bytes when the tail's window opened
-        self.recomputed: dict[str, int] = {}           # a recompute window → gradient bytes made since the tail's
+        self.recomputed: dict[str, int] = {}           # a recompute window → parameter gradient bytes at its open
         self.front_grads: int | None = None            # parameter gradient bytes when the front's window opened
         self.prof = None
 
@@ -220,12 +219,6 @@ class _Live:
         self.close("bwd0")
         self.front_grads = _grad_bytes(model)
         self.open("front")
-
-    def open_tail(self, model) -> None:
-        """The head's input gradient: the tail's window opens (what a reversible stack's recompute windows rise
-        over: _recompute)."""
-        self.tail_grads = _grad_bytes(model)
-        self.open("tail")
 
     def tail_then(self, name: str) -> None:
         """A layer's output gradient: the tail's window (open from the head's input gradient) ends, the layer's
@@ -322,7 +315,7 @@ def _window_hooks(model, live: _Live) -> list:
         def head_pre(module, args):
             x = _first_tensor(list(args[:1]))
             if x is not None and x.requires_grad and not live.backward:
-                x.register_hook(lambda g: live.open_tail(model))
+                x.register_hook(lambda g: live.open("tail"))
         out.append(head.register_forward_pre_hook(head_pre))
     for i, layer in enumerate(decoder_layers(model)):
         def pre(module, args, kwargs, i=i):

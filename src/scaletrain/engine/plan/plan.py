@@ -16,7 +16,7 @@ from scaletrain.engine.estimate.breakdown import MemoryBreakdown
 from scaletrain.engine.estimate.memory import estimate_memory
 from scaletrain.engine.estimate.setup import TrainingSetup
 from scaletrain.engine.estimate.timing import TimeEstimate, estimate_time
-from scaletrain.engine.estimate.traced_blocks import names_without_gradient, params_without_gradient
+from scaletrain.engine.estimate.traced_blocks import names_without_gradient
 from scaletrain.engine.plan.lr import LrSuggestion
 from scaletrain.engine.plan.model_notes import model_notes, moe_facts
 from scaletrain.engine.plan.rows import AlternativeRow, PlanTable
@@ -109,9 +109,9 @@ class Plan:
         moe = moe_facts(s)
         if moe is not None:
             out["model"]["moe"] = moe
-        unused = params_without_gradient(s)
+        unused = names_without_gradient(s)
         if unused:      # trainable, yet a step on text gives them no gradient: the trainer freezes them under DDP
-            out["model"]["without_gradient"] = {"names": list(names_without_gradient(s))}
+            out["model"]["without_gradient"] = {"names": list(unused)}
         if self.time is not None:
             out["time"] = self.time.to_json()
         if self.planner is not None:

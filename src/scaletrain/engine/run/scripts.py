@@ -176,8 +176,7 @@ def _node_argv(train: TrainOptions, deepspeed: bool) -> list[str]:
 
 def _find_python(script: str) -> list[str]:
     """Shell lines setting $PYTHON: $SCALETRAIN_VENV/bin/python, else the Python beside the `scaletrain` on PATH
-    (symlinks followed: pipx), else python3; refused in one line unless it imports scaletrain and has accelerate;
-    its folder then first on PATH (the venv's ninja: no rebuild of DeepSpeed's CPU op by another one)."""
+    (symlinks followed: pipx), else python3; refused in one line unless it imports scaletrain and has accelerate."""
     return [
         f'if [ -n "${{{VENV_ENV}:-}}" ]; then',
         f'  PYTHON="${VENV_ENV}/bin/python"',
@@ -193,9 +192,6 @@ def _find_python(script: str) -> list[str]:
         f'{VENV_ENV}=/path/to/venv" >&2',
         "  exit 2",
         "fi",
-        "# that Python's tools first on PATH, as its venv's activate puts them: DeepSpeed's CPU op, built once by its",
-        "# ninja, is built again (a minute) by another ninja found first on PATH, and again when the first comes back",
-        'case "$PYTHON" in */*) PATH="$(dirname -- "$PYTHON"):$PATH"; export PATH ;; esac',
     ]
 
 
