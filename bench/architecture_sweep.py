@@ -55,10 +55,13 @@ def model_types() -> list[str]:
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
-def one_family(model_type: str, cases=CASES, reuse: dict | None = None, config: dict | None = None) -> dict:
+def one_family(model_type: str, cases=CASES, reuse: dict | None = None, config: dict | None = None,
+               loss: str = "standard") -> dict:
     """Every case of one model_type, in this process (the trace runs in it too). `reuse`: an earlier row of the same
     config whose measured peaks stand (the engine's side is planned again; for iterating on the engine). `config`:
-    this config.json dict instead of the sweep's shrunk one (a test's smaller build)."""
+    this config.json dict instead of the sweep's shrunk one (a test's smaller build). `loss`: "chunked" plans and
+    measures every case with the trainer's chunked loss (standard: the model's own, and the chunked one for a family
+    whose own loss fails on text)."""
     import warnings
 
     warnings.simplefilter("ignore")
@@ -68,6 +71,8 @@ def one_family(model_type: str, cases=CASES, reuse: dict | None = None, config: 
     from scaletrain.engine.estimate.memory import estimate_memory
     from scaletrain.engine.estimate.setup import TrainingSetup
     from scaletrain.engine.estimate.traced_blocks import prefetch_traces, unmodeled_checkpointing
+    from scaletrain.engine.vocabulary import LossImpl
+    from scaletrain.measure.trace_refusals import OWN_LOSS_FAILS
     from scaletrain.measure.step import measure_step
     from scaletrain.measure.tiny_configs import build_error, config_dict
 
@@ -96,8 +101,19 @@ def one_family(model_type: str, cases=CASES, reuse: dict | None = None, config: 
         setups = [TrainingSetup(model=arch, hardware=parse_gpus("1xCPU"), method=m, lora_rank=RANK, strategy="ddp",
                                 precision="fp32", optimizer_impl="for-loop", attn=attn, grad_ckpt=ck,
                                 micro_batch=by_method.get(m, (B, S))[0], seq_len=by_method.get(m, (B, S))[1],
-                                device="cpu") for m, ck in cases]
-        refused = _prefetched(setups, prefetch_traces)
+                                device="cpu", loss=LossImpl(loss)) for m, ck in cases]
+        if loss != "standard":
+            row["loss"] = loss
+        try:
+            refused = _prefetched(setups, prefetch_traces)
+        except ScaletrainError as e:
+            if OWN_LOSS_FAILS not in str(e) or loss != "standard":
+                raise
+            # transformers' own loss fails on text (git's): the family is planned and measured with the loss that
+            # runs, the trainer's chunked one, and the standard loss's refusal is kept in its row
+            row["loss"], row["standard_loss_refused"] = "chunked", _line(e)
+            setups = [x.with_(loss=LossImpl.CHUNKED) for x in setups]
+            refused = _prefetched(setups, prefetch_traces)
         why = next((w for w in (unmodeled_checkpointing(x) for x in setups if id(x) not in refused) if w), None)
         if why:                         # a looped stack's checkpointing: refused from its trace (traced_blocks.py)
             cases = tuple(dict.fromkeys((m, False) for m, _ in cases))
@@ -122,14 +138,14 @@ def one_family(model_type: str, cases=CASES, reuse: dict | None = None, config: 
         try:
             predicted = estimate_memory(s).allocated_peak_bytes
             trainable = s.trainable_params
-            m = _reused(reuse, cfg, method, ckpt, row["attn"], (s.micro_batch, s.seq_len))
+            m = _reused(reuse, cfg, method, ckpt, row["attn"], (s.micro_batch, s.seq_len), row.get("loss"))
             if m is not None and method != "full" and m.trainable_params != trainable:
                 m = None        # peft's count differs: other LoRA targets than the recorded step's, measured again
             m = m or measure_step(cfg, method=method, lora_rank=RANK, lora_alpha=2 * RANK,
                              lora_targets=s.lora_targets if method != "full" else None, micro_batch=s.micro_batch,
                              seq_len=s.seq_len,
                              grad_ckpt=ckpt, attn=row["attn"], precision="fp32", device="cpu",
-                             optimizer_impl="for-loop")
+                             optimizer_impl="for-loop", loss=row.get("loss", "standard"))
         except ScaletrainError as e:
             case["refused"] = "engine: " + _line(e)
         except Exception as e:      # noqa: BLE001
@@ -167,10 +183,13 @@ def _prefetched(setups: list, prefetch) -> dict[int, str]:
     return refused
 
 
-def _reused(row: dict | None, cfg: dict, method: str, ckpt: bool, attn: str, shape: tuple[int, int] = (B, S)):
+def _reused(row: dict | None, cfg: dict, method: str, ckpt: bool, attn: str, shape: tuple[int, int] = (B, S),
+            loss: str | None = None):
     from types import SimpleNamespace
 
     if not row or row.get("config") != json.loads(json.dumps(cfg)) or row.get("attn", "sdpa") != attn:
+        return None
+    if row.get("loss") != loss:
         return None
     if tuple((row.get("shape") or {}).get(method, (B, S))) != shape:
         return None
@@ -191,9 +210,9 @@ def _line(e: BaseException) -> str:
 
 
 def run_isolated(model_type: str, cache: str, reuse: str | None = None, cases: str = "grid",
-                 timeout_s: int = FAMILY_TIMEOUT_S) -> dict:
+                 timeout_s: int = FAMILY_TIMEOUT_S, loss: str = "standard") -> dict:
     env = dict(os.environ, SCALETRAIN_CACHE=cache, PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", model_type, "--cases", cases]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", model_type, "--cases", cases, "--loss", loss]
     cmd += ["--reuse", reuse] if reuse else []
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env,
@@ -233,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", choices=("grid", "diagonal"), default="grid",
                    help="grid: full and LoRA × checkpointing off and on; diagonal: full, and LoRA checkpointed "
                         "(the named families always run the grid)")
+    p.add_argument("--loss", choices=("standard", "chunked"), default="standard",
+                   help="the loss every case is planned and measured with (standard: the model's own; a family "
+                        "whose own loss fails on text runs the chunked one)")
     p.add_argument("--jobs", type=int, default=1, help="families measured at once")
     p.add_argument("--family-timeout", type=int, default=FAMILY_TIMEOUT_S,
                    help="seconds one family may take (its trace and its measured steps) before it is left for later")
@@ -241,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         old = json.loads(Path(a.reuse).read_text()) if a.reuse else {"rows": []}
         row = next((r for r in old["rows"] if r["model_type"] == a.one), None)
         cases = CASES if a.cases == "grid" or a.one in NAMED else DIAGONAL
-        print(json.dumps(one_family(a.one, cases, reuse=row)))
+        print(json.dumps(one_family(a.one, cases, reuse=row, loss=a.loss)))
         return 0
     sys.path.insert(0, str(HERE))
     from machine import machine
@@ -269,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     timed_out: list[str] = []
 
     def one(mt: str) -> None:
-        row = run_isolated(mt, str(Path(a.cache or tmp) / mt), a.reuse, a.cases, a.family_timeout)
+        row = run_isolated(mt, str(Path(a.cache or tmp) / mt), a.reuse, a.cases, a.family_timeout, a.loss)
         with lock:
             if timed_out_row(row):      # a loaded machine's timeout is no verdict: left in not_run for --resume
                 timed_out.append(mt)
@@ -283,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                         "trace_format": TRACE_FORMAT,
                         "setup": {"micro_batch": B, "seq_len": S, "lora_rank": RANK, "precision": "fp32",
                                   "attn": "sdpa (eager where the model class has no sdpa)", "optimizer": "adamw for-loop",
-                                  "cases": a.cases,
+                                  "cases": a.cases, "loss": a.loss,
                                   "grid_for": list(NAMED)},
                         "summary": summary(rows), "rows": sorted(rows, key=lambda r: r["model_type"]),
                         "not_run": sorted(set(types) - {r["model_type"] for r in rows}),

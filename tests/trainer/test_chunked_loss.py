@@ -60,6 +60,27 @@ def test_full_fine_tuning_loss_and_gradients_equal_the_standard_loss(tied):
     assert abs(float(ref2) - float(got2)) <= 1e-5 and abs(float(ref2) - float(ref) / 2) <= 1e-5
 
 
+def test_an_output_head_with_a_bias_trains_with_its_bias_gradient():
+    """phi's lm_head has a bias (nn.Linear(h, V, bias=True)): the chunked loss adds it to each chunk's logits and
+    gives it the gradient transformers' loss gives it (the head was refused before: phi-2 planned, then failed)."""
+    from scaletrain.trainer import model as ml
+
+    torch.manual_seed(0)
+    model = ml.random_init({"model_type": "phi", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                            "num_attention_heads": 4, "vocab_size": 1000, "max_position_embeddings": 256}, "sdpa")
+    head = model.get_output_embeddings()
+    assert head.bias is not None and head.bias.requires_grad
+    with torch.no_grad():
+        head.bias.normal_()          # a bias that moves the loss (random init leaves it zero)
+    ids, labels = _batch()
+    ref, got, g_ref, g_got = _standard_and_chunked(model, ids, labels)
+    assert abs(float(ref) - float(got)) <= 1e-5
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    for name, a, b in zip(names, g_ref, g_got):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), name
+    assert float(g_got[names.index("lm_head.bias")].abs().sum()) > 0
+
+
 def test_lora_loss_and_adapter_gradients_equal_and_the_frozen_head_gets_none():
     from scaletrain.trainer import model as ml
 

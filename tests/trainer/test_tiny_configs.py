@@ -146,6 +146,58 @@ def test_a_forward_that_writes_its_config_is_refused_naming_the_key():
         run({"config": _REFORMER, "regime": {**full, "method": "lora", "lora_rank": 4}})
 
 
+def _git() -> dict:
+    """git's shrunk config with a small vision tower (its class defaults: 12 layers 768 wide, 86 M parameters)."""
+    from scaletrain.measure import tiny_configs as tc
+
+    cfg = tc.config_dict("git")
+    cfg["vision_config"] = {**cfg["vision_config"], "hidden_size": 32, "intermediate_size": 64,
+                            "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 32}
+    return cfg
+
+
+def test_a_family_whose_own_loss_fails_on_text_is_planned_and_measured_with_the_chunked_loss(tmp_path):
+    """git's loss slices off its image-token positions even with no image, so transformers' own loss fails on a
+    text batch: the standard loss is refused in one line naming --loss chunked, and the chunked loss (the trainer's,
+    which git's biased lm_head now runs through) is traced as it runs and planned within the sweep's bounds of the
+    profiler. Its vision tower gets no gradient: no optimizer state and no for-loop AdamW temporaries of its
+    largest tensor (the sweep's git, full: +1.3 % before). Its LoRA + checkpointing fails in transformers (the
+    frozen embedding's output made a leaf that requires grad, then added to in place): that regime is refused, and
+    a LoRA plan is searched without checkpointing rather than refused whole."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from scaletrain.engine.errors import ScaletrainError
+    from scaletrain.engine.plan.planner import make_plan
+    from scaletrain.engine.request.request import PlanRequest
+    from scaletrain.measure.trace import TraceError, run
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import architecture_sweep as sweep
+
+    cfg = _git()
+    row = sweep.one_family("git", cases=(("full", False),), config=cfg)
+    assert "refused" not in row, row.get("refused")
+    assert row["loss"] == "chunked" and "own loss for it fails on a batch of text" in row["standard_loss_refused"]
+    assert "--loss chunked" in row["standard_loss_refused"]
+    (case,) = row["cases"]
+    assert case["params_exact"], case
+    assert -0.02 <= case["error"] <= 0.05, case
+    with pytest.raises(TraceError, match=r"^LoRA \+ checkpointing fails in its forward: .*without --grad-ckpt$"):
+        run({"config": cfg, "regime": {"method": "lora", "lora_rank": 4, "precision": "fp32", "attn": "eager",
+                                       "grad_ckpt": True, "loss": "chunked"}})
+    model = tmp_path / "git"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(cfg))
+    req = dict(model=str(model), gpus="1xCPU", method="lora", attn="eager", seq_len=128, micro_batch=2,
+               grad_accum=1, strategy="ddp", offload="none", loss="chunked")
+    plan = make_plan(PlanRequest(**req))
+    assert plan.setup.grad_ckpt is False and plan.fits
+    with pytest.raises(ScaletrainError, match="without --grad-ckpt"):
+        make_plan(PlanRequest(**{**req, "grad_ckpt": True}))
+
+
 def test_a_config_transformers_does_not_build_is_the_configs_refusal_not_the_engines():
     """The sweep asks transformers first: a shrunk config it does not build as a causal LM (its own defaults do not
     run on text: musicgen's decoder takes 4 codebooks of audio codes a position) is refused by 'config' with

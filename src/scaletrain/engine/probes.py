@@ -39,7 +39,10 @@ PROBE_MODULE = "scaletrain.measure.probe"      # the one entry point the engine 
 #     unset num_buckets) is refused, naming the key; a loss with no gradient path under LoRA is refused in one line.
 # 25: `gradless_names`: the names of the trainable parameters a step on text gives no gradient (the trainer freezes
 #     them under DDP, whose reducer would wait for them).
-TRACE_FORMAT = 25
+# 26: a regime's `loss` ("chunked": the trainer's chunked loss runs in the trace, not the model's own, which fails
+#     on a text batch for git); `gradless_params` counted on the real model's meta build (the slice's vocabulary
+#     is shrunk) and `largest_stepped_param` (for-loop AdamW's temporaries: git's largest tensor is its tower's).
+TRACE_FORMAT = 26
 TRACE_OUT_OF_MEMORY = 4     # a served answer's code: refused at the trace process's memory cap, and that process ends
 # data profile (engine/request/data_profile.py ↔ measure/data_profile.py)
 PROFILE_FORMAT = 2

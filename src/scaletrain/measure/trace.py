@@ -8,7 +8,8 @@ one process per planning process, transformers imported once, every structure, r
 answered by it (several regimes asked at once: by forked copies of it, side by side; see "several regimes").
 
 A request is `{"config": <config.json dict>, "regime": null | {"method", "lora_rank", "lora_targets", "precision",
-"attn", "windowed"?, "chunked"?}}` (precision in measure/step.py's names), or `"regimes": [...]` (answered as
+"attn", "windowed"?, "chunked"?, "loss"?}}` (precision in measure/step.py's names; loss "chunked": the trainer's
+chunked loss instead of the model's own), or `"regimes": [...]` (answered as
 `activations_by_regime`, in order), or `"lora_targets": [...] | null` (answered as `lora`). The answer:
 
 - `structure` (always): the real model built on the meta device (no memory): its exact parameter count, the
@@ -36,7 +37,8 @@ A request is `{"config": <config.json dict>, "regime": null | {"method", "lora_r
   unset num_buckets set from the first length: what was traced would not be what runs), naming the key.
   `gradless_params`: elements of the trainable parameters outside the decoder layers that a step on text gives
   no gradient (a multimodal causal LM's towers), which torch's optimizers give no state; `gradless_names`: their
-  names (outside the layers, as in the full model), which the trainer freezes under DDP. `looped`, `call_order`: a
+  names (outside the layers, as in the full model), which the trainer freezes under DDP; both counted on the real
+  model's meta build (full fine-tuning), with `largest_stepped_param`, the largest tensor the optimizer steps. `looped`, `call_order`: a
   stack that runs its layers several times in one forward (hrm_text's cycles): the most forwards a layer ran, and
   the layers' runs with gradients in the order they ran (the engine walks backward run by run).
 - `lora` (LoRA regimes and LoRA requests): peft's own count on the meta-device model with the run's targets —
@@ -59,10 +61,13 @@ from scaletrain.engine.catalog.traced import granule
 from scaletrain.engine.devices.detect import host_memory_bytes
 from scaletrain.engine.probes import TRACE_FORMAT, TRACE_OUT_OF_MEMORY as OUT_OF_MEMORY
 from scaletrain.measure.trace_fit import TraceError, envelope, envelope_parts, fit
+from scaletrain.measure.trace_process import die_with_parent, one_thread
 from scaletrain.measure.trace_record import gradless_params, head_width, saved_by_scope, warm_up
+from scaletrain.measure.trace_refusals import forward_failed, one_line, own_loss_fails
 from scaletrain.measure.trace_structure import (FIT_TOLERANCE, TRACE_BATCH, TRACE_MULTIPLES, check_config_kept,
                                                 check_slice_size, config_of, lora_count, peft_refuses,
-                                                prefix_config, shrink_windows, slice_params, structure)
+                                                prefix_config, shrink_windows, slice_params, stepped_on_full_model,
+                                                structure)
 
 __all__ = ["TraceError", "activations", "envelope", "fit", "lora_count", "main", "prefix_config", "run", "serve",
            "structure"]
@@ -88,13 +93,19 @@ def activations(config: dict, regime: dict, struct: dict) -> dict[str, Any]:
         harness = build_harness(cfg, method=regime["method"], lora_rank=int(regime.get("lora_rank", 8)),
                                 lora_alpha=2 * int(regime.get("lora_rank", 8)), lora_targets=targets,
                                 grad_ckpt=bool(regime.get("grad_ckpt")), attn=regime["attn"],
-                                precision=regime["precision"], device="cpu")
+                                precision=regime["precision"], device="cpu", loss=regime.get("loss", "standard"))
         before = config_of(harness)
-        warm_up(harness, lengths[0])            # lazily built buffers and caches, before anything is counted
+        try:
+            warm_up(harness, lengths[0])        # lazily built buffers and caches, before anything is counted
+        except Exception as e:          # noqa: BLE001 - the model's own loss, or its forward
+            raise own_loss_fails(harness, lengths[0], e) or e
         runs = [(S, *saved_by_scope(harness, S, batch=TRACE_BATCH)) for S in lengths]
         # the last length's tokens as twice the sequences
         pair = saved_by_scope(harness, lengths[1], batch=2 * TRACE_BATCH)
         gradless, gradless_names = gradless_params(harness, lengths[0])
+        largest_stepped = 0
+        if gradless_names and regime["method"] == "full":
+            gradless, largest_stepped = stepped_on_full_model(config, gradless_names, gradless)
         check_config_kept(harness, before)
     if runs[0][3].get("calls.unseen"):
         raise TraceError("its decoder layers run without autograd in the forward and get their gradients where the "
@@ -103,7 +114,7 @@ def activations(config: dict, regime: dict, struct: dict) -> dict[str, Any]:
     looped = max(int(r.get("calls.max", 1)) for _, _, _, r in runs)
     # a looped stack: the most forwards a layer ran, and the layers' runs with gradients in the order they ran
     order = list(runs[0][3].get("calls.order", ())) if looped > 1 else []
-    out = {"gradless_params": gradless, "gradless_names": gradless_names,
+    out = {"gradless_params": gradless, "gradless_names": gradless_names, "largest_stepped_param": largest_stepped,
            "looped": looped if looped > 1 else 0, "call_order": order,
            "seq_lens": lengths, "granule": g, "residue": residue, "slice_layers": n,
            "head_out": head_width(harness.model),
@@ -248,7 +259,7 @@ def run(request: dict) -> dict[str, Any]:
         except TraceError:
             raise
         except Exception as e:          # noqa: BLE001
-            raise TraceError(f"its forward failed: {one_line(e)}") from None
+            raise forward_failed(regime, e) from None
     if request.get("regime"):
         out["activations"] = answers[0]
     elif answers:
@@ -331,7 +342,7 @@ def _in_copies(config: dict, regimes: list, struct: dict, copies: int) -> dict[i
 def _traced_copy(config: dict, mine: list, struct: dict, write: int) -> None:
     code = 1
     try:
-        _die_with_parent()
+        die_with_parent()
         answers = {}
         for i, regime in mine:
             try:
@@ -343,43 +354,6 @@ def _traced_copy(config: dict, mine: list, struct: dict, write: int) -> None:
         code = 0
     finally:
         os._exit(code)
-
-
-def one_line(e: BaseException, limit: int = 200) -> str:
-    text = " ".join(str(e).split()) or e.__class__.__name__
-    return text if len(text) <= limit else text[:limit - 1] + "…"
-
-
-def _die_with_parent() -> None:
-    """End with the planning process that started this one, even mid-trace: a daemon thread watches the parent
-    process id (it changes when the parent dies and this process is re-parented). Not prctl's PR_SET_PDEATHSIG: that
-    fires when the THREAD that started this process ends, and the wizard plans from threads that end after each
-    plan, which killed the trace process between two plans (and the next paid transformers' import again)."""
-    import threading
-    import time
-
-    parent = os.getppid()
-    if parent == 1:                           # the parent was gone before this process started watching
-        sys.exit(0)
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
-def _one_thread() -> None:
-    """The slices are small: a second intra-op thread buys nothing, and on a loaded machine (a training run beside
-    the planner, a CI worker) OpenMP's threads wait on each other — a 512×64×192 linear took 15.7 ms on 2 threads
-    with the other core busy and 0.22 ms on one (this 2-core VM, torch 2.13). Allocation sizes do not change with
-    it (tiny-phi3's traces are byte-identical on 1 and 2 threads); the trace's answer is bytes, not time."""
-    try:
-        import torch
-    except ImportError:         # answered per request: "the train extra is missing"
-        return
-    torch.set_num_threads(1)
 
 
 # the memory cap the serving process set (bytes; None: none): the forked copies share it
@@ -423,8 +397,8 @@ def serve() -> int:
     """Answer one JSON request per line until stdin closes; the protocol owns the real stdout (whatever a library
     prints goes to stderr)."""
     global _SERVING, _CAP
-    _die_with_parent()
-    _one_thread()
+    die_with_parent()
+    one_thread()
     cap = _CAP = _memory_cap()
     _SERVING = True
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
@@ -479,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         return serve()
     cap = None
     try:
-        _one_thread()
+        one_thread()
         cap = _memory_cap()
         request = json.loads(argv[0] if argv else sys.stdin.read())
         if not isinstance(request, dict):

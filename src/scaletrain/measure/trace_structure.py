@@ -53,6 +53,18 @@ def meta_model(config: dict):
     return model
 
 
+def stepped_on_full_model(config: dict, gradless_names: list[str], sliced: int) -> tuple[int, int]:
+    """The gradless parameters' elements and the largest stepped parameter's (for-loop AdamW's temporaries have its
+    size), on the real model built on the meta device: the slice's vocabulary is shrunk (reformer's lm_head.bias: 509
+    elements on the slice, 320 in the model). `sliced` and 0 when a name is not the full model's (a LoRA wrapper's)."""
+    named = dict(meta_model(config).named_parameters())
+    if not all(n in named for n in gradless_names):
+        return sliced, 0
+    skip = set(gradless_names)
+    largest = max((int(p.numel()) for n, p in named.items() if n not in skip), default=0)
+    return int(sum(int(named[n].numel()) for n in skip)), largest
+
+
 def block_linears(layer) -> dict[str, list]:
     """name → [in, out, bias] of each nn.Linear in one block: the leaf name (what peft matches a target against
     by suffix), or the path within the block when two linears share a leaf name. Only modules that compute as

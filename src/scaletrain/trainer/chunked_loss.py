@@ -3,7 +3,9 @@
     causal_lm_loss(model, batch, head, compute_dtype)   the model's forward with lm_head passed through (its
                                   output is the final hidden states), then the loss over chunks of token rows
     chunked_cross_entropy(hidden, weight, labels, ...)  the loss itself: liger-kernel's fused linear cross-entropy
-                                  on CUDA when it imports, else ChunkedLinearCrossEntropy (pure torch, any device)
+                                  on CUDA when it imports, else ChunkedLinearCrossEntropy (pure torch, any device);
+                                  an output head with a bias (git's) adds it to each chunk's logits, and its
+                                  gradient is the chunks' logit gradients summed over rows
 
 Semantics are transformers' ForCausalLMLoss: labels shifted left by one (the last position's target is
 IGNORE_INDEX), ignore_index −100, the mean over counted tokens, or the sum over `num_items_in_batch` when given.
@@ -32,8 +34,8 @@ def output_head(model: Any) -> Any:
     if cfg is not None and getattr(cfg, "final_logit_softcapping", None):
         raise ScaletrainError("--loss chunked: this model soft-caps its logits (final_logit_softcapping), which "
                               "the chunked loss cannot reproduce; use --loss standard")
-    if head is None or getattr(head, "bias", None) is not None or hasattr(head, "base_layer"):
-        raise ScaletrainError("--loss chunked needs a plain bias-free lm_head (not a LoRA-adapted one); use "
+    if head is None or not hasattr(head, "weight") or hasattr(head, "base_layer"):
+        raise ScaletrainError("--loss chunked needs a plain linear lm_head (not a LoRA-adapted one); use "
                               "--loss standard")
     return head
 
@@ -63,7 +65,8 @@ def causal_lm_loss(model: Any, batch: dict, head: Any, compute_dtype: Any = None
         model(**inputs)
     if len(seen) != 1:
         raise ScaletrainError(f"--loss chunked: lm_head ran {len(seen)} times in one forward; use --loss standard")
-    return chunked_cross_entropy(seen.pop(), head.weight, batch["labels"], compute_dtype, num_items_in_batch)
+    return chunked_cross_entropy(seen.pop(), head.weight, batch["labels"], compute_dtype, num_items_in_batch,
+                                 getattr(head, "bias", None))
 
 
 def compute_dtype_for(weight: Any, mixed_precision: str | None) -> Any:
@@ -84,8 +87,8 @@ def shifted_targets(labels: Any) -> Any:
 
 
 def chunked_cross_entropy(hidden: Any, weight: Any, labels: Any, compute_dtype: Any = None,
-                          num_items_in_batch: Any = None) -> Any:
-    """Mean (or sum / num_items_in_batch) cross-entropy of hidden @ weightᵀ against the shifted labels."""
+                          num_items_in_batch: Any = None, bias: Any = None) -> Any:
+    """Mean (or sum / num_items_in_batch) cross-entropy of hidden @ weightᵀ (+ bias) against the shifted labels."""
     import torch
 
     h = hidden.reshape(-1, hidden.shape[-1])
@@ -98,9 +101,9 @@ def chunked_cross_entropy(hidden: Any, weight: Any, labels: Any, compute_dtype: 
     liger = _liger() if h.is_cuda else None
     if liger is not None:
         with torch.autocast("cuda", dtype=cdt, enabled=cdt != weight.dtype):
-            return liger(weight, h, targets) / divisor.to(torch.float32)
+            return liger(weight, h, targets, bias) / divisor.to(torch.float32)
     rows = chunk_rows(h.shape[0], weight.shape[0], weight.shape[1])
-    return ChunkedLinearCrossEntropy.apply(h, weight, targets, divisor.to(torch.float32), rows, cdt)
+    return ChunkedLinearCrossEntropy.apply(h, weight, targets, divisor.to(torch.float32), rows, cdt, bias)
 
 
 def _liger() -> Any:
@@ -117,9 +120,13 @@ def _liger() -> Any:
     return LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")
 
 
-def _chunk_forward(x: Any, w: Any, cdt: Any) -> Any:
-    """One chunk's fp32 logits (x cast to the compute dtype, w already in it)."""
-    return (x.to(cdt) @ w.t()).float()
+def _chunk_forward(x: Any, w: Any, cdt: Any, b: Any = None) -> Any:
+    """One chunk's fp32 logits (x cast to the compute dtype, w and b already in it; the bias added in it, as
+    nn.Linear's addmm adds it under autocast)."""
+    z = x.to(cdt) @ w.t()
+    if b is not None:
+        z += b
+    return z.float()
 
 
 def _make_function() -> Any:
@@ -128,53 +135,64 @@ def _make_function() -> Any:
     class _Chunked(torch.autograd.Function):
         """forward: chunks of rows through the head and an fp32 log-sum-exp, keeping the hidden states, targets and
         log-normalisers; backward: each chunk's logits recomputed and turned into their gradient in place,
-        accumulating grad_hidden and (when the head trains) an fp32 grad_weight."""
+        accumulating grad_hidden and (when the head trains) an fp32 grad_weight (and grad_bias)."""
 
         @staticmethod
-        def forward(ctx, hidden, weight, targets, divisor, rows, cdt):
+        def forward(ctx, hidden, weight, targets, divisor, rows, cdt, bias=None):
             with torch.autocast(hidden.device.type, enabled=False):
                 w = weight.to(cdt)
+                b = None if bias is None else bias.to(cdt)
                 lse = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
                 total = torch.zeros((), dtype=torch.float32, device=hidden.device)
                 for a in range(0, hidden.shape[0], rows):
-                    z = _chunk_forward(hidden[a:a + rows], w, cdt)
+                    z = _chunk_forward(hidden[a:a + rows], w, cdt, b)
                     t = targets[a:a + rows]
                     lse[a:a + rows] = torch.logsumexp(z, dim=-1)
                     valid = t != IGNORE_INDEX
                     picked = z.gather(1, t.clamp(min=0).unsqueeze(1)).squeeze(1)
                     total += ((lse[a:a + rows] - picked) * valid).sum()
                     del z
-            ctx.save_for_backward(hidden, weight, targets, lse, divisor)
+            ctx.save_for_backward(hidden, weight, targets, lse, divisor, bias)
             ctx.rows, ctx.cdt = rows, cdt
             return total / divisor
 
         @staticmethod
         def backward(ctx, grad_out):
-            hidden, weight, targets, lse, divisor = ctx.saved_tensors
+            hidden, weight, targets, lse, divisor, bias = ctx.saved_tensors
             rows, cdt = ctx.rows, ctx.cdt
             need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+            need_b = bias is not None and ctx.needs_input_grad[6]
             scale = (grad_out.float() / divisor)
             with torch.autocast(hidden.device.type, enabled=False):
                 w = weight.to(cdt)
+                b = None if bias is None else bias.to(cdt)
                 gh = torch.empty_like(hidden) if need_h else None
                 gw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+                gb = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
                 for a in range(0, hidden.shape[0], rows):
                     x = hidden[a:a + rows]
                     t = targets[a:a + rows]
-                    g = _chunk_forward(x, w, cdt)
+                    g = _chunk_forward(x, w, cdt, b)
                     g.sub_(lse[a:a + rows].unsqueeze(1)).exp_()              # softmax, in place
                     valid = t != IGNORE_INDEX
                     idx = torch.nonzero(valid).squeeze(1)
                     g[idx, t[idx]] -= 1.0
                     g.mul_((valid.float() * scale).unsqueeze(1))
-                    if need_h:
-                        gh[a:a + rows] = (g.to(cdt) @ w).to(hidden.dtype)
+                    if need_h:          # into grad_hidden's rows: no chunk-sized product beside them
+                        if cdt == hidden.dtype:
+                            torch.matmul(g.to(cdt), w, out=gh[a:a + rows])
+                        else:
+                            gh[a:a + rows].copy_(g.to(cdt) @ w)
                     if need_w:
                         gw.addmm_(g.t(), x.float())
+                    if need_b:
+                        gb += g.sum(0)
                     del g
             if gw is not None and gw.dtype != weight.dtype:
                 gw = gw.to(weight.dtype)
-            return gh, gw, None, None, None, None
+            if gb is not None and gb.dtype != bias.dtype:
+                gb = gb.to(bias.dtype)
+            return gh, gw, None, None, None, None, gb
 
     return _Chunked
 

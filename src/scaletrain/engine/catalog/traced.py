@@ -137,7 +137,7 @@ def _fail(model_type: str, why: str, accepted: str) -> ScaletrainError:
 
 def _describe(regime: Mapping[str, Any]) -> str:
     extra = "".join(f", {word}" for key, word in (("grad_ckpt", "checkpointed"), ("windowed", "windowed"),
-                                                  ("chunked", "chunked")) if regime.get(key))
+                                                  ("chunked", "chunked"), ("loss", "chunked loss")) if regime.get(key))
     return f"{regime.get('method')}, {regime.get('precision')}, {regime.get('attn')}{extra}"
 
 

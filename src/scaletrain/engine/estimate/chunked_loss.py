@@ -29,6 +29,7 @@ import math
 from typing import Any
 
 from scaletrain.engine.estimate.numerics import numerics
+from scaletrain.engine.estimate.output_head import head_input_width
 
 # transformers' cross-entropy ignore label (ForCausalLMLoss ignore_index)
 IGNORE_INDEX = -100
@@ -65,7 +66,7 @@ def chunked_head(s: Any, tokens: int) -> dict[str, int]:
     m = s.model
     nm = numerics(s)
     c, r = nm.compute, nm.residual
-    V, h = m.vocab_size, m.hidden_size
+    V, h = m.vocab_size, head_input_width(m)        # h: lm_head's input width (OPT's word_embed_proj_dim)
     rows = chunk_rows(tokens, V, h)
     trains = s.method == "full"
     hw = head_weight_bytes(s)
@@ -100,7 +101,7 @@ def hidden_saved(s: Any, tokens: int) -> int:
     """What the chunked loss keeps of lm_head's input instead of lm_head's own saved input and autocast's weight
     copy: the final hidden states as the norm returns them (the pure-torch function's save_for_backward; liger's
     grad_input, of the same size and dtype, once its forward returns)."""
-    return numerics(s).residual * tokens * s.model.hidden_size
+    return numerics(s).residual * tokens * head_input_width(s.model)
 
 def recomputes_head(s: Any) -> bool:
     """The pure-torch chunked loss runs lm_head's forward GEMM again in backward (2·t·h·V FLOPs); liger computes the

@@ -22,6 +22,7 @@ from typing import Callable
 from scaletrain.engine.estimate.chunked_loss import bytes_per_logit, chunked, recomputes_head
 from scaletrain.engine.estimate.numerics import numerics
 from scaletrain.engine.estimate.objectives import scored_tokens, sequences
+from scaletrain.engine.estimate.output_head import head_input_width
 from scaletrain.engine.estimate.setup import TrainingSetup
 from scaletrain.engine.estimate.time_constants import LOSS_BYTES_PER_LOGIT_FP32, TimeConstants
 
@@ -41,7 +42,7 @@ class HeadTime:
 def head_seconds(s: TrainingSetup, t: int, gemm: Gemm, hbm: float) -> HeadTime:
     """The objective's loss head for one micro-step of `t` tokens (all sequences)."""
     m = s.model
-    V, h = m.vocab_size, m.hidden_size
+    V, h = m.vocab_size, head_input_width(m)           # h: lm_head's input width (OPT's word_embed_proj_dim)
     full = s.method == "full"
     c = numerics(s).compute
     if s.objective == "reward":

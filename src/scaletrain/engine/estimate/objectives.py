@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 from scaletrain.engine.estimate.activations import logits_bytes
 from scaletrain.engine.estimate.chunked_loss import chunked, chunked_head
+from scaletrain.engine.estimate.output_head import head_weight
 from scaletrain.engine.estimate.numerics import numerics
 from scaletrain.engine.estimate.setup import TrainingSetup
 
@@ -58,20 +59,6 @@ class HeadCost:
     weight_grad_early: bool = False   # the head's fp32 weight gradient exists during its own backward (TRL fused)
     input_grad: int = 0      # the gradient of the head's input, formed in the same backward node as the weight's
     input_live: int = 0      # the head's input while the loss runs, when nothing saves it (a frozen head)
-
-
-def head_weight(m) -> tuple[int, int]:
-    """The output head's weight as (parameters, input width): V×h, or a traced model's own from its module tree
-    (OPT's lm_head reads word_embed_proj_dim: its tiny config ties a V×768 embedding to a model of h=64, and the
-    head's backward holds a V×768 weight gradient beside a B·S·768 input gradient; torch.profiler at the peak)."""
-    V, h = m.vocab_size, m.hidden_size
-    if m.trace is None or not m.vocab_head:
-        return V * h, h
-    params = m.embedding_params if m.trace.get("tied", m.tie_embeddings) else m.lm_head_params
-    out = int(m.trace.get("head_out") or V)
-    if not params or params % out:
-        return V * h, h
-    return params, params // out
 
 
 def tokens_per_micro(s: TrainingSetup, micro_batch: int | None = None) -> int:

@@ -13,7 +13,7 @@ from scaletrain.engine.catalog.architectures import BLOCK_LINEARS
 from scaletrain.engine.catalog.moe import peft_expert_ranks
 from scaletrain.engine.estimate.numerics import Numerics, numerics, uses_deepspeed
 from scaletrain.engine.estimate.setup import TrainingSetup, quantized_linear_bytes
-from scaletrain.engine.estimate.traced_blocks import gradless_params
+from scaletrain.engine.estimate.traced_blocks import gradless_params, largest_stepped_param
 
 # DeepSpeed bucket defaults as our ds_config writer emits them (writers read the same numbers from here).
 DS_REDUCE_BUCKET_ELEMS = 200_000_000     # ipg / reduce bucket, elements (DeepSpeed default 5e8; we write 2e8)
@@ -176,7 +176,7 @@ def _optimizer_step_temporaries(s: TrainingSetup, nm: Numerics, T_local: int) ->
         return 0
     if s.optimizer_impl == "foreach":
         return nm.state * T_local
-    largest = s.model.largest_param_elems if s.method == "full" else _largest_lora_tensor(s)
+    largest = largest_stepped_param(s) if s.method == "full" else _largest_lora_tensor(s)
     return 2 * nm.state * largest
 
 

@@ -31,7 +31,8 @@ from scaletrain.engine.estimate.setup import TrainingSetup
 def trace_regime(s: TrainingSetup) -> dict[str, Any]:
     """The regime a trace runs in, in measure/step.py's names (as measure/validate.py maps a plan).
 
-    Checkpointing is (its recompute's moments are traced as they run). fp16 is traced as bf16 (same widths); QLoRA
+    Checkpointing is (its recompute's moments are traced as they run), and so is the loss (`--loss chunked`: the
+    trainer's chunked loss, not the model's own, which git's slicing of image positions fails on a text batch). fp16 is traced as bf16 (same widths); QLoRA
     as LoRA on an fp32 base under autocast (its frozen weights' 16-bit copies counted: an over-estimate, on the safe
     side). A sliding window or an attention chunk shorter than the planned sequence is traced as one shorter than
     the trace's sequences, so its masks and repeated k/v are in the fit.
@@ -49,6 +50,8 @@ def trace_regime(s: TrainingSetup) -> dict[str, Any]:
                               "attn": "eager" if s.attn == "eager" else "sdpa"}
     if s.grad_ckpt:
         regime["grad_ckpt"] = True    # the recompute's moments are traced as they run
+    if chunked(s):
+        regime["loss"] = "chunked"    # the loss the trainer runs: a model whose own loss fails on text (git's) runs
     cfg = s.model.config
     window = cfg.get("sliding_window")
     if _length(window) and window <= s.seq_len:
@@ -98,6 +101,35 @@ def prefetch_traces(setups: list[TrainingSetup]) -> None:
         traced.prefetch(todo[0].model.config, list(regimes.values()), analytic_types())
 
 
+def traceable(setups: list[TrainingSetup]) -> list[TrainingSetup]:
+    """The setups whose regimes trace: all of them traced at once, or, when that is refused, each regime alone, and
+    the setups of a refused regime left out (git's LoRA + checkpointing fails in transformers, its LoRA without does
+    not). Every regime refused: the first refusal, raised."""
+    from scaletrain.engine.errors import ScaletrainError
+
+    try:
+        prefetch_traces(setups)
+        return setups
+    except ScaletrainError as e:
+        first = e
+    by_regime: dict[str, list[TrainingSetup]] = {}
+    for s in setups:
+        if s.model.memory_source == "traced":
+            by_regime.setdefault(_json_key(trace_regime(s)), []).append(s)
+    if len(by_regime) < 2:
+        raise first
+    kept = [s for s in setups if s.model.memory_source != "traced"]
+    for group in by_regime.values():
+        try:
+            prefetch_traces(group[:1])
+        except ScaletrainError:
+            continue
+        kept += group
+    if not kept:
+        raise first
+    return [s for s in setups if any(s is k for k in kept)]
+
+
 def _json_key(regime: dict[str, Any]) -> str:
     import json
 
@@ -130,10 +162,20 @@ def unmodeled_checkpointing(s: TrainingSetup) -> str | None:
 def gradless_params(s: TrainingSetup) -> int:
     """Trainable parameters that a step on text gives no gradient (a multimodal causal LM's towers; the trace's
     `gradless_params`). Plain PyTorch in one process allocates no gradient for them and torch's optimizers no state;
-    DDP's buckets and DeepSpeed's and FSDP's flat partitions hold every trainable parameter, so elsewhere: 0."""
-    if s.world_size > 1 or uses_deepspeed(s) or s.strategy == "fsdp":
+    under DDP the trainer freezes them before wrapping (trainer/distributed.freeze_without_gradient), so its buckets
+    hold none either. DeepSpeed's and FSDP's flat partitions hold every trainable parameter: 0 there."""
+    if uses_deepspeed(s) or s.strategy == "fsdp":
         return 0
     return params_without_gradient(s)
+
+
+def largest_stepped_param(s: TrainingSetup) -> int:
+    """Elements of the largest parameter tensor the optimizer steps (full fine-tuning): the model's largest, or,
+    where the step leaves parameters without a gradient, the largest of the others (git's vision tower holds its
+    largest; an older trace without the count: the model's largest, the safe side)."""
+    if gradless_params(s):
+        return int(_trace(s).get("largest_stepped_param") or 0) or s.model.largest_param_elems
+    return s.model.largest_param_elems
 
 
 def params_without_gradient(s: TrainingSetup) -> int:

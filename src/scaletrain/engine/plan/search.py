@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Mapping
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.estimate.memory import estimate_memory
 from scaletrain.engine.estimate.setup import TrainingSetup
-from scaletrain.engine.estimate.traced_blocks import prefetch_traces, unmodeled_checkpointing
+from scaletrain.engine.estimate.traced_blocks import traceable, unmodeled_checkpointing
 from scaletrain.engine.plan.plan import Plan, evaluate
 from scaletrain.engine.plan.rows import Choice
 from scaletrain.engine.request.fields import SEARCH_FIELDS
@@ -243,7 +243,9 @@ def search(base: TrainingSetup, *, target: int | None, fixed: Mapping[str, Searc
     monotone = splits[:-1] if special else splits
 
     configs = list(_configs(base, fixed))
-    prefetch_traces(configs)     # a traced model: every regime the search visits, traced in one subprocess
+    # a traced model: every regime the search visits, traced in one subprocess; a regime whose trace is refused
+    # (git's LoRA + checkpointing) is left out of the search, asked for alone its estimate says why in one line
+    configs = traceable(configs)
     # checkpointing the memory model does not count for this model (a looped stack's) is left out of the search;
     # asked for alone (--grad-ckpt), its estimate says why in one line
     configs = [c for c in configs if unmodeled_checkpointing(c) is None] or configs
