@@ -87,10 +87,45 @@ def architecture_sweep() -> str:
         out.append("Measured at a shape of their own: " + "; ".join(
             f"{r['model_type']} " + ", ".join(f"{m} at {bs[0]} × {bs[1]}" for m, bs in r["shape"].items()
                                               if m != "why") + f" ({r['shape']['why']})" for r in shaped) + ".")
+    own_loss = [r for r in rows if r.get("loss") == "chunked" and "cases" in r]
+    if own_loss:
+        out.append("")
+        out.append("Planned and measured with the chunked loss (`--loss chunked`, the trainer's), their own loss failing "
+                   "on a batch of text: " + "; ".join(
+                       f"{r['model_type']} ({r['standard_loss_refused'].split('(', 1)[-1].split(';')[0]})"
+                       for r in own_loss) + ".")
     if worst:
         out.append("")
         out.append("Lowest three cases: " + ", ".join(
             f"{mt} {c['method']}{' ckpt' if c['grad_ckpt'] else ''} {100 * c['error']:+.1f}%" for mt, c in worst) + ".")
+    return "\n".join(out)
+
+
+def chunked_loss_sweep() -> str:
+    """Traced and analytic families planned and measured with the trainer's chunked loss (`--loss chunked`)."""
+    path = RESULTS / "architecture_sweep_chunked.json"
+    if not path.is_file():
+        return "_not recorded yet_"
+    data = json.loads(path.read_text())
+    sm, st, v = data["summary"], data["setup"], data["versions"]
+    cases = [(r["model_type"], c) for r in data["rows"] for c in r.get("cases", []) if "error" in c]
+    refused = [r["model_type"] for r in data["rows"] if "refused" in r]
+    out = [f"transformers {v['transformers']}, torch {v['torch']}, peft {v['peft']}; micro-batch {st['micro_batch']} "
+           f"× {st['seq_len']} tokens, fp32, AdamW; LoRA rank {st['lora_rank']}; every case with `--loss chunked`. "
+           f"Command: `PYTHONPATH=src .venv/bin/python bench/architecture_sweep.py --only "
+           f"{','.join(r['model_type'] for r in data['rows'])} --cases {st.get('cases', 'grid')} --loss chunked "
+           f"--jobs 2 --out bench/results/architecture_sweep_chunked.json` on {data['machine']['cpu_model']} "
+           f"({data['machine']['cpu_cores']} cores, load {data['machine']['load_average_1m_at_start']:.1f}).", "",
+           f"{sm['planned']} families ({sm['traced']} traced), {sm['cases']} cases, parameters exact in "
+           f"{sm['params_exact']}: median |error| {100 * (sm['median_abs_error'] or 0):.1f}%, largest over "
+           f"{100 * (sm['max_over'] or 0):+.1f}%, largest under {100 * (sm['max_under'] or 0):+.1f}%"
+           + (f"; refused: {', '.join(refused)}" if refused else "") + ".", "",
+           "| family | cases (error of the allocated peak) |", "|---|---|"]
+    for r in data["rows"]:
+        if "cases" in r:
+            out.append(f"| {r['model_type']} | " + ", ".join(
+                f"{c['method']}{' ckpt' if c['grad_ckpt'] else ''} "
+                + (f"{100 * c['error']:+.1f}%" if "error" in c else "refused") for c in r["cases"]) + " |")
     return "\n".join(out)
 
 
@@ -199,7 +234,8 @@ def _end_load(data: dict) -> str:
     return "" if end is None else f", {end:.1f} at the end"
 
 
-SECTIONS = {"architecture-sweep": architecture_sweep, "trace-latency": trace_latency,
+SECTIONS = {"architecture-sweep": architecture_sweep, "chunked-loss-sweep": chunked_loss_sweep,
+            "trace-latency": trace_latency,
             "cpu-groundtruth": cpu_groundtruth, "gpu-accuracy": gpu_accuracy, "bench-plan": bench_plan,
             "bench-ui": bench_ui, "host-overhead": host_overhead}
 

@@ -166,6 +166,20 @@ def test_doctor_offers_chunked_first_for_an_oom_in_the_loss():
     assert first.predicted_per_gpu_bytes < plan.memory.total_bytes / 2 and first.effective_batch == 128
 
 
+def test_the_doctor_ranks_remedies_for_a_chunked_loss_run_without_the_strategies_it_cannot_run():
+    """Offloading from DDP goes through ZeRO-3, where the chunked loss cannot read lm_head whole: that remedy is
+    left out, not raised (the doctor stopped there with the strategy's refusal and ranked nothing)."""
+    from scaletrain.engine.doctor.remedies import rank_remedies
+
+    plan = make_plan(PlanRequest(model="Qwen/Qwen2.5-7B-Instruct", gpus="1xH100", method="full", seq_len=4096,
+                                 micro_batch=8, grad_accum=1, strategy="ddp", offload="none", loss="chunked",
+                                 grad_ckpt=False))
+    ranked = rank_remedies(plan, {"kind": "cuda_oom", "gpu_total_bytes": plan.memory.capacity_bytes,
+                                  "tried_to_allocate_bytes": 1 << 30})
+    assert ranked and any(r.fits for r in ranked)
+    assert all(r.changes.get("strategy") not in ("zero3", "fsdp") for r in ranked)
+
+
 def test_an_oom_raised_in_the_loss_is_marked():
     from scaletrain.engine.doctor.diagnosis import diagnose
 

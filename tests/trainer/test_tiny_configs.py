@@ -196,6 +196,15 @@ def test_a_family_whose_own_loss_fails_on_text_is_planned_and_measured_with_the_
     assert plan.setup.grad_ckpt is False and plan.fits
     with pytest.raises(ScaletrainError, match="without --grad-ckpt"):
         make_plan(PlanRequest(**{**req, "grad_ckpt": True}))
+    # the vision tower gets no gradient: none in one process, none in DDP's buckets either (the trainer freezes it)
+    full = {**req, "method": "full", "grad_ckpt": False}
+    one, two = (make_plan(PlanRequest(**{**full, "gpus": g})) for g in ("1xCPU", "2xCPU"))
+    from scaletrain.measure.trace_structure import meta_model
+
+    tower = sum(p.numel() for n, p in meta_model(cfg).named_parameters()
+                if n.startswith(("git.image_encoder.", "git.visual_projection.")))
+    assert tower > 0 and two.memory.gradients_bytes == 4 * (two.setup.trainable_params - tower)
+    assert one.memory.optimizer_bytes == two.memory.optimizer_bytes     # AdamW's state: the stepped ones only
 
 
 def test_a_config_transformers_does_not_build_is_the_configs_refusal_not_the_engines():

@@ -123,8 +123,13 @@ def _split_for(setup: TrainingSetup, per_gpu: int, max_micro: int, base: Plan, g
 
 def _plans_checkpointing(s: TrainingSetup) -> bool:
     """Checkpointing is a remedy the memory model can predict for `s`'s model (not a looped stack's, nor a class
-    that cannot checkpoint)."""
-    return s.model.can_checkpoint and unmodeled_checkpointing(s.with_(grad_ckpt=True)) is None
+    that cannot checkpoint, nor one whose checkpointed trace is refused: git's LoRA)."""
+    if not s.model.can_checkpoint:
+        return False
+    try:
+        return unmodeled_checkpointing(s.with_(grad_ckpt=True)) is None
+    except ScaletrainError:
+        return False
 
 
 def _with_split(title: str, kind: str, changes: dict[str, Any], setup: TrainingSetup, base: Plan, gap: int,
@@ -207,8 +212,11 @@ def rank_remedies(plan: Plan, failure: dict[str, Any] | None = None) -> list[Rem
         if strat != s.strategy:
             changes["strategy"] = strat
             title += f" ({strat.label})"
-        out.append(_with_split(title, "offload", changes, s.with_(strategy=strat, offload=off), plan, gap,
-                               capacity))
+        try:
+            cand = s.with_(strategy=strat, offload=off)
+        except ScaletrainError:     # ZeRO-3 where the plan's loss cannot run (--loss chunked reads lm_head whole)
+            continue
+        out.append(_with_split(title, "offload", changes, cand, plan, gap, capacity))
     # 5. shorter sequences (truncates samples: changes what is trained)
     for frac in SEQ_FRACTIONS:
         seq = int(s.seq_len * frac)
