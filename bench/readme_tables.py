@@ -90,8 +90,8 @@ def architecture_sweep() -> str:
     own_loss = [r for r in rows if r.get("loss") == "chunked" and "cases" in r]
     if own_loss:
         out.append("")
-        out.append("Planned and measured with the chunked loss (`--loss chunked`, the trainer's), their own loss failing "
-                   "on a batch of text: " + "; ".join(
+        out.append("Planned and measured with the chunked loss (`--loss chunked`, the trainer's), their own loss "
+                   "failing on a batch of text: " + "; ".join(
                        f"{r['model_type']} ({r['standard_loss_refused'].split('(', 1)[-1].split(';')[0]})"
                        for r in own_loss) + ".")
     if worst:

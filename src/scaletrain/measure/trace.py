@@ -38,9 +38,10 @@ chunked loss instead of the model's own), or `"regimes": [...]` (answered as
   `gradless_params`: elements of the trainable parameters outside the decoder layers that a step on text gives
   no gradient (a multimodal causal LM's towers), which torch's optimizers give no state; `gradless_names`: their
   names (outside the layers, as in the full model), which the trainer freezes under DDP; both counted on the real
-  model's meta build (full fine-tuning), with `largest_stepped_param`, the largest tensor the optimizer steps. `looped`, `call_order`: a
-  stack that runs its layers several times in one forward (hrm_text's cycles): the most forwards a layer ran, and
-  the layers' runs with gradients in the order they ran (the engine walks backward run by run).
+  model's meta build (full fine-tuning), with `largest_stepped_param`, the largest tensor the optimizer steps.
+  `looped`, `call_order`: a stack that runs its layers several times in one forward (hrm_text's cycles): the most
+  forwards a layer ran, and the layers' runs with gradients in the order they ran (the engine walks backward run by
+  run).
 - `lora` (LoRA regimes and LoRA requests): peft's own count on the meta-device model with the run's targets —
   trainable parameters per unit of rank and adapted modules — as the trainer's `add_lora` builds it.
 - `peft_refuses` (asked by a LoRA plan without its own targets): the block linears peft will not adapt (a mamba

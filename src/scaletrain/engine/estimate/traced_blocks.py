@@ -32,10 +32,11 @@ def trace_regime(s: TrainingSetup) -> dict[str, Any]:
     """The regime a trace runs in, in measure/step.py's names (as measure/validate.py maps a plan).
 
     Checkpointing is (its recompute's moments are traced as they run), and so is the loss (`--loss chunked`: the
-    trainer's chunked loss, not the model's own, which git's slicing of image positions fails on a text batch). fp16 is traced as bf16 (same widths); QLoRA
-    as LoRA on an fp32 base under autocast (its frozen weights' 16-bit copies counted: an over-estimate, on the safe
-    side). A sliding window or an attention chunk shorter than the planned sequence is traced as one shorter than
-    the trace's sequences, so its masks and repeated k/v are in the fit.
+    trainer's chunked loss, not the model's own, which git's slicing of image positions fails on a text batch).
+    fp16 is traced as bf16 (same widths); QLoRA as LoRA on an fp32 base under autocast (its frozen weights' 16-bit
+    copies counted: an over-estimate, on the safe side). A sliding window or an attention chunk shorter than the
+    planned sequence is traced as one shorter than the trace's sequences, so its masks and repeated k/v are in the
+    fit.
     """
     nm = numerics(s)
     if s.precision == "fp32":
@@ -51,7 +52,7 @@ def trace_regime(s: TrainingSetup) -> dict[str, Any]:
     if s.grad_ckpt:
         regime["grad_ckpt"] = True    # the recompute's moments are traced as they run
     if chunked(s):
-        regime["loss"] = "chunked"    # the loss the trainer runs: a model whose own loss fails on text (git's) runs
+        regime["loss"] = "chunked"    # the loss the trainer runs (git's own fails on text; this one runs)
     cfg = s.model.config
     window = cfg.get("sliding_window")
     if _length(window) and window <= s.seq_len:
