@@ -92,7 +92,7 @@ def architecture_sweep() -> str:
         out.append("")
         out.append("Planned and measured with the chunked loss (`--loss chunked`, the trainer's), their own loss "
                    "failing on a batch of text: " + "; ".join(
-                       f"{r['model_type']} ({r['standard_loss_refused'].split('(', 1)[-1].split(';')[0]})"
+                       f"{r['model_type']} ({r['standard_loss_refused'].split('text (', 1)[-1].split(');')[0]})"
                        for r in own_loss) + ".")
     if worst:
         out.append("")
