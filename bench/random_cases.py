@@ -3,6 +3,7 @@ so the memory model meets regimes, shapes and families its own tables do not hol
 
     python bench/random_cases.py --seed 31 --cases 6 --catalog     # the catalog's tiny models (analytic + traced)
     python bench/random_cases.py --seed 12 --cases 8 --sweep       # the sweep's families in 16-bit regimes
+    python bench/random_cases.py --seed 77 --cases 4 --sweep --loss chunked   # the same draws, the chunked loss
 
 --catalog draws a tiny catalog model, method, precision regime (fp32, bf16 autocast over fp32 weights, bf16 weights,
 LoRA on a bf16 base, LoRA on an fp32 base under autocast), checkpointing, shape, attention and (MoE) experts
@@ -31,6 +32,7 @@ REGIMES = (dict(precision="fp32"), dict(precision="bf16"), dict(precision="bf16"
            dict(method="lora"))
 SHAPES = ((1, 512), (2, 256), (4, 128))
 DRAWN: dict = {}        # the case being run, for the line of one that is refused
+LOSS = {"loss": None}   # --loss: every case's loss (None: the standard one, or the row's own: git's chunked)
 
 
 def catalog_case(rng: random.Random) -> dict:
@@ -44,6 +46,8 @@ def catalog_case(rng: random.Random) -> dict:
     if fam in MOE:
         kw["experts_impl"] = rng.choice(["grouped_mm", "eager", "batched_mm"])
         overrides = G._MOE4
+    if LOSS["loss"]:
+        kw["loss"] = LOSS["loss"]
     DRAWN["case"] = f"tiny-{fam} {kw}"
     row = G.run_case(G.Case(f"scaletrain/tiny-{fam}", overrides=overrides, **kw))
     return {"case": row["case"], "predicted": row["predicted_peak_bytes"], "measured": row["measured_peak_bytes"],
@@ -65,16 +69,19 @@ def sweep_case(rng: random.Random) -> dict:
                                                     ("lora", "fp32", 16, "bf16-autocast"), ("lora", "fp32", 32, "bf16")])
     ckpt = rng.random() < 0.5
     b, S = rng.choice(((1, 128), (2, 128), (1, 256), (2, 64)))
-    case = f"{r['model_type']} {method} {measured_as} {'ckpt' if ckpt else 'no-ckpt'} b{b}×s{S}"
+    loss = LOSS["loss"] or r.get("loss", "standard")
+    case = (f"{r['model_type']} {method} {measured_as} {'ckpt' if ckpt else 'no-ckpt'} b{b}×s{S}"
+            + (f" loss={loss}" if loss != "standard" else ""))
     DRAWN["case"] = case
     setup = TrainingSetup(model=arch_from_config(r["config"], r["model_type"]), hardware=parse_gpus("1xCPU"),
                           method=method, lora_rank=RANK, precision="bf16", master_weights=master, base_bits=bits,
                           optimizer_impl="for-loop", attn=r["attn"], grad_ckpt=ckpt, micro_batch=b, seq_len=S,
-                          device="cpu")
+                          device="cpu", loss=loss)
     predicted = estimate_memory(setup).allocated_peak_bytes
     m = measure_step(r["config"], method=method, lora_rank=RANK, lora_alpha=2 * RANK,
                      lora_targets=setup.lora_targets if method != "full" else None, micro_batch=b, seq_len=S,
-                     grad_ckpt=ckpt, attn=r["attn"], precision=measured_as, device="cpu", optimizer_impl="for-loop")
+                     grad_ckpt=ckpt, attn=r["attn"], precision=measured_as, device="cpu", optimizer_impl="for-loop",
+                     loss=loss)
     return {"case": case, "source": r.get("memory_source"), "predicted": predicted,
             "measured": m.peak_allocated_bytes, "error": round(predicted / m.peak_allocated_bytes - 1, 5)}
 
@@ -86,7 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--catalog", action="store_true")
     which.add_argument("--sweep", action="store_true")
+    p.add_argument("--loss", choices=("standard", "chunked"),
+                   help="every case's loss (the draws are the same as without it); default: the standard loss, or "
+                        "the sweep row's own (git's chunked)")
     a = p.parse_args(argv)
+    LOSS["loss"] = a.loss
     warnings.simplefilter("ignore")
     rng = random.Random(a.seed)
     draw = catalog_case if a.catalog else sweep_case

@@ -42,7 +42,9 @@ PROBE_MODULE = "scaletrain.measure.probe"      # the one entry point the engine 
 # 26: a regime's `loss` ("chunked": the trainer's chunked loss runs in the trace, not the model's own, which fails
 #     on a text batch for git); `gradless_params` counted on the real model's meta build (the slice's vocabulary
 #     is shrunk) and `largest_stepped_param` (for-loop AdamW's temporaries: git's largest tensor is its tower's).
-TRACE_FORMAT = 26
+# 27: `buffer_fixed_elems`/`buffer_fixed_bytes`: floating buffers a 16-bit build keeps in their own dtype (gptj's
+#     and codegen's fp32 sin/cos table beside a bf16 base).
+TRACE_FORMAT = 27
 TRACE_OUT_OF_MEMORY = 4     # a served answer's code: refused at the trace process's memory cap, and that process ends
 # data profile (engine/request/data_profile.py ↔ measure/data_profile.py)
 PROFILE_FORMAT = 2

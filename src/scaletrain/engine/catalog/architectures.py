@@ -183,12 +183,12 @@ class ModelArch:
         """The routed experts' fused parameters of one MoE block (gate_up_proj, down_proj and their biases)."""
         return self.moe.expert_weight_params(self.hidden_size) if self.moe else 0
 
-    def buffer_bytes(self, float_bytes: int) -> int:
-        """A traced model's buffers (a causal-mask table, position ids), floating ones at `float_bytes` each;
-        none counted for an analytic layout (its rotary frequencies are a few KiB)."""
-        if self.trace is None:
-            return 0
-        return int(self.trace.get("buffer_float_elems", 0)) * float_bytes + int(self.trace.get("buffer_other_bytes", 0))
+    def buffer_bytes(self, float_bytes: int, cast_whole: bool = False) -> int:
+        """A traced model's buffers, floating ones at `float_bytes` but those a 16-bit build keeps in their own dtype
+        (gptj's sin/cos) unless the module is cast whole (DeepSpeed); none for an analytic layout (rotary: KiBs)."""
+        t = self.trace or {}
+        fixed = int(t.get("buffer_fixed_elems", 0)) * float_bytes if cast_whole else int(t.get("buffer_fixed_bytes", 0))
+        return int(t.get("buffer_float_elems", 0)) * float_bytes + int(t.get("buffer_other_bytes", 0)) + fixed
 
     def block_linear_params(self, dense: bool = False) -> int:
         return sum(a * b + (b if bias else 0) for a, b, bias in self.linear_shapes(dense).values())

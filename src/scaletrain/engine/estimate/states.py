@@ -60,7 +60,7 @@ def buffer_bytes(s: TrainingSetup) -> int:
     """A traced model's buffers in the weights' dtype (full fine-tuning) or the frozen base's (LoRA): part of
     ModelStates.weights, though no parameter's."""
     nm = numerics(s)
-    return s.model.buffer_bytes(nm.weight if s.method == "full" else nm.frozen)
+    return s.model.buffer_bytes(nm.weight if s.method == "full" else nm.frozen, cast_whole=uses_deepspeed(s))
 
 
 def model_states(s: TrainingSetup) -> ModelStates:
