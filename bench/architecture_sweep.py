@@ -70,7 +70,7 @@ def one_family(model_type: str, cases=CASES, reuse: dict | None = None, config: 
     from scaletrain.engine.errors import ScaletrainError
     from scaletrain.engine.estimate.memory import estimate_memory
     from scaletrain.engine.estimate.setup import TrainingSetup
-    from scaletrain.engine.estimate.traced_blocks import prefetch_traces, unmodeled_checkpointing
+    from scaletrain.engine.estimate.traced_blocks import unmodeled_checkpointing
     from scaletrain.engine.vocabulary import LossImpl
     from scaletrain.measure.trace_refusals import OWN_LOSS_FAILS
     from scaletrain.measure.step import measure_step
@@ -105,7 +105,7 @@ def one_family(model_type: str, cases=CASES, reuse: dict | None = None, config: 
         if loss != "standard":
             row["loss"] = loss
         try:
-            refused = _prefetched(setups, prefetch_traces)
+            refused = _refused(setups)
         except ScaletrainError as e:
             if OWN_LOSS_FAILS not in str(e) or loss != "standard":
                 raise
@@ -113,13 +113,13 @@ def one_family(model_type: str, cases=CASES, reuse: dict | None = None, config: 
             # runs, the trainer's chunked one, and the standard loss's refusal is kept in its row
             row["loss"], row["standard_loss_refused"] = "chunked", _line(e)
             setups = [x.with_(loss=LossImpl.CHUNKED) for x in setups]
-            refused = _prefetched(setups, prefetch_traces)
+            refused = _refused(setups)
         why = next((w for w in (unmodeled_checkpointing(x) for x in setups if id(x) not in refused) if w), None)
         if why:                         # a looped stack's checkpointing: refused from its trace (traced_blocks.py)
             cases = tuple(dict.fromkeys((m, False) for m, _ in cases))
             row["no_checkpointing"] = True
             setups = [next(x for x in setups if x.method == m).with_(grad_ckpt=False) for m, _ in cases]
-            refused = _prefetched(setups, prefetch_traces)
+            refused = _refused(setups)
         row["trace_seconds"] = round(time.perf_counter() - t0, 2)
         row["memory_source"] = arch.memory_source
         if arch.trace is not None:
@@ -160,27 +160,12 @@ def one_family(model_type: str, cases=CASES, reuse: dict | None = None, config: 
     return row
 
 
-def _prefetched(setups: list, prefetch) -> dict[int, str]:
-    """The traces of every case at once, or, when that fails, of each case alone: the cases whose own trace is
-    refused (by id), with the line. Every case refused: the family's refusal, raised."""
-    from scaletrain.engine.errors import ScaletrainError
+def _refused(setups: list) -> dict[int, str]:
+    """The cases whose own trace is refused (by id), with the line (traced_blocks.refused_traces); every case
+    refused: the family's refusal, raised."""
+    from scaletrain.engine.estimate.traced_blocks import refused_traces
 
-    try:
-        prefetch(setups)
-        return {}
-    except ScaletrainError:
-        if len(setups) == 1:
-            raise
-    refused: dict[int, str] = {}
-    first: ScaletrainError | None = None
-    for x in setups:
-        try:
-            prefetch([x])
-        except ScaletrainError as e:
-            refused[id(x)], first = _line(e), first or e
-    if first is not None and len(refused) == len(setups):
-        raise first
-    return refused
+    return {k: _line(v) for k, v in refused_traces(setups).items()}
 
 
 def _reused(row: dict | None, cfg: dict, method: str, ckpt: bool, attn: str, shape: tuple[int, int] = (B, S),

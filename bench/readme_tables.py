@@ -108,7 +108,6 @@ def chunked_loss_sweep() -> str:
         return "_not recorded yet_"
     data = json.loads(path.read_text())
     sm, st, v = data["summary"], data["setup"], data["versions"]
-    cases = [(r["model_type"], c) for r in data["rows"] for c in r.get("cases", []) if "error" in c]
     refused = [r["model_type"] for r in data["rows"] if "refused" in r]
     out = [f"transformers {v['transformers']}, torch {v['torch']}, peft {v['peft']}; micro-batch {st['micro_batch']} "
            f"× {st['seq_len']} tokens, fp32, AdamW; LoRA rank {st['lora_rank']}; every case with `--loss chunked`. "

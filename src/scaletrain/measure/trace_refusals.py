@@ -31,8 +31,7 @@ def own_loss_fails(harness, seq_len: int, error: BaseException) -> TraceError | 
             harness.model(input_ids=ids)
     except Exception:           # noqa: BLE001 - the forward fails too: not the loss's failure
         return None
-    why = " ".join(str(error).split())[:160]
-    return TraceError(f"{OWN_LOSS_FAILS} ({type(error).__name__}: {why}); "
+    return TraceError(f"{OWN_LOSS_FAILS} ({type(error).__name__}: {one_line(error, 160)}); "
                       "--loss chunked computes the loss from the final hidden states instead")
 
 

@@ -102,15 +102,15 @@ def prefetch_traces(setups: list[TrainingSetup]) -> None:
         traced.prefetch(todo[0].model.config, list(regimes.values()), analytic_types())
 
 
-def traceable(setups: list[TrainingSetup]) -> list[TrainingSetup]:
-    """The setups whose regimes trace: all of them traced at once, or, when that is refused, each regime alone, and
-    the setups of a refused regime left out (git's LoRA + checkpointing fails in transformers, its LoRA without does
-    not). Every regime refused: the first refusal, raised."""
+def refused_traces(setups: list[TrainingSetup]) -> dict[int, str]:
+    """The setups whose regime's trace is refused (by id), with the refusal: all regimes traced at once, or, when
+    that is refused, each regime alone (git's LoRA + checkpointing fails in transformers, its LoRA without does
+    not; reformer's LoRA has no adapter a gradient reaches). Every regime refused: the first refusal, raised."""
     from scaletrain.engine.errors import ScaletrainError
 
     try:
         prefetch_traces(setups)
-        return setups
+        return {}
     except ScaletrainError as e:
         first = e
     by_regime: dict[str, list[TrainingSetup]] = {}
@@ -119,16 +119,21 @@ def traceable(setups: list[TrainingSetup]) -> list[TrainingSetup]:
             by_regime.setdefault(_json_key(trace_regime(s)), []).append(s)
     if len(by_regime) < 2:
         raise first
-    kept = [s for s in setups if s.model.memory_source != "traced"]
+    refused: dict[int, str] = {}
     for group in by_regime.values():
         try:
             prefetch_traces(group[:1])
-        except ScaletrainError:
-            continue
-        kept += group
-    if not kept:
+        except ScaletrainError as e:
+            refused.update({id(s): str(e) for s in group})
+    if len(refused) == len(setups):
         raise first
-    return [s for s in setups if any(s is k for k in kept)]
+    return refused
+
+
+def traceable(setups: list[TrainingSetup]) -> list[TrainingSetup]:
+    """The setups whose regimes trace (refused_traces): a planner's search leaves the others out."""
+    refused = refused_traces(setups)
+    return [s for s in setups if id(s) not in refused]
 
 
 def _json_key(regime: dict[str, Any]) -> str:
