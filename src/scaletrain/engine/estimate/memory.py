@@ -56,6 +56,11 @@ ALLOCATOR_RESERVE_FRACTION = 0.10
 # backward on autograd's device thread: two handles.
 CUBLAS_WORKSPACE_BYTES = {"hopper": 32 * MiB, "blackwell": 32 * MiB}
 CUBLAS_WORKSPACE_BYTES_OLDER = 8 * MiB + 128 * 1024
+# Checkpointing keeps the CPU generator's state beside each checkpointed block's input until that block is
+# recomputed: torch.utils.checkpoint (non-reentrant, preserve_rng_state=True, as transformers calls it) stores
+# torch.get_rng_state(), a uint8 tensor of the mt19937 state (aten/src/ATen/CPUGeneratorImpl.cpp, 5056 bytes in
+# torch 2.13). On a GPU it is host memory (the CUDA generator's state is a CPU tensor too): counted on CPU only.
+CPU_RNG_STATE_BYTES = 5056
 CUBLAS_HANDLES = 2
 
 
@@ -92,7 +97,7 @@ def simulate_step(s: TrainingSetup, micro_batch: int | None = None) -> dict[str,
     mask = seqs * s.seq_len * s.seq_len * nm.residual * eager_masks(s) if eager_attention(s) else 0
     recompute = s.grad_ckpt
     block_input = layer.checkpointed_input or t * h * nm.residual     # the hidden states a block receives
-    per_block_saved = block_input if recompute else layer.saved + layer.weight_copies
+    per_block_saved = block_input + rng_state_bytes(s) if recompute else layer.saved + layer.weight_copies
 
     # eager attention: transformers builds one additive causal mask (B×1×S×S, residual dtype) for all blocks; it lives
     # through backward only when checkpointing saves it as a block input (a traced model's `shared` holds it)
@@ -270,7 +275,9 @@ def _stack_backward(s: TrainingSetup, mark: Any, stack: tuple[tuple[int, int, in
     by_layer = s.model.lora_params_by_layer(s.lora_rank, s.lora_targets) if not full else ()
     if len(by_layer) != len(stack):
         by_layer = (s.trainable_params // max(s.model.num_layers, 1),) * len(stack)
+    rng = rng_state_bytes(s)           # kept beside each checkpointed layer's input (forward: per_block_saved)
     for k, ((keep, moment, params, left), adapters) in enumerate(zip(reversed(stack), reversed(by_layer))):
+        keep += rng
         acts += carry if k == 1 else 0     # the first layer's backward left it for the whole stack
         below = max(acts - keep, 0)
         recomputed = keep + window_mask if recompute else 0
@@ -281,6 +288,11 @@ def _stack_backward(s: TrainingSetup, mark: Any, stack: tuple[tuple[int, int, in
         if grows:
             grads += _grad_share(params if full else adapters, s)
     return acts, grads
+
+
+def rng_state_bytes(s: TrainingSetup) -> int:
+    """What checkpointing keeps per block besides its input: the CPU generator's state, on a CPU device."""
+    return CPU_RNG_STATE_BYTES if (s.grad_ckpt and s.device == "cpu") else 0
 
 
 def _waiting_grad(s: TrainingSetup, block_input: int) -> int:
