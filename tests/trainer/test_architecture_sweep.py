@@ -33,7 +33,8 @@ PAIRS = (("gemma3n_text", "roc_bert"),              # 141 + 11
          ("qwen3_next", "gemma2"),                  # 24 + 15
          ("vaultgemma", "bamba"),                   # 23 + 15
          ("gpt_neo", "rembert"),                    # 22 + 18
-         ("gpt_oss", "megatron-bert"))              # 20 + 20
+         ("gpt_oss", "megatron-bert"),              # 20 + 20
+         ("blt", "marian"))                         # 35 + 10
 ROTATING = tuple(name for pair in PAIRS for name in pair)
 
 
@@ -66,12 +67,17 @@ SUBSET = [("deepseek_v3", (("full", False), ("lora", True))),
           ("roc_bert", (("full", False),)),   # a parameter 390× its word embedding: AdamW's temporaries (was -32 %)
           ("rembert", (("lora", True),)),     # a width-1664 head transform's backward, after the head's (was -3.9 %)
           ("zaya", (("lora", True),)),        # router states carried from layer to layer, checkpointed (was -8.4 %)
-          ("gemma4_text", (("full", False),)),  # one layer of head_dim 512 among narrow ones (was +19.7 %)
+          # one layer of head_dim 512 among narrow ones (was +19.7 %); checkpointed, the keys and values its last
+          # layer of each attention type stores for sharing outlive the forward (`fwd_kept`: refused, 6 % under)
+          ("gemma4_text", (("full", False), ("lora", True))),
           ("recurrent_gemma", (("lora", True),)),  # a per-position loop's backward leaves gradients (was -39 %)
           ("gpt_neo", (("lora", True),)),     # views of its 2048² causal-mask buffers, no allocation (was +12.6 %)
           ("vaultgemma", (("lora", True),)),  # eager masks the trace saw saved, counted again (was +6.8 %)
           ("megatron-bert", (("lora", True),)),  # a layer returns its attention probabilities (was -2.6 %)
-          ("beam", (("lora", True),))]        # MoE layers hold 10x the dense layers' adapters (was -2.3 %)
+          ("beam", (("lora", True),)),        # MoE layers hold 10x the dense layers' adapters (was -2.3 %)
+          # three stacks, each a pretrained model of its own, and a frozen entropy patcher (was refused)
+          ("blt", (("full", True), ("lora", False))),
+          ("marian", (("full", False),))]     # a sinusoidal position table transformers builds frozen
 
 
 @pytest.mark.heavy                      # tens of CPU seconds a family: traced, built whole, profiled
@@ -346,3 +352,47 @@ def test_gemma3n_plans_what_its_full_build_measures(tmp_path, monkeypatch):
     for case in row["cases"]:
         assert case["params_exact"], case
         assert -0.01 <= case["error"] <= 0.02, case       # was -2.1 % (full) and +5.4 % (LoRA + checkpointing)
+
+
+def _blt() -> dict:
+    import json
+
+    from architecture_sweep import RESULTS
+
+    return next(r for r in json.loads(RESULTS.read_text())["rows"] if r["model_type"] == "blt")["config"]
+
+
+@pytest.mark.long                       # builds blt's small config on the meta device, a few times
+def test_a_model_of_several_stacks_is_sliced_per_stack_and_its_frozen_patcher_is_no_layer():
+    """blt keeps its layers in three pretrained models of its own inside its decoder (local encoder, global
+    transformer, local decoder), each config naming its own depth, and runs a frozen entropy patcher on the bytes
+    first: it was refused ("no list of decoder layers"). Its layers are the three stacks' (the patcher's left out:
+    transformers builds it frozen, the trainer never steps it); a kind never spans two stacks and a stack's first
+    layer is a kind of its own (what runs between stacks lands there); the slice keeps two layers of each stack
+    and the patcher whole; the engine's trainable parameters are what a full run steps."""
+    from scaletrain.engine.catalog.architectures import arch_from_config
+    from scaletrain.engine.catalog.hardware import parse_gpus
+    from scaletrain.engine.estimate.setup import TrainingSetup
+    from scaletrain.measure.step import build_harness
+    from scaletrain.measure.trace_structure import meta_model, stacked_config, structure
+
+    config = _blt()
+    struct = structure(config)
+    depths = [config[k]["num_hidden_layers"] for k in ("encoder_config", "global_config", "decoder_config")]
+    assert len(struct["layer_kinds"]) == sum(depths)            # the patcher's layers are none of them
+    assert struct["layer_kinds"] == [0] + [1] + [2] * (depths[1] - 1) + [3] + [4] * (depths[2] - 1)
+    assert set(struct["slice_stacks"]) == {"encoder_config", "global_config", "decoder_config"}
+    assert struct["slice_kinds"] == [0, 1, 2, 3, 4] and struct["slice_layers"] == 5
+    sliced = stacked_config(config, struct)
+    assert sliced["patcher_config"]["num_hidden_layers"] == config["patcher_config"]["num_hidden_layers"]
+    assert [sliced[k]["num_hidden_layers"] for k in ("encoder_config", "global_config", "decoder_config")] == \
+        [min(d, 2) for d in depths]
+    patcher = sum(int(p.numel()) for n, p in meta_model(config).named_parameters() if ".patcher." in n)
+    assert struct["frozen_params"] == patcher > 0
+    arch = arch_from_config(config, "tiny-blt", struct)
+    setup = TrainingSetup(model=arch, hardware=parse_gpus("1xCPU"), method="full", micro_batch=1, seq_len=64,
+                          device="cpu")
+    harness = build_harness(config, method="full")
+    stepped = sum(int(p.numel()) for p in harness.model.parameters() if p.requires_grad)
+    assert (arch.params, setup.trainable_params) == (struct["params"], stepped)
+    assert setup.trainable_params == arch.params - patcher

@@ -44,7 +44,12 @@ PROBE_MODULE = "scaletrain.measure.probe"      # the one entry point the engine 
 #     is shrunk) and `largest_stepped_param` (for-loop AdamW's temporaries: git's largest tensor is its tower's).
 # 27: `buffer_fixed_elems`/`buffer_fixed_bytes`: floating buffers a 16-bit build keeps in their own dtype (gptj's
 #     and codegen's fp32 sin/cos table beside a bf16 base).
-TRACE_FORMAT = 27
+# 28: `frozen_params` (what transformers builds frozen: no gradient, no optimizer state, as the trainer runs it); a
+#     model whose stacks are all pretrained sub-models of its decoder (blt's local encoder, global transformer and
+#     local decoder) traced over every stack, its frozen one (the entropy patcher) left out of the layers; a
+#     checkpointed layer's forward allocations still alive when the forward ends (`fwd_kept`: gemma4's stored keys
+#     and values).
+TRACE_FORMAT = 28
 TRACE_OUT_OF_MEMORY = 4     # a served answer's code: refused at the trace process's memory cap, and that process ends
 # data profile (engine/request/data_profile.py ↔ measure/data_profile.py)
 PROFILE_FORMAT = 2

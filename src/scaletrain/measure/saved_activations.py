@@ -6,6 +6,9 @@ storage. torch is imported inside the functions: importing this module is cheap.
 
 from __future__ import annotations
 
+from typing import Any
+
+from scaletrain.measure.frozen import FROZEN_STACK
 from scaletrain.measure.step import make_batches, storage_key, check_arguments, build_harness
 
 
@@ -111,42 +114,52 @@ def decoder_layers(model) -> list:
     LM's towers (phi4_multimodal's audio encoder holds more than its text layers and never runs on text). With it,
     the other lists of the same layer class, in module order: a stack built as two (hrm_text's L and H modules, run
     in turns; the H module's layers, left out, kept their checkpointed inputs unseen: 7.5 % under)."""
-    import torch
-
-    inside_other = _outside_decoder(model)
-    best, best_key, lists = None, (0, 0), []
-    for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.ModuleList) and len(mod) and not inside_other(name):
-            lists.append(mod)
-            key = (sum(p.numel() for p in mod.parameters()), len(mod))
-            if key > best_key:
-                best, best_key = mod, key
-    if best is None:
+    lists = _layer_lists(model, _outside_decoder(model))
+    if not lists:       # every stack a pretrained model of its own inside the decoder (blt's three): those stacks
+        lists = _layer_lists(model, _outside_decoder(model, within=True))
+    if not lists:
         return []
+    best = max(lists, key=lambda mod: (sum(p.numel() for p in mod.parameters()), len(mod)))   # the first of equals
     cls = type(best[0])
     return [layer for mod in lists if mod is best or all(type(x) is cls for x in mod) for layer in mod]
 
 
-def layer_siblings(model, layers: list) -> list[tuple[str, list]]:
-    """The other parts of each layer when a family spreads its layers over parallel module lists: lists beside the
-    decoder layers' list (same parent, same length), XLM's `attentions`, `layer_norm1`, `ffns` and `layer_norm2`,
-    element i of each run as layer i. (list name, its modules) each; none in a family whose layer is one module."""
+def _layer_lists(model, inside_other) -> list:
+    """The non-empty module lists a decoder's layers may be, in module order: none inside another pretrained
+    model (`inside_other`) or frozen as built."""
     import torch
 
-    if not layers:
-        return []
-    parent = next((m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == len(layers)
-                   and m[0] is layers[0]), None)
-    holder = next((m for m in model.modules() if any(c is parent for c in m.children())), None)
-    if parent is None or holder is None:
-        return []
-    return [(name, list(mod)) for name, mod in holder.named_children()
-            if isinstance(mod, torch.nn.ModuleList) and mod is not parent and len(mod) == len(layers)]
+    return [mod for name, mod in model.named_modules()
+            if isinstance(mod, torch.nn.ModuleList) and len(mod) and not inside_other(name)
+            and not getattr(mod, FROZEN_STACK, False)]
 
 
-def _outside_decoder(model):
+def layer_siblings(model, layers: list) -> list[tuple[str, dict[int, Any]]]:
+    """The other parts of each layer when a family spreads its layers over parallel module lists: lists beside a
+    list of the decoder layers (same parent, same length), XLM's `attentions`, `layer_norm1`, `ffns` and
+    `layer_norm2`, element j of each run as that list's layer j; blt's local decoder's `cross_attn_layers` beside its
+    `layers`, one of its three stacks. (list name, {index in `layers`: its module}) each; none in a family whose
+    layer is one module."""
+    import torch
+
+    index = {id(layer): i for i, layer in enumerate(layers)}
+    out = []
+    for holder in model.modules():
+        for parent in holder.children():
+            if not (isinstance(parent, torch.nn.ModuleList) and len(parent) and id(parent[0]) in index):
+                continue
+            first = index[id(parent[0])]
+            if [index.get(id(m)) for m in parent] != list(range(first, first + len(parent))):
+                continue
+            out += [(name, {first + j: m for j, m in enumerate(mod)}) for name, mod in holder.named_children()
+                    if isinstance(mod, torch.nn.ModuleList) and mod is not parent and len(mod) == len(parent)]
+    return out
+
+
+def _outside_decoder(model, within: bool = False):
     """A test of a module name: is it inside a pretrained model (transformers' PreTrainedModel) that is neither the
-    model's decoder nor one of the decoder's parents? Nothing is, when the model names no decoder."""
+    model's decoder nor one of the decoder's parents (`within`: nor inside the decoder)? Nothing is, when the model
+    names no decoder."""
     from transformers import PreTrainedModel
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model      # under peft: the model
@@ -161,7 +174,8 @@ def _outside_decoder(model):
     if not path or decoder is base or not isinstance(decoder, PreTrainedModel):
         return lambda name: False
     others = {n for n, m in modules.items()
-              if n and isinstance(m, PreTrainedModel) and not (path == n or path.startswith(n + "."))}
+              if n and isinstance(m, PreTrainedModel) and not (path == n or path.startswith(n + "."))
+              and not (within and n.startswith(path + "."))}
 
     def inside(name: str) -> bool:
         parts = name.split(".")

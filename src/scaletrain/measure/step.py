@@ -44,6 +44,7 @@ from typing import Any
 
 from scaletrain.engine.vocabulary import Attention, LossImpl, Method
 from scaletrain.trainer import model as model_lib
+from scaletrain.measure.frozen import mark_frozen_stacks
 from scaletrain.measure.memory_timeline import (allocation_events_reading, counter_only_reading,
                                                  read_cpu_timeline)
 
@@ -211,6 +212,7 @@ def _build_harness(hf_config, *, method, lora_rank, lora_alpha, lora_targets, gr
     else:
         dtype = "bfloat16" if precision in ("bf16-pure", "bf16-autocast") else "float32"
         model = model_lib.random_init(cfg, attn_impl, dtype=dtype, device=dev)
+        mark_frozen_stacks(model)       # before peft freezes the rest
 
     if grad_ckpt:
         # What a trainer does (model_lib.enable_checkpointing, the bundled trainer's own call), no KV cache.
@@ -231,9 +233,8 @@ def _build_harness(hf_config, *, method, lora_rank, lora_alpha, lora_targets, gr
         if target == "all-linear" and any(t.endswith("lm_head") for t in targets_used):
             # not the case with peft 0.21 (it drops get_output_embeddings()); guard for other versions
             raise RuntimeError("peft 'all-linear' adapted lm_head; pass lora_targets=BLOCK_LINEARS")
-    else:
-        for p in model.parameters():
-            p.requires_grad_(True)
+    # full fine-tuning trains what transformers built trainable, as the trainer does (blt's frozen entropy patcher,
+    # marian's sinusoidal positions: no gradient, no optimizer state; the structure's `frozen_params`)
     model.train()
 
     trainable = [p for p in _unique_params(model) if p.requires_grad]

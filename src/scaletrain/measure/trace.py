@@ -63,12 +63,13 @@ from scaletrain.engine.devices.detect import host_memory_bytes
 from scaletrain.engine.probes import TRACE_FORMAT, TRACE_OUT_OF_MEMORY as OUT_OF_MEMORY
 from scaletrain.measure.trace_fit import TraceError, envelope, envelope_parts, fit
 from scaletrain.measure.trace_process import die_with_parent, one_thread
-from scaletrain.measure.trace_record import gradless_params, head_width, saved_by_scope, warm_up
+from scaletrain.measure.trace_record import saved_by_scope
+from scaletrain.measure.trace_steps import gradless_params, head_width, warm_up
 from scaletrain.measure.trace_refusals import forward_failed, one_line, own_loss_fails
 from scaletrain.measure.trace_structure import (FIT_TOLERANCE, TRACE_BATCH, TRACE_MULTIPLES, check_config_kept,
                                                 check_slice_size, config_of, lora_count, peft_refuses,
-                                                prefix_config, shrink_windows, slice_params, stepped_on_full_model,
-                                                structure)
+                                                prefix_config, shrink_windows, slice_kinds, slice_params,
+                                                stacked_config, stepped_on_full_model, structure)
 
 __all__ = ["TraceError", "activations", "envelope", "fit", "lora_count", "main", "prefix_config", "run", "serve",
            "structure"]
@@ -83,7 +84,8 @@ def activations(config: dict, regime: dict, struct: dict) -> dict[str, Any]:
 
     check_slice_size(struct, regime["precision"], str(config.get("model_type")))
     n = struct["slice_layers"]
-    cfg = prefix_config(config, n, whole=n == len(struct["layer_kinds"]))
+    whole = n == len(struct["layer_kinds"]) or struct.get("slice_stacks")
+    cfg = stacked_config(config, struct) if whole else prefix_config(config, n)
     shrink_windows(cfg, regime)
     g = granule(config)
     residue = int(regime.get("residue", 0)) % g     # the planned length's, modulo the kernels' chunk
@@ -134,10 +136,12 @@ def _series(S: int, tot: dict, rises: dict, n: int, own_saved: bool) -> dict[str
         own = tot.get(f"layer{i}.attn", 0) + tot.get(f"layer{i}.mlp", 0) if own_saved else 0
         out.setdefault(f"layer{i}.attn", 0)
         out.setdefault(f"layer{i}.mlp", 0)
-        out.setdefault(f"layer{i}.input", 0)
+        # what a part beside a checkpointed layer saves is kept as its input is (trace_record: `beside`)
+        out[f"layer{i}.input"] = tot.get(f"layer{i}.input", 0) + out.pop(f"layer{i}.beside", 0)
         out[f"layer{i}.fwd"] = rises.get(f"fwd{i}", 0)
         out[f"layer{i}.bwd"] = rises.get(f"bwd{i}", 0) + own
         out[f"layer{i}.fwd_left"] = rises.get(f"fwd{i}.left", 0)
+        out[f"layer{i}.fwd_kept"] = rises.get(f"fwd{i}.kept", 0)
         out[f"layer{i}.bwd_left"] = rises.get(f"bwd{i}.left", 0)
     return out
 
@@ -165,20 +169,21 @@ def _per_kind(runs: list, struct: dict, own_saved: bool = True, pair: tuple | No
     last = {k: v[-1][1] for k, v in series.items()}
     per_token = {k: abs(as_two.get(k, 0) - last[k]) <= slack for k in series} if pair else {}
     rises = {k: envelope_parts(v, not per_token.get(k)) for k, v in series.items()
-             if k.endswith((".fwd", ".bwd", "_left"))}
+             if k.endswith((".fwd", ".bwd", "_left", "_kept"))}
     below = {k: b for k, (_, b) in rises.items()}       # what a length under the three longest adds to c0
     fits = {k: per_sequence(rises[k][0] if k in rises else fit(v, k, slack, quadratic=not per_token.get(k)))
             for k, v in series.items()}
     largest = {k: max(lg.get(k, 0) for _, _, lg, _ in runs) for k in series}
     zero = [0, 0, 0]
     kinds = [{"count": k["count"], "attn": zero, "mlp": zero, "fwd": zero, "bwd": zero, "input": zero,
-              "fwd_left": zero, "bwd_left": zero, "fwd_below": 0, "bwd_below": 0, "largest_attn": 0,
-              "largest_mlp": 0} for k in struct["kinds"]]
-    carry = _carry(fits, struct["layer_kinds"][:n])
+              "fwd_left": zero, "bwd_left": zero, "fwd_kept": zero, "fwd_below": 0, "bwd_below": 0,
+              "largest_attn": 0, "largest_mlp": 0} for k in struct["kinds"]]
+    order = slice_kinds(struct)
+    carry = _carry(fits, order)
     mean = looped and n == len(struct["layer_kinds"])
     for i in range(n):
-        kind = kinds[struct["layer_kinds"][i]]
-        for part in ("attn", "mlp", "fwd", "bwd", "input", "fwd_left", "bwd_left"):
+        kind = kinds[order[i]]
+        for part in ("attn", "mlp", "fwd", "bwd", "input", "fwd_left", "bwd_left", "fwd_kept"):
             if part == "bwd_left" and i == n - 1 and any(carry):
                 continue        # the stack's carry (below), not its kind's
             if mean and part in ("attn", "mlp", "input"):

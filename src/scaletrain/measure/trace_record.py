@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from scaletrain.measure.saved_activations import decoder_layers, layer_siblings
 from scaletrain.measure.trace_fit import TraceError
+from scaletrain.measure.trace_steps import head_width
 from scaletrain.measure.trace_structure import ATTN_NAMES, MLP_NAMES, SLICE_VOCAB
 
 
@@ -97,9 +98,12 @@ class _Recorder:
         # a layer spread over parallel lists (XLM's attention, norms and feed-forward): what element i of each saves
         # is layer i's, the bytes after it too (its residual add) until another layer's part starts. Counted as the
         # final norm's before, once: XLM's LoRA step was planned 4.7 % under at 6 layers (2 traced)
+        # Under checkpointing a part beside the layer is not recomputed with it (blt's cross-attention beside its
+        # local decoder's layers): what it saves is kept to the backward, as the layer's input is (`beside`, added
+        # to the layer's `input`: trace.py)
         for name, parts in layer_siblings(model, layers):
-            which = "attn" if any(w in name for w in ("attn", "attention")) else "mlp"
-            for i, part in enumerate(parts):
+            which = "beside" if self.count_passed else "attn" if any(w in name for w in ("attn", "attention")) else "mlp"
+            for i, part in parts.items():
                 out.append(part.register_forward_pre_hook(half(i, which)))
 
         def leave(module, args, output):
@@ -190,6 +194,7 @@ class _Live:
         self.recomputing: int | None = None            # a reversible layer whose recompute runs in the backward
         self.recomputed: dict[str, int] = {}           # a recompute window → parameter gradient bytes at its open
         self.front_grads: int | None = None            # parameter gradient bytes when the front's window opened
+        self.kept: dict[str, int] = {}                 # a layer's forward allocations still alive when forward ends
         self.prof = None
 
     def profiling(self):
@@ -204,6 +209,10 @@ class _Live:
 
     def open(self, name: str) -> None:
         self._mark("open", name)
+
+    def forward_ends(self) -> None:
+        """The forward is over: what each layer's forward allocated and is still alive is counted (`kept`)."""
+        self._mark("mark", "forward_end")
 
     def close(self, name: str) -> None:
         """The window's rise (its peak over its start) is kept; later allocations no longer raise it."""
@@ -252,6 +261,7 @@ class _Live:
         live = first.total_allocated - first.alloc_size if first is not None else 0
         session = live                 # the allocator's running total when the run began (it drifts from run to run)
         windows: dict[str, list[int]] = {}
+        owned: dict[int, tuple[str, int]] = {}      # a forward window's allocations not freed yet: ptr → (window, bytes)
         for n, (kind, event) in zip(nodes, typed):
             if kind == alloc:
                 if event.device != cpu:
@@ -259,12 +269,17 @@ class _Live:
                 live = event.total_allocated
                 for w in windows.values():
                     w[1] = max(w[1], live)
+                _own(owned, windows, event)
                 continue
             name = n.name
             if not name.startswith(prefix):
                 continue
             what, name = name[len(prefix):].split("/", 1)
-            if what == "open":
+            if what == "mark":              # forward_end: the forward windows' allocations still alive
+                for window, nb in owned.values():
+                    self.kept[window] = self.kept.get(window, 0) + nb
+                owned.clear()
+            elif what == "open":
                 windows[name] = [live, live]
                 if name in self.recomputed:      # over the run's start, less the gradients made (_recompute)
                     windows[name][0] = session + self.recomputed[name]
@@ -278,6 +293,16 @@ class _Live:
         if "front" in windows:      # over what outlives backward, not over the front's start (front())
             self.rises["front"] = windows["front"][1] - live
         return self.rises
+
+
+def _own(owned: dict[int, tuple[str, int]], windows: dict, event) -> None:
+    """An allocation made while a layer's forward window is open is that window's until it is freed."""
+    if event.alloc_size < 0:
+        owned.pop(event.ptr, None)
+        return
+    fwd = [w for w in windows if w.startswith("fwd")]
+    if fwd:
+        owned[event.ptr] = (fwd[-1], int(event.alloc_size))
 
 
 def time_ordered(result) -> list:
@@ -362,48 +387,6 @@ def _recompute(live: _Live, model, i: int) -> None:
     live.open(f"bwd{i}")
 
 
-def head_width(model) -> int:
-    """The output head's width (the logits' last dimension): the config's vocabulary, or a width the model class
-    sets its own way (inkling2's unpadded_vocab_size)."""
-    head = model.get_output_embeddings()
-    w = getattr(head, "weight", None)
-    return int(w.shape[0]) if w is not None and w.dim() == 2 else SLICE_VOCAB
-
-
-def warm_up(harness, seq_len: int) -> None:
-    import torch
-
-    from scaletrain.measure.step import make_batches, step_loss
-
-    (ids,) = make_batches(1, 1, seq_len, harness.vocab_size, harness.device, 0)
-    with torch.no_grad(), harness.autocast():
-        step_loss(harness, ids)
-
-
-def gradless_params(harness, seq_len: int) -> tuple[int, list[str]]:
-    """Elements of the trainable parameters outside the decoder layers that one step on text gives no gradient (a
-    multimodal causal LM's vision and audio towers: phi4_multimodal's; reformer's lm_head.bias, which transformers
-    5 no longer ties to its decoder's), and their names. torch's optimizers skip a parameter whose .grad is None:
-    no gradient and no optimizer state is allocated for them in a single-process step; DDP waits for their
-    gradients, so the trainer freezes them by name."""
-    import torch
-
-    from scaletrain.measure.step import make_batches, step_loss
-
-    model = harness.model
-    in_layers = {id(p) for layer in decoder_layers(model) for p in layer.parameters()}
-    (ids,) = make_batches(1, 1, seq_len, harness.vocab_size, harness.device, 0)
-    model.zero_grad(set_to_none=True)
-    with harness.autocast():
-        loss = step_loss(harness, ids)
-    loss.backward()
-    del loss
-    none = [(name, p) for name, p in model.named_parameters()
-            if p.requires_grad and p.grad is None and id(p) not in in_layers]
-    model.zero_grad(set_to_none=True)
-    return int(sum(p.numel() for _, p in none)), sorted(name for name, _ in none)
-
-
 def _trim_heap() -> None:
     """Hand the heap freed since the last call back to the system (glibc keeps it otherwise): after a profiled
     run's record is dropped (_Live.release). A no-op off glibc."""
@@ -439,6 +422,7 @@ def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int
                 raise TraceError("no trainable parameter gets a gradient from its loss: its layers run inside an "
                                  "autograd Function that tracks only its input (a reversible residual stack), and "
                                  "the frozen embedding gives that input none; train it fully (--method full)")
+            live.forward_ends()
             live.backward = True
             loss.backward()
     finally:
@@ -475,6 +459,7 @@ def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int
     live.release()
     # what each layer's backward leaves alive past its own gradients (without checkpointing, past its saved tensors
     # freed too: the backward's net is their release); checkpointed, also what its forward leaves (module doc)
+    rng = torch.get_rng_state().nbytes if rec.count_passed else 0
     for i, layer in enumerate(decoder_layers(model)):
         grads = sum(p.numel() * p.element_size() for p in layer.parameters() if p.requires_grad)
         own = 0 if rec.count_passed else total.get(f"layer{i}.attn", 0) + total.get(f"layer{i}.mlp", 0)
@@ -482,4 +467,9 @@ def saved_by_scope(harness, seq_len: int, batch: int = 1) -> tuple[dict[str, int
             rises[f"bwd{i}.left"] = max(live.nets[f"bwd{i}"] + own - grads, 0)
         if rec.count_passed:
             rises[f"fwd{i}.left"] = max(live.nets.get(f"fwd{i}", 0) - total.get(f"layer{i}.input", 0), 0)
+            # of that, what outlives the forward (gemma4's keys and values, kept for the layers that share them,
+            # held through backward by the dict every checkpoint keeps): its output, the next one's input, aside,
+            # and the checkpoint's CPU generator state (taken in the window; the engine counts it: rng_state_bytes)
+            kept = max(live.kept.get(f"fwd{i}", 0) - total.get(f"layer{i}.input", 0) - rng, 0)
+            rises[f"fwd{i}.kept"] = min(kept, rises[f"fwd{i}.left"])
     return total, largest, rises

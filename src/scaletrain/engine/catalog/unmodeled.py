@@ -12,14 +12,10 @@ UNMODELED_EAGER: dict[str, str] = {}
 # TRACE_FORMAT 18: what a checkpointed layer's backward leaves alive to the end of backward (recurrent_gemma's
 # per-position loop) is traced (`bwd_left`) and the trace reads the allocator, not a dispatch mode that changed the
 # program; their LoRA + checkpointing steps measure -0.1 % and +5.4 % (over: safe side).
-# gemma4: a checkpointed layer's forward leaves its keys and values alive for the later layers that share them,
-# into backward. The trace measures what a layer's forward leaves (`fwd_left`), and the engine counts it while the
-# next layer runs forward (megatron-bert's and gpt_neo's layers return their attention weights, which the stack's
-# loop drops then); counted through backward it put gpt_neo 10.6 % over, and which leave-behind outlives the
-# forward is not measured yet. Counted through backward, gemma4_text LoRA + checkpointing was +0.1 %.
-_GEMMA4 = ("its checkpointed layers leave keys and values alive for the later layers that share them, which its "
-           "plan does not count yet: LoRA + checkpointing measured 6 % under torch.profiler, without checkpointing "
-           "within 0.2 % (bench/results/architecture_sweep.json)")
+# gemma4_text and gemma4_unified_text were here (LoRA + checkpointing 6 % under) until TRACE_FORMAT 28: the last
+# layer of each attention type stores its keys and values in a dict every layer's checkpoint keeps, so they outlive
+# the forward; the trace measures what a layer's forward allocated and is still alive when the forward ends
+# (`fwd_kept`) and the engine keeps it to the end of backward (LoRA + checkpointing +0.0 %, full +0.1 %).
 # hrm_text was here (-2.4 % under, LoRA + checkpointing) until every looped stack's checkpointing was refused from
 # its trace (engine/estimate/traced_blocks.py LOOPED_CHECKPOINTING): dory's measured the same.
-UNMODELED_CHECKPOINTING: dict[str, str] = {"gemma4_text": _GEMMA4, "gemma4_unified_text": _GEMMA4}
+UNMODELED_CHECKPOINTING: dict[str, str] = {}

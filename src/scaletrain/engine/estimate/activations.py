@@ -43,6 +43,9 @@ class LayerActivations:
     # checkpointed (traced): what a block's forward leaves alive beyond its output, held by the stack's loop until
     # the next block's forward returns (megatron-bert's layers return their attention probabilities, B·heads·S²)
     fwd_left: int = 0
+    # checkpointed (traced): of that, what outlives the forward, per block on average, alive to the end of backward
+    # (gemma4's keys and values, stored for the layers that share them in a dict every checkpoint keeps)
+    fwd_kept: int = 0
     # traced: what the first block to run backward leaves for the rest of backward, once for the whole stack (gemma3n:
     # the gradient of the per-layer inputs every block reads, which the blocks after it accumulate into)
     bwd_carry: int = 0

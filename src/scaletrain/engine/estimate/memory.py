@@ -183,7 +183,7 @@ def _blocks_forward(mark: Any, layer: Any, L: int, start: tuple[int, int], per_b
     for i in range(L):
         left = layer.fwd_left if i else 0       # what the block before left, until this one returns
         mark("forward", acts + cache + left + layer.fwd_transient, 0, grads, gather=gather)
-        acts += per_block_saved
+        acts += per_block_saved + layer.fwd_kept    # what outlives the forward stays to the end of backward
         cache += cached_per_block
     return acts, cache
 

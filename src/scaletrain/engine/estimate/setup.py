@@ -162,8 +162,8 @@ class TrainingSetup:
 
     @property
     def trainable_params(self) -> int:
-        if not self.method.is_adapter:
-            return self.model.params
+        if not self.method.is_adapter:      # what transformers builds frozen (blt's entropy patcher) never steps
+            return self.model.params - int((self.model.trace or {}).get("frozen_params") or 0)
         # a reward model under PEFT (task SEQ_CLS) also trains a copy of its score head (modules_to_save)
         score = self.model.hidden_size if self.model.score_head else 0
         return self.model.lora_params(self.lora_rank, self.lora_targets) + score

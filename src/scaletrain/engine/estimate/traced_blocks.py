@@ -225,10 +225,10 @@ def traced_block_terms(s: TrainingSetup, micro_batch: int | None, copies: tuple[
     inputs = _inputs(s, kinds, b, S, g)
     fwd, bwd = _moments(s, kinds, b, S, g, flash_backward, max(inputs))
     kept = inputs if s.grad_ckpt else [a + x + c for a, x, c in zip(attn, mlp, consts)]
-    # what a checkpointed layer's backward leaves (to the end of backward) and its forward (to the next layer's end:
-    # memory.py; what outlives that, gemma4's shared keys and values, is not counted: unmodeled.py)
+    # what a checkpointed layer's backward leaves (to the end of backward), its forward (to the next layer's end:
+    # memory.py), and of that what outlives the forward (gemma4's stored keys and values: to the end of backward)
     left = {p: [traced.at(k.get(p, [0, 0, 0]), b, S, g) if s.grad_ckpt else 0 for k in kinds]
-            for p in ("bwd_left", "fwd_left")}
+            for p in ("bwd_left", "fwd_left", "fwd_kept")}
     stack = _stack(s, act, kinds, kept, left["bwd_left"], (b, S, g), flash_backward, max(inputs)) \
         if len(kinds) > 1 else ()
     carry = traced.at(act.get("bwd_carry", [0, 0, 0]), b, S, g)
@@ -244,6 +244,7 @@ def traced_block_terms(s: TrainingSetup, micro_batch: int | None, copies: tuple[
                 "attn_bwd_transient": 0, "weight_copies": mean(consts), "cached_copies": copies[1],
                 "recompute_transient": 0, "checkpointed_input": mean(inputs), "worst": moment, "stack": stack,
                 "bwd_left": mean(left["bwd_left"]), "fwd_left": max(left["fwd_left"]), "bwd_carry": carry,
+                "fwd_kept": mean(left["fwd_kept"]),
                 "looped": looped}
     worst_saved = max(a + x for a, x in zip(attn, mlp))
     worst = {"saved_attn": max(attn), "saved_mlp": worst_saved - max(attn), "fwd_transient": fwd,
