@@ -19,6 +19,7 @@ against torch.profiler.
 
 from __future__ import annotations
 
+import contextvars
 import math
 from typing import Any, Callable
 
@@ -91,14 +92,29 @@ def _length(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
+# The losses a planner searches next (planner.solve: the chunked loss's search after the standard one's, `--loss`
+# left free): their regimes are traced in the same ask, by the same forked copies, not in a second ask after it
+# (tiny-glm4's first plan on a 2-core VM: the second ask took 1.1 of its 5.3 s)
+ALSO_LOSSES: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("also_losses", default=())
+
+
 def prefetch_traces(setups: list[TrainingSetup]) -> None:
     """Trace, in one subprocess, every regime these setups of a traced model need and the cache lacks (a search
-    visits several: DeepSpeed's 16-bit weights and accelerate's autocast are different regimes)."""
+    visits several: DeepSpeed's 16-bit weights and accelerate's autocast are different regimes), and those of the
+    losses searched next (ALSO_LOSSES)."""
     from scaletrain.engine.catalog.architectures import analytic_types
+    from scaletrain.engine.errors import ScaletrainError
 
     todo = [s for s in setups if s.model.memory_source == "traced"]
     if todo:
         regimes = {_json_key(trace_regime(s)): trace_regime(s) for s in todo}
+        for loss in ALSO_LOSSES.get():
+            for s in todo:
+                try:
+                    regime = trace_regime(s.with_(loss=loss))
+                except ScaletrainError:         # a loss this setup cannot take: its search leaves it out
+                    continue
+                regimes.setdefault(_json_key(regime), regime)
         traced.prefetch(todo[0].model.config, list(regimes.values()), analytic_types())
 
 

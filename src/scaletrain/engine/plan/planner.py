@@ -12,6 +12,7 @@ from dataclasses import replace
 from scaletrain.engine.catalog.hardware import Hardware
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.estimate.setup import TrainingSetup
+from scaletrain.engine.estimate.traced_blocks import ALSO_LOSSES
 from scaletrain.engine.plan.lr import suggest_lr
 from scaletrain.engine.plan.plan import Plan, PlannerReport, evaluate
 from scaletrain.engine.request.request import PlanRequest, base_setup
@@ -57,7 +58,12 @@ def solve(req: PlanRequest, base: TrainingSetup) -> Plan:
     """Fill in what the request left free; raise ScaletrainError when no split hits the target or nothing fits."""
     fixed = fixed_fields(req)
     target = req.effective_batch
-    res = search(base, target=target, fixed=fixed, headroom=req.headroom, name=req.name)
+    # a traced model's chunked-loss regimes (_choose_loss searches them next) traced with the standard loss's
+    ahead = ALSO_LOSSES.set(("chunked",) if req.loss is None and base.objective == "sft" else ())
+    try:
+        res = search(base, target=target, fixed=fixed, headroom=req.headroom, name=req.name)
+    finally:
+        ALSO_LOSSES.reset(ahead)
     res, loss_why = _choose_loss(req, base, res)
     if not res.ranked:
         raise ScaletrainError(_nothing_fits(base, res, req.headroom))
