@@ -28,13 +28,13 @@ from architecture_sweep import one_family  # noqa: E402
 PAIRS = (("gemma3n_text", "roc_bert"),              # 141 + 11
          ("recurrent_gemma", "starcoder2"),         # 72 + 14
          ("deepseek_v3", "autocast-cast-weights"),  # 41 + 14
-         ("zaya", "gemma4_text"),                   # 27 + 15
+         ("zaya", "gemma4_text"),                   # 16 + 15 (2026-12-02, gemma4_text checkpointed too)
          ("beam", "phi4_multimodal"),               # 26 + 15
          ("qwen3_next", "gemma2"),                  # 24 + 15
          ("vaultgemma", "bamba"),                   # 23 + 15
          ("gpt_neo", "rembert"),                    # 22 + 18
          ("gpt_oss", "megatron-bert"),              # 20 + 20
-         ("blt", "marian"))                         # 35 + 10
+         ("blt", "marian"))                         # 26 + 8 (2026-12-02, an Intel VM)
 ROTATING = tuple(name for pair in PAIRS for name in pair)
 
 
