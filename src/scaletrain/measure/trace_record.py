@@ -102,7 +102,8 @@ class _Recorder:
         # local decoder's layers): what it saves is kept to the backward, as the layer's input is (`beside`, added
         # to the layer's `input`: trace.py)
         for name, parts in layer_siblings(model, layers):
-            which = "beside" if self.count_passed else "attn" if any(w in name for w in ("attn", "attention")) else "mlp"
+            half_name = "attn" if any(w in name for w in ("attn", "attention")) else "mlp"
+            which = "beside" if self.count_passed else half_name
             for i, part in parts.items():
                 out.append(part.register_forward_pre_hook(half(i, which)))
 
@@ -261,7 +262,8 @@ class _Live:
         live = first.total_allocated - first.alloc_size if first is not None else 0
         session = live                 # the allocator's running total when the run began (it drifts from run to run)
         windows: dict[str, list[int]] = {}
-        owned: dict[int, tuple[str, int]] = {}      # a forward window's allocations not freed yet: ptr → (window, bytes)
+        owned: dict[int, tuple[str, int]] = {}     # a forward window's allocations not freed: ptr → (window, bytes)
+        forward: list[str] = []                    # the forward windows open now, the last opened last
         for n, (kind, event) in zip(nodes, typed):
             if kind == alloc:
                 if event.device != cpu:
@@ -269,7 +271,10 @@ class _Live:
                 live = event.total_allocated
                 for w in windows.values():
                     w[1] = max(w[1], live)
-                _own(owned, windows, event)
+                if event.alloc_size < 0:
+                    owned.pop(event.ptr, None)
+                elif forward:           # made while a layer's forward window is open: that window's until freed
+                    owned[event.ptr] = (forward[-1], int(event.alloc_size))
                 continue
             name = n.name
             if not name.startswith(prefix):
@@ -281,10 +286,14 @@ class _Live:
                 owned.clear()
             elif what == "open":
                 windows[name] = [live, live]
+                if name.startswith("fwd"):
+                    forward.append(name)
                 if name in self.recomputed:      # over the run's start, less the gradients made (_recompute)
                     windows[name][0] = session + self.recomputed[name]
             elif name in windows:        # a layer a looped stack runs k times: its largest rise, its k nets
                 start, peak = windows.pop(name)
+                if name in forward:
+                    forward.remove(name)
                 self.rises[name] = max(self.rises.get(name, 0), peak - start)
                 self.nets[name] = self.nets.get(name, 0) + live - start
         windows.pop("tail", None)
@@ -293,16 +302,6 @@ class _Live:
         if "front" in windows:      # over what outlives backward, not over the front's start (front())
             self.rises["front"] = windows["front"][1] - live
         return self.rises
-
-
-def _own(owned: dict[int, tuple[str, int]], windows: dict, event) -> None:
-    """An allocation made while a layer's forward window is open is that window's until it is freed."""
-    if event.alloc_size < 0:
-        owned.pop(event.ptr, None)
-        return
-    fwd = [w for w in windows if w.startswith("fwd")]
-    if fwd:
-        owned[event.ptr] = (fwd[-1], int(event.alloc_size))
 
 
 def time_ordered(result) -> list:

@@ -155,7 +155,6 @@ def slice_of(config: dict, sigs: list[str], model) -> dict[str, Any]:
     stacks = {k: v for k, v in stacks.items() if k not in frozen}
     if not stacks:
         return {"slice_layers": _slice_depth(config, sigs)}
-    order = {s: i for i, s in reversed(list(enumerate(sigs)))}
     kinds = {s: k for k, s in enumerate(dict.fromkeys(sigs))}
     try:
         struct = {"layer_kinds": sigs, "slice_stacks": stacks}
@@ -163,7 +162,7 @@ def slice_of(config: dict, sigs: list[str], model) -> dict[str, Any]:
         got = layer_signatures(sliced, decoder_layers(sliced), stacked=True)
     except Exception:          # noqa: BLE001 - a cut transformers refuses: the whole model
         got = []
-    if not got or set(got) != set(order) or len(got) >= len(sigs):
+    if not got or set(got) != set(sigs) or len(got) >= len(sigs):
         return {"slice_layers": len(sigs)}
     return {"slice_layers": len(got), "slice_stacks": stacks, "slice_kinds": [kinds[s] for s in got]}
 
