@@ -1,6 +1,7 @@
 # The two commands the README promises: `make demo` and `make test`. Both build .venv first.
-# `make test` builds the docs site first (`make docs`: the command reference is current, `mkdocs build --strict`),
-# then runs every test. `make test-fast` is the inner loop: no multi-process training, no profiler ground truth.
+# `make test` runs every test, the docs site's among them (tests/test_docs.py: the command reference is current,
+# `mkdocs build --strict` builds it; `make docs` alone does both). `make test-fast` is the inner loop: no
+# multi-process training, no profiler ground truth.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -11,16 +12,16 @@ unexport PYTHONDONTWRITEBYTECODE
 # DeepSpeed on a CPU JIT-builds its shared-memory comm op on first use (about 80 s of g++): built once with the venv,
 # into the venv, so no test pays it and another venv's build never collides with this one's
 export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions
-# pytest-xdist (the dev extra) when the venv has it. `make test` runs in two passes: the single-process tests on
-# FAST_JOBS workers (2: each test file one unit of work, tests/conftest.py), then the multi-process training runs
-# (`slow`) on JOBS workers. One by default: on 2 cores a second worker beside a 2-rank training run doubles the wall
-# time of the timed tests (--detach's 5 s return, pilots' waits) and they fail; `make test JOBS=2` on a larger
-# machine. FAST_JOBS=1 JOBS=1: one process each. Deferred (=): evaluated after the venv is built.
+# pytest-xdist (the dev extra) when the venv has it. `make test` runs two passes side by side (tests/passes.py): the
+# multi-process training runs (`slow`) on JOBS workers at normal priority, and the single-process tests on FAST_JOBS
+# workers (each test file one unit of work, tests/conftest.py) at idle priority, in the cycles the 2-rank runs leave
+# idle. JOBS is one by default: on 2 cores a second worker beside a 2-rank training run doubles the wall time of the
+# timed tests (--detach's 5 s return, pilots' waits) and they fail; `make test JOBS=2` on a larger machine.
+# FAST_JOBS=1 JOBS=1: one process each. Deferred (=): evaluated after the venv is built.
 JOBS   ?= 1
 FAST_JOBS ?= 2
 DS_OP   = $(PY) -c 'from scaletrain.trainer.distributed import load_deepspeed_cpu_comm_op as f; f()'
 PYTEST_ARGS ?=
-XDIST   = $(if $(filter 1,$(JOBS)),,$(shell $(PY) -c 'import xdist' 2>/dev/null && printf '%s' '-n $(JOBS) --dist loadgroup'))
 fast_xdist = $(if $(filter 1,$(FAST_JOBS)),,$(shell $(PY) -c 'import xdist' 2>/dev/null && printf '%s' '-n $(FAST_JOBS) --dist $(1)'))
 # FAST_JOBS workers share the cores: each worker's torch (and what it starts) gets cores ÷ FAST_JOBS threads. Two
 # workers of two threads each on 2 cores wait on each other's OpenMP threads: tests/trainer/test_memory_saved.py
@@ -45,10 +46,8 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(VENV)/bin/scaletrain --preset cpu-tiny --headless
 
-# (pytest's exit 5, "no test selected", is a pass: PYTEST_ARGS may name files of one kind only)
-test: $(STAMP) ds-op docs specs-venv
-	$(FAST_THREADS) $(PY) -m pytest -q $(call fast_xdist,loadgroup) -m "not slow" $(PYTEST_ARGS) || [ $$? -eq 5 ]
-	$(PY) -m pytest -q $(XDIST) -m slow $(PYTEST_ARGS) || [ $$? -eq 5 ]
+test: $(STAMP) ds-op specs-venv
+	$(PY) tests/passes.py --jobs $(JOBS) --fast-jobs $(FAST_JOBS) $(PYTEST_ARGS)
 
 # the inner loop (target: 2 minutes on 2 cores): every test but the multi-process training runs (`slow`), the
 # profiler/tracing ground truth (`heavy`) and the other tests over ~2.5 CPU-seconds (`long`: pilot flows across

@@ -55,8 +55,9 @@ def versions(python: str) -> dict:
 
 
 def commands(args: argparse.Namespace) -> list[list[str]]:
-    """As the Makefile runs them: test-fast is one pass on FAST_JOBS workers; test is the single-process tests on
-    FAST_JOBS workers (a file per unit), then the multi-process ones (`slow`) on JOBS."""
+    """As the Makefile runs them: test-fast is one pass on FAST_JOBS workers; test is tests/passes.py, the
+    multi-process tests (`slow`) on JOBS workers with the single-process ones beside them at idle priority on
+    FAST_JOBS workers (a file per unit)."""
     if args.python is None:
         return [["make", args.target, f"JOBS={args.jobs}", f"FAST_JOBS={args.fast_jobs}",
                  "PYTEST_ARGS=-p suite_plugin"]]
@@ -68,8 +69,8 @@ def commands(args: argparse.Namespace) -> list[list[str]]:
     if args.target == "test-fast":
         return [[*pytest, *xdist(args.fast_jobs, "load"), "-m", FAST]]
     ds_op = [args.python, "-c", "from scaletrain.trainer.distributed import load_deepspeed_cpu_comm_op as f; f()"]
-    return [ds_op, [*pytest, *xdist(args.fast_jobs, "loadgroup"), "-m", "not slow"],
-            [*pytest, *xdist(args.jobs, "loadgroup"), "-m", "slow"]]
+    return [ds_op, [args.python, str(ROOT / "tests" / "passes.py"), "--jobs", str(args.jobs), "--fast-jobs",
+                    str(args.fast_jobs), "-p", "suite_plugin"]]
 
 
 class LoadSampler(threading.Thread):

@@ -27,10 +27,11 @@ MAX_LINES = 500
 MAX_FUNCTION_LINES = 100
 # Modules that must load without Textual or Rich (the engine, the trainer, the measuring room, the bundled presets).
 HEADLESS = ("scaletrain.engine", "scaletrain.trainer", "scaletrain.measure", "scaletrain.presets")
-# Modules the engine starts as processes (`python -m`, by a module string it holds): the trainer's entry and the
-# probes' (engine/run/scripts.py TRAINER_MODULE, engine/probes.py PROBE_MODULE). A process boundary, so the one
-# edge that may point up; every other module string the source names is an edge like an import.
-ENTRY_POINTS = frozenset({"scaletrain.trainer.train", "scaletrain.measure.probe"})
+# Modules the engine starts as processes (`python -m`, by a module string it holds): the trainer's entry, accelerate's
+# launcher and the probes' (engine/run/scripts.py TRAINER_MODULE and ACCELERATE_LAUNCH_MODULE, engine/probes.py
+# PROBE_MODULE). A process boundary, so the one edge that may point up; every other module string the source names
+# is an edge like an import.
+ENTRY_POINTS = frozenset({"scaletrain.trainer.train", "scaletrain.trainer.launch_agent", "scaletrain.measure.probe"})
 
 
 def modules_under(root: Path, package: str = PACKAGE) -> dict[str, Path]:
@@ -222,7 +223,7 @@ def test_headless_modules_import_neither_textual_nor_rich_nor_torch():
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("engine.errors",),
     ("engine.vocabulary", "engine.units", "engine.fileio", "engine.yamlsafe", "engine.probes", "engine.dist_versions",
-     "presets"),
+     "engine.startup", "presets"),
     ("engine.choices",),
     ("engine.catalog",),
     ("engine.devices", "engine.estimate"),

@@ -156,7 +156,22 @@ def test_seed16_sbatch_one_task_per_node_with_the_plans_time(seed16):
     expected[at:at] = ["--main_process_port", str(yaml.safe_load(seed16.accelerate_config.read_text())
                                                   ["main_process_port"]), "--rdzv_backend", "c10d"]
     assert inner[1:] == expected
-    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1' in sb
+    assert 'HEAD_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"' in sb
+
+
+def test_sbatch_finds_the_head_node_of_a_long_node_list_under_pipefail(seed16, tmp_path):
+    """The head-node line as sbatch.sh runs it (`set -euo pipefail`), with an scontrol that lists 100,000 nodes:
+    `| head -n 1` left scontrol writing into a closed pipe, SIGPIPE ended the script (141) before anything
+    started; seen on this VM with two nodes too, when scontrol's second line came after head had exited."""
+    line = next(ln for ln in seed16.sbatch_sh.read_text().splitlines() if ln.startswith("HEAD_NODE="))
+    fake = tmp_path / "scontrol"
+    fake.write_text("#!/bin/sh\nseq -f 'node%06g' 1 100000\n")
+    fake.chmod(0o755)
+    script = f"set -euo pipefail\n{line}\necho \"HEAD=$HEAD_NODE\"\n"
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                       env=dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}",
+                                SLURM_JOB_NODELIST="node[000001-100000]"))
+    assert (r.returncode, r.stdout) == (0, "HEAD=node000001\n"), (r.returncode, r.stderr)
 
 
 def test_slurm_time_rounds_up_to_minutes_and_counts_days():

@@ -243,7 +243,7 @@ def skypilot_yaml(plan: Plan, train: TrainOptions, sizes: NodeSizes, *, managed:
     version = scaletrain_version()
     run = ("set -euo pipefail\n"
            + _size_check("SkyPilot", "SKYPILOT_NUM_NODES", "SKYPILOT_NUM_GPUS_PER_NODE" if sizes.gpus else None, plan)
-           + 'HEAD_IP="$(echo "$SKYPILOT_NODE_IPS" | head -n 1)"\n'
+           + 'HEAD_IP="$(printf \'%s\\n\' "$SKYPILOT_NODE_IPS" | sed -n 1p)"\n'     # no SIGPIPE under pipefail
            + 'echo "scaletrain: node $SKYPILOT_NODE_RANK of $SKYPILOT_NUM_NODES, head node $HEAD_IP"\n')
     doc: dict[str, Any] = {"name": k8s_name(plan.name), "num_nodes": hw.nodes, "resources": resources,
                            "workdir": ".", "envs": {"SCALETRAIN_PIP_SPEC": f"scaletrain[train]=={version}"},

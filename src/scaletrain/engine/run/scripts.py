@@ -25,6 +25,9 @@ from scaletrain.engine.units import fmt_seconds
 
 # The bundled trainer, as `python -m` runs it under accelerate.
 TRAINER_MODULE = "scaletrain.trainer.train"
+# `accelerate launch` itself, as `python -m` runs it: accelerate's launcher with the garbage collector paused while
+# it loads torch (trainer/launch_agent.py: each launch starts and ends about 0.36 s sooner)
+ACCELERATE_LAUNCH_MODULE = "scaletrain.trainer.launch_agent"
 
 
 def launch_argv(run: RunDir, train: TrainOptions, *, machine_rank: int | None = None,
@@ -37,7 +40,7 @@ def launch_argv(run: RunDir, train: TrainOptions, *, machine_rank: int | None = 
     moved run folder launches from where it is. `deepspeed` None: whether the folder holds ds_config.json.
     `threads`: CPU threads per process (cpu_threads: the node's cores ÷ its processes), or None to leave accelerate's
     default (1 per process)."""
-    argv = [python or sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(run.accelerate_config)]
+    argv = [python or sys.executable, "-m", ACCELERATE_LAUNCH_MODULE, "--config_file", str(run.accelerate_config)]
     if deepspeed if deepspeed is not None else run.ds_config.is_file():
         argv += ["--deepspeed_config_file", str(run.ds_config)]
     if threads is not None:
@@ -362,7 +365,9 @@ def sbatch_script(plan: Plan, run: RunDir, train: TrainOptions, *, deepspeed: bo
         "fi",
         *_find_python(SBATCH_SH),
         "export RUN_DIR PYTHON",
-        'HEAD_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        # sed reads every line: `head -n 1` exits after the first, and under pipefail a long node list's scontrol,
+        # still writing, dies of SIGPIPE (exit 141) and ends the script before anything starts
+        'HEAD_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"',
         "export HEAD_NODE",
         *_env_lines(train, multi_node=True),
         f"export {LINE_PREFIX_ENV}={shlex.quote(LINE_PREFIX)}      # every line carries its global rank",
