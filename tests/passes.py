@@ -54,7 +54,7 @@ def _at_idle_priority() -> None:
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
-        pass                                  # not Linux: Ctrl-C and SIGTERM still stop it (stop())
+        pass                                  # not Linux: Ctrl-C and SIGTERM still stop it (_stop)
 
 
 def _stop(proc: subprocess.Popen, *, group: bool, grace_seconds: float = 15.0) -> None:

@@ -16,6 +16,11 @@ import gc
 import importlib
 from collections.abc import Iterator
 
+# torch and what building any transformers model loads (its modeling base, masks, activations, the Auto classes):
+# loaded by every rank (trainer/train.py adds accelerate, peft, deepspeed, trl as the run needs) and trace probe
+TRANSFORMERS_STACK = ("torch", "transformers", "transformers.modeling_utils", "transformers.masking_utils",
+                      "transformers.activations", "transformers.models.auto.modeling_auto")
+
 
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:

@@ -13,20 +13,15 @@ import sys
 
 from scaletrain.engine.probes import PROBES
 
-# what every trace loads, loaded first with the garbage collector paused (engine/startup.py); not peft: a full
-# fine-tuning plan's trace never imports it
-TRACE_STACK = ("torch", "transformers", "transformers.modeling_utils", "transformers.masking_utils",
-               "transformers.activations", "transformers.models.auto.modeling_auto")
-
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     kind, rest = (argv[0], argv[1:]) if argv else ("", [])
     if kind == "trace":
-        from scaletrain.engine.startup import import_stack
+        from scaletrain.engine.startup import TRANSFORMERS_STACK, import_stack
         from scaletrain.measure import trace
 
-        import_stack(*TRACE_STACK)
+        import_stack(*TRANSFORMERS_STACK)     # not peft: a full fine-tuning plan's trace never imports it
         return trace.main(rest)
     if kind == "data-profile":
         from scaletrain.measure import data_profile

@@ -40,7 +40,7 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.run.layout import RunDir
 from scaletrain.engine.run.metrics import MetricsWriter, StepMetrics, truncate_metrics
 from scaletrain.engine.request.options import bundled_demo_dataset
-from scaletrain.engine.startup import import_stack
+from scaletrain.engine.startup import TRANSFORMERS_STACK, import_stack
 from scaletrain.trainer import data as data_mod
 from scaletrain.trainer.chunked_loss import causal_lm_loss, compute_dtype_for, output_head
 from scaletrain.trainer.checkpoints import prune_checkpoints, resume_from, save_checkpoint
@@ -161,10 +161,8 @@ def train(cfg: RunConfig, resume: bool) -> int:
 
 def stack_modules(cfg: RunConfig) -> tuple[str, ...]:
     """The libraries this rank loads anyway, loaded first with the garbage collector paused (engine/startup.py)."""
-    return ("torch", "accelerate", "transformers", "transformers.modeling_utils", "transformers.masking_utils",
-            "transformers.activations", "transformers.models.auto.modeling_auto",
-            *(("peft",) if cfg.method != "full" else ()), *(("deepspeed",) if cfg.uses_deepspeed else ()),
-            *(("trl",) if cfg.objective != "sft" else ()))
+    return (*TRANSFORMERS_STACK, "accelerate", *(("peft",) if cfg.method != "full" else ()),
+            *(("deepspeed",) if cfg.uses_deepspeed else ()), *(("trl",) if cfg.objective != "sft" else ()))
 
 
 def prepare(cfg: RunConfig) -> Session:
