@@ -11,6 +11,11 @@ pytest summary and the tests that cost the most CPU.
 
 With --python the DeepSpeed CPU op is built (or found built) first, timed apart, as `make ds-op` does; the docs
 build that `make test` also runs is then not part of the time.
+
+    python bench/suite_time.py --processes            # also: the CPU of every Python process, by kind
+
+--processes puts bench/process_recorder/ first on PYTHONPATH (its sitecustomize records each process as it ends)
+and adds `processes_by_kind`: how many ranks, launchers, probes, CLI calls and pytest workers ran, and their CPU.
 """
 
 from __future__ import annotations
@@ -113,6 +118,23 @@ def costliest(path: Path, n: int) -> tuple[list[dict], int, list[dict]]:
     return sorted(rows, key=lambda r: -r["cpu_seconds"])[:n], len(rows), over
 
 
+def processes_by_kind(path: Path) -> dict:
+    """The recorder's lines summed by kind (bench/process_recorder/sitecustomize.py), costliest first."""
+    rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+    kinds: dict[str, dict] = {}
+    for r in rows:
+        k = kinds.setdefault(r["kind"], {"kind": r["kind"], "processes": 0, "cpu_seconds": 0.0, "modules_max": 0})
+        k["processes"] += 1
+        k["cpu_seconds"] += r["cpu_seconds"]
+        k["modules_max"] = max(k["modules_max"], r["modules"])
+    for k in kinds.values():
+        k["cpu_seconds_each"] = round(k["cpu_seconds"] / k["processes"], 2)
+        k["cpu_seconds"] = round(k["cpu_seconds"], 1)
+    return {"recorded": len(rows), "cpu_seconds": round(sum(r["cpu_seconds"] for r in rows), 1),
+            "not_recorded": "processes killed by a signal and non-Python children (the suite's CPU less this sum)",
+            "by_kind": sorted(kinds.values(), key=lambda k: -k["cpu_seconds"])}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", choices=sorted(TARGET_SECONDS), default="test")
@@ -123,12 +145,19 @@ def main() -> int:
                     help="pytest-xdist workers for the single-process tests (default 2, as make)")
     ap.add_argument("--machine", help="a name for the machine in the file name (default: the hostname)")
     ap.add_argument("--top", type=int, default=25, help="how many of the costliest tests to record")
+    ap.add_argument("--processes", action="store_true",
+                    help="record every Python process's CPU by kind (bench/process_recorder/)")
     args = ap.parse_args()
     if args.jobs < 1 or args.fast_jobs < 1:
         ap.error("--jobs and --fast-jobs must be 1 or more")
     per_test = Path(tempfile.mkdtemp(prefix="suite-time-")) / "tests.jsonl"
+    per_process = per_test.with_name("processes.jsonl")
+    recorder = (str(ROOT / "bench" / "process_recorder"),) if args.processes else ()
     env = dict(os.environ, SUITE_TIME_TESTS=str(per_test),
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "bench"), os.environ.get("PYTHONPATH")) if p))
+               PYTHONPATH=os.pathsep.join(p for p in (*recorder, str(ROOT / "bench"), os.environ.get("PYTHONPATH"))
+                                          if p))
+    if args.processes:
+        env["SUITE_TIME_PROCESSES"] = str(per_process)
     env.pop("PYTHONDONTWRITEBYTECODE", None)      # as the Makefile (unexport): every process reuses compiled modules
     load = LoadSampler()
     load.start()
@@ -147,10 +176,13 @@ def main() -> int:
         "tests_timed": counted, "costliest_tests_by_cpu": top, "unmarked_tests_over_long_cpu_seconds": over,
         "ok": all(s["exit_code"] == 0 for s in steps),
     }
+    if args.processes:
+        result["processes_by_kind"] = processes_by_kind(per_process)
     name = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in result["machine"]["name"])
     out = RESULTS / f"suite_time-{args.target}-{name}.json"
     atomic_write(out, json.dumps(result, indent=2, ensure_ascii=False) + "\n", backup=False)   # ours: no backup
     print(json.dumps({k: v for k, v in result.items() if k not in ("costliest_tests_by_cpu", "steps")}, indent=2))
+    print(f"per test: {per_test}" + (f"; per process: {per_process}" if args.processes else ""), file=sys.stderr)
     print(f"wrote {out}", file=sys.stderr)
     return 0 if result["ok"] else 1
 
