@@ -4,7 +4,8 @@ and, as it ends, appends one JSON line to $SUITE_TIME_PROCESSES: its kind, its a
 
 The trainer's ranks end with os._exit, which skips atexit: that exit is wrapped too. A process killed by a signal
 records nothing (a test's deliberately killed rank, a trace stopped at its memory cap): the suite's CPU total less
-the recorded sum is theirs, plus non-Python children (bash, g++).
+the recorded sum is theirs, plus non-Python children (bash, g++). During such a run this module stands in for any
+other sitecustomize further down the path (the venv has none).
 """
 
 import atexit

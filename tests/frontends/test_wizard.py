@@ -247,8 +247,16 @@ def test_no_gpu_and_no_flag_says_so_and_offers_the_catalog():
             assert "No GPU detected" in detected and NO_GPU_REASON in detected
             assert app.screen.query_one("#src-detected").disabled
             assert app.screen.query_one("#src-catalog").value
-            assert not app.screen.query_one("#catalog").disabled
+            catalog = app.screen.query_one("#catalog")
+            assert not catalog.disabled
             assert "planned from the catalog" in text_of(app, "#hw-summary")
+            # the list has the keys, not the scroll body (it took them while the list was still disabled): ↓ is the
+            # next GPU, and the summary follows it
+            assert app.focused is catalog
+            first = catalog.highlighted
+            await press(pilot, app, "down")
+            assert catalog.highlighted == first + 1
+            assert catalog.highlighted_option.id in text_of(app, "#hw-summary")
             await press(pilot, app, "ctrl+n")
             assert screen_name(app) == "ModelScreen"
             assert app.state.hw_source == "catalog"
@@ -268,6 +276,7 @@ def test_detected_gpus_are_used_by_default():
             detected = text_of(app, "#detected")
             assert "Detected 4 GPU(s)" in detected and "NVLink ×18" in detected and "550.54.15" in detected
             assert app.screen.query_one("#src-detected").value
+            assert app.focused is app.screen.query_one("#source")
             summary = text_of(app, "#hw-summary")
             assert "4xH200" in summary and "detected here" in summary
             await press(pilot, app, "ctrl+n")

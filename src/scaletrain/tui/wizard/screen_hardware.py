@@ -117,13 +117,14 @@ keeps free, 0.10 by default) and the **inter-node link** of a multi-node plan (G
         self.query_one("#detected", Static).update(describe_detection(det))
         src = self.query_one("#src-detected", RadioButton)
         src.disabled = not self._has_gpus()
+        offer_catalog = self.wizard.state.hw_source == "detected" and not self._has_gpus()
         if self.wizard.state.hw_source == "detected":
-            if self._has_gpus():
-                src.value = True
-            else:  # asked for auto, found nothing: say so (above) and offer the catalog
-                self.query_one("#src-catalog", RadioButton).value = True
-                self.query_one("#catalog", OptionList).focus()
+            src.value = self._has_gpus()   # now, not when the set's own message arrives: the catalog is enabled
+        if offer_catalog:                  # asked for auto, found nothing: say so (above) and offer the catalog
+            self.query_one("#src-catalog", RadioButton).value = True
         self._sync_source()
+        if offer_catalog:                  # focused once enabled (a disabled list refuses it: the body took it)
+            self.query_one("#catalog", OptionList).focus()
         self.refresh_summary()
 
     # ---- live summary ----------------------------------------------------------------------------------------
