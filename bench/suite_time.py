@@ -120,7 +120,12 @@ def costliest(path: Path, n: int) -> tuple[list[dict], int, list[dict]]:
 
 def processes_by_kind(path: Path) -> dict:
     """The recorder's lines summed by kind (bench/process_recorder/sitecustomize.py), costliest first."""
-    rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+    rows = []
+    for ln in path.read_text().splitlines() if path.exists() else []:
+        try:
+            rows.append(json.loads(ln))
+        except ValueError:
+            continue                    # a line cut short (a process killed mid-write): not counted
     kinds: dict[str, dict] = {}
     for r in rows:
         k = kinds.setdefault(r["kind"], {"kind": r["kind"], "processes": 0, "cpu_seconds": 0.0, "modules_max": 0})

@@ -39,6 +39,8 @@ def test_each_process_records_its_kind_and_cpu_however_it_ends(tmp_path):
     assert [r["kind"] for r in rows] == ["rank (trainer/train.py)", "python -c (a test's or probe's child)"]
     assert rows[0]["argv"] == ["train.py", "--run-dir", "x"]
     assert all(r["cpu_seconds"] >= 0.2 and r["wall_seconds"] >= 0.2 and r["modules"] > 0 for r in rows)
+    with log.open("a") as f:
+        f.write('{"kind": "rank (trainer/tra')                # a writer killed mid-line: not counted
     summary = processes_by_kind(log)
     assert summary["recorded"] == 2 and summary["cpu_seconds"] >= 0.4
     assert [k["processes"] for k in summary["by_kind"]] == [1, 1]

@@ -47,7 +47,8 @@ def _record() -> None:
         return
     _done = True
     r = resource.getrusage(resource.RUSAGE_SELF)
-    line = json.dumps({"kind": _kind(), "argv": [os.path.basename(a) if "/" in a else a for a in sys.argv[:3]],
+    argv = [(os.path.basename(a) if "/" in a else a)[:200] for a in sys.argv[:3]]    # a line well under 4 KiB
+    line = json.dumps({"kind": _kind(), "argv": argv,
                        "cpu_seconds": round(r.ru_utime + r.ru_stime, 3),
                        "wall_seconds": round(time.monotonic() - _STARTED, 3), "modules": len(sys.modules)})
     try:
