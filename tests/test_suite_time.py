@@ -19,7 +19,8 @@ BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.
 
 
 def _python(argv: list[str], log: Path | None, **kw) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(RECORDER), os.environ.get("PYTHONPATH", "")]))
+    path = [str(RECORDER), *filter(None, [os.environ.get("PYTHONPATH")])]    # as suite_time.py: no empty entry
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     env.pop("SUITE_TIME_PROCESSES", None)
     if log is not None:
         env["SUITE_TIME_PROCESSES"] = str(log)
