@@ -180,6 +180,10 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
         if spec != self._info_spec:
             return
         self.query_one("#model-info", Static).update(info)
+        if arch is None and spec.strip() and self.focused is self.query_one("#method"):
+            # enter on a model that does not resolve: the keys go back to it (pick moved them on to the method
+            # before the answer came), so the next keystrokes fix the model instead of landing in the radio set
+            self.query_one("#in-model", Input).focus()
         # the targets this model's blocks have (phi3: qkv_proj, gate_up_proj), not the hint's llama names
         targets = self.query_one("#field-lora_targets", Field)
         targets.set_hint(f"comma list of this model's block linears: {','.join(arch.block_linear_names)}"
