@@ -436,8 +436,9 @@ def test_help_and_save_preset(tmp_path, monkeypatch):
 
 @pytest.mark.long
 def test_every_step_fits_80x24(tmp_path):
-    """At the smallest terminal the wizard supports, each step's focused widget is on screen, and the plan step's
-    alternatives show every column (the last, what a row changes, was cut at 80 columns)."""
+    """At the smallest terminal the wizard supports, each step's focused widget is on screen, the plan step's
+    alternatives show every column (the last, what a row changes, was cut at 80 columns), and the write step's
+    status says all of what to do next (its last line was cut at three)."""
     app = create_app(parse_args(["--gpus", "4xH200", "--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora",
                       "--run-dir", str(tmp_path / "run")]), detect=no_gpu, launch=False)
 
@@ -455,6 +456,12 @@ def test_every_step_fits_80x24(tmp_path):
                     assert table.row_count > 1 and table.max_scroll_x == 0, (table.virtual_size, table.size)
                 if step < 4:
                     await press(pilot, app, "ctrl+n")
+            await press(pilot, app, "w")        # written, not launched (no H200 here): what to do next, every word
+            status = app.screen.query_one("#status")
+            assert "not launched" in text_of(app, "#status") and "launch.sh" in text_of(app, "#status")
+            width = status.content_region.width
+            lines = status.get_content_height(status.parent.size, app.size, width)
+            assert lines > 3 and status.content_region.height == lines, (lines, status.content_region)
 
     run(walk())
 
