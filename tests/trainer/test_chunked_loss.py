@@ -152,6 +152,15 @@ def test_planner_chooses_chunked_when_the_standard_loss_fits_nowhere():
     assert plan.setup.loss == "chunked" and plan.fits and "--loss chunked because" in plan.explanation
 
 
+def test_planner_says_which_offload_the_chunked_loss_spares():
+    """A 14B full fine-tune on one H100 needs CPU offload either way: the standard loss's best offloads every state,
+    the chunked one only the optimizer's, and the explanation says that (it said "fits without offload")."""
+    plan = make_plan(PlanRequest(model="Qwen/Qwen2.5-14B-Instruct", gpus="1xH100", method="full"))
+    assert plan.setup.loss == "chunked" and plan.setup.offload == "optimizer"
+    assert "fits offloading only the optimizer states" in plan.explanation
+    assert "without offload" not in plan.explanation and "offload all" in plan.explanation
+
+
 def test_doctor_offers_chunked_first_for_an_oom_in_the_loss():
     from scaletrain.engine.doctor.remedies import rank_remedies
 

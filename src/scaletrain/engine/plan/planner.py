@@ -21,6 +21,7 @@ from scaletrain.engine.plan.search import (MAX_MICRO_BATCH_WITHOUT_TARGET, STRAT
                                            check_generation_batch,
                                            TIE_TOLERANCE, Candidate, SearchResult, SearchValue, search)
 from scaletrain.engine.units import fmt_bytes, fmt_seconds
+from scaletrain.engine.vocabulary import Offload
 
 
 def make_plan(req: PlanRequest, hardware: Hardware | None = None) -> Plan:
@@ -98,7 +99,8 @@ def _choose_loss(req: PlanRequest, base: TrainingSetup, res: SearchResult) -> tu
     a, b = ck.setup, std.setup
     gain = std.seconds_per_sample / ck.seconds_per_sample - 1
     if a.offload.rank < b.offload.rank and gain > 0:
-        return alt, (f" --loss chunked because without the B·S·V logits {ck.describe()} fits without offload, "
+        spared = "without offload" if a.offload is Offload.NONE else f"offloading only the {a.offload.value} states"
+        return alt, (f" --loss chunked because without the B·S·V logits {ck.describe()} fits {spared}, "
                      f"predicted {gain:.0%} faster than the standard loss's best ({std.describe()}).")
     more = a.micro_batch > b.micro_batch or (b.grad_ckpt and not a.grad_ckpt)
     if more and gain > TIE_TOLERANCE:
