@@ -49,7 +49,9 @@ PROBE_MODULE = "scaletrain.measure.probe"      # the one entry point the engine 
 #     local decoder) traced over every stack, its frozen one (the entropy patcher) left out of the layers; a
 #     checkpointed layer's forward allocations still alive when the forward ends (`fwd_kept`: gemma4's stored keys
 #     and values).
-TRACE_FORMAT = 28
+# 29: block linears include nn.Linear subclasses whose forward answers as nn.Linear's does (falcon's FalconLinear:
+#     it had none, so no block GEMM in its time, nothing quantized under QLoRA and no LoRA targets to show).
+TRACE_FORMAT = 29
 TRACE_OUT_OF_MEMORY = 4     # a served answer's code: refused at the trace process's memory cap, and that process ends
 # data profile (engine/request/data_profile.py ↔ measure/data_profile.py)
 PROFILE_FORMAT = 2

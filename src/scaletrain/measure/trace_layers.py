@@ -33,12 +33,11 @@ def meta_model(config: dict, dtype=None):
 def block_linears(layer) -> dict[str, list]:
     """name → [in, out, bias] of each nn.Linear in one block: the leaf name (what peft matches a target against
     by suffix), or the path within the block when two linears share a leaf name. Only modules that compute as
-    nn.Linear does: a subclass with its own forward (an MoE router answering a tuple) is no LoRA target."""
+    nn.Linear does (`_computes_as_linear`): an MoE router answering a tuple is no LoRA target and no plain GEMM."""
     import torch
 
-    # an nn.Linear subclass with its own forward (an MoE router that answers a tuple) is not a linear LoRA can wrap
     found = [(n, m) for n, m in layer.named_modules()
-             if isinstance(m, torch.nn.Linear) and type(m).forward is torch.nn.Linear.forward]
+             if isinstance(m, torch.nn.Linear) and _computes_as_linear(m)]
     leaves = [n.rsplit(".", 1)[-1] for n, _ in found]
     out = {}
     for (path, mod), leaf in zip(found, leaves):
@@ -47,6 +46,26 @@ def block_linears(layer) -> dict[str, list]:
         key = leaf if leaves.count(leaf) == 1 and not leaf.isdigit() else path
         out[key] = [int(mod.in_features), int(mod.out_features), mod.bias is not None]
     return out
+
+
+def _computes_as_linear(mod) -> bool:
+    """nn.Linear's own forward, or a subclass's that answers like it: a tensor of [..., out_features] for
+    [..., in_features] (falcon's FalconLinear: `input @ weight.T + bias`; peft adapts it and bitsandbytes quantizes
+    it as any nn.Linear). Not: a router answering a tuple (llama4, phimoe), a grouped projection whose input is
+    [..., groups, in_features] (deepseek_v4), a linear that appends features of its own (idefics). Asked where
+    the weight is: on the meta device, where a traced structure's layers are built, nothing is computed."""
+    import torch
+
+    if type(mod).forward is torch.nn.Linear.forward:
+        return True
+    weight = mod.weight
+    probe = torch.zeros(3, int(mod.in_features), dtype=weight.dtype, device=weight.device)
+    try:
+        with torch.no_grad():
+            out = mod(probe)
+    except Exception:        # a forward that cannot take a plain [tokens, in_features] input is no plain linear
+        return False
+    return isinstance(out, torch.Tensor) and tuple(out.shape) == (3, int(mod.out_features))
 
 
 def _plain(v: Any) -> bool:
