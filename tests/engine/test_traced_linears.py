@@ -1,10 +1,12 @@
-"""A traced family's block linears are every module that computes as nn.Linear, subclasses included.
+"""A traced family's block linears are every module that computes as nn.Linear: subclasses and Conv1D included.
 
-falcon's blocks are four `FalconLinear`s (an nn.Linear subclass whose forward is `input @ weight.T + bias`). The
-trace once kept only modules running nn.Linear's own forward, so falcon had no block linears: its plans had no block
-GEMMs in their time (a 7B LoRA step predicted 40 times too fast on an H100), its QLoRA plans quantized nothing, and
-its LoRA targets hint was empty, while peft adapted and bitsandbytes would quantize all four. MoE routers that are
-nn.Linear subclasses answering a tuple stay out (no plain GEMM, no LoRA target).
+falcon's blocks are four `FalconLinear`s (an nn.Linear subclass whose forward is `input @ weight.T + bias`), gpt2's
+four transformers `Conv1D`s (a linear whose weight is stored [in, out]). The trace once kept only modules running
+nn.Linear's own forward, so both had no block linears: their plans had no block GEMMs in their time (a 7B falcon
+LoRA step predicted 40 times too fast on an H100), QLoRA quantized nothing, the LoRA targets hint was empty, and a
+full plan without checkpointing on a GPU failed (the largest linear of none), while peft adapted and bitsandbytes
+would quantize all four. MoE routers that are nn.Linear subclasses answering a tuple stay out (no plain GEMM, no
+LoRA target).
 """
 
 from __future__ import annotations
@@ -23,13 +25,18 @@ from conftest import import_when_run
 _libs = import_when_run("torch", "transformers")
 
 FALCON_LINEARS = {"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"}
+LINEARS = {"falcon": FALCON_LINEARS, "gpt2": {"c_attn", "attn.c_proj", "c_fc", "mlp.c_proj"}}
 B, S = 2, 128
 
 
-def _falcon_config() -> dict:
+def _tiny_config(model_type: str) -> dict:
     from scaletrain.measure.tiny_configs import config_dict, shrink
 
-    return shrink(config_dict("falcon"), "falcon")
+    return shrink(config_dict(model_type), model_type)
+
+
+def _falcon_config() -> dict:
+    return _tiny_config("falcon")
 
 
 def _meta_layers(config: dict) -> list:
@@ -39,17 +46,17 @@ def _meta_layers(config: dict) -> list:
     return decoder_layers(meta_model(config))
 
 
-@pytest.fixture(scope="module")
-def falcon(tmp_path_factory):
-    """The tiny falcon traced into a fresh cache by measure/trace.py in this process (torch is imported anyway)."""
+@pytest.fixture(scope="module", params=sorted(LINEARS))
+def family(request, tmp_path_factory):
+    """The tiny family traced into a fresh cache by measure/trace.py in this process (torch is imported anyway)."""
     from scaletrain.measure.trace import run
 
     mp = pytest.MonkeyPatch()
     mp.setenv("SCALETRAIN_CACHE", str(tmp_path_factory.mktemp("traces")))
-    config = _falcon_config()
+    config = _tiny_config(request.param)
     regime = {"method": "full", "lora_rank": 0, "lora_targets": None, "precision": "fp32", "attn": "sdpa"}
     assert traced.prefetch(config, [regime], "test", run) == 1
-    yield config, arch_from_config(config, "tiny-falcon")
+    yield request.param, config, arch_from_config(config, f"tiny-{request.param}")
     mp.undo()
 
 
@@ -66,6 +73,11 @@ def test_a_linear_subclass_that_computes_as_one_is_a_block_linear_and_a_router_i
         leaf = name.rsplit(".", 1)[-1]
         if leaf in FALCON_LINEARS:
             assert found[leaf] == [mod.in_features, mod.out_features, mod.bias is not None]
+    gpt2 = _meta_layers(_tiny_config("gpt2"))[0]
+    # two linears named c_proj (attn's and mlp's): each by its path in the block, as peft's suffix match needs
+    assert block_linears(gpt2) == {name if name.endswith("c_proj") else name.rsplit(".", 1)[-1]:
+                                   [m.weight.shape[0], m.weight.shape[1], True]          # Conv1D: weight [in, out]
+                                   for name, m in gpt2.named_modules() if type(m).__name__ == "Conv1D"}
     for model_type, left_out in (("llama4_text", "router"), ("phimoe", "router"), ("deepseek_v4", "o_a_proj")):
         from scaletrain.measure.tiny_configs import config_dict, shrink
 
@@ -74,14 +86,16 @@ def test_a_linear_subclass_that_computes_as_one_is_a_block_linear_and_a_router_i
 
 
 @pytest.mark.heavy               # traces a family in this process
-def test_a_traced_falcon_plans_its_block_gemms_and_quantizes_its_linears(falcon):
+def test_a_traced_family_plans_its_block_gemms_and_quantizes_its_linears(family):
     import torch
+    from transformers.pytorch_utils import Conv1D
 
-    config, arch = falcon
-    assert set(arch.block_linear_names) == FALCON_LINEARS
+    model_type, config, arch = family
+    assert set(arch.block_linear_names) == LINEARS[model_type]
     layers = _meta_layers(config)
-    weights = sum(m.weight.numel() for layer in layers for m in layer.modules() if isinstance(m, torch.nn.Linear))
-    assert arch.linear_weight_params() == weights          # what bitsandbytes quantizes: every block nn.Linear
+    weights = sum(m.weight.numel() for layer in layers for m in layer.modules()
+                  if isinstance(m, (torch.nn.Linear, Conv1D)))
+    assert arch.linear_weight_params() == weights          # what bitsandbytes quantizes: every block linear
 
     def setup(method: str) -> TrainingSetup:
         return TrainingSetup(model=arch, hardware=parse_gpus("1xH100"), method=method, lora_rank=8,
@@ -98,3 +112,6 @@ def test_a_traced_falcon_plans_its_block_gemms_and_quantizes_its_linears(falcon)
     # bytes a parameter: the weights, adapters included, are now under that
     qlora = estimate_memory(setup("qlora")).weights_bytes
     assert qlora < 4 * arch.params, (qlora, arch.params, weights)
+    # full fine-tuning without checkpointing on a GPU: the largest linear's 16-bit gradient is counted (the plan
+    # failed on an empty list of linears)
+    assert estimate_memory(setup("full")).total_bytes > 6 * arch.params

@@ -51,7 +51,10 @@ PROBE_MODULE = "scaletrain.measure.probe"      # the one entry point the engine 
 #     and values).
 # 29: block linears include nn.Linear subclasses whose forward answers as nn.Linear's does (falcon's FalconLinear:
 #     it had none, so no block GEMM in its time, nothing quantized under QLoRA and no LoRA targets to show).
-TRACE_FORMAT = 29
+# 30: and transformers' Conv1D (gpt2, gpt-sw3, openai-gpt: the same gaps, and a full plan without checkpointing on
+#     a GPU failed on an empty list of linears); `position_table`: the rows of a learned position table (gpt2's
+#     1024), past which a sequence cannot run.
+TRACE_FORMAT = 30
 TRACE_OUT_OF_MEMORY = 4     # a served answer's code: refused at the trace process's memory cap, and that process ends
 # data profile (engine/request/data_profile.py ↔ measure/data_profile.py)
 PROFILE_FORMAT = 2

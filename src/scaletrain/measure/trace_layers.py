@@ -33,18 +33,22 @@ def meta_model(config: dict, dtype=None):
 def block_linears(layer) -> dict[str, list]:
     """name → [in, out, bias] of each nn.Linear in one block: the leaf name (what peft matches a target against
     by suffix), or the path within the block when two linears share a leaf name. Only modules that compute as
-    nn.Linear does (`_computes_as_linear`): an MoE router answering a tuple is no LoRA target and no plain GEMM."""
+    nn.Linear does (`_computes_as_linear`): an MoE router answering a tuple is no LoRA target and no plain GEMM.
+    transformers' Conv1D (gpt2, openai-gpt: a linear whose weight is stored transposed, [in, out]) is one too: peft's
+    all-linear adapts it and bitsandbytes quantizes it as an nn.Linear."""
     import torch
+    from transformers.pytorch_utils import Conv1D
 
     found = [(n, m) for n, m in layer.named_modules()
-             if isinstance(m, torch.nn.Linear) and _computes_as_linear(m)]
+             if isinstance(m, Conv1D) or isinstance(m, torch.nn.Linear) and _computes_as_linear(m)]
     leaves = [n.rsplit(".", 1)[-1] for n, _ in found]
     out = {}
     for (path, mod), leaf in zip(found, leaves):
         # a leaf that is a position in a Sequential (ctrl's ffn.0, ffn.2) would name the decoder layers themselves
         # (model.h.0) to peft's suffix match: its path within the block names it alone
         key = leaf if leaves.count(leaf) == 1 and not leaf.isdigit() else path
-        out[key] = [int(mod.in_features), int(mod.out_features), mod.bias is not None]
+        in_out = (mod.nx, mod.nf) if isinstance(mod, Conv1D) else (mod.in_features, mod.out_features)
+        out[key] = [int(in_out[0]), int(in_out[1]), mod.bias is not None]
     return out
 
 

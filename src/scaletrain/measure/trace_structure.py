@@ -107,7 +107,33 @@ def structure(config: dict) -> dict[str, Any]:
                                                    ("flash", "_supports_flash_attn"))
                                  if flag is True or getattr(type(model), flag, False)],
         "sizes": _sizes(model, layers),
+        "position_table": _position_table(model, config, layers),
     }
+
+
+def _position_table(model, config: dict, layers: list) -> int | None:
+    """The positions a learned table holds outside the layers (gpt2's wpe: n_positions; marian's sinusoidal
+    table): a longer sequence indexes past it and fails at the first step. None where positions are computed
+    (rotary, ALiBi): a longer sequence runs. A table is one whose rows are a position count of the config (or 2
+    more); its usable rows leave out its offset (opt's and bart's first 2) or the rows up to its padding index
+    (roberta's positions start after it: 514 rows hold 512)."""
+    import torch
+
+    from scaletrain.engine.catalog.traced import POSITION_KEYS
+
+    values = sorted({v for k in POSITION_KEYS
+                     if isinstance(v := config.get(k), int) and not isinstance(v, bool) and v > 0})
+    inside = {id(m) for layer in layers for m in layer.modules()}
+    words = model.get_input_embeddings()
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Embedding) and mod is not words and id(mod) not in inside:
+            rows = int(mod.num_embeddings)
+            if any(rows in (v, v + 2) for v in values):
+                offset = getattr(mod, "offset", None)
+                if isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0:
+                    return rows - offset
+                return rows - (int(mod.padding_idx) + 1 if mod.padding_idx is not None else 0)
+    return None
 
 
 def _sizes(model, layers: list) -> dict[str, int]:

@@ -413,6 +413,14 @@ def peft_refuses(config: Mapping[str, Any], names: list[str], accepted: str) -> 
     return _peft_answer(config, {"peft_refuses": sorted(names)}, "peft_refuses", list, accepted)
 
 
+def position_limit(trace: Mapping[str, Any] | None) -> int | None:
+    """The longest sequence a model can run: the rows of a learned position table its trace found (gpt2's 1024),
+    or None where positions are computed (rotary, ALiBi: every analytic family, no trace) and a sequence past the
+    config's max_position_embeddings still runs."""
+    limit = (trace or {}).get("position_table")
+    return int(limit) if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+
+
 def at(coeffs: list[int] | tuple[int, ...], batch: int, seq_len: int, granule: int = 1) -> int:
     """Bytes of a fitted term c0 + c1·S + c2·S² (traced at micro-batch 1) for `batch` sequences of `seq_len`:
     the per-token and per-S² parts scale with the batch, the constant does not. A fit made at lengths of another

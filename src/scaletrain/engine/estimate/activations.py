@@ -183,7 +183,7 @@ def block_activations(s: TrainingSetup, micro_batch: int | None = None, kind: st
     o_proj_saved = _reader_saved(m.q_dim, c, 1, n_adapted("o_proj"), nm, full) + adapter_out("o_proj")
     attn_bwd_t = _attention_backward_transient(s, nm, b, o_proj_saved)
     if nm.trainable_copies:   # the 16-bit weight gradient of the largest linear before its fp32 conversion
-        mlp_bwd_t += c * max(a * o for a, o, _ in m.linear_shapes().values())
+        mlp_bwd_t += c * max((a * o for a, o, _ in m.linear_shapes().values()), default=0)
     recompute_t = 0
     sinks_cast = eager and fam.get("sinks") and c < nm.residual     # gpt_oss's probabilities cast under autocast
     if sinks_cast:

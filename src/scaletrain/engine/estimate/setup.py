@@ -13,6 +13,7 @@ from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.catalog.hardware import Hardware
 from scaletrain.engine.catalog.architectures import BLOCK_LINEARS, ModelArch
 from scaletrain.engine.catalog.softcaps import final_softcap
+from scaletrain.engine.catalog.traced import position_limit
 from scaletrain.engine.catalog.unmodeled import UNMODELED_CHECKPOINTING, UNMODELED_EAGER
 from scaletrain.engine.choices import carries, choices_json, coerce_words
 from scaletrain.engine.vocabulary import Device, Generation, LossImpl, Method, Objective, Offload, RefModel, Strategy
@@ -100,6 +101,11 @@ class TrainingSetup:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ScaletrainError(f"--{name.replace('_', '-')} must be a whole number ≥ 1 (got {v!r})")
+        limit = position_limit(self.model.trace)
+        if limit is not None and self.seq_len > limit:    # the first step would index past the position table
+            raise ScaletrainError(f"{self.model.name} ({self.model.model_type}) has learned embeddings for "
+                                  f"{limit:,} positions: a sequence of {self.seq_len:,} tokens cannot run; give "
+                                  f"--seq-len {limit} or less")
         if self.dataset_size is not None and self.dataset_size < 1:
             raise ScaletrainError(f"--dataset-size must be ≥ 1 sample (got {self.dataset_size})")
         if self.tokens_per_sample is not None and self.tokens_per_sample < 1:

@@ -336,8 +336,8 @@ def _moments(s: TrainingSetup, kinds: list[dict], b: int, S: int, g: int,
     rule_fwd = 2 * s2 * 4 if s.attn == "eager" else t * largest
     rule_bwd = 2 * s2 * 4 if s.attn == "eager" else t * flash_backward(s, c)
     rule_bwd = max(rule_bwd, 2 * t * (max(int(k["largest_mlp"]) for k in kinds) or largest))
-    if nm.trainable_copies:
-        rule_bwd += c * max(a * o for a, o, _ in m.linear_shapes().values())
+    if nm.trainable_copies:      # a block without a linear (none found in its trace) has no such gradient
+        rule_bwd += c * max((a * o for a, o, _ in m.linear_shapes().values()), default=0)
     return max(fwd, saved + rule_fwd), max(bwd, saved + rule_bwd)
 
 

@@ -1,0 +1,80 @@
+"""A model with a learned position table cannot run a longer sequence: the plan refuses it in one line.
+
+gpt2's wpe holds n_positions rows (1024), opt's and bart's tables 2 rows more for their offset, roberta's positions
+start after its padding index (514 rows hold 512). A plan for gpt2 at the default 2048 tokens once said "fits", and
+the run failed at its first forward (an index past the table; on a GPU, a device-side assert). The trace records
+the usable rows (`position_table`), and they are checked here against transformers' own forward: the limit runs,
+one token more fails. Rotary models (llama) have no table: a longer sequence runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import import_when_run
+
+_libs = import_when_run("torch", "transformers")
+
+# (model_type, the config key of its positions)
+TABLES = [("gpt2", "n_positions"), ("opt", "max_position_embeddings"), ("roberta", "max_position_embeddings"),
+          ("bart", "max_position_embeddings"), ("marian", "max_position_embeddings"),
+          ("llama", "max_position_embeddings")]
+POSITIONS = 40
+
+
+def _config(model_type: str, key: str) -> dict:
+    from scaletrain.measure.tiny_configs import config_dict, shrink
+
+    return {**shrink(config_dict(model_type), model_type), key: POSITIONS}
+
+
+def _runs(model, tokens: int) -> bool:
+    import torch
+
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.randint(5, 100, (1, tokens)))
+    except (IndexError, RuntimeError):
+        return False
+    return True
+
+
+@pytest.mark.long                # six tiny models built and run
+@pytest.mark.parametrize("model_type,key", TABLES, ids=[t for t, _ in TABLES])
+def test_the_recorded_limit_runs_and_one_token_more_does_not(model_type, key):
+    from scaletrain.measure.trace_structure import structure
+    from scaletrain.trainer import model as model_lib
+
+    config = _config(model_type, key)
+    limit = structure(config)["position_table"]
+    model = model_lib.causal_lm_from_config(model_lib.hf_config(config)).eval()
+    if model_type == "llama":
+        assert limit is None and _runs(model, 2 * POSITIONS)         # rotary: past the config's positions, it runs
+        return
+    assert limit in (POSITIONS, POSITIONS - 2)                      # roberta: 40 rows, positions from 2
+    assert _runs(model, limit) and not _runs(model, limit + 1), limit
+
+
+@pytest.mark.heavy               # one trace subprocess
+def test_a_plan_past_a_learned_table_is_one_line_and_one_within_it_plans(tmp_path):
+    folder = tmp_path / "gpt2"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(_config("gpt2", "n_positions")))
+    env = dict(os.environ, SCALETRAIN_CACHE=str(tmp_path / "cache"))
+    base = [sys.executable, "-m", "scaletrain.tui.cli", "plan", "--model", str(folder), "--gpus", "1xH100",
+            "--method", "full"]
+    past = subprocess.run([*base, "--seq-len", str(POSITIONS + 1)], capture_output=True, text=True, env=env,
+                          stdin=subprocess.DEVNULL, timeout=600)
+    assert past.returncode == 2, past.stderr
+    line = past.stderr.strip().splitlines()[-1]
+    assert f"learned embeddings for {POSITIONS} positions" in line and f"--seq-len {POSITIONS} or less" in line
+    assert "Traceback" not in past.stderr
+    within = subprocess.run([*base, "--seq-len", str(POSITIONS), "--json"], capture_output=True, text=True, env=env,
+                            stdin=subprocess.DEVNULL, timeout=600)
+    assert within.returncode == 0, within.stderr
+    assert json.loads(within.stdout)["training"]["seq_len"] == POSITIONS
