@@ -78,3 +78,52 @@ def test_a_plan_past_a_learned_table_is_one_line_and_one_within_it_plans(tmp_pat
                             stdin=subprocess.DEVNULL, timeout=600)
     assert within.returncode == 0, within.stderr
     assert json.loads(within.stdout)["training"]["seq_len"] == POSITIONS
+
+
+def _gpt2_folder(tmp_path):
+    folder = tmp_path / "gpt2"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(_config("gpt2", "n_positions")))
+    return folder
+
+
+@pytest.mark.heavy               # a trace subprocess
+def test_the_wizards_sequence_length_comes_down_to_the_table_and_says_so(tmp_path, monkeypatch):
+    """The model step could not go on: its check planned the default 2048 tokens, which the engine refuses for
+    gpt2, and the sequence length is only asked on the next step. It now comes down to the table, with a note."""
+    import asyncio
+
+    from scaletrain.tui.cli.parser import parse_args
+    from scaletrain.tui.wizard.app import create_app
+    from test_wizard import no_gpu, press, retype, settle
+
+    monkeypatch.setenv("SCALETRAIN_CACHE", str(tmp_path / "cache"))
+    app = create_app(parse_args(["--gpus", "1xH100", "--method", "full"]), detect=no_gpu, launch=False)
+
+    async def walk():
+        async with app.run_test(size=(100, 32)) as pilot:
+            await settle(pilot, app)
+            await press(pilot, app, "ctrl+n")
+            await retype(pilot, app, "model", str(_gpt2_folder(tmp_path)))
+            await press(pilot, app, "ctrl+n")
+            for _ in range(600):                 # the model's check traces gpt2 in a subprocess
+                if type(app.screen).__name__ == "BatchScreen":
+                    break
+                await pilot.pause(0.1)
+            notes = [n.message for n in app._notifications]
+            return type(app.screen).__name__, app.screen.query_one("#in-seq_len").value, notes
+
+    screen, seq, notes = asyncio.run(walk())
+    assert screen == "BatchScreen" and seq == str(POSITIONS)
+    assert any(f"sequence length {POSITIONS}, not 2,048" in n and "learned embeddings" in n for n in notes), notes
+
+
+@pytest.mark.heavy               # a trace subprocess
+def test_the_plain_wizard_asks_the_tables_length_and_plans(tmp_path):
+    answers = ["", str(_gpt2_folder(tmp_path)), "", "full", "", "", "", "", "", "", "", "", "n"]
+    env = dict(os.environ, SCALETRAIN_CACHE=str(tmp_path / "cache"))
+    res = subprocess.run([sys.executable, "-m", "scaletrain.tui.cli", "--plain", "--gpus", "1xH100"],
+                         input="\n".join(answers) + "\n", capture_output=True, text=True, env=env, timeout=600,)
+    assert f"sequence length {POSITIONS}, not 2,048" in res.stdout, res.stdout[-3000:]
+    assert f"Sequence length [{POSITIONS}]" in res.stdout and f"seq {POSITIONS}, loop trainer" in res.stdout
+    assert res.returncode == 0, res.stderr[-2000:]

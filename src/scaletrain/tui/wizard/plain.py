@@ -25,7 +25,7 @@ from scaletrain.tui.wizard.sources import model_weights, parse_weights
 from scaletrain.tui.wizard import run_files
 from scaletrain.tui.wizard.state import (DEFAULT_CATALOG_GPUS, WizardState, dataset_text, format_residents,
                                          launchable_here, parse_dataset, parse_float, parse_int, parse_residents,
-                                         parse_targets, plan_for, state_from_args, weights_verdict)
+                                         parse_targets, plan_for, state_from_args, weights_verdict, within_positions)
 
 Parse = Callable[[str], Any]
 
@@ -187,8 +187,10 @@ def ask_model(ask: Any, state: WizardState) -> WizardState:
     changes.update(ask_objective(ask, req))
     changes["residents"] = ask.text(_prompt("resident"),
                                     format_residents(req.residents) or "none", residents)
-    return state.with_model(**changes).rebased(state).with_train(model_source=weights).with_(
-        method_chosen=True, weights_chosen=True)
+    chosen, note = within_positions(state.with_model(**changes).rebased(state), load_model(model))
+    if note:
+        _say(note)
+    return chosen.with_train(model_source=weights).with_(method_chosen=True, weights_chosen=True)
 
 
 def ask_objective(ask: Any, req: Any) -> dict[str, Any]:

@@ -21,7 +21,8 @@ from scaletrain.tui.wizard.screen_base import WizardStep
 from scaletrain.tui.widgets.field import Field
 from scaletrain.tui.wizard.sources import model_weights, parse_weights
 from scaletrain.tui.wizard.state import (FieldError, WizardState, field_value, format_residents, hardware_for,
-                                         parse_int, parse_named, parse_residents, parse_targets, weights_text)
+                                         parse_int, parse_named, parse_residents, parse_targets, weights_text,
+                                         within_positions)
 
 BASE_BITS_CHOICES = (16, 8, 4)
 
@@ -300,10 +301,13 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
     def check(self, state: WizardState) -> None:
         """Load every named config and build the engine's TrainingSetup: refusals come back as one line."""
         error: FieldError | ScaletrainError | None = None
+        note = None
         req = state.request
         try:
-            for name, spec in (("model", req.model), *(("residents", mid) for mid, _bits in req.residents)):
-                parse_named(name, spec, load_model)
+            for mid, _bits in req.residents:
+                parse_named("residents", mid, load_model)
+            state, note = within_positions(state, parse_named("model", req.model, load_model))
+            req = state.request
             try:
                 base_setup(req, hardware_for(state, self.wizard.detection))
             except ScaletrainError as e:
@@ -315,11 +319,14 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
         except Exception as e:  # shown in place, never a traceback
             error = ScaletrainError(f"unexpected error: {e.__class__.__name__}: {e}")
         if not get_current_worker().is_cancelled:
-            self.app.call_from_thread(self._checked, state, error)
+            self.app.call_from_thread(self._checked, state, error, note)
 
-    def _checked(self, state: WizardState, error: ScaletrainError | None) -> None:
+    def _checked(self, state: WizardState, error: ScaletrainError | None, note: str | None = None) -> None:
         if error is None:
             self.set_status(None)
+            if note:
+                self.app.notify(note, timeout=10)
             self.wizard.advance(state, self.STEP)
         else:
             self.refuse(error)
+

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.catalog import traced
 from scaletrain.engine.catalog.hardware import (GPU_CATALOG, CPU_DEVICE, GpuSpec, Hardware, inter_node_gbit_s,
                                                parse_gpus)
 from scaletrain.engine.devices.detect import hardware_from_detection
@@ -449,3 +450,14 @@ def field_value(field: Any, parse: Callable[[str], Any]) -> Any:
     """Parse a form field's text (anything with .field_name and .value); a refusal names the field."""
     return parse_named(field.field_name, field.value, parse)
 
+
+def within_positions(state: WizardState, arch: Any) -> tuple[WizardState, str | None]:
+    """A model with a learned position table (gpt2's 1024) runs no longer sequence: the wizard's sequence length
+    comes down to the table, and says so (the batch step shows it). The CLI refuses instead: a typed --seq-len is
+    never changed there."""
+    limit = traced.position_limit(arch.trace)
+    was = state.request.seq_len
+    if limit is None or was <= limit:
+        return state, None
+    return state.with_request(seq_len=limit), (f"sequence length {limit:,}, not {was:,}: {arch.name} has learned "
+                                               f"embeddings for {limit:,} positions")
