@@ -119,10 +119,9 @@ def _position_table(model, config: dict, layers: list) -> int | None:
     (roberta's positions start after it: 514 rows hold 512)."""
     import torch
 
-    from scaletrain.engine.catalog.traced import POSITION_KEYS
+    from scaletrain.engine.catalog.traced import config_positions
 
-    values = sorted({v for k in POSITION_KEYS
-                     if isinstance(v := config.get(k), int) and not isinstance(v, bool) and v > 0})
+    values = config_positions(config)
     inside = {id(m) for layer in layers for m in layer.modules()}
     words = model.get_input_embeddings()
     for mod in model.modules():

@@ -392,6 +392,12 @@ def _peft_answer(config: Mapping[str, Any], question: dict[str, Any], field: str
     return data[field]
 
 
+def config_positions(config: Mapping[str, Any]) -> list[int]:
+    """The position counts config.json names (POSITION_KEYS), in ascending order, each once."""
+    return sorted({v for k in POSITION_KEYS if isinstance(v := config.get(k), int) and not isinstance(v, bool)
+                   and v > 0})
+
+
 def granule(config: Mapping[str, Any]) -> int:
     """The tile every padding kernel of `config` rounds a sequence up to: the gated delta rule's chunk and every
     kernel chunk the config names (mamba2's chunk_size), their least common multiple. Trace lengths lie in the
@@ -402,7 +408,7 @@ def granule(config: Mapping[str, Any]) -> int:
         if "chunk" in k and isinstance(v, int) and not isinstance(v, bool) and 1 < v <= MAX_GRANULE:
             chunks = chunks * v // math.gcd(chunks, v)
     g = BASE_GRANULE * chunks // math.gcd(BASE_GRANULE, chunks)
-    positions = [v for k in POSITION_KEYS if isinstance(v := config.get(k), int) and not isinstance(v, bool) and v > 0]
+    positions = config_positions(config)
     fits = 1 << max((min(positions) // LENGTHS_PER_GRANULE).bit_length() - 1, 0) if positions else g
     return fits if fits < g and fits % chunks == 0 else g
 
