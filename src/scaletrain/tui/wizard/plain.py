@@ -165,9 +165,9 @@ def ask_model(ask: Any, state: WizardState) -> WizardState:
                        state.train.model_source if state.weights_chosen else model_weights(model), parse_weights)
     method = ask.choice(_prompt("method"), Method.values(), req.method)
     changes: dict[str, Any] = dict(model=model, method=method)
+    arch = load_model(model)
     if method != "full":
         changes["lora_rank"] = ask.text(_prompt("lora_rank"), str(req.lora_rank), _int("lora_rank"))
-        arch = load_model(model)
 
         def targets(t: str) -> Any:
             parsed = parse_targets(t)
@@ -187,7 +187,7 @@ def ask_model(ask: Any, state: WizardState) -> WizardState:
     changes.update(ask_objective(ask, req))
     changes["residents"] = ask.text(_prompt("resident"),
                                     format_residents(req.residents) or "none", residents)
-    chosen, note = within_positions(state.with_model(**changes).rebased(state), load_model(model))
+    chosen, note = within_positions(state.with_model(**changes).rebased(state), arch)
     if note:
         _say(note)
     return chosen.with_train(model_source=weights).with_(method_chosen=True, weights_chosen=True)

@@ -304,9 +304,10 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
         note = None
         req = state.request
         try:
+            arch = parse_named("model", req.model, load_model)
             for mid, _bits in req.residents:
                 parse_named("residents", mid, load_model)
-            state, note = within_positions(state, parse_named("model", req.model, load_model))
+            state, note = within_positions(state, arch)
             req = state.request
             try:
                 base_setup(req, hardware_for(state, self.wizard.detection))
@@ -329,4 +330,3 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
             self.wizard.advance(state, self.STEP)
         else:
             self.refuse(error)
-
