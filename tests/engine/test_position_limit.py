@@ -33,6 +33,13 @@ def _config(model_type: str, key: str) -> dict:
     return {**shrink(config_dict(model_type), model_type), key: POSITIONS}
 
 
+def _gpt2_folder(tmp_path):
+    folder = tmp_path / "gpt2"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(_config("gpt2", "n_positions")))
+    return folder
+
+
 def _runs(model, tokens: int) -> bool:
     import torch
 
@@ -62,12 +69,9 @@ def test_the_recorded_limit_runs_and_one_token_more_does_not(model_type, key):
 
 @pytest.mark.heavy               # one trace subprocess
 def test_a_plan_past_a_learned_table_is_one_line_and_one_within_it_plans(tmp_path):
-    folder = tmp_path / "gpt2"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(_config("gpt2", "n_positions")))
     env = dict(os.environ, SCALETRAIN_CACHE=str(tmp_path / "cache"))
-    base = [sys.executable, "-m", "scaletrain.tui.cli", "plan", "--model", str(folder), "--gpus", "1xH100",
-            "--method", "full"]
+    base = [sys.executable, "-m", "scaletrain.tui.cli", "plan", "--model", str(_gpt2_folder(tmp_path)),
+            "--gpus", "1xH100", "--method", "full"]
     past = subprocess.run([*base, "--seq-len", str(POSITIONS + 1)], capture_output=True, text=True, env=env,
                           stdin=subprocess.DEVNULL, timeout=600)
     assert past.returncode == 2, past.stderr
@@ -78,13 +82,6 @@ def test_a_plan_past_a_learned_table_is_one_line_and_one_within_it_plans(tmp_pat
                             stdin=subprocess.DEVNULL, timeout=600)
     assert within.returncode == 0, within.stderr
     assert json.loads(within.stdout)["training"]["seq_len"] == POSITIONS
-
-
-def _gpt2_folder(tmp_path):
-    folder = tmp_path / "gpt2"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(_config("gpt2", "n_positions")))
-    return folder
 
 
 @pytest.mark.heavy               # a trace subprocess

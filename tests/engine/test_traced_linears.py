@@ -35,10 +35,6 @@ def _tiny_config(model_type: str) -> dict:
     return shrink(config_dict(model_type), model_type)
 
 
-def _falcon_config() -> dict:
-    return _tiny_config("falcon")
-
-
 def _meta_layers(config: dict) -> list:
     from scaletrain.measure.saved_activations import decoder_layers
     from scaletrain.measure.trace_layers import meta_model
@@ -66,7 +62,7 @@ def test_a_linear_subclass_that_computes_as_one_is_a_block_linear_and_a_router_i
     routers (a tuple out) and deepseek_v4's grouped output projection (an input of groups) do not."""
     from scaletrain.measure.trace_layers import block_linears
 
-    layer = _meta_layers(_falcon_config())[0]
+    layer = _meta_layers(_tiny_config("falcon"))[0]
     found = block_linears(layer)
     assert set(found) == FALCON_LINEARS
     for name, mod in layer.named_modules():
