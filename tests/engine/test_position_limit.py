@@ -96,6 +96,14 @@ def test_the_wizards_sequence_length_comes_down_to_the_table_and_says_so(tmp_pat
 
     monkeypatch.setenv("SCALETRAIN_CACHE", str(tmp_path / "cache"))
     app = create_app(parse_args(["--gpus", "1xH100", "--method", "full"]), detect=no_gpu, launch=False)
+    notes: list[str] = []
+    shown = app.notify
+
+    def notify(message, *args, **kwargs):    # recorded as sent: a toast expires, and an idle-priority worker can
+        notes.append(str(message))           # be held past its 10 s before the test reads the screen
+        return shown(message, *args, **kwargs)
+
+    app.notify = notify
 
     async def walk():
         async with app.run_test(size=(100, 32)) as pilot:
@@ -107,10 +115,9 @@ def test_the_wizards_sequence_length_comes_down_to_the_table_and_says_so(tmp_pat
                 if type(app.screen).__name__ == "BatchScreen":
                     break
                 await pilot.pause(0.1)
-            notes = [n.message for n in app._notifications]
-            return type(app.screen).__name__, app.screen.query_one("#in-seq_len").value, notes
+            return type(app.screen).__name__, app.screen.query_one("#in-seq_len").value
 
-    screen, seq, notes = asyncio.run(walk())
+    screen, seq = asyncio.run(walk())
     assert screen == "BatchScreen" and seq == str(POSITIONS)
     assert any(f"sequence length {POSITIONS}, not 2,048" in n and "learned embeddings" in n for n in notes), notes
 
