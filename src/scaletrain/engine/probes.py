@@ -54,7 +54,10 @@ PROBE_MODULE = "scaletrain.measure.probe"      # the one entry point the engine 
 # 30: and transformers' Conv1D (gpt2, gpt-sw3, openai-gpt: the same gaps, and a full plan without checkpointing on
 #     a GPU failed on an empty list of linears); `position_table`: the rows of a learned position table (gpt2's
 #     1024), past which a sequence cannot run.
-TRACE_FORMAT = 30
+# 31: a kind's routed experts (`experts`: each 3-D expert weight's [E, a, b]) and, per regime, the expert rows a
+#     token runs through (`experts_per_token`, counted in a forward: measure/trace_experts.py): a traced MoE's time
+#     had no expert GEMMs (granitemoe 1B-A400M on one H100: 23 ms of matmul where its experts alone take 50).
+TRACE_FORMAT = 31
 TRACE_OUT_OF_MEMORY = 4     # a served answer's code: refused at the trace process's memory cap, and that process ends
 # data profile (engine/request/data_profile.py ↔ measure/data_profile.py)
 PROFILE_FORMAT = 2

@@ -64,7 +64,7 @@ from scaletrain.engine.probes import TRACE_FORMAT, TRACE_OUT_OF_MEMORY as OUT_OF
 from scaletrain.measure.trace_fit import TraceError, envelope, envelope_parts, fit
 from scaletrain.measure.trace_process import die_with_parent, one_thread
 from scaletrain.measure.trace_record import saved_by_scope
-from scaletrain.measure.trace_steps import gradless_params, head_width, warm_up
+from scaletrain.measure.trace_steps import gradless_params, head_width, routed_rows, warm_up
 from scaletrain.measure.trace_refusals import forward_failed, one_line, own_loss_fails
 from scaletrain.measure.trace_structure import (FIT_TOLERANCE, TRACE_BATCH, TRACE_MULTIPLES, check_config_kept,
                                                 check_slice_size, config_of, lora_count, peft_refuses,
@@ -106,6 +106,7 @@ def activations(config: dict, regime: dict, struct: dict) -> dict[str, Any]:
         # the last length's tokens as twice the sequences
         pair = saved_by_scope(harness, lengths[1], batch=2 * TRACE_BATCH)
         gradless, gradless_names = gradless_params(harness, lengths[0])
+        routed = routed_rows(harness, lengths[0])
         largest_stepped = 0
         if gradless_names and regime["method"] == "full":
             gradless, largest_stepped = stepped_on_full_model(config, gradless_names, gradless)
@@ -122,9 +123,24 @@ def activations(config: dict, regime: dict, struct: dict) -> dict[str, Any]:
            "seq_lens": lengths, "granule": g, "residue": residue, "slice_layers": n,
            "head_out": head_width(harness.model),
            **_per_kind(runs, struct, own_saved=not regime.get("grad_ckpt"), pair=pair, looped=looped > 1)}
+    _experts_per_token(out["kinds"], routed, struct)
     if regime["method"] != "full":
         out["lora"] = lora_count(config, targets)
     return out
+
+
+def _experts_per_token(kinds: list[dict], routed: list, struct: dict) -> None:
+    """Each kind with routed experts gets `experts_per_token`: per expert weight of its structure, the most rows a
+    token ran through it in its layers in the slice, or None where its module could not be counted
+    (trace_experts)."""
+    for kind_index, rows in zip(slice_kinds(struct), routed):
+        weights = struct["kinds"][kind_index].get("experts")
+        if not weights:
+            continue
+        rows = rows if rows is not None and len(rows) == len(weights) else [None] * len(weights)
+        got = kinds[kind_index].get("experts_per_token") or [0.0] * len(weights)
+        kinds[kind_index]["experts_per_token"] = [None if a is None or b is None else max(a, b)
+                                                  for a, b in zip(got, rows)]
 
 
 def _series(S: int, tot: dict, rises: dict, n: int, own_saved: bool) -> dict[str, int]:

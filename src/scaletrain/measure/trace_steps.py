@@ -1,6 +1,6 @@
 """Single steps a trace takes on the slice apart from its measured runs (measure/trace.py): a forward before
 anything is counted, a backward that finds the parameters a step on text gives no gradient, the output head's
-width."""
+width, and a forward that counts the routed experts' rows (trace_experts)."""
 
 from __future__ import annotations
 
@@ -48,3 +48,19 @@ def gradless_params(harness, seq_len: int) -> tuple[int, list[str]]:
             if p.requires_grad and p.grad is None and id(p) not in in_layers]
     model.zero_grad(set_to_none=True)
     return int(sum(p.numel() for _, p in none)), sorted(name for name, _ in none)
+
+
+def routed_rows(harness, seq_len: int) -> list:
+    """Per decoder layer of the slice: the rows one token runs through each of its expert weights (trace_experts),
+    counted in one forward of TRACE_BATCH sequences."""
+    from scaletrain.measure.step import make_batches, step_loss
+    from scaletrain.measure.trace_experts import experts_per_token
+    from scaletrain.measure.trace_structure import TRACE_BATCH
+
+    (ids,) = make_batches(1, TRACE_BATCH, seq_len, harness.vocab_size, harness.device, 0)
+
+    def forward() -> None:
+        with harness.autocast():
+            step_loss(harness, ids)
+
+    return experts_per_token(harness.model, decoder_layers(harness.model), TRACE_BATCH * seq_len, forward)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from scaletrain.measure.saved_activations import decoder_layers
+from scaletrain.measure.trace_experts import expert_weights
 from scaletrain.measure.trace_fit import TraceError
 from scaletrain.measure.trace_layers import block_linears, layer_signatures, meta_model
 from scaletrain.measure.trace_slice import (MAX_SLICE_BYTES, SLICE_VOCAB, WINDOWED_TRACE, check_slice_size,
@@ -65,6 +66,9 @@ def _kinds(model, layers, stacked: bool) -> tuple[list[dict], list[int], list[st
             kinds.append({"first": i, "count": 0, "label": type(layer).__name__,
                           "params": sum(int(p.numel()) for p in params), "tensors": len(params),
                           "linears": block_linears(layer), "norms": _norm_modules(layer)})
+            experts = expert_weights(layer)     # routed experts' [E, a, b] weights: no nn.Linear (trace_experts)
+            if experts:
+                kinds[-1]["experts"] = experts
         kinds[order[sig]]["count"] += 1
     return kinds, [order[s] for s in sigs], sigs
 

@@ -55,8 +55,6 @@ _ATTENTION_BIAS_DEFAULT = {"gpt_oss": True}
 
 # Families whose transformers model class sets _supports_sdpa = False (transformers 5.24 modeling files)
 _NO_SDPA = frozenset({"gpt_oss", "gemma2"})   # _supports_sdpa False in transformers 5.24 (gemma2: its logit softcap)
-# Analytic families whose eager attention the analytic model does not count yet, with what was measured: planned
-# from it, a run would not fit where the plan says it does; the plan refuses --attn eager for them and says why
 BLOCK_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Every LoRA target name some family's block has as an nn.Linear (peft matches target_modules by name suffix)
 KNOWN_LINEARS = BLOCK_LINEARS + ("shared_expert_gate",)
@@ -170,6 +168,14 @@ class ModelArch:
             out.update(gate_proj=(h, si, False), up_proj=(h, si, False), down_proj=(si, h, False),
                        shared_expert_gate=(h, 1, False))
         return out
+
+    def linear_kinds(self) -> tuple[tuple[int, dict[str, tuple[int, int, bool]]], ...]:
+        """(blocks, linear_shapes of one) per block layout: a traced model's kinds each with its own linears
+        (deepseek_v3's dense first layers and its MoE layers differ), or block_kinds()."""
+        if self.trace is None:
+            return tuple((n, self.linear_shapes(d)) for d, n in self.block_kinds())
+        return tuple((int(k["count"]), {n: (int(a), int(o), bool(b)) for n, (a, o, b) in k["linears"].items()})
+                     for k in self.trace["kinds"])
 
     def block_kinds(self) -> tuple[tuple[bool, int], ...]:
         """(dense, how many blocks) for each block layout of the model: one kind for dense models and MoE models
@@ -370,26 +376,20 @@ class ModelArch:
         _, gu, dn = self.expert_lora(1, targets)
         return self._per_kind(targets, lambda a, o: 1) + self._moe_blocks() * (int(gu) + int(dn))
 
-    def _traced_linear_sum(self, value, targets: tuple[str, ...] | None = None) -> int:
-        """Σ over a traced model's layer kinds (each by its count) of `value(in, out)` over its (targeted) linears."""
-        wanted = set(targets) if targets else None
-        return sum(int(k["count"]) * sum(value(a, o) for name, (a, o, _) in k["linears"].items()
-                                         if wanted is None or name.rsplit(".", 1)[-1] in wanted or name in wanted)
-                   for k in self.trace["kinds"])
-
     def linear_weight_params(self) -> int:
         """Weights (no bias) of every nn.Linear in the blocks: what bitsandbytes quantizes whatever LoRA targets
         (the fused experts and the router are no nn.Linear: they stay 16-bit)."""
-        if self.trace is not None:
-            return self._traced_linear_sum(lambda a, o: a * o)
-        return sum(n * sum(a * o for a, o, _ in self.linear_shapes(d).values()) for d, n in self.block_kinds())
+        return sum(n * sum(a * o for a, o, _ in lin.values()) for n, lin in self.linear_kinds())
 
     def targeted_linear_params(self, targets: tuple[str, ...] | None = None) -> int:
         """Weights (no bias) of the targeted nn.Linear modules: those LoRA adapts (bitsandbytes quantizes every
-        block linear whatever the targets: linear_weight_params)."""
-        if self.trace is not None:
-            return self._traced_linear_sum(lambda a, o: a * o, tuple(targets) if targets else None)
-        return self._per_kind(targets, lambda a, o: a * o)
+        block linear whatever the targets: linear_weight_params). A traced model's: by leaf name or path."""
+        if self.trace is None:
+            return self._per_kind(targets, lambda a, o: a * o)
+        wanted = set(targets or ())
+        return sum(n * sum(a * o for name, (a, o, _) in lin.items()
+                           if not wanted or name.rsplit(".", 1)[-1] in wanted or name in wanted)
+                   for n, lin in self.linear_kinds())
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from scaletrain.engine.estimate.moe_time import (experts_dtype_bytes, moe_layers, routed_kernels,
-                                              routed_matmul_seconds, routed_traffic_per_token)
+                                              routed_matmul_seconds, routed_traffic_per_token,
+                                              traced_traffic_per_token)
 from scaletrain.engine.estimate.numerics import numerics, uses_deepspeed
 from scaletrain.engine.estimate.objective_time import head_seconds, runs_reference, tokens_per_micro_step
 from scaletrain.engine.estimate.objectives import scored_tokens, sequences
@@ -89,9 +90,9 @@ def _block_matmul_seconds(s: TrainingSetup, t: int, gemm: Callable[[float, float
     full = s.method == "full"
     passes = 1 if forward_only else (2 if s.grad_ckpt else 1)
     total = 0.0
-    for dense, blocks in m.block_kinds():
+    for blocks, linears in m.linear_kinds():
         block = 0.0
-        for i, o, _ in m.linear_shapes(dense).values():
+        for i, o, _ in linears.values():
             block += passes * gemm(t, o, i)
             if not forward_only:
                 block += gemm(t, i, o) + (gemm(o, i, t) if full else 0.0)
@@ -153,6 +154,7 @@ def block_forward_traffic(s: TrainingSetup) -> int:
     out += 2 * h * (c + 2 * r)                             # residual adds
     if m.moe is None:
         out += 5 * nm.mlp_bytes * i                        # act(gate), act·up
+        out += moe_layers(s) * traced_traffic_per_token(s) // m.num_layers    # a traced model's routed experts
     else:   # per block on average: dense layers' MLP, MoE blocks' shared expert and routed experts
         n_moe = moe_layers(s)
         per_moe = routed_traffic_per_token(s) + 5 * nm.mlp_bytes * m.moe.shared_intermediate
@@ -200,9 +202,11 @@ def micro_step(s: TrainingSetup, c: TimeConstants = DEFAULT_CONSTANTS) -> MicroS
     attention = _attention_seconds(s, peak, hbm, c)
     forward_traffic = L * t * block_forward_traffic(s)
     traffic = forward_traffic * (passes + c.backward_traffic_ratio)
-    block_w = sum(i * o for i, o, _ in m.linear_shapes().values())    # autocast casts nn.Linear weights only
+    # autocast casts nn.Linear weights only; a traced model's kinds each by their own
+    blocks_w = (sum(n * sum(i * o for i, o, _ in lin.values()) for n, lin in m.linear_kinds()) if m.trace is not None
+                else L * sum(i * o for i, o, _ in m.linear_shapes().values()))
     if nm.trainable_copies or nm.frozen_copies:
-        traffic += passes * 6 * L * block_w                # autocast casts fp32 weights each forward (4 → 2 B)
+        traffic += passes * 6 * blocks_w                   # autocast casts fp32 weights each forward (4 → 2 B)
     if nm.trainable_copies:
         traffic += 6 * m.params                            # 16-bit weight gradients converted to fp32
     memory_bound = traffic / hbm

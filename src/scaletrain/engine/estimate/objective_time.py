@@ -95,8 +95,8 @@ def generation_seconds(s: TrainingSetup, c: TimeConstants, gemm: Gemm, forward_k
     hbm = g.hbm_gbps * 1e9 * c.hbm_efficiency
     prompt = s.prompt_len or 0
     comp = s.completion_len or 0
-    block = sum(gemm(n * prompt, o, i) for i, o, _ in m.linear_shapes().values()) if prompt else 0.0
-    prefill = m.num_layers * block
+    prefill = sum(blocks * sum(gemm(n * prompt, o, i) for i, o, _ in lin.values())
+                  for blocks, lin in m.linear_kinds()) if prompt else 0.0
     weights = nm.compute * m.params                     # every weight is read once per decode step
     kv_mean = m.num_layers * 2 * m.kv_dim * nm.compute * n * (prompt + comp / 2)
     device = comp * (weights + kv_mean) / hbm

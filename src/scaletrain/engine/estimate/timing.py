@@ -33,7 +33,9 @@ from scaletrain.engine.estimate.device_time import (MicroStep, block_kernels, cp
                                                  param_bytes_gathered)
 from scaletrain.engine.estimate.objective_time import GenerationTime, generation_seconds
 from scaletrain.engine.estimate.chunked_loss import recomputes_head
-from scaletrain.engine.estimate.moe_time import LOAD_BALANCE_ASSUMPTION, experts_dtype_bytes, routed_sample_flops
+from scaletrain.engine.estimate.moe_time import (LOAD_BALANCE_ASSUMPTION, TRACED_EXPERTS_UNCOUNTED,
+                                              experts_dtype_bytes, moe_layers, routed_sample_flops, traced_rows,
+                                              uncounted_experts)
 from scaletrain.engine.estimate.objectives import sequences
 from scaletrain.engine.estimate.numerics import numerics
 from scaletrain.engine.estimate.setup import TrainingSetup
@@ -362,10 +364,17 @@ def _assumptions(s: TrainingSetup, micro: MicroStep, peak: float, tokens: int, b
                    f"{overlap:.0%} of compute can hide them ({s.strategy})")
     if s.grad_ckpt:
         out.append("gradient checkpointing re-runs each block's forward")
+    fp32_experts = ("; the experts compute in fp32 (grouped_mm ignores autocast over fp32 weights)"
+                    if experts_dtype_bytes(s) == 4 and s.precision != "fp32" else "")
     if s.model.moe is not None:
         out.append(LOAD_BALANCE_ASSUMPTION + f"; FLOPs of the {s.model.active_params:,} active parameters"
-                   + ("; the experts compute in fp32 (grouped_mm ignores autocast over fp32 weights)"
-                      if experts_dtype_bytes(s) == 4 and s.precision != "fp32" else ""))
+                   + fp32_experts)
+    elif moe_layers(s):
+        rows = " / ".join(f"{r:g}" for r in traced_rows(s)) or "no"
+        out.append(LOAD_BALANCE_ASSUMPTION + f"; {rows} expert rows per token, as its trace counted them"
+                   + fp32_experts)
+    if uncounted_experts(s):
+        out.append(TRACED_EXPERTS_UNCOUNTED)
     if micro.dequant:
         out.append(f"QLoRA dequantization {micro.dequant * 1000:.0f} ms per micro-step")
     if s.offload != "none":

@@ -164,6 +164,24 @@ def _trace(s: TrainingSetup) -> dict[str, Any]:
     return traced.activations(s.model.config, trace_regime(s), analytic_types())
 
 
+def routed_experts(s: TrainingSetup) -> list[tuple[int, list, list]]:
+    """(layers, rows per token of each expert weight, [E, a, b] of each) of each layer kind with routed experts:
+    the weights from the structure, the rows counted by the regime's trace (measure/trace_experts.py; None: not
+    counted)."""
+    kinds = (s.model.trace or {}).get("kinds") or []
+    if not any(k.get("experts") for k in kinds):
+        return []
+    counted = _trace(s).get("kinds") or []
+    out = []
+    for i, k in enumerate(kinds):
+        if k.get("experts"):
+            rows = counted[i].get("experts_per_token") if i < len(counted) else None
+            n = len(k["experts"])
+            rows = list(rows) if isinstance(rows, list) and len(rows) == n else [None] * n
+            out.append((int(k["count"]), rows, list(k["experts"])))
+    return out
+
+
 # A looped stack checkpointed (hrm_text, dory: TRACE_FORMAT 22 traces their runs) holds about six hidden states
 # more at its backward's peak than the traced runs count, which the trace does not see yet: their LoRA +
 # checkpointing steps measured 2.4 % under torch.profiler (hrm_text -2.35 %, dory -2.37 %; full + checkpointing
