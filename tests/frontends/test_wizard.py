@@ -299,7 +299,9 @@ def test_bad_gpu_count_is_refused_in_place():
             await retype(pilot, app, "per_node", "200")
             assert "not a machine" in text_of(app, "#hw-summary")
             await retype(pilot, app, "per_node", "8")
-            assert "8xH200" in text_of(app, "#hw-summary")
+            assert "8xH200" in text_of(app, "#hw-summary") and "8 processes in all" in text_of(app, "#hw-summary")
+            await retype(pilot, app, "per_node", "1")
+            assert "1 process in all" in text_of(app, "#hw-summary")      # not "1 processes"
 
     run(look())
 

@@ -178,7 +178,8 @@ keeps free, 0.10 by default) and the **inter-node link** of a multi-node plan (G
         where = "detected here" if hw.source == "detected" else "planned from the catalog"
         summary.update(Text.assemble(("→ ", "bold"), (hw.describe(), "bold"),
                                      f": {hw.gpu.name}, {mem}, {hw.gpu.interconnect}; "
-                                     f"{hw.world_size} processes in all ({where})"))
+                                     f"{hw.world_size} process{'es' if hw.world_size != 1 else ''} in all "
+                                     f"({where})"))
 
     def action_next(self) -> None:
         try:
