@@ -21,6 +21,7 @@ from scaletrain.engine.catalog.hardware import parse_gpus
 from scaletrain.engine.estimate import device_time, moe_time, traced_blocks
 from scaletrain.engine.estimate.setup import TrainingSetup
 from scaletrain.engine.estimate.timing import estimate_time, sample_flops
+from scaletrain.engine.plan.model_notes import moe_facts, moe_line
 
 from conftest import import_when_run
 
@@ -154,6 +155,9 @@ def test_the_time_says_what_it_counted_and_what_it_could_not(qwen3_moe, monkeypa
     s = _setup(traced_arch)
     lines = estimate_time(s).assumptions
     assert any("3 expert rows per token, as its trace counted them" in line for line in lines)
+    assert moe_facts(s) == {"experts": 8, "rows_per_token": [3.0], "moe_layers": 6, "counted": True,
+                            "experts_implementation": "grouped_mm", "expert_parallelism": False}
+    assert moe_line(s).startswith("MoE (traced): 8 experts in 6 of 6 layers, 3 expert rows per token")
     counted = device_time.micro_step(s).matmul
     # a trace whose forward could not be counted: no expert GEMMs, and the plan says so
     real = traced_blocks._trace
@@ -166,6 +170,7 @@ def test_the_time_says_what_it_counted_and_what_it_could_not(qwen3_moe, monkeypa
     monkeypatch.setattr(traced_blocks, "_trace", uncounted)
     assert moe_time.uncounted_experts(s)
     assert moe_time.TRACED_EXPERTS_UNCOUNTED in estimate_time(s).assumptions
+    assert moe_facts(s)["counted"] is False and "uncounted expert rows" in moe_line(s)
     assert device_time.micro_step(s).matmul < counted / 2
 
 

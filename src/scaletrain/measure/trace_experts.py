@@ -12,7 +12,9 @@ The experts a token runs through are counted, not read from a config key (their 
 num_experts_per_tok, moe_topk, moe_k …): the FLOPs inside the experts modules in one forward, in transformers'
 `eager` experts implementation (a matmul per expert hit, which torch's flop counter sees; grouped_mm it does not),
 divided by the FLOPs one row through every weight costs (2·a·b each) and by the tokens. Random routing spreads the
-tokens unevenly, but every token still goes to its top k, so the count is exact.
+tokens unevenly, but every token still goes to its top k, so the count is exact; a family with zero-compute
+experts (longcat_flash: a token routed there runs no GEMM) is counted at the share its random-init router sends
+there, which training moves.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def expert_weights(layer) -> list[list[int]]:
     return [w for mod in routed_modules(layer) for w in _weights(mod)]
 
 
-def experts_per_token(model, layers: list, tokens: int, forward) -> list[list[float | None] | None]:
+def experts_per_token(layers: list, tokens: int, forward) -> list[list[float | None] | None]:
     """Per layer of `layers`: for each of its expert weights (expert_weights' order), the rows one token runs
     through it in `forward()` (a no-gradient forward of `tokens` tokens), counted per module that owns them as the
     module doc says (inkling's block holds routed experts, 2 of 8, and shared ones, 1 of 1); None for a layer

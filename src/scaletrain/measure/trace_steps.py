@@ -63,4 +63,4 @@ def routed_rows(harness, seq_len: int) -> list:
         with harness.autocast():
             step_loss(harness, ids)
 
-    return experts_per_token(harness.model, decoder_layers(harness.model), TRACE_BATCH * seq_len, forward)
+    return experts_per_token(decoder_layers(harness.model), TRACE_BATCH * seq_len, forward)

@@ -7,16 +7,16 @@ from __future__ import annotations
 from typing import Any
 
 from scaletrain.engine.catalog.moe import EXPERTS_TARGET, peft_expert_lora, peft_expert_ranks
-from scaletrain.engine.estimate.moe_time import moe_layers
+from scaletrain.engine.estimate.moe_time import moe_layers, traced_experts, traced_rows, uncounted_experts
 from scaletrain.engine.estimate.setup import TrainingSetup
 from scaletrain.engine.units import fmt_bytes, fmt_count
 
 
 def moe_facts(s: TrainingSetup) -> dict[str, Any] | None:
-    """The MoE block as the plan counts it (None for a dense model)."""
+    """The MoE block as the plan counts it (None for a dense model). A traced family's: what its trace found."""
     moe = s.model.moe
     if moe is None:
-        return None
+        return _traced_facts(s)
     return {
         "experts": moe.experts, "top_k": moe.top_k, "expert_intermediate_size": moe.expert_intermediate,
         "shared_expert_intermediate_size": moe.shared_intermediate, "dense_layers": list(moe.dense_layers),
@@ -25,11 +25,28 @@ def moe_facts(s: TrainingSetup) -> dict[str, Any] | None:
     }
 
 
+def _traced_facts(s: TrainingSetup) -> dict[str, Any] | None:
+    """A traced family's routed experts (measure/trace_experts.py): the most experts a weight holds, the rows a
+    token was counted through them, the layers that have them, and the implementation that runs them."""
+    kinds = traced_experts(s)
+    if not kinds:
+        return None
+    return {"experts": max(E for k in kinds for E, _, _ in k.weights), "rows_per_token": list(traced_rows(s)),
+            "moe_layers": moe_layers(s), "experts_implementation": "grouped_mm", "counted": not uncounted_experts(s),
+            "expert_parallelism": False}
+
+
 def moe_line(s: TrainingSetup) -> str | None:
-    """'MoE: 30,532,122,624 total, 3,348,529,152 active per token · 128 experts, top 8 · experts grouped_mm'."""
+    """'MoE: 30,532,122,624 total, 3,348,529,152 active per token · 128 experts, top 8 · experts grouped_mm'; a
+    traced family: 'MoE (traced): 32 experts in 24 of 24 layers, 8 expert rows per token · experts grouped_mm'."""
     moe = s.model.moe
     if moe is None:
-        return None
+        f = _traced_facts(s)
+        if f is None:
+            return None
+        rows = " / ".join(f"{r:g}" for r in f["rows_per_token"]) or "uncounted"
+        return (f"MoE (traced): {f['experts']} experts in {f['moe_layers']} of {s.model.num_layers} layers, {rows} "
+                f"expert rows per token · experts {f['experts_implementation']} (transformers' default)")
     shared = f" + a shared expert of {moe.shared_intermediate}" if moe.shared_intermediate else ""
     return (f"MoE: {fmt_count(s.model.params)} total, {fmt_count(s.model.active_params)} active per token · "
             f"{moe.experts} experts, top {moe.top_k}{shared} · experts {s.experts_impl}")
