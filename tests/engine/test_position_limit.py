@@ -69,6 +69,7 @@ def test_the_recorded_limit_runs_and_one_token_more_does_not(model_type, key):
 
 @pytest.mark.heavy               # one trace subprocess
 def test_a_plan_past_a_learned_table_is_one_line_and_one_within_it_plans(tmp_path):
+    """A typed --seq-len past the table is refused in one line; one within it plans, and so does no --seq-len."""
     env = dict(os.environ, SCALETRAIN_CACHE=str(tmp_path / "cache"))
     base = [sys.executable, "-m", "scaletrain.tui.cli", "plan", "--model", str(_gpt2_folder(tmp_path)),
             "--gpus", "1xH100", "--method", "full"]
@@ -82,6 +83,14 @@ def test_a_plan_past_a_learned_table_is_one_line_and_one_within_it_plans(tmp_pat
                             stdin=subprocess.DEVNULL, timeout=600)
     assert within.returncode == 0, within.stderr
     assert json.loads(within.stdout)["training"]["seq_len"] == POSITIONS
+    # no --seq-len: the default 2048 comes down to the table, and the plan says why (it was refused once)
+    default = subprocess.run([*base, "--json"], capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL,
+                             timeout=600)
+    assert default.returncode == 0, default.stderr
+    doc = json.loads(default.stdout)
+    assert doc["training"]["seq_len"] == POSITIONS
+    assert any(f"learned embeddings for {POSITIONS} positions" in n and "comes down to it" in n
+               for n in doc["notes"]), doc["notes"]
 
 
 @pytest.mark.heavy               # a trace subprocess

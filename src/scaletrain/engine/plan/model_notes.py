@@ -7,8 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from scaletrain.engine.catalog.moe import EXPERTS_TARGET, peft_expert_lora, peft_expert_ranks
+from scaletrain.engine.catalog.traced import position_limit
 from scaletrain.engine.estimate.moe_time import moe_layers, traced_experts, traced_rows, uncounted_experts
 from scaletrain.engine.estimate.setup import TrainingSetup
+from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.units import fmt_bytes, fmt_count
 
 
@@ -56,6 +58,10 @@ def model_notes(s: TrainingSetup) -> tuple[str, ...]:
     """Notes the architecture calls for, in the plan (text and JSON)."""
     m = s.model
     out: list[str] = []
+    limit = position_limit(m.trace)
+    if limit is not None and limit < PlanRequest.seq_len:
+        out.append(f"{m.name} has learned embeddings for {limit:,} positions: no sequence past {limit:,} tokens runs "
+                   f"(the default sequence length, {PlanRequest.seq_len:,}, comes down to it)")
     if m.moe is not None:
         out.append("MoE: no expert parallelism — accelerate and DeepSpeed do not offer it for transformers models, "
                    "so every GPU runs every expert of its blocks (data parallelism only)")

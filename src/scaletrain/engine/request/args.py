@@ -67,6 +67,8 @@ def asked_from_args(args: Any) -> Asked:
             fields[name] = v
     if getattr(args, "resident", None):
         fields["residents"] = tuple(args.resident)
+    if "seq_len" not in fields and fields.get("model"):
+        fields.update(_within_positions(str(fields["model"])))
     train = _train(args, preset, overrides)
     if train.script and not fields.get("loop"):
         # a user script's loop is unknown: plan the safe side, a loop that keeps its outputs through backward
@@ -91,6 +93,21 @@ def asked_from_args(args: Any) -> Asked:
 
                 fields["dataset_size"] = trained_blocks(profile.blocks, train.eval_fraction)   # less the eval split
     return Asked(fields, train, data, weights, profile)
+
+
+def _within_positions(model: str) -> dict[str, int]:
+    """{"seq_len": rows} when the model's learned position table holds fewer rows than the default sequence length
+    (gpt2's 1024): a default the model cannot run comes down to what it can, and the plan says why (model_notes).
+    A length the user gave is never changed (TrainingSetup refuses one past the table). Nothing when the model
+    does not resolve: the plan says why, as before."""
+    from scaletrain.engine.catalog.architectures import load_model
+    from scaletrain.engine.catalog.traced import position_limit
+
+    try:
+        limit = position_limit(load_model(model).trace)
+    except ScaletrainError:
+        return {}
+    return {"seq_len": limit} if limit is not None and limit < PlanRequest.seq_len else {}
 
 
 def _fetch_data(data: str | None, train: TrainOptions) -> None:

@@ -453,8 +453,8 @@ def field_value(field: Any, parse: Callable[[str], Any]) -> Any:
 
 def within_positions(state: WizardState, arch: Any) -> tuple[WizardState, str | None]:
     """A model with a learned position table (gpt2's 1024) runs no longer sequence: the wizard's sequence length
-    comes down to the table, and says so (the batch step shows it). The CLI refuses instead: a typed --seq-len is
-    never changed there."""
+    comes down to the table, and says so (the batch step shows it). The CLI lowers only its default (a model given
+    on the command line: engine/request/args.py) and refuses a typed --seq-len past the table."""
     limit = traced.position_limit(arch.trace)
     was = state.request.seq_len
     if limit is None or was <= limit:
