@@ -131,3 +131,17 @@ def test_experts_impl_is_a_plan_field(capsys):
     assert eager["training"]["experts_impl"] == "eager"
     assert eager["memory"]["allocated_peak_bytes"] > grouped["memory"]["allocated_peak_bytes"]   # eager keeps more
     assert main(["plan", "--model", "scaletrain/tiny-qwen3-moe", "--gpus", "1xCPU", "--experts-impl", "fast"]) == 2
+
+
+def test_grpo_prefill_runs_the_experts_a_prompt_token_is_routed_to():
+    """GRPO's generation prefills the prompts through every block: an MoE's routed experts too (they were left out,
+    and a top-8 model prefilled as fast as a top-2 one)."""
+    from dataclasses import replace
+
+    arch = load_model("Qwen/Qwen3-30B-A3B")
+    fewer = replace(arch, moe=replace(arch.moe, top_k=2))
+    grpo = dict(objective="grpo", num_generations=8, prompt_len=512, seq_len=1024, micro_batch=8, grad_accum=1,
+                method="lora", strategy="ddp", hardware=parse_gpus("1xH200"))
+    top8, top2 = (estimate_time(TrainingSetup(model=a, precision="bf16", **grpo)).generation for a in (arch, fewer))
+    assert top8.prefill > top2.prefill > 0
+    assert top8.decode == top2.decode           # a decode step reads every weight either way

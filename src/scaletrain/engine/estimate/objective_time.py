@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from scaletrain.engine.estimate.chunked_loss import bytes_per_logit, chunked, recomputes_head
+from scaletrain.engine.estimate.moe_time import routed_matmul_seconds
 from scaletrain.engine.estimate.numerics import numerics
 from scaletrain.engine.estimate.objectives import scored_tokens, sequences
 from scaletrain.engine.estimate.output_head import head_input_width
@@ -95,8 +96,10 @@ def generation_seconds(s: TrainingSetup, c: TimeConstants, gemm: Gemm, forward_k
     hbm = g.hbm_gbps * 1e9 * c.hbm_efficiency
     prompt = s.prompt_len or 0
     comp = s.completion_len or 0
-    prefill = sum(blocks * sum(gemm(n * prompt, o, i) for i, o, _ in lin.values())
-                  for blocks, lin in m.linear_kinds()) if prompt else 0.0
+    prefill = 0.0
+    if prompt:      # the prompts' forward: every block linear, and an MoE's experts at their rows
+        prefill = sum(blocks * sum(gemm(n * prompt, o, i) for i, o, _ in lin.values())
+                      for blocks, lin in m.linear_kinds()) + routed_matmul_seconds(s, n * prompt, gemm, True)
     weights = nm.compute * m.params                     # every weight is read once per decode step
     kv_mean = m.num_layers * 2 * m.kv_dim * nm.compute * n * (prompt + comp / 2)
     device = comp * (weights + kv_mean) / hbm
