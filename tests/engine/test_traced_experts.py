@@ -151,13 +151,16 @@ def test_a_traced_moe_times_its_experts_as_the_analytic_layout_does(qwen3_moe, m
 
 @pytest.mark.heavy                      # traces a family
 def test_the_time_says_what_it_counted_and_what_it_could_not(qwen3_moe, monkeypatch):
-    _, traced_arch = qwen3_moe
+    analytic, traced_arch = qwen3_moe
     s = _setup(traced_arch)
     lines = estimate_time(s).assumptions
     assert any("3 expert rows per token, as its trace counted them" in line for line in lines)
+    # the parameters a token runs through: what the analytic layout counts (router and 3 of 8 experts)
     assert moe_facts(s) == {"experts": 8, "rows_per_token": [3.0], "moe_layers": 6, "counted": True,
-                            "experts_implementation": "grouped_mm", "expert_parallelism": False}
-    assert moe_line(s).startswith("MoE (traced): 8 experts in 6 of 6 layers, 3 expert rows per token")
+                            "active_params": analytic.active_params, "experts_implementation": "grouped_mm",
+                            "expert_parallelism": False}
+    assert traced_arch.params == analytic.params > analytic.active_params
+    assert "8 experts in 6 of 6 layers, 3 expert rows per token" in moe_line(s)
     counted = device_time.micro_step(s).matmul
     # a trace whose forward could not be counted: no expert GEMMs, and the plan says so
     real = traced_blocks._trace

@@ -29,26 +29,30 @@ def moe_facts(s: TrainingSetup) -> dict[str, Any] | None:
 
 def _traced_facts(s: TrainingSetup) -> dict[str, Any] | None:
     """A traced family's routed experts (measure/trace_experts.py): the most experts a weight holds, the rows a
-    token was counted through them, the layers that have them, and the implementation that runs them."""
+    token was counted through them, the layers that have them, the parameters a token runs through (the model's
+    less the expert weights it is not routed to), and the implementation that runs them."""
     kinds = traced_experts(s)
     if not kinds:
         return None
+    idle = sum(k.blocks * sum((E - min(r, E)) * a * b for E, a, b, r in k.counted()) for k in kinds)
     return {"experts": max(E for k in kinds for E, _, _ in k.weights), "rows_per_token": list(traced_rows(s)),
-            "moe_layers": moe_layers(s), "experts_implementation": "grouped_mm", "counted": not uncounted_experts(s),
-            "expert_parallelism": False}
+            "moe_layers": moe_layers(s), "active_params": int(s.model.params - idle),
+            "experts_implementation": "grouped_mm", "counted": not uncounted_experts(s), "expert_parallelism": False}
 
 
 def moe_line(s: TrainingSetup) -> str | None:
     """'MoE: 30,532,122,624 total, 3,348,529,152 active per token · 128 experts, top 8 · experts grouped_mm'; a
-    traced family: 'MoE (traced): 32 experts in 24 of 24 layers, 8 expert rows per token · experts grouped_mm'."""
+    traced family: 'MoE (traced): 1,334,628,352 total, 425,463,808 active per token · 32 experts in 24 of 24
+    layers, 8 expert rows per token · experts grouped_mm (transformers' default)'."""
     moe = s.model.moe
     if moe is None:
         f = _traced_facts(s)
         if f is None:
             return None
         rows = " / ".join(f"{r:g}" for r in f["rows_per_token"]) or "uncounted"
-        return (f"MoE (traced): {f['experts']} experts in {f['moe_layers']} of {s.model.num_layers} layers, {rows} "
-                f"expert rows per token · experts {f['experts_implementation']} (transformers' default)")
+        return (f"MoE (traced): {fmt_count(s.model.params)} total, {fmt_count(f['active_params'])} active per token · "
+                f"{f['experts']} experts in {f['moe_layers']} of {s.model.num_layers} layers, {rows} expert rows per "
+                f"token · experts {f['experts_implementation']} (transformers' default)")
     shared = f" + a shared expert of {moe.shared_intermediate}" if moe.shared_intermediate else ""
     return (f"MoE: {fmt_count(s.model.params)} total, {fmt_count(s.model.active_params)} active per token · "
             f"{moe.experts} experts, top {moe.top_k}{shared} · experts {s.experts_impl}")
