@@ -203,7 +203,7 @@ def micro_step(s: TrainingSetup, c: TimeConstants = DEFAULT_CONSTANTS) -> MicroS
     forward_traffic = L * t * block_forward_traffic(s)
     traffic = forward_traffic * (passes + c.backward_traffic_ratio)
     # autocast casts nn.Linear weights only; a traced model's kinds each by their own
-    blocks_w = (sum(n * sum(i * o for i, o, _ in lin.values()) for n, lin in m.linear_kinds()) if m.trace is not None
+    blocks_w = (m.linear_weight_params() if m.trace is not None
                 else L * sum(i * o for i, o, _ in m.linear_shapes().values()))
     if nm.trainable_copies or nm.frozen_copies:
         traffic += passes * 6 * blocks_w                   # autocast casts fp32 weights each forward (4 → 2 B)
