@@ -9,6 +9,8 @@ uses one is sent to the same worker (its `xdist_group`), so each run is trained 
 
 from __future__ import annotations
 
+import atexit
+import functools
 import gc
 import io
 import os
@@ -27,6 +29,9 @@ os.environ["SCALETRAIN_CONFIG_DIR"] = _CONFIG
 os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="scaletrain-test-state-")
 # traced model families (engine/catalog/traced.py) cache here, never in the user's ~/.cache
 os.environ["SCALETRAIN_CACHE"] = tempfile.mkdtemp(prefix="scaletrain-test-traces-")
+# and go when this process does (each xdist worker and the controller made their own)
+for _made in (_CONFIG, os.environ["XDG_STATE_HOME"], os.environ["SCALETRAIN_CACHE"]):
+    atexit.register(shutil.rmtree, _made, True)
 
 
 def import_when_run(*names: str):
@@ -211,20 +216,43 @@ SHARED_RUNS = ("ddp_run", "zero3_run", "fsdp_run", "demo_run", "options_run")
 
 
 # ---- scheduling under pytest-xdist (`make test`: -n 2 --dist loadgroup) -----------------------------------------
+def _drives_a_screen(item) -> bool:
+    """A test that runs a Textual app under a pilot or a snapshot: most of its wall time is the screen's own
+    waits (timers, refresh intervals, a sampler's ticks), not CPU."""
+    if "snap_compare" in getattr(item, "fixturenames", ()):
+        return True
+    return "run_test(" in _module_source(str(item.fspath))
+
+
+@functools.cache
+def _module_source(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError:
+        return ""
+
+
+def _start_order(path: str, heavy: set[str], screens: set[str]) -> int:
+    """0: files that drive a screen; 1: files with multi-process or heavy tests; 2: the rest."""
+    return 0 if path in screens else 1 if path in heavy else 2
+
+
 @pytest.hookimpl(tryfirst=True)         # before xdist's own hook reads the groups into the node ids
 def pytest_collection_modifyitems(config, items):
     """Each test file is one unit of work (its module-scoped fixtures are built once), except that the tests of a
-    shared trained run go together wherever they are. Files with multi-process or heavy tests start first, so the
-    two workers end on short files, not one on a long file while the other waits: in `make test` the
-    single-process pass runs beside the training runs at idle priority and finishes after them (tests/passes.py),
-    its heavy files in the cycles the runs leave. tests/passes.py runs xdist with --no-loadscope-reorder, which
-    keeps this order (xdist's own puts the files with the most tests first: measured, the 70 CPU-s profiler file
-    then ran last, alone on one worker). Files stay whole and in their order otherwise. (Measured on the 2-core
-    VM, 2026-12-02: `long` files first instead, so their screen waits pass while the runs hold the cores, took
-    606 s against 590 s.)"""
+    shared trained run go together wherever they are. xdist hands a worker the next file as it runs out, in this
+    order (tests/passes.py passes --no-loadscope-reorder; xdist's own order puts the files with the most tests
+    first, and the 70 CPU-s profiler file then ran last, alone on one worker): the files that drive a screen first,
+    then those with multi-process or heavy tests, then the short ones. In `make test` the single-process pass runs
+    beside the training runs at idle priority and ends after them (tests/passes.py): a screen's waits (timers, a
+    sampler's ticks) then pass while the runs hold the cores, and the pass ends on CPU-bound work, both workers
+    together. Measured (`make test`, the 2-core AMD VM, 2026-12-03; docs/design/tests.md): heavy files first, the
+    screens' waits then fell in the tail, 27-46 % of the cores idle there: 684 s; screens first: 655 s. Files stay
+    whole and in their collection order otherwise."""
     heavy = {it.nodeid.split("::", 1)[0] for it in items
              if it.get_closest_marker("slow") or it.get_closest_marker("heavy")}
-    items.sort(key=lambda it: it.nodeid.split("::", 1)[0] not in heavy)
+    screens = {it.nodeid.split("::", 1)[0] for it in items if _drives_a_screen(it)}
+    items.sort(key=lambda it: _start_order(it.nodeid.split("::", 1)[0], heavy, screens))
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:

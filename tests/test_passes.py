@@ -64,3 +64,30 @@ def test_a_worker_count_under_one_is_one_line_and_exit_2(tmp_path):
     r = subprocess.run([sys.executable, str(PASSES), "--jobs", "0"], capture_output=True, text=True, timeout=60,
                        stdin=subprocess.DEVNULL, cwd=tmp_path)
     assert r.returncode == 2 and "--jobs and --fast-jobs take a whole number of workers" in r.stderr
+
+
+def test_the_single_process_pass_hands_out_screens_first_then_costly_files_and_short_files_last():
+    """tests/conftest.py: a screen's waits pass while the training runs hold the cores, and the pass ends on
+    CPU-bound short files, both workers together (measured there: with the screens after the heavy files their
+    waits were the tail, 27-46 % of the cores idle)."""
+    from conftest import _start_order
+
+    heavy, screens = {"t/test_d_profiler.py", "t/test_g_launch.py"}, {"t/test_b_wizard.py", "t/test_e_monitor.py"}
+    files = ["t/test_a_short.py", "t/test_b_wizard.py", "t/test_c_long.py", "t/test_d_profiler.py",
+             "t/test_e_monitor.py", "t/test_f_short.py", "t/test_g_launch.py"]
+    handed = sorted(files, key=lambda f: _start_order(f, heavy, screens))      # a stable sort: the order within kinds
+    assert handed == ["t/test_b_wizard.py", "t/test_e_monitor.py", "t/test_d_profiler.py", "t/test_g_launch.py",
+                      "t/test_a_short.py", "t/test_c_long.py", "t/test_f_short.py"]
+
+
+def test_a_file_drives_a_screen_when_it_runs_a_textual_pilot_or_a_snapshot():
+    from conftest import _drives_a_screen
+
+    class Item:
+        def __init__(self, path: str, *fixtures: str):
+            self.fspath, self.fixturenames = path, fixtures
+
+    here = Path(__file__).resolve().parent
+    assert _drives_a_screen(Item(str(here / "frontends" / "test_wizard.py")))             # app.run_test(...)
+    assert _drives_a_screen(Item(str(here / "engine" / "test_units.py"), "snap_compare"))
+    assert not _drives_a_screen(Item(str(here / "engine" / "test_units.py"), "tmp_path"))

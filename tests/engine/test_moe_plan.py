@@ -131,6 +131,12 @@ def test_experts_impl_is_a_plan_field(capsys):
     assert eager["training"]["experts_impl"] == "eager"
     assert eager["memory"]["allocated_peak_bytes"] > grouped["memory"]["allocated_peak_bytes"]   # eager keeps more
     assert main(["plan", "--model", "scaletrain/tiny-qwen3-moe", "--gpus", "1xCPU", "--experts-impl", "fast"]) == 2
+    assert not [n for n in eager["notes"] if "--experts-impl" in n]
+    # a dense model: the flag changes nothing, and the plan says so instead of taking it in silence
+    dense = _plan_json(capsys, "--model", "scaletrain/tiny-qwen2", "--gpus", "1xCPU", "--experts-impl", "eager")
+    assert "--experts-impl eager changes nothing for scaletrain/tiny-qwen2: it has no routed experts" in dense["notes"]
+    assert not [n for n in _plan_json(capsys, "--model", "scaletrain/tiny-qwen2", "--gpus", "1xCPU")["notes"]
+                if "--experts-impl" in n]
 
 
 def test_grpo_prefill_runs_the_experts_a_prompt_token_is_routed_to():

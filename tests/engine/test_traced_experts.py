@@ -178,6 +178,21 @@ def test_the_time_says_what_it_counted_and_what_it_could_not(qwen3_moe, monkeypa
 
 
 @pytest.mark.heavy                      # traces a family
+def test_an_experts_implementation_a_traced_moe_does_not_run_is_said_in_the_plan(qwen3_moe):
+    """The trainer passes --experts-impl only to the MoE families whose layout the catalog knows
+    (with_experts_implementation): asked for a traced one, the plan says it runs transformers' default."""
+    from scaletrain.engine.plan.model_notes import model_notes
+
+    analytic, traced_arch = qwen3_moe
+    said = [n for n in model_notes(_setup(traced_arch, experts_impl="eager")) if "--experts-impl" in n]
+    assert said == ["--experts-impl eager changes nothing for tiny-qwen3-moe: its experts run transformers' "
+                    "default, grouped_mm (a traced MoE family: the trainer passes no implementation to it, and "
+                    "the plan counts grouped_mm)"]
+    assert not [n for n in model_notes(_setup(traced_arch)) if "--experts-impl" in n]
+    assert not [n for n in model_notes(_setup(analytic, experts_impl="eager")) if "--experts-impl" in n]
+
+
+@pytest.mark.heavy                      # traces a family
 def test_each_traced_kind_times_its_own_linears(tmp_path, monkeypatch):
     """deepseek_v3's dense first layer has a wide MLP its MoE layers do not: the block GEMMs take each kind's own
     linears by its count, as the FLOPs do (once, every layer was timed with the first kind's)."""

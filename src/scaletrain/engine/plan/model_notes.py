@@ -12,6 +12,7 @@ from scaletrain.engine.estimate.moe_time import moe_layers, traced_experts, trac
 from scaletrain.engine.estimate.setup import TrainingSetup
 from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.units import fmt_bytes, fmt_count
+from scaletrain.engine.vocabulary import ExpertsImpl
 
 
 def moe_facts(s: TrainingSetup) -> dict[str, Any] | None:
@@ -66,6 +67,8 @@ def model_notes(s: TrainingSetup) -> tuple[str, ...]:
     if limit is not None and limit < PlanRequest.seq_len:
         out.append(f"{m.name} has learned embeddings for {limit:,} positions: no sequence past {limit:,} tokens runs "
                    f"(the default sequence length, {PlanRequest.seq_len:,}, comes down to it)")
+    if m.moe is None and s.experts_impl != ExpertsImpl.GROUPED_MM:
+        out.append(_experts_impl_unused(s))
     if m.moe is not None:
         out.append("MoE: no expert parallelism — accelerate and DeepSpeed do not offer it for transformers models, "
                    "so every GPU runs every expert of its blocks (data parallelism only)")
@@ -84,6 +87,16 @@ def model_notes(s: TrainingSetup) -> tuple[str, ...]:
         out.append("the checkpoint's MXFP4 experts are dequantized to bf16 for training (transformers "
                    "Mxfp4Config(dequantize=True)); the plan counts the bf16 model")
     return tuple(out)
+
+
+def _experts_impl_unused(s: TrainingSetup) -> str:
+    """An experts implementation asked for where it changes nothing: the trainer passes it only to the MoE families
+    whose layout the catalog knows (trainer/model.py with_experts_implementation); a traced MoE family runs
+    transformers' default, and a dense model has no experts."""
+    what = ("its experts run transformers' default, grouped_mm (a traced MoE family: the trainer passes no "
+            "implementation to it, and the plan counts grouped_mm)" if traced_experts(s)
+            else "it has no routed experts")
+    return f"--experts-impl {s.experts_impl} changes nothing for {s.model.name}: {what}"
 
 
 def _lora_note(s: TrainingSetup) -> str:
