@@ -105,12 +105,12 @@ def experts_dtype_bytes(s: TrainingSetup) -> int:
     eager's F.linear and batched_mm's bmm follow autocast."""
     nm = numerics(s)
     weights = nm.weight if s.method == "full" else nm.frozen
-    return weights if _implementation(s) == "grouped_mm" else nm.compute
+    return weights if running_experts_impl(s) == "grouped_mm" else nm.compute
 
 
-def _implementation(s: TrainingSetup) -> str:
+def running_experts_impl(s: TrainingSetup) -> str:
     """The experts implementation that runs: the plan's for an analytic MoE layout, transformers' default
-    (grouped_mm) for a traced family, to which the trainer passes none."""
+    (grouped_mm) for a traced family or a dense model, to which the trainer passes none."""
     return str(s.experts_impl) if s.model.moe is not None else "grouped_mm"
 
 
@@ -195,7 +195,7 @@ def routed_kernels(s: TrainingSetup, t: int) -> tuple[int, int]:
     if not moe_layers(s):
         return 0, 0
     f, b = KERNELS_PER_GROUPED_MOE
-    if _implementation(s) == "eager":
+    if running_experts_impl(s) == "eager":
         hit = min(s.model.moe.experts, t * s.model.moe.top_k)
         f, b = f + hit * KERNELS_PER_EAGER_EXPERT[0], b + hit * KERNELS_PER_EAGER_EXPERT[1]
     return f, b

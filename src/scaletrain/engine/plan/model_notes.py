@@ -8,11 +8,11 @@ from typing import Any
 
 from scaletrain.engine.catalog.moe import EXPERTS_TARGET, peft_expert_lora, peft_expert_ranks
 from scaletrain.engine.catalog.traced import position_limit
-from scaletrain.engine.estimate.moe_time import moe_layers, traced_experts, traced_rows, uncounted_experts
+from scaletrain.engine.estimate.moe_time import (moe_layers, running_experts_impl, traced_experts, traced_rows,
+                                                 uncounted_experts)
 from scaletrain.engine.estimate.setup import TrainingSetup
 from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.units import fmt_bytes, fmt_count
-from scaletrain.engine.vocabulary import ExpertsImpl
 
 
 def moe_facts(s: TrainingSetup) -> dict[str, Any] | None:
@@ -38,7 +38,7 @@ def _traced_facts(s: TrainingSetup) -> dict[str, Any] | None:
     idle = sum(k.blocks * sum((E - min(r, E)) * a * b for E, a, b, r in k.counted()) for k in kinds)
     return {"experts": max(E for k in kinds for E, _, _ in k.weights), "rows_per_token": list(traced_rows(s)),
             "moe_layers": moe_layers(s), "active_params": int(s.model.params - idle),
-            "experts_implementation": "grouped_mm", "counted": not uncounted_experts(s), "expert_parallelism": False}
+            "experts_implementation": running_experts_impl(s), "counted": not uncounted_experts(s), "expert_parallelism": False}
 
 
 def moe_line(s: TrainingSetup) -> str | None:
@@ -67,7 +67,7 @@ def model_notes(s: TrainingSetup) -> tuple[str, ...]:
     if limit is not None and limit < PlanRequest.seq_len:
         out.append(f"{m.name} has learned embeddings for {limit:,} positions: no sequence past {limit:,} tokens runs "
                    f"(the default sequence length, {PlanRequest.seq_len:,}, comes down to it)")
-    if m.moe is None and s.experts_impl != ExpertsImpl.GROUPED_MM:
+    if str(s.experts_impl) != running_experts_impl(s):
         out.append(_experts_impl_unused(s))
     if m.moe is not None:
         out.append("MoE: no expert parallelism — accelerate and DeepSpeed do not offer it for transformers models, "
@@ -92,10 +92,10 @@ def model_notes(s: TrainingSetup) -> tuple[str, ...]:
 def _experts_impl_unused(s: TrainingSetup) -> str:
     """An experts implementation asked for where it changes nothing: the trainer passes it only to the MoE families
     whose layout the catalog knows (trainer/model.py with_experts_implementation); a traced MoE family runs
-    transformers' default, and a dense model has no experts."""
-    what = ("its experts run transformers' default, grouped_mm (a traced MoE family: the trainer passes no "
-            "implementation to it, and the plan counts grouped_mm)" if traced_experts(s)
-            else "it has no routed experts")
+    transformers' default (moe_time.running_experts_impl), and a dense model has no experts."""
+    runs = running_experts_impl(s)
+    what = (f"its experts run transformers' default, {runs} (a traced MoE family: the trainer passes no "
+            f"implementation to it, and the plan counts {runs})" if traced_experts(s) else "it has no routed experts")
     return f"--experts-impl {s.experts_impl} changes nothing for {s.model.name}: {what}"
 
 
