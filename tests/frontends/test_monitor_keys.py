@@ -188,6 +188,45 @@ def test_confirmed_remedy_rewrites_with_backup_relaunches_and_q_leaves_it_runnin
         assert _alive(tree) == []
 
 
+@pytest.mark.long                # a pilot through the doctor's panel, the confirmation and the apply: about 3 s
+def test_the_old_failure_does_not_come_back_while_the_relaunched_launcher_has_not_written_its_status(tmp_path,
+                                                                                                      monkeypatch):
+    """After y, status.json holds the old failure until the relaunched launcher writes its own. A launcher slower to
+    start than the relaunch waits for returns with that old state (detach._wait_running at its deadline), and every
+    tick then reads the old failure: it was diagnosed again and the doctor's panel came back over the new run (the
+    slow test above failed so once, a tick read just before the new status was handled just after). The apply is
+    the real one (plan.json rewritten, the old one in attempts/); only the launcher's start is stood in for, as it
+    returns when its wait runs out with status.json untouched, and no process is started."""
+    from scaletrain.engine.launch import detach
+
+    started: list[bool] = []
+
+    def launcher_not_started_yet(run_dir, *, resume=False, env=None, **_):
+        started.append(resume)
+        path = Path(run_dir)
+        return detach.Detached(path, 2 ** 22 + 1, read_status(path / "status.json").state, path / "launcher.log")
+
+    monkeypatch.setattr(detach, "start_detached", launcher_not_started_yet)
+    rd = failed_cpu_run(tmp_path / "run")
+    app = app_for(rd)
+
+    async def go():
+        async with app.run_test(size=(120, 40)) as pilot:
+            panel = await remedies_shown(pilot)
+            app.screen.query_one("#remedy-list").highlighted = split_index(panel)
+            await pilot.press("a")
+            await wait_for(pilot, lambda: isinstance(app.screen, RemedyConfirm), 30, "the confirmation")
+            await pilot.press("y")
+            status = app.screen.query_one("#mon-status")
+            await wait_for(pilot, lambda: "in the background" in str(status.render()), 30, "the relaunch")
+            await pilot.pause(1.0)                  # ten ticks of the 0.1 s sampler, each reading the old failure
+            assert started and read_status(rd.status).state == "failed"
+            assert not panel.display and panel.diagnosis is None
+            assert "applied micro batch 1 × accum 8" in str(status.render())
+
+    asyncio.run(go())
+
+
 # ---- item 5: the monitor's keys and states --------------------------------------------------------------------
 @pytest.mark.long                # over 2.5 s in test-fast's run (bench/suite_time.py)
 def test_esc_closes_the_doctor_then_leaves_never_a_blank_screen(tmp_path):

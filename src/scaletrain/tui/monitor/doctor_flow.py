@@ -32,11 +32,11 @@ class Previewed(Message):
 
 
 class DoctorFlow:
-    """Needs from the screen: run, launching, diagnosed_state, fix_note, last_tick, set_status, query_one, app."""
+    """Needs from the screen: run, launching, diagnosed_failure, fix_note, last_tick, set_status, query_one, app."""
 
     run: Any
     launching: bool
-    diagnosed_state: str | None
+    diagnosed_failure: tuple | None
     diagnosis: Any
     fix_note: str | None
     last_tick: Any
@@ -47,12 +47,16 @@ class DoctorFlow:
     post_message: Any
     _launch_blocking: Any
 
-    def _maybe_diagnose(self, state: str) -> None:
-        if state == "failed" and self.diagnosed_state != "failed" and not self.launching:
-            self.diagnosed_state = "failed"
+    def _maybe_diagnose(self, status: Any) -> None:
+        """Diagnose each failed launch once, known by its launcher (pid and start) and start time: after a fix is
+        applied, status.json still holds the old failure until the new launcher writes its own (a launcher slower to
+        start than the relaunch waits for, or a tick read just before), and that failure is not shown again."""
+        if status.state != "failed" or self.launching:
+            return
+        failure = (status.launcher_pid, status.launcher_start, status.started)
+        if failure != self.diagnosed_failure:
+            self.diagnosed_failure = failure
             self.diagnose()
-        elif state in ("running", "starting"):
-            self.diagnosed_state = state
 
     @work(thread=True, exclusive=True, group="doctor", exit_on_error=False)
     def diagnose(self, asked: bool = False) -> None:
@@ -156,6 +160,5 @@ class DoctorFlow:
 
     def _applied(self, applied: Any) -> None:
         self.query_one(RemediesPanel).hide()
-        self.diagnosed_state = None
         self.fix_note = applied.summary
         self.set_status(applied.summary, "bold")

@@ -122,7 +122,7 @@ the monitor only lays them out.
         self.gpu_panels: dict[int, GpuPanel | GpuRow] = {}
         self.compact: bool | None = None           # the layout the GPU widgets are in (None: none shown yet)
         self.host_panel: HostPanel | None = None
-        self.diagnosed_state: str | None = None
+        self.diagnosed_failure: tuple | None = None       # the failed launch last diagnosed (doctor_flow)
         self.diagnosis: Diagnosis | None = None
         self.last_tick: Tick | None = None
         self.launching = False
@@ -189,7 +189,7 @@ the monitor only lays them out.
             self.query_one(JobPanel).grid_shown = bool(grid.display)
             self._fit_height()
             self.query_one(JobPanel).update_job(t.job)
-            self._maybe_diagnose(t.job.status.state)
+            self._maybe_diagnose(t.job.status)
 
     def _set_layout(self, compact: bool) -> None:
         """Switch between full panels and one line per GPU (the widgets are rebuilt; their history starts over)."""
