@@ -243,6 +243,19 @@ def test_zsh_and_fish_scripts_are_valid_syntax(tmp_path, shell, check):
         assert [line.split("\t")[0] for line in r.stdout.splitlines()] == ["ddp", "fsdp", "zero1", "zero2", "zero3"]
 
 
+def test_a_cpu_plans_tables_say_per_process_and_a_gpu_plans_per_gpu(capsys):
+    """The alternatives and the micro-batch table headed their memory column "per GPU" on a CPU plan, whose every
+    other line says "per process": the column follows the plan's device noun."""
+    assert main(["plan", "--preset", "cpu-tiny", "--alternatives", "--table", "batch"]) == 0
+    out = capsys.readouterr().out
+    assert "per GPU" not in out and "per-GPU" not in out
+    assert out.count("  per process  ") == 2 and "micro batch vs per-process memory" in out
+    assert " per process; * this plan" in out
+    assert main(["plan", "--preset", "4090x8", "--alternatives", "--table", "batch"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("  per GPU  ") == 2 and "per process" not in out and " per GPU; * this plan" in out
+
+
 def test_alternatives_table_columns_line_up(capsys):
     assert main(["plan", "--preset", "4090x8", "--alternatives", "--table", "batch"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -132,6 +132,29 @@ def test_preset_flow_writes_the_presets_plan(tmp_path):
     assert (run_dir / "accelerate_config.yaml").is_file() and (run_dir / "launch.sh").is_file()
 
 
+def test_a_cpu_plans_alternatives_say_per_process(tmp_path):
+    """The wizard's alternatives on a CPU preset head their memory column as the plan's lines say it."""
+    app = create_app(parse_args(["--preset", "cpu-tiny", "--run-dir", str(tmp_path / "run")]), detect=no_gpu,
+                     launch=False)
+
+    async def walk():
+        async with app.run_test(size=(100, 32)) as pilot:
+            await settle(pilot, app)
+            for _ in range(3):
+                await press(pilot, app, "ctrl+n")
+            assert screen_name(app) == "PlanScreen"
+            for _ in range(100):
+                if app.screen.alternatives:
+                    break
+                await pilot.pause(0.05)
+            headers = [str(c.label) for c in app.screen.query_one("#alternatives").columns.values()]
+            await press(pilot, app, "ctrl+q")
+        return headers
+
+    headers = run(walk())
+    assert "per process" in headers and "per GPU" not in headers
+
+
 @pytest.mark.long
 def test_custom_flow_qwen7b_lora_on_4xh200(tmp_path):
     """The done-when walk: --gpus 4xH200 → Qwen2.5-7B-Instruct LoRA → effective batch 128 → plan → run directory."""

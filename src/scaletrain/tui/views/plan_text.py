@@ -190,5 +190,10 @@ def alternative_row(row: AlternativeRow, plan: Plan | None = None) -> tuple[str,
 
 # 80 columns hold every cell: "batch" is micro×accum, and the last column says what a row changes only (its own cells
 # show what differs)
-ALTERNATIVE_COLUMNS = ("#", "strategy", "batch", "ckpt", "per GPU", "step", "epoch", "vs the plan above")
+def alternative_columns(plan: Plan | None) -> tuple[str, ...]:
+    """The alternatives' headers; the memory column says what one rank runs on ("per process" on a CPU plan)."""
+    noun = plan.setup.hardware.device_noun if plan is not None else "GPU"
+    return ("#", "strategy", "batch", "ckpt", f"per {noun}", "step", "epoch", "vs the plan above")
+
+
 ALTERNATIVES_TITLE = "alternatives (enter picks; +opt/+all: optimizer/all states offloaded)"

@@ -50,7 +50,7 @@ def print_alternatives(c: Console, rows: tuple[AlternativeRow, ...], plan: Plan)
     s = plan.setup
     t = _table(f"alternatives at effective batch {s.effective_batch}, fastest first",
                [("#", "right"), ("strategy", "left"), ("micro×accum", "right"), ("ckpt", "left"),
-                ("per GPU", "right"), ("step", "right"), ("epoch", "right"), ("tokens/s", "right")])
+                (f"per {s.hardware.device_noun}", "right"), ("step", "right"), ("epoch", "right"), ("tokens/s", "right")])
     for r in rows:
         step, epoch = _time_cells(r)
         t.add_row(("*" if r.chosen else "") + str(r.rank), _how(r), f"{r.micro_batch}×{r.grad_accum}",
@@ -66,9 +66,10 @@ def print_alternatives(c: Console, rows: tuple[AlternativeRow, ...], plan: Plan)
 
 def print_batch_table(c: Console, rows: list[BatchRow], plan: Plan) -> None:
     s = plan.setup
-    t = _table(f"micro batch vs per-GPU memory ({s.strategy}, gc {'on' if s.grad_ckpt else 'off'}, "
+    per = s.hardware.device_noun
+    t = _table(f"micro batch vs per-{per} memory ({s.strategy}, gc {'on' if s.grad_ckpt else 'off'}, "
                f"seq {s.seq_len}, {s.hardware.describe()})",
-               [("micro", "right"), ("accum", "right"), ("act+logits", "right"), ("per GPU", "right"),
+               [("micro", "right"), ("accum", "right"), ("act+logits", "right"), (f"per {per}", "right"),
                 ("fits", "left"), ("step", "right"), ("tokens/s", "right")])
     for r in rows:
         accum = ("" if r.keeps_effective_batch else "!") + str(r.grad_accum)
@@ -78,9 +79,9 @@ def print_batch_table(c: Console, rows: list[BatchRow], plan: Plan) -> None:
                   style="bold" if r.current else "")
     c.print(t)
     if rows:
-        note = f"limit {fmt_bytes(rows[0].usable_bytes)} per GPU; * this plan"
+        note = f"limit {fmt_bytes(rows[0].usable_bytes)} per {per}; * this plan"
         if not all(r.keeps_effective_batch for r in rows):
-            note += f"; ! micro batch does not divide {s.effective_batch // s.world_size} per GPU (batch changes)"
+            note += f"; ! micro batch does not divide {s.effective_batch // s.world_size} per {per} (batch changes)"
         c.print(f"[grey50]{note}[/]")
 
 

@@ -95,7 +95,7 @@ the run trains as the trainer will run it (a `train.max_steps` overrides the epo
     def on_mount(self) -> None:
         table = self.query_one("#alternatives", DataTable)
         table.border_title = plan_text.ALTERNATIVES_TITLE
-        table.add_columns(*plan_text.ALTERNATIVE_COLUMNS)
+        table.add_columns(*plan_text.alternative_columns(self.wizard.plan))
         table.focus()
         self.show_plan(self.wizard.plan)
         if self.wizard.plan is not None:
@@ -200,6 +200,10 @@ the run trains as the trainer will run it (a `train.max_steps` overrides the epo
     def _fill_alternatives(self, rows: tuple[AlternativeRow, ...]) -> None:
         self.alternatives = rows
         table = self.query_one("#alternatives", DataTable)
+        columns = plan_text.alternative_columns(self.wizard.plan)
+        if tuple(str(c.label) for c in table.columns.values()) != columns:      # the hardware went CPU <-> GPU
+            table.clear(columns=True)
+            table.add_columns(*columns)
         table.clear()
         for i, row in enumerate(rows):
             table.add_row(*plan_text.alternative_row(row, self.wizard.plan), key=str(i))
