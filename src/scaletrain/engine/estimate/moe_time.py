@@ -70,6 +70,11 @@ def traced_rows(s: TrainingSetup) -> tuple[float, ...]:
     return tuple(sorted({r for k in traced_experts(s) for E, _, _, r in k.counted() if E > 1}))
 
 
+def rows_text(rows: tuple[float, ...] | list[float]) -> str:
+    """'8' or '2 / 8': traced_rows as the plan's time assumptions and its MoE line write them ('' for none)."""
+    return " / ".join(f"{r:g}" for r in rows)
+
+
 def moe_layers(s: TrainingSetup) -> int:
     """Blocks with routed experts (the rest are dense MLP blocks: mlp_only_layers / decoder_sparse_step)."""
     m = s.model

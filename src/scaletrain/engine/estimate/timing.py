@@ -34,8 +34,8 @@ from scaletrain.engine.estimate.device_time import (MicroStep, block_kernels, cp
 from scaletrain.engine.estimate.objective_time import GenerationTime, generation_seconds
 from scaletrain.engine.estimate.chunked_loss import recomputes_head
 from scaletrain.engine.estimate.moe_time import (LOAD_BALANCE_ASSUMPTION, TRACED_EXPERTS_UNCOUNTED,
-                                              experts_dtype_bytes, moe_layers, routed_sample_flops, traced_rows,
-                                              uncounted_experts)
+                                              experts_dtype_bytes, moe_layers, routed_sample_flops, rows_text,
+                                              traced_rows, uncounted_experts)
 from scaletrain.engine.estimate.objectives import sequences
 from scaletrain.engine.estimate.numerics import numerics
 from scaletrain.engine.estimate.setup import TrainingSetup
@@ -370,7 +370,7 @@ def _assumptions(s: TrainingSetup, micro: MicroStep, peak: float, tokens: int, b
         out.append(LOAD_BALANCE_ASSUMPTION + f"; FLOPs of the {s.model.active_params:,} active parameters"
                    + fp32_experts)
     elif moe_layers(s):
-        rows = " / ".join(f"{r:g}" for r in traced_rows(s)) or "no"
+        rows = rows_text(traced_rows(s)) or "no"
         out.append(LOAD_BALANCE_ASSUMPTION + f"; {rows} expert rows per token, as its trace counted them"
                    + fp32_experts)
     if uncounted_experts(s):

@@ -8,8 +8,8 @@ from typing import Any
 
 from scaletrain.engine.catalog.moe import EXPERTS_TARGET, peft_expert_lora, peft_expert_ranks
 from scaletrain.engine.catalog.traced import position_limit
-from scaletrain.engine.estimate.moe_time import (moe_layers, running_experts_impl, traced_experts, traced_rows,
-                                                 uncounted_experts)
+from scaletrain.engine.estimate.moe_time import (moe_layers, rows_text, running_experts_impl, traced_experts,
+                                                 traced_rows, uncounted_experts)
 from scaletrain.engine.estimate.setup import TrainingSetup
 from scaletrain.engine.request.request import PlanRequest
 from scaletrain.engine.units import fmt_bytes, fmt_count
@@ -50,7 +50,7 @@ def moe_line(s: TrainingSetup) -> str | None:
         f = _traced_facts(s)
         if f is None:
             return None
-        rows = " / ".join(f"{r:g}" for r in f["rows_per_token"]) or "uncounted"
+        rows = rows_text(f["rows_per_token"]) or "uncounted"
         return (f"MoE (traced): {fmt_count(s.model.params)} total, {fmt_count(f['active_params'])} active per token · "
                 f"{f['experts']} experts in {f['moe_layers']} of {s.model.num_layers} layers, {rows} expert rows per "
                 f"token · experts {f['experts_implementation']} (transformers' default)")
