@@ -271,6 +271,48 @@ def test_help_lists_the_monitors_own_keys(tmp_path, key):
     asyncio.run(go())
 
 
+def _dead_pid() -> int:
+    """A process id that ran and was reaped: nothing alive has it (pids are not reused at once)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"], stdin=subprocess.DEVNULL)
+    proc.wait()
+    return proc.pid
+
+
+@pytest.mark.parametrize("written,said", [
+    ({"state": "running"}, "its status.json says running but names no launcher process"),
+    ({"state": "running", "pids": {"launcher": "dead"}}, "its status.json says running, but its launcher (pid "),
+    ({"state": "finished", "exit_code": 0}, "not running (status: finished, exit code 0)"),
+])
+def test_stop_of_a_run_with_nothing_alive_says_why_in_the_cli_and_the_monitor(tmp_path, capsys, written, said):
+    """`scaletrain stop` and the monitor's `s s` on a run nothing of which is alive: one line that says why, not
+    "is not running (status: running)" (the CLI) or "stopped: every rank ended; status running" (the monitor)."""
+    from scaletrain.tui.cli.main import main
+
+    rd = gpu_run_dir(tmp_path / "run")
+    if written.get("pids"):
+        written = {**written, "pids": {"launcher": _dead_pid()}}
+    rd.status.write_text(json.dumps(written))
+    assert main(["stop", str(rd.path)]) == 0
+    out = capsys.readouterr().out
+    assert said in out and out.rstrip().endswith("; nothing to stop") and "stopped" not in out
+    if written["state"] != "running":
+        return
+
+    async def go():
+        app = app_for(rd)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.screen.query_one(JobPanel).last is not None, 10, "a tick")
+            await pilot.press("s", "s")
+            status = app.screen.query_one("#mon-status")
+            await wait_for(pilot, lambda: "nothing to stop" in str(status.render()), 30, "the stop's answer")
+            assert said in str(status.render()) and "stopped" not in str(status.render())
+
+    asyncio.run(go())
+
+
 def test_d_on_a_healthy_run_says_no_failure_quotes_nothing_and_toggles(tmp_path):
     rd = gpu_run_dir(tmp_path / "run")
     warning = "UserWarning: TypedStorage is deprecated"

@@ -140,6 +140,18 @@ def _launcher_alive(st: RunStatus) -> bool:
     return start is not None and (st.launcher_start is None or start == st.launcher_start)
 
 
+def not_running(st: RunStatus) -> str:
+    """Why stop_run stopped nothing, as the CLI and the monitor say it: the run is over, or its status.json says it
+    runs while no launcher of it is alive here (a status written by hand, or a launcher gone without its record)."""
+    code = f", exit code {st.exit_code}" if st.exit_code is not None else ""
+    if st.state not in ("starting", "running"):
+        return f"not running (status: {st.state}{code})"
+    if st.launcher_pid is None:
+        return f"not running: its status.json says {st.state} but names no launcher process"
+    return (f"not running: its status.json says {st.state}, but its launcher (pid {st.launcher_pid}) is not alive on "
+            "this machine")
+
+
 def stop_run(run_dir: str | os.PathLike[str], *, machine_rank: int | None = None,
              waits: tuple[tuple[int, float], ...] = STOP_WAITS) -> tuple[RunStatus, bool]:
     """Stop a running run (every rank, then its launcher); returns (status.json after, whether this call stopped

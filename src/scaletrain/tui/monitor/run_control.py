@@ -88,12 +88,15 @@ class RunControl:
     @work(thread=True, exclusive=True, group="stop", exit_on_error=False)
     def stop_run(self) -> None:
         from scaletrain.engine.errors import ScaletrainError
-        from scaletrain.engine.launch.detach import stop_run
+        from scaletrain.engine.launch.detach import not_running, stop_run
 
         try:
-            st, _ = stop_run(self.run.path)
+            st, stopped = stop_run(self.run.path)
         except ScaletrainError as e:
             self.app.call_from_thread(self.set_status, f"not stopped: {e}", "bold red")
+            return
+        if not stopped:
+            self.app.call_from_thread(self.set_status, f"the run is {not_running(st)}; nothing to stop", "yellow")
             return
         self.app.call_from_thread(self.set_status, f"stopped: every rank ended; status {st.state}"
                                   + (f", exit code {st.exit_code}" if st.exit_code is not None else ""), "bold")
