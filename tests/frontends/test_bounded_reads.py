@@ -183,6 +183,15 @@ def test_diagnose_fifo_log_and_fifo_rank_log_in_a_run(tmp_path, run_dir):
     _one_line(r, "FIFO")
 
 
+def test_diagnose_of_a_run_never_launched_says_so(tmp_path, run_dir):
+    """A written run directory with no log yet: it said "diagnose needs at least one log file (or a run
+    directory)", given a run directory."""
+    d = _copy(run_dir, tmp_path, "run")
+    r, _ = _cli(["diagnose", str(d)], tmp_path)
+    line = _one_line(r, "has no logs yet", "not been launched", f"scaletrain launch {d}")
+    assert "needs at least one log file" not in line
+
+
 def test_diagnose_fifo_metrics_in_a_run(tmp_path, run_dir):
     d = _copy(run_dir, tmp_path, "run")
     shutil.copy(OOM_LOG, d / "logs" / "rank-3.log")

@@ -255,6 +255,11 @@ def diagnose_paths(paths: list[Path], plan: PlanDocument | None = None,
             if not RunDir(p).plan.exists() and not RunDir(p).logs.is_dir():
                 raise ScaletrainError(f"{p} is a directory but not a run directory (no plan.json or logs/)")
             l2, pj, c2, f2 = run_dir_inputs(p)
+            if not l2 and not c2 and not exit_codes:
+                why = ("its status.json names no exit codes" if RunDir(p).status.is_file() else
+                       f"it has not been launched (`scaletrain launch {p}` runs it)")
+                raise ScaletrainError(f"{p} has no logs yet ({RunDir(p).logs} holds no rank or launcher log) and "
+                                      f"{why}: nothing to diagnose")
             logs += l2
             codes.update(c2)
             first = first if first is not None else f2
