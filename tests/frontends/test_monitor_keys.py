@@ -56,6 +56,19 @@ def split_index(panel) -> int:
     return next(i for i, r in enumerate(panel.diagnosis.remedies) if r.changes == {"micro_batch": 1, "grad_accum": 8})
 
 
+async def apply_the_split(pilot, timeout_s: float):
+    """Pick the remedy that splits the micro batch, `a`, `y`: the relaunch said in the status line (returned)."""
+    app = pilot.app
+    panel = await remedies_shown(pilot)
+    app.screen.query_one("#remedy-list").highlighted = split_index(panel)
+    await pilot.press("a")
+    await wait_for(pilot, lambda: isinstance(app.screen, RemedyConfirm), 30, "the confirmation")
+    await pilot.press("y")
+    status = app.screen.query_one("#mon-status")
+    await wait_for(pilot, lambda: "in the background" in str(status.render()), timeout_s, "the relaunch")
+    return panel, status
+
+
 async def remedies_shown(pilot):
     panel = pilot.app.screen.query_one(RemediesPanel)
     await wait_for(pilot, lambda: panel.diagnosis is not None and panel.display, 60, "the automatic diagnosis")
@@ -158,13 +171,7 @@ def test_confirmed_remedy_rewrites_with_backup_relaunches_and_q_leaves_it_runnin
 
     async def go():
         async with app.run_test(size=(120, 40)) as pilot:
-            panel = await remedies_shown(pilot)
-            app.screen.query_one("#remedy-list").highlighted = split_index(panel)
-            await pilot.press("a")
-            await wait_for(pilot, lambda: isinstance(app.screen, RemedyConfirm), 30, "the confirmation")
-            await pilot.press("y")
-            status = app.screen.query_one("#mon-status")
-            await wait_for(pilot, lambda: "in the background" in str(status.render()), 120, "the relaunch")
+            panel, status = await apply_the_split(pilot, 120)
             said["status"] = str(status.render())
             assert not panel.display
             await wait_for(pilot, lambda: read_status(rd.status).state == "running", 240, "the run to be running")
@@ -212,13 +219,7 @@ def test_the_old_failure_does_not_come_back_while_the_relaunched_launcher_has_no
 
     async def go():
         async with app.run_test(size=(120, 40)) as pilot:
-            panel = await remedies_shown(pilot)
-            app.screen.query_one("#remedy-list").highlighted = split_index(panel)
-            await pilot.press("a")
-            await wait_for(pilot, lambda: isinstance(app.screen, RemedyConfirm), 30, "the confirmation")
-            await pilot.press("y")
-            status = app.screen.query_one("#mon-status")
-            await wait_for(pilot, lambda: "in the background" in str(status.render()), 30, "the relaunch")
+            panel, status = await apply_the_split(pilot, 30)
             await pilot.pause(1.0)                  # ten ticks of the 0.1 s sampler, each reading the old failure
             assert started and read_status(rd.status).state == "failed"
             assert not panel.display and panel.diagnosis is None

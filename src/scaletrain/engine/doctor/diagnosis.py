@@ -252,13 +252,14 @@ def diagnose_paths(paths: list[Path], plan: PlanDocument | None = None,
     for p in paths:
         p = Path(p)
         if p.is_dir():
-            if not RunDir(p).plan.exists() and not RunDir(p).logs.is_dir():
+            run = RunDir(p)
+            if not run.plan.exists() and not run.logs.is_dir():
                 raise ScaletrainError(f"{p} is a directory but not a run directory (no plan.json or logs/)")
             l2, pj, c2, f2 = run_dir_inputs(p)
             if not l2 and not c2 and not exit_codes:
-                why = ("its status.json names no exit codes" if RunDir(p).status.is_file() else
+                why = ("its status.json names no exit codes" if run.status.is_file() else
                        f"it has not been launched (`scaletrain launch {p}` runs it)")
-                raise ScaletrainError(f"{p} has no logs yet ({RunDir(p).logs} holds no rank or launcher log) and "
+                raise ScaletrainError(f"{p} has no logs yet ({run.logs} holds no rank or launcher log) and "
                                       f"{why}: nothing to diagnose")
             logs += l2
             codes.update(c2)
@@ -266,7 +267,7 @@ def diagnose_paths(paths: list[Path], plan: PlanDocument | None = None,
             plan = plan if plan is not None else pj
             status = status if status is not None else run_dir_status(p)
             if measured is None:
-                series = read_metrics(RunDir(p).metrics)
+                series = read_metrics(run.metrics)
                 measured, last = steady_step_seconds(series), (series[-1] if series else None)
         else:
             logs.append(p)

@@ -140,12 +140,16 @@ def _launcher_alive(st: RunStatus) -> bool:
     return start is not None and (st.launcher_start is None or start == st.launcher_start)
 
 
+def state_text(st: RunStatus) -> str:
+    """'finished, exit code 0' (or the state alone before it has one): what stop's answers say of the status."""
+    return st.state + (f", exit code {st.exit_code}" if st.exit_code is not None else "")
+
+
 def not_running(st: RunStatus) -> str:
     """Why stop_run stopped nothing, as the CLI and the monitor say it: the run is over, or its status.json says it
     runs while no launcher of it is alive here (a status written by hand, or a launcher gone without its record)."""
-    code = f", exit code {st.exit_code}" if st.exit_code is not None else ""
     if st.state not in ("starting", "running"):
-        return f"not running (status: {st.state}{code})"
+        return f"not running (status: {state_text(st)})"
     if st.launcher_pid is None:
         return f"not running: its status.json says {st.state} but names no launcher process"
     return (f"not running: its status.json says {st.state}, but its launcher (pid {st.launcher_pid}) is not alive on "

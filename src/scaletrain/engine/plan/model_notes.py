@@ -38,7 +38,8 @@ def _traced_facts(s: TrainingSetup) -> dict[str, Any] | None:
     idle = sum(k.blocks * sum((E - min(r, E)) * a * b for E, a, b, r in k.counted()) for k in kinds)
     return {"experts": max(E for k in kinds for E, _, _ in k.weights), "rows_per_token": list(traced_rows(s)),
             "moe_layers": moe_layers(s), "active_params": int(s.model.params - idle),
-            "experts_implementation": running_experts_impl(s), "counted": not uncounted_experts(s), "expert_parallelism": False}
+            "experts_implementation": running_experts_impl(s), "counted": not uncounted_experts(s),
+            "expert_parallelism": False}
 
 
 def moe_line(s: TrainingSetup) -> str | None:

@@ -69,7 +69,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from scaletrain.engine.launch.detach import not_running, stop_run
+    from scaletrain.engine.launch.detach import not_running, state_text, stop_run
 
     if args.machine_rank is not None and args.machine_rank < 0:
         raise ScaletrainError(f"--machine-rank must be ≥ 0 (got {args.machine_rank})")
@@ -77,8 +77,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     if not stopped:
         print(f"{args.run_dir} is {not_running(st)}; nothing to stop")
         return 0
-    code = f", exit code {st.exit_code}" if st.exit_code is not None else ""
-    print(f"stopped {args.run_dir}: every process ended; status {st.state}{code}. Resume with: "
+    print(f"stopped {args.run_dir}: every process ended; status {state_text(st)}. Resume with: "
           f"scaletrain launch {args.run_dir} --resume --detach")
     return 0 if st.over else 1
 

@@ -88,7 +88,7 @@ class RunControl:
     @work(thread=True, exclusive=True, group="stop", exit_on_error=False)
     def stop_run(self) -> None:
         from scaletrain.engine.errors import ScaletrainError
-        from scaletrain.engine.launch.detach import not_running, stop_run
+        from scaletrain.engine.launch.detach import not_running, state_text, stop_run
 
         try:
             st, stopped = stop_run(self.run.path)
@@ -98,6 +98,5 @@ class RunControl:
         if not stopped:
             self.app.call_from_thread(self.set_status, f"the run is {not_running(st)}; nothing to stop", "yellow")
             return
-        self.app.call_from_thread(self.set_status, f"stopped: every rank ended; status {st.state}"
-                                  + (f", exit code {st.exit_code}" if st.exit_code is not None else ""), "bold")
+        self.app.call_from_thread(self.set_status, f"stopped: every rank ended; status {state_text(st)}", "bold")
 

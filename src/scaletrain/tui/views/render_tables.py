@@ -50,7 +50,8 @@ def print_alternatives(c: Console, rows: tuple[AlternativeRow, ...], plan: Plan)
     s = plan.setup
     t = _table(f"alternatives at effective batch {s.effective_batch}, fastest first",
                [("#", "right"), ("strategy", "left"), ("micro×accum", "right"), ("ckpt", "left"),
-                (f"per {s.hardware.device_noun}", "right"), ("step", "right"), ("epoch", "right"), ("tokens/s", "right")])
+                (f"per {s.hardware.device_noun}", "right"), ("step", "right"), ("epoch", "right"),
+                ("tokens/s", "right")])
     for r in rows:
         step, epoch = _time_cells(r)
         t.add_row(("*" if r.chosen else "") + str(r.rank), _how(r), f"{r.micro_batch}×{r.grad_accum}",
