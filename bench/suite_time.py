@@ -137,7 +137,24 @@ def processes_by_kind(path: Path) -> dict:
         k["cpu_seconds"] = round(k["cpu_seconds"], 1)
     return {"recorded": len(rows), "cpu_seconds": round(sum(r["cpu_seconds"] for r in rows), 1),
             "not_recorded": "processes killed by a signal and non-Python children (the suite's CPU less this sum)",
-            "by_kind": sorted(kinds.values(), key=lambda k: -k["cpu_seconds"])}
+            "by_kind": sorted(kinds.values(), key=lambda k: -k["cpu_seconds"]),
+            "children_by_test": children_by_test(rows, 25)}
+
+
+def children_by_test(rows: list[dict], n: int) -> list[dict]:
+    """The n tests whose child processes (ranks, launchers, probes, CLI calls) cost the most CPU: the CPU a test's
+    own timer (suite_plugin) does not see. A child knows its test from PYTEST_CURRENT_TEST, which it inherits."""
+    tests: dict[str, dict] = {}
+    for r in rows:
+        name = re.sub(r" \((setup|call|teardown)\)$", "", r.get("test") or "")
+        if not name or r["kind"].startswith("pytest"):
+            continue                    # pytest itself and its workers: their own CPU, timed per test already
+        t = tests.setdefault(name, {"test": name, "processes": 0, "cpu_seconds": 0.0})
+        t["processes"] += 1
+        t["cpu_seconds"] += r["cpu_seconds"]
+    for t in tests.values():
+        t["cpu_seconds"] = round(t["cpu_seconds"], 1)
+    return sorted(tests.values(), key=lambda t: -t["cpu_seconds"])[:n]
 
 
 def main() -> int:

@@ -1,6 +1,7 @@
 """Where a timed suite's CPU goes, by process: bench/suite_time.py --processes puts this folder first on PYTHONPATH,
 so every Python process the suite starts (pytest and its workers, each CLI call, launcher, rank and probe) loads it
-and, as it ends, appends one JSON line to $SUITE_TIME_PROCESSES: its kind, its argv, its own CPU and wall seconds.
+and, as it ends, appends one JSON line to $SUITE_TIME_PROCESSES: its kind, its argv, its own CPU and wall seconds,
+and the test that started it (PYTEST_CURRENT_TEST, which pytest sets in its environment while a test runs).
 
 The trainer's ranks end with os._exit, which skips atexit: that exit is wrapped too. A process killed by a signal
 records nothing (a test's deliberately killed rank, a trace stopped at its memory cap): the suite's CPU total less
@@ -48,7 +49,8 @@ def _record() -> None:
     _done = True
     r = resource.getrusage(resource.RUSAGE_SELF)
     argv = [(os.path.basename(a) if "/" in a else a)[:200] for a in sys.argv[:3]]    # a line well under 4 KiB
-    line = json.dumps({"kind": _kind(), "argv": argv,
+    test = os.environ.get("PYTEST_CURRENT_TEST", "")[:300]     # a test's children inherit pytest's note of it
+    line = json.dumps({"kind": _kind(), "argv": argv, "test": test,
                        "cpu_seconds": round(r.ru_utime + r.ru_stime, 3),
                        "wall_seconds": round(time.monotonic() - _STARTED, 3), "modules": len(sys.modules)})
     try:
