@@ -142,8 +142,10 @@ def processes_by_kind(path: Path) -> dict:
 
 
 def children_by_test(rows: list[dict], n: int) -> list[dict]:
-    """The n tests whose child processes (ranks, launchers, probes, CLI calls) cost the most CPU: the CPU a test's
-    own timer (suite_plugin) does not see. A child knows its test from PYTEST_CURRENT_TEST, which it inherits."""
+    """The n tests whose child processes (ranks, launchers, probes, CLI calls) cost the most CPU, waited for or not.
+    A test's own timer (suite_plugin) counts only the children it waited for: a detached launcher or a trace
+    process that outlives the test is seen here alone. A child knows its test from PYTEST_CURRENT_TEST, which it
+    inherits."""
     tests: dict[str, dict] = {}
     for r in rows:
         name = re.sub(r" \((setup|call|teardown)\)$", "", r.get("test") or "")
