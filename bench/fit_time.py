@@ -13,6 +13,7 @@ Writes bench/results/time_fit-h100-2026-11-23.json; the chosen values are the de
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import math
@@ -50,7 +51,8 @@ def _solve(records: list[dict], c: TimeConstants, name: str, lo: float, hi: floa
     return (lo + hi) / 2
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)    # --help says what it does
     data = json.loads(RESULTS.read_text())
     plain = [r for r in data["records"] if r["strategy"] == "ddp"]
     zero2 = [r for r in data["records"] if r["strategy"] in ("zero1", "zero2")]

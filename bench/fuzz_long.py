@@ -17,7 +17,10 @@ import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent / "tests"), str(HERE)]
+TESTS = HERE.parent / "tests"
+# the test floors, as pyproject's pytest pythonpath has them: test_fuzz lives in tests/frontends/ and imports helpers
+# of the other floors by module name
+sys.path[:0] = [str(TESTS), *(str(TESTS / floor) for floor in ("engine", "trainer", "frontends", "e2e")), str(HERE)]
 
 
 def _versions() -> dict:

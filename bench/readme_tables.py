@@ -1,6 +1,7 @@
 """Regenerate the measured tables of the docs from bench/results/*.json (never typed by hand).
 
-    .venv/bin/python bench/readme_tables.py        # rewrites the marked sections in place
+    .venv/bin/python bench/readme_tables.py          # rewrites the marked sections in place
+    .venv/bin/python bench/readme_tables.py --check  # writes nothing: exit 1 if a section is not what the results give
 
 A section is the text between `<!-- BEGIN name -->` and `<!-- END name -->` in README.md or any page under docs/
 (docs/accuracy.md: architecture-sweep, cpu-groundtruth, gpu-accuracy; docs/benchmarks.md: bench-plan, bench-ui,
@@ -9,6 +10,7 @@ host-overhead); each name is in exactly one file (tests/test_docs.py).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -248,8 +250,13 @@ def section_pattern(name: str) -> re.Pattern[str]:
     return re.compile(rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", re.S)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Regenerate the docs' measured tables from bench/results/*.json.")
+    ap.add_argument("--check", action="store_true",
+                    help="write nothing; exit 1 naming each page whose tables differ from what the results give")
+    args = ap.parse_args(argv)
     bodies: dict[str, str] = {}
+    stale: list[str] = []
     for page in pages():
         text = original = page.read_text()
         for name, fn in SECTIONS.items():
@@ -262,10 +269,20 @@ def main() -> int:
                 except FileNotFoundError:
                     continue
             text = pat.sub(lambda m: m.group(1) + bodies[name] + "\n" + m.group(2), text)
-        if text != original:
-            tmp = page.with_suffix(".md.tmp")
-            tmp.write_text(text)
-            os.replace(tmp, page)
+        if text == original:
+            continue
+        if args.check:
+            changed = [n for n in SECTIONS if (a := section_pattern(n).search(original)) is not None
+                       and a.group(0) != section_pattern(n).search(text).group(0)]
+            stale.append(f"{page.relative_to(ROOT)}: {', '.join(changed)}")
+            continue
+        tmp = page.with_suffix(".md.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, page)
+    if stale:
+        print("tables not regenerated from bench/results (run python bench/readme_tables.py): " + "; ".join(stale),
+              file=sys.stderr)
+        return 1
     return 0
 
 

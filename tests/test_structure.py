@@ -367,6 +367,24 @@ def test_bench_is_covered_and_on_top():
     assert bad and "imports bench.accuracy (bench)" in bad[0]
 
 
+def scripts_that_run_without_parsing(bench: Path) -> list[str]:
+    """bench/ scripts with a __main__ block that reads no arguments: `--help` runs them, and they rewrite results."""
+    out = []
+    for path in sorted(bench.glob("*.py")):
+        text = path.read_text()
+        if '__name__ == "__main__"' in text and "ArgumentParser" not in text and "run_groundtruth(" not in text:
+            out.append(path.name)
+    return out
+
+
+def test_every_bench_script_parses_its_arguments(tmp_path):
+    """`python bench/X.py --help` says what X does and writes nothing: two scripts took it as a run and rewrote a
+    results file and a docs page. (run_groundtruth, bench/groundtruth_cli.py, parses for the ground-truth scripts.)"""
+    assert len(list(BENCH.glob("*.py"))) > 10 and scripts_that_run_without_parsing(BENCH) == []
+    (tmp_path / "bare.py").write_text('import sys\nif __name__ == "__main__":\n    sys.exit(0)\n')
+    assert scripts_that_run_without_parsing(tmp_path) == ["bare.py"]
+
+
 # ---- private names, NVML, function length ------------------------------------------------------------------------
 def private_imports() -> list[str]:
     """`from scaletrain.x import _name` anywhere in the package: another module's private name."""

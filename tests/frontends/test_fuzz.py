@@ -382,3 +382,22 @@ def test_the_contract_checker_can_fail():
         with pytest.raises(AssertionError, match="raw control characters"):
             check_contract(["plan", "--model", TINY, "--gpus", "2xCPU"], root,
                            stdout_check=lambda o: _no_terminal_escapes(o + "\x1b]0;x\x07"))
+
+
+@pytest.mark.long
+def test_the_long_fuzz_run_imports_these_properties_and_runs_them(tmp_path):
+    """bench/fuzz_long.py runs this file's properties for half an hour: it must find them wherever the test floors put
+    this file (it imported `test_fuzz` from tests/ alone and failed at its first line after the floors were made)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "fuzz.json"
+    env = dict(os.environ, SCALETRAIN_CACHE=str(tmp_path / "cache"), SCALETRAIN_CONFIG_DIR=str(tmp_path / "config"))
+    done = subprocess.run([sys.executable, str(root / "bench" / "fuzz_long.py"), "--minutes", "0.02", "--examples",
+                           "2", "--only", "config_json", "preset_yaml", "--out", str(out)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    props = json.loads(out.read_text())["properties"]
+    assert set(props) == {"config_json", "preset_yaml"}
+    assert all(p["found"] is None and p["examples"] >= 2 for p in props.values()), props
