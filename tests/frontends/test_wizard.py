@@ -329,6 +329,43 @@ def test_bad_gpu_count_is_refused_in_place():
     run(look())
 
 
+@pytest.mark.long
+def test_a_refused_next_puts_the_keys_on_the_field_it_names():
+    """ctrl+n refused while the focus sits on another field: the keys go to the field the refusal names, so what is
+    typed next fixes it (found in a tmux walk: 'choose a method' left the keys in the weights field, and a space
+    meant for the radio set went into a text field)."""
+    app = create_app(parse_args(["--gpus", "4xH200"]), detect=no_gpu, launch=False)
+
+    async def walk():
+        async with app.run_test(size=(100, 32)) as pilot:
+            await settle(pilot, app)
+            await retype(pilot, app, "nodes", "x")
+            app.screen.query_one("#in-per_node").focus()
+            await press(pilot, app, "ctrl+n")
+            assert screen_name(app) == "HardwareScreen" and app.focused.id == "in-nodes"
+            await press(pilot, app, "backspace", "1", "ctrl+n")         # typed where the refusal pointed
+            assert screen_name(app) == "ModelScreen"
+            await retype(pilot, app, "model", "qwen2.5 7b")
+            await press(pilot, app, "enter")
+            await retype(pilot, app, "weights", "Qwen/Qwen2.5-7B-Instruct")
+            await press(pilot, app, "ctrl+n")
+            assert "choose a method" in text_of(app, "#status") and app.focused.id == "method"
+            await press(pilot, app, "right", "space")                    # the radio set's keys: lora
+            assert app.screen.query_one("#method").pressed_button.id == "method-lora"
+            await retype(pilot, app, "lora_rank", "x")
+            app.screen.query_one("#in-residents").focus()
+            await press(pilot, app, "ctrl+n")
+            assert screen_name(app) == "ModelScreen" and app.focused.id == "in-lora_rank"
+            await press(pilot, app, "backspace", "8", "ctrl+n")
+            assert screen_name(app) == "BatchScreen" and app.state.request.lora_rank == 8
+            await retype(pilot, app, "effective_batch", "12a")
+            app.screen.query_one("#in-epochs").focus()
+            await press(pilot, app, "ctrl+n")
+            assert screen_name(app) == "BatchScreen" and app.focused.id == "in-effective_batch"
+
+    run(walk())
+
+
 # ---- model step -------------------------------------------------------------------------------------------------------
 @pytest.mark.long                # over 2.5 s in test-fast's run (bench/suite_time.py)
 def test_missing_model_path_is_refused_in_place(tmp_path):

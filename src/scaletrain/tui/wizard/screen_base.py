@@ -71,9 +71,24 @@ class WizardStep(Screen):
         yield from ()
 
     def refuse(self, error: ScaletrainError) -> None:
-        """Show a refusal in place: next to the field it names (a FieldError), and on the status line."""
+        """Show a refusal in place: next to the field it names (a FieldError), and on the status line; the keys go to
+        that field, so the next keystrokes fix it (ctrl+n refused while focus sat elsewhere typed them there)."""
         self.show_field_error(error)
         self.set_status(str(error), error=True)
+        self.focus_refused(error)
+
+    def focus_refused(self, error: ScaletrainError) -> None:
+        """Focus what a FieldError names: a text field's input, or a widget of that id (the method's radio set)."""
+        name = getattr(error, "field_name", None)
+        if not name:
+            return
+        for field in self.query(f"#field-{name}").results(Field):
+            field.input.focus()
+            return
+        for widget in self.query(f"#{name}"):
+            if widget.focusable:
+                widget.focus()
+                return
 
     def show_field_error(self, error: ScaletrainError) -> None:
         """Show a FieldError next to the field it names (any other refusal names no field)."""

@@ -260,8 +260,8 @@ trained one, e.g. a reference policy or an evaluator: `MODEL[:BITS], …` with b
         if not model:
             raise FieldError("model", "no model chosen; pick one from the catalog or give a config.json path")
         if method is None:
-            raise ScaletrainError(f"choose a method: {', '.join(Method.values())} (full fine-tuning, LoRA adapters, "
-                                  "or LoRA on a 4-bit base)")
+            raise FieldError("method", f"choose a method: {', '.join(Method.values())} (full fine-tuning, LoRA "
+                                       "adapters, or LoRA on a 4-bit base)")
         weights = self._weights(model)
         changes: dict = dict(model=model, method=method, objective=self._objective())
         if method != "full":
