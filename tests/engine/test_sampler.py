@@ -278,6 +278,29 @@ def test_run_watcher_incremental(tmp_path, gpu_plan_json):
                                                                                {0: 11, 1: 12})
 
 
+def test_a_launch_s_wall_time_is_its_status_s_not_the_steps(tmp_path, gpu_plan_json):
+    """The monitor said "finished after 82 ms" of a run that took 5 s: the steps' sum. The launch's wall time comes
+    from its status (started to ended; to now while it runs on this host), the model load and the export included."""
+    import socket
+    from datetime import datetime
+
+    from scaletrain.engine.launch.status import RunStatus
+
+    here = socket.gethostname()
+    over = RunStatus("finished", started="2026-12-03T15:01:25", ended="2026-12-03T15:01:30", host=here)
+    assert over.wall_seconds() == 5.0 and over.wall_seconds(datetime(2030, 1, 1)) == 5.0
+    running = RunStatus("running", started="2026-12-03T15:01:25", host=here)
+    assert running.wall_seconds(datetime(2026, 12, 3, 15, 3, 25)) == 120.0 and running.wall_seconds() is None
+    assert RunStatus("running", started="2026-12-03T15:01:25", host="another-host").wall_seconds(datetime.now()) is None
+    for started, ended in ((None, None), ("yesterday", None), ("2026-12-03T15:01:25", "2026-12-03T15:01:20"),
+                           ("2026-12-03T15:01:25", "not a time")):
+        assert RunStatus("finished", started=started, ended=ended).wall_seconds(datetime.now()) is None
+    (tmp_path / "plan.json").write_text(json.dumps(gpu_plan_json))
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "status.json").write_text(json.dumps(over.to_json()))
+    assert RunWatcher(tmp_path).poll().wall_seconds == 5.0
+
+
 def test_early_warning_before_the_oom(gpu_plan_json):
     mem = gpu_plan_json["memory"]
     pred = mem["allocated_peak_bytes"]

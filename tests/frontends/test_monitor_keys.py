@@ -338,20 +338,26 @@ def test_d_on_a_healthy_run_says_no_failure_quotes_nothing_and_toggles(tmp_path)
 
 @pytest.mark.parametrize("state,code", [("finished", 0), ("failed", 1), ("interrupted", 130), ("running", None)])
 def test_a_run_that_is_over_shows_no_eta(tmp_path, state, code):
+    """Over, it says how long the launch ran by its status's times (not the steps' 3 s: the model load, checkpoints
+    and the export count too); a status without them says what the steps took, called that."""
     rd = gpu_run_dir(tmp_path / "run")
-    rd.status.write_text(json.dumps({"state": state, "exit_code": code}))
-    for size in ((120, 40), (80, 24)):
-        async def go():
-            app = app_for(rd)
-            async with app.run_test(size=size) as pilot:
-                jp = app.screen.query_one(JobPanel)
-                await wait_for(pilot, lambda: jp.last is not None, 10, "a tick")
-                await pilot.pause(0.2)
-                shown = text_of(app.screen.query_one("#job-numbers"))
-                if state == "running":
-                    assert "ETA" in shown
-                else:
-                    assert "ETA" not in shown and ("after" in shown or "ran " in shown), shown
+    for times in ({"started": "2026-12-03T15:01:25", "ended": "2026-12-03T16:03:25"}, {}):
+        rd.status.write_text(json.dumps({"state": state, "exit_code": code, "host": "elsewhere", **times}))
+        for size in ((120, 40), (80, 24)):
+            async def go():
+                app = app_for(rd)
+                async with app.run_test(size=size) as pilot:
+                    jp = app.screen.query_one(JobPanel)
+                    await wait_for(pilot, lambda: jp.last is not None, 10, "a tick")
+                    await pilot.pause(0.2)
+                    shown = text_of(app.screen.query_one("#job-numbers"))
+                    if state == "running":
+                        # another host's clock: no wall time (the 80x24 line has room for the ETA only)
+                        assert "ETA" in shown and ("3.0 s in steps" in shown or size == (80, 24)), shown
+                    elif times:
+                        assert "ETA" not in shown and ("after 62.0 min" in shown or "ran 62.0 min" in shown), shown
+                    else:
+                        assert "ETA" not in shown and "3.0 s in steps" in shown, shown
 
         asyncio.run(go())
 

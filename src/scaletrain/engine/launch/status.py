@@ -24,6 +24,7 @@ import json
 import os
 import socket
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,14 @@ from scaletrain.engine.launch.processes import process_start
 
 STATES = ("starting", "running", "finished", "failed", "interrupted", "unknown")
 OVER = ("finished", "failed", "interrupted")
+
+
+def _when(stamp: str | None) -> datetime | None:
+    """A status time ("2026-12-03T15:01:25", the launcher's local clock), or None when absent or not a time."""
+    try:
+        return datetime.fromisoformat(stamp) if stamp else None
+    except (TypeError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,20 @@ class RunStatus:
             return False
         start = process_start(self.launcher_pid)
         return start is None or (self.launcher_start is not None and start != self.launcher_start)
+
+    def wall_seconds(self, now: datetime | None = None) -> float | None:
+        """How long this launch has run, by the launcher's clock: started to ended once it is over; to `now` while it
+        runs on this host (another host's clock, or a status without times, says nothing: None). Not the steps'
+        time: the model load, checkpoints and the export count too."""
+        start, end = _when(self.started), _when(self.ended)
+        if start is None:
+            return None
+        if end is None:
+            if self.over or now is None or self.host not in (None, socket.gethostname()):
+                return None
+            end = now
+        seconds = (end - start).total_seconds()
+        return seconds if seconds >= 0 else None
 
     def running_elsewhere(self) -> int | None:
         """The launcher pid when this status says running and that process (not this one) is alive."""

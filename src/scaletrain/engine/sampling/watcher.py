@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import datetime
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -67,6 +68,7 @@ class JobSnapshot:
     waiting_for: str | None = None                # "waiting for DIR" while the run directory does not exist
     tensorboard: str | None = None                # the command that shows the run's TensorBoard events
     view: JobView | None = None                   # every rank on every node at the last step (job_view.py)
+    wall_seconds: float | None = None             # how long this launch has run, or ran (RunStatus.wall_seconds)
 
 
 def memory_views(plan: PlanDocument | None, peak_memory: Iterable[RankMemory]) -> tuple[RankMemoryView, ...]:
@@ -211,6 +213,6 @@ class RunWatcher:
         warnings = self.problems(status) + tuple(m.warning for m in mem if m.warning)
         return JobSnapshot(time.time(), status, summary, self._losses, mem, tuple(lines), warnings, tuple(new),
                            self._series, tensorboard=tensorboard_command(self.run) if self.run.tensorboard.is_dir()
-                           else None, view=self._view)
+                           else None, view=self._view, wall_seconds=status.wall_seconds(datetime.now()))
 
 

@@ -29,11 +29,20 @@ STATE_STYLE = {"starting": "yellow", "running": "bold green", "finished": "bold 
                "unknown": "dim"}
 
 
-def when_text(state: str, s: Any) -> str:
-    """The ETA while the run goes on; a run that is over (finished, failed, stopped) has none, only how long it ran."""
+def when_text(state: str, s: Any, wall_seconds: float | None) -> str:
+    """The ETA while the run goes on; a run that is over (finished, failed, stopped) has none, only how long it ran:
+    the launch's wall time (start-up, checkpoints and the export included) where its status says it, else what the
+    steps took, called that."""
     if state in OVER:
-        return f"{state} after {fmt_seconds(s.elapsed_seconds)}"
-    return f"ETA {fmt_seconds(s.eta_seconds)}   elapsed {fmt_seconds(s.elapsed_seconds)}"
+        return (f"{state} after {fmt_seconds(wall_seconds)}" if wall_seconds is not None
+                else f"{state}: {fmt_seconds(s.elapsed_seconds)} in steps")
+    ran = (f"elapsed {fmt_seconds(wall_seconds)}" if wall_seconds is not None
+           else f"{fmt_seconds(s.elapsed_seconds)} in steps")
+    return f"ETA {fmt_seconds(s.eta_seconds)}   {ran}"
+
+
+def _ran_text(s: Any, wall_seconds: float | None) -> str:
+    return f"ran {fmt_seconds(wall_seconds)}" if wall_seconds is not None else f"{fmt_seconds(s.elapsed_seconds)} in steps"
 
 
 class JobPanel(VerticalScroll):
@@ -102,10 +111,10 @@ class JobPanel(VerticalScroll):
             rows.append(Text(f"loss {s.loss:.4f} (first {s.loss_first:.4f})   lr {s.lr:.3g}"))
             if s.versus is not None:       # measured beside the plan's, measured ÷ planned (engine summary)
                 rows.append(Text(f"tokens/s {s.versus.tokens_text()}   step {s.versus.step_text()}"))
-                rows.append(Text(when_text(st.state, s)))
+                rows.append(Text(when_text(st.state, s, job.wall_seconds)))
             else:
                 rows.append(Text(f"tokens/s {s.tokens_per_second:,.0f}   step {fmt_seconds(s.step_seconds)}   "
-                                 + when_text(st.state, s)))
+                                 + when_text(st.state, s, job.wall_seconds)))
         if job.tensorboard:
             rows.append(Text.assemble(("TensorBoard: ", "dim"), job.tensorboard))
         if job.memory and not self.compact and not self.grid_shown:
@@ -130,7 +139,7 @@ class JobPanel(VerticalScroll):
         head.append(f"  step {s.step}/{s.total_steps} ")
         head.append_text(bar(s.fraction_done, cells=12, style="cyan"))
         head.append(f" {s.fraction_done:4.0%}  " + (f"ETA {fmt_seconds(s.eta_seconds)}" if job.status.state not in OVER
-                                                   else f"ran {fmt_seconds(s.elapsed_seconds)}"))
+                                                   else _ran_text(s, job.wall_seconds)))
         speed = (f"{s.versus.tokens_text()}  {s.versus.step_text()}" if s.versus is not None
                  else f"{s.tokens_per_second:,.0f} tok/s  step {fmt_seconds(s.step_seconds)}")
         rows = [head, Text(f"loss {s.loss:.4f}  {speed}", no_wrap=True, overflow="ellipsis")]
