@@ -119,11 +119,12 @@ def test_headless_waits_for_a_run_dir_that_does_not_exist_yet(tmp_path):
     time.sleep(0.5)
     assert out.getvalue() == f"waiting for {target.resolve()}\n"        # said once, not every tick
     gpu_run_dir(target)
-    (target / "status.json").write_text(json.dumps({"state": "finished", "exit_code": 0}))
+    (target / "status.json").write_text(json.dumps({"state": "finished", "exit_code": 0, "host": "elsewhere",
+                                                    "started": "2026-12-03T15:01:25", "ended": "2026-12-03T16:03:25"}))
     t.join(20)
     assert not t.is_alive() and result == [0]
     text = out.getvalue()
-    assert "step 2/4" in text and "run finished: exit code 0" in text
+    assert "step 2/4" in text and "run finished: exit code 0, after 62.0 min\n" in text    # the launch's wall time
 
 
 def test_headless_once_on_a_missing_dir_says_it_does_not_exist(tmp_path, capsys):

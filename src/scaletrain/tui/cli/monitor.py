@@ -131,7 +131,9 @@ class HeadlessPrinter:
             self.state = job.status.state
             if job.status.over:
                 code = job.status.exit_code
-                self.out.write(f"run {self.state}" + (f": exit code {code}" if code is not None else "")
+                ran = f"after {fmt_seconds(job.wall_seconds)}" if job.wall_seconds is not None else None
+                said = ", ".join(x for x in (f"exit code {code}" if code is not None else None, ran) if x)
+                self.out.write(f"run {self.state}" + (f": {said}" if said else "")
                                + (f" ({job.status.reason})" if job.status.reason else "") + "\n")
                 from scaletrain.tui.views.progress import export_line     # rich: only when a run ends
 
