@@ -29,20 +29,19 @@ STATE_STYLE = {"starting": "yellow", "running": "bold green", "finished": "bold 
                "unknown": "dim"}
 
 
+def took_text(s: Any, wall_seconds: float | None, said: str) -> str:
+    """How long the run has gone on: the launch's wall time after `said` where its status has the times (start-up,
+    checkpoints and the export included), else what the steps took, called that."""
+    if wall_seconds is not None:
+        return f"{said} {fmt_seconds(wall_seconds)}"
+    return f"{fmt_seconds(s.elapsed_seconds)} in steps"
+
+
 def when_text(state: str, s: Any, wall_seconds: float | None) -> str:
-    """The ETA while the run goes on; a run that is over (finished, failed, stopped) has none, only how long it ran:
-    the launch's wall time (start-up, checkpoints and the export included) where its status says it, else what the
-    steps took, called that."""
+    """The ETA while the run goes on; a run that is over (finished, failed, stopped) has none, only how long it ran."""
     if state in OVER:
-        return (f"{state} after {fmt_seconds(wall_seconds)}" if wall_seconds is not None
-                else f"{state}: {fmt_seconds(s.elapsed_seconds)} in steps")
-    ran = (f"elapsed {fmt_seconds(wall_seconds)}" if wall_seconds is not None
-           else f"{fmt_seconds(s.elapsed_seconds)} in steps")
-    return f"ETA {fmt_seconds(s.eta_seconds)}   {ran}"
-
-
-def _ran_text(s: Any, wall_seconds: float | None) -> str:
-    return f"ran {fmt_seconds(wall_seconds)}" if wall_seconds is not None else f"{fmt_seconds(s.elapsed_seconds)} in steps"
+        return f"{state} {took_text(s, wall_seconds, 'after')}"
+    return f"ETA {fmt_seconds(s.eta_seconds)}   {took_text(s, wall_seconds, 'elapsed')}"
 
 
 class JobPanel(VerticalScroll):
@@ -139,7 +138,7 @@ class JobPanel(VerticalScroll):
         head.append(f"  step {s.step}/{s.total_steps} ")
         head.append_text(bar(s.fraction_done, cells=12, style="cyan"))
         head.append(f" {s.fraction_done:4.0%}  " + (f"ETA {fmt_seconds(s.eta_seconds)}" if job.status.state not in OVER
-                                                   else _ran_text(s, job.wall_seconds)))
+                                                   else took_text(s, job.wall_seconds, "ran")))
         speed = (f"{s.versus.tokens_text()}  {s.versus.step_text()}" if s.versus is not None
                  else f"{s.tokens_per_second:,.0f} tok/s  step {fmt_seconds(s.step_seconds)}")
         rows = [head, Text(f"loss {s.loss:.4f}  {speed}", no_wrap=True, overflow="ellipsis")]
