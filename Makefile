@@ -32,14 +32,15 @@ FAST_THREADS = OMP_NUM_THREADS=$$(( $$(nproc) / $(FAST_JOBS) > 0 ? $$(nproc) / $
 
 venv: $(STAMP)
 
-# torch is pinned here (a local CPU build on the dev machines); pyproject keeps a range.
-# deepspeed's setup imports torch, so it is built without isolation against the pinned torch.
-$(STAMP): pyproject.toml Makefile
+# torch is pinned here (a local CPU build on the dev machines), every other library by constraints.txt (the set the
+# suite ran with: a clean clone got transformers 5.25.0 the day it came out, four model types the recorded sweep had
+# not seen); pyproject keeps ranges. deepspeed's setup imports torch, so it is built without isolation against it.
+$(STAMP): pyproject.toml Makefile constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q torch==2.13.0
-	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation deepspeed
-	$(PY) -m pip install -q -e '.[train,dev,wandb]'
+	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation -c constraints.txt deepspeed
+	$(PY) -m pip install -q -c constraints.txt -e '.[train,dev,wandb]'
 	$(DS_OP)
 	touch $(STAMP)
 
