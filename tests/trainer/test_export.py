@@ -64,8 +64,8 @@ def test_zero3_exports_its_last_and_an_earlier_checkpoint_through_deepspeed(zero
     e = json.loads(capsys.readouterr().out)
     assert e["step"] == 6 and e["kind"] == "model"
     model = AutoModelForCausalLM.from_pretrained(e["path"]).eval()
-    ref = load_trained(read_run_config(run.path), run.checkpoints / "step-6")
-    later = load_trained(read_run_config(run.path), run.checkpoints / "step-12")
+    ref, _ = load_trained(read_run_config(run.path), run.checkpoints / "step-6")
+    later, _ = load_trained(read_run_config(run.path), run.checkpoints / "step-12")
     ids = torch.arange(16).reshape(1, 16)
     with torch.no_grad():
         a, b, c = (m(input_ids=ids).logits for m in (model, ref, later))
@@ -99,8 +99,8 @@ def test_fsdp_exports_its_dcp_shards_at_the_end_and_an_earlier_step_on_demand(fs
     sharded = {k.removeprefix("model.") for k, v in meta.state_dict_metadata.items()
                if k.startswith("model.") and len(getattr(v, "chunks", ())) == 2}
     assert set(dict(model.named_parameters())) <= sharded
-    ref = load_trained(read_run_config(run.path), run.checkpoints / "step-6")
-    later = load_trained(read_run_config(run.path), run.checkpoints / "step-12")
+    ref, _ = load_trained(read_run_config(run.path), run.checkpoints / "step-6")
+    later, _ = load_trained(read_run_config(run.path), run.checkpoints / "step-12")
     ids = torch.arange(16).reshape(1, 16)
     with torch.no_grad():
         a, b, c = (m(input_ids=ids).logits for m in (model, ref, later))
@@ -108,8 +108,12 @@ def test_fsdp_exports_its_dcp_shards_at_the_end_and_an_earlier_step_on_demand(fs
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "zero2"])
 def test_lora_run_leaves_an_adapter_and_a_merged_model_equal_to_base_plus_adapter(tmp_path, strategy):
+    """DDP from random init: the export reads the whole checkpoint (a random base is not built again). FSDP's DCP
+    shards and DeepSpeed's partitions from a local model folder (real weights): it reads the trained weights only,
+    the frozen base built again from the folder, and the adapter and merged exports still give the trained model's
+    logits."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -118,11 +122,16 @@ def test_lora_run_leaves_an_adapter_and_a_merged_model_equal_to_base_plus_adapte
     from scaletrain.engine.request.options import TrainOptions
     from scaletrain.engine.request.request import PlanRequest
     from scaletrain.engine.run.writers import write_run_dir
+    from test_train_cpu import save_local_model, write_dataset
 
-    req = PlanRequest(model="scaletrain/tiny-qwen2", gpus="2xCPU", precision="fp32", strategy=strategy,
+    real = strategy != "ddp"
+    model = str(save_local_model(tmp_path / "my-model")) if real else "scaletrain/tiny-qwen2"
+    req = PlanRequest(model=model, gpus="2xCPU", precision="fp32", strategy=strategy,
                       method="lora", lora_rank=4, micro_batch=2, grad_accum=1, grad_ckpt=False, offload="none",
-                      seq_len=64)
-    run = write_run_dir(make_plan(req), req, TrainOptions(lr=1e-2, max_steps=4, checkpoint_every=4), tmp_path / "run")
+                      seq_len=64 if not real else 32)
+    train = TrainOptions(lr=1e-2, max_steps=4, checkpoint_every=4, model_source=model if real else None,
+                         dataset=str(write_dataset(tmp_path / "data.jsonl", n=120)) if real else None)
+    run = write_run_dir(make_plan(req), req, train, tmp_path / "run")
     _launch(run)
     if strategy == "fsdp":       # the frozen base and the adapters sharded alike; only the adapters train
         from test_train_cpu import FSDP_LINE, assert_checkpoint_size, assert_fsdp_sharded
@@ -136,8 +145,12 @@ def test_lora_run_leaves_an_adapter_and_a_merged_model_equal_to_base_plus_adapte
         assert FSDP_LINE.search(run.rank_log(0).read_text())
     out = run.path / "export" / "step-4"
     assert (out / "adapter" / "adapter_config.json").is_file() and (out / "adapter" / "adapter_model.safetensors").is_file()
-    diffs = json.loads((out / "export.json").read_text())["checked"]["max_abs_logit_diff"]
+    manifest = json.loads((out / "export.json").read_text())
+    diffs = manifest["checked"]["max_abs_logit_diff"]
     assert diffs["adapter"] <= 1e-5 and diffs["merged"] <= 1e-4          # base + adapter, and merged, = trained
+    lora_tensors = 2 * 7 * 2                 # A and B of the 7 block linears LoRA adapts, in each of the 2 layers
+    assert (manifest["checkpoint_tensors_read"] == lora_tensors) == real, manifest   # real weights: adapters only
+    assert manifest["checkpoint_tensors_read"] >= lora_tensors
     probe = load_file(str(out / "probe.safetensors"))
     merged = AutoModelForCausalLM.from_pretrained(str(out / "merged")).eval()
     with torch.no_grad():

@@ -64,28 +64,34 @@ def pick_checkpoint(run: RunDir, step: int | None) -> Path:
     raise ScaletrainError(f"no complete checkpoint at step {step} in {run.checkpoints}; steps with one: {have}")
 
 
-def state_dict(ck: Path, cfg: RunConfig) -> dict[str, Any]:
-    """The checkpoint's weights by parameter name, consolidated by the library that wrote them."""
+def state_dict(ck: Path, cfg: RunConfig, wanted: frozenset[str] | None = None) -> dict[str, Any]:
+    """The checkpoint's weights by parameter name, consolidated by the library that wrote them; with `wanted`, only
+    those names are read (a LoRA export's trained weights, engine/run/disk.py reads_trained_only)."""
     if (ck / DS_CHECKPOINT_TAG).is_dir():
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         from scaletrain.trainer.checkpoints import weights_only_loads
 
         with weights_only_loads():
-            return dict(get_fp32_state_dict_from_zero_checkpoint(str(ck), tag=DS_CHECKPOINT_TAG))
+            sd = dict(get_fp32_state_dict_from_zero_checkpoint(str(ck), tag=DS_CHECKPOINT_TAG,
+                                                               exclude_frozen_parameters=wanted is not None))
+        return sd if wanted is None else {k: v for k, v in sd.items() if k in wanted}
     from scaletrain.trainer.fsdp import DCP_DIR, full_model_state, is_sharded_checkpoint
 
     if is_sharded_checkpoint(ck):
-        return full_model_state(ck)             # FSDP: every rank's DCP shards read into whole tensors
+        return full_model_state(ck, wanted)     # FSDP: every rank's DCP shards read into whole tensors
     files = sorted(ck.glob("model*.safetensors"))
     if not files:
         raise ScaletrainError(f"{ck} holds no model*.safetensors (an accelerate checkpoint), no FSDP {DCP_DIR}/ "
                               f"shards and no DeepSpeed {DS_CHECKPOINT_TAG}/ folder: nothing to export")
-    from safetensors.torch import load_file
+    from safetensors import safe_open
 
     out: dict[str, Any] = {}
     for f in files:
-        out.update(load_file(str(f)))
+        with safe_open(str(f), framework="pt") as st:
+            for k in st.keys():
+                if wanted is None or k in wanted:
+                    out[k] = st.get_tensor(k)
     return out
 
 
@@ -101,8 +107,10 @@ def _base_config(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
-def load_trained(cfg: RunConfig, ck: Path) -> Any:
-    """The model the run trained, with the checkpoint's weights; every trained weight must come from it."""
+def load_trained(cfg: RunConfig, ck: Path) -> tuple[Any, int]:
+    """The model the run trained, with the checkpoint's weights (every trained weight must come from it), and how
+    many tensors were read from the checkpoint: a LoRA run from real weights reads its trained ones only, its frozen
+    base built again from those weights (one copy of the model in host RAM, not two)."""
     import torch
 
     from scaletrain.trainer.model import build_model
@@ -112,19 +120,22 @@ def load_trained(cfg: RunConfig, ck: Path) -> Any:
         unset_hf_deepspeed_config()
     except ImportError:
         pass
+    from scaletrain.engine.run.disk import reads_trained_only
+
     model = build_model(_base_config(cfg), torch.device("cpu"))
-    sd = state_dict(ck, cfg)
     params = dict(model.named_parameters())
+    trained = {n for n, p in params.items() if p.requires_grad}
+    only = reads_trained_only(cfg, cfg.train)
+    sd = state_dict(ck, cfg, frozenset(trained) if only else None)
     sd = {k: v.to(params[k].dtype) if k in params else v for k, v in sd.items()}
     missing, unexpected = model.load_state_dict(sd, strict=False)
-    trained = {n for n, p in params.items() if p.requires_grad}
     lost = sorted(trained & set(missing))
     if lost or unexpected:
         raise ScaletrainError(f"{ck.name} does not match the run's model: "
                               + (f"trained weights missing ({', '.join(lost[:3])}…)" if lost else
                                  f"unexpected weights ({', '.join(sorted(unexpected)[:3])}…)"))
     model.tie_weights() if hasattr(model, "tie_weights") else None
-    return model.eval()
+    return model.eval(), len(sd)
 
 
 def export_run(run_dir: str | Path, step: int | None = None, out: str | Path | None = None, merge: bool = False,
@@ -151,12 +162,13 @@ def export_run(run_dir: str | Path, step: int | None = None, out: str | Path | N
     except (OSError, RuntimeError) as e:
         raise ScaletrainError(io_problem(e, target, "cannot write the export at") or str(e)) from None
     try:
-        model = load_trained(cfg, ck)
+        model, read = load_trained(cfg, ck)
         merged = _write(model, cfg, partial, adapter, merge, dtype)
         atomic_write(partial / EXPORT_MANIFEST, json.dumps(
             {"step": n, "checkpoint": str(ck), "kind": "adapter" if adapter else "model", "dtype": dtype,
              "method": str(cfg.method), "strategy": str(cfg.strategy), "model": cfg.model_id,
-             "base_weights": cfg.train.model_source, "merged": merged}, indent=2) + "\n", backup=False)
+             "base_weights": cfg.train.model_source, "merged": merged, "checkpoint_tensors_read": read},
+            indent=2) + "\n", backup=False)
         if target.exists():
             target.rmdir()
         partial.rename(target)
@@ -250,7 +262,7 @@ def exported_logits(e: Exported, cfg: RunConfig, ck: Path, input_ids: Any) -> di
             return out
         from peft import PeftModel
 
-        base = load_trained(cfg, ck).unload()                # the run's base, adapters removed unmerged
+        base = load_trained(cfg, ck)[0].unload()             # the run's base, adapters removed unmerged
         out["adapter"] = PeftModel.from_pretrained(base, str(e.path / "adapter")).eval()(
             input_ids=input_ids).logits.float()
         if e.merged is not None:

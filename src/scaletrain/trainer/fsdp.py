@@ -238,9 +238,10 @@ def is_sharded_checkpoint(ck: Path) -> bool:
     return (ck / DCP_DIR / ".metadata").is_file()
 
 
-def full_model_state(ck: Path) -> dict[str, Any]:
-    """The checkpoint's model weights as whole tensors by parameter name, in this one process: DCP reads every
-    rank's shards into full-size tensors (no process group; also inside a trainer rank)."""
+def full_model_state(ck: Path, wanted: frozenset[str] | None = None) -> dict[str, Any]:
+    """The checkpoint's model weights as whole tensors by parameter name (only the `wanted` names, when given), in
+    this one process: DCP reads every rank's shards into full-size tensors (no process group; also inside a trainer
+    rank)."""
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -250,7 +251,8 @@ def full_model_state(ck: Path) -> dict[str, Any]:
     prefix = MODEL_KEY + "."
     wanted = {k[len(prefix):]: torch.empty(v.size, dtype=v.properties.dtype)
               for k, v in meta.state_dict_metadata.items()
-              if k.startswith(prefix) and isinstance(v, TensorStorageMetadata)}
+              if k.startswith(prefix) and isinstance(v, TensorStorageMetadata)
+              and (wanted is None or k[len(prefix):] in wanted)}
     sd = {MODEL_KEY: wanted}
     with warnings.catch_warnings():        # "assuming the intent is to load in a single process": it is
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)

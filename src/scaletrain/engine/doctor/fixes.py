@@ -116,7 +116,7 @@ def _remedies(diag: Diagnosis, doc: PlanDocument | None, req: PlanRequest | None
     if k == "disk_full":
         return _disk_full_remedies(doc)
     if k == "export_failed":
-        return _export_remedies(diag, plan)
+        return _export_remedies(diag, plan, doc)
     return []
 
 
@@ -138,16 +138,20 @@ def _attention_remedies(req: PlanRequest | None, plan: Plan | None, unsupported:
 CHECKPOINT_EVERY_FACTOR = 10        # "checkpoint less often": ten times fewer checkpoints
 
 
-def _export_remedies(diag: Diagnosis, plan: Plan | None) -> list[Remedy]:
+def _export_remedies(diag: Diagnosis, plan: Plan | None, doc: PlanDocument | None = None) -> list[Remedy]:
     """The checkpoint is intact: export it again (on a machine with the host RAM the export needs)."""
-    from scaletrain.engine.run.disk import export_host_bytes
+    from scaletrain.engine.run.disk import export_host_bytes, reads_trained_only
 
     step = diag.details.get("step")
     out = [_disk_remedy(f"export it again: scaletrain export RUN_DIR --step {step}", {},
                         "reads the checkpoint on the CPU in one process; any machine that sees the run directory",
                         applicable=False)]
     if plan is not None:
-        need = export_host_bytes(plan.setup)
+        try:
+            train = doc.train if doc is not None else None
+        except ScaletrainError:
+            train = None
+        need = export_host_bytes(plan.setup, train is not None and reads_trained_only(plan.setup, train))
         out.append(_disk_remedy(f"export on a machine with {fmt_bytes(need)} of free host RAM", {},
                                 "the model and the consolidated weights are both in host memory while it writes",
                                 applicable=False))
