@@ -249,11 +249,11 @@ def full_model_state(ck: Path, wanted: frozenset[str] | None = None) -> dict[str
     reader = _reader(ck / DCP_DIR)
     meta = reader.read_metadata()
     prefix = MODEL_KEY + "."
-    wanted = {k[len(prefix):]: torch.empty(v.size, dtype=v.properties.dtype)
-              for k, v in meta.state_dict_metadata.items()
-              if k.startswith(prefix) and isinstance(v, TensorStorageMetadata)
-              and (wanted is None or k[len(prefix):] in wanted)}
-    sd = {MODEL_KEY: wanted}
+    tensors = {k[len(prefix):]: torch.empty(v.size, dtype=v.properties.dtype)
+               for k, v in meta.state_dict_metadata.items()
+               if k.startswith(prefix) and isinstance(v, TensorStorageMetadata)
+               and (wanted is None or k[len(prefix):] in wanted)}
+    sd = {MODEL_KEY: tensors}
     with warnings.catch_warnings():        # "assuming the intent is to load in a single process": it is
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
         dcp.load(sd, storage_reader=_reader(ck / DCP_DIR), planner=_planner(), no_dist=True)

@@ -140,18 +140,14 @@ CHECKPOINT_EVERY_FACTOR = 10        # "checkpoint less often": ten times fewer c
 
 def _export_remedies(diag: Diagnosis, plan: Plan | None, doc: PlanDocument | None = None) -> list[Remedy]:
     """The checkpoint is intact: export it again (on a machine with the host RAM the export needs)."""
-    from scaletrain.engine.run.disk import export_host_bytes, reads_trained_only
+    from scaletrain.engine.run.disk import export_host_bytes
 
     step = diag.details.get("step")
     out = [_disk_remedy(f"export it again: scaletrain export RUN_DIR --step {step}", {},
                         "reads the checkpoint on the CPU in one process; any machine that sees the run directory",
                         applicable=False)]
     if plan is not None:
-        try:
-            train = doc.train if doc is not None else None
-        except ScaletrainError:
-            train = None
-        need = export_host_bytes(plan.setup, train is not None and reads_trained_only(plan.setup, train))
+        need = export_host_bytes(plan.setup, _train_of(doc))
         out.append(_disk_remedy(f"export on a machine with {fmt_bytes(need)} of free host RAM", {},
                                 "the model and the consolidated weights are both in host memory while it writes",
                                 applicable=False))
@@ -163,14 +159,19 @@ def _disk_remedy(title: str, changes: dict[str, Any], why: str, applicable: bool
                   applicable=applicable)
 
 
+def _train_of(doc: PlanDocument | None) -> Any:
+    """The plan's train options, or None when there is no plan or its train section does not read."""
+    try:
+        return doc.train if doc is not None else None
+    except ScaletrainError:
+        return None
+
+
 def _disk_full_remedies(doc: PlanDocument | None) -> list[Remedy]:
     out = [_disk_remedy("free disk space, or put the run directory on a bigger disk", {},
                         "the disk holding the run directory is full (checkpoints, other runs' files)",
                         applicable=False)]
-    try:
-        train = doc.train if doc is not None else None
-    except ScaletrainError:
-        train = None
+    train = _train_of(doc)
     if train is None:
         return out + [_disk_remedy("write fewer checkpoints (train options checkpoint_every larger, "
                                    "keep_checkpoints 1)", {}, "each checkpoint holds weights and optimizer states",

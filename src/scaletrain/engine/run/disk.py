@@ -140,11 +140,12 @@ def export_bytes(setup: Any) -> int:
 def reads_trained_only(setup: Any, train: Any) -> bool:
     """A LoRA/QLoRA export reads only the trained weights from the checkpoint when its frozen base can be built again
     from the run's weights (trainer/export.py): not a random-init base, which FSDP and ZeRO-3 build otherwise than
-    the export does (measured: a 1.13 logit difference on tiny-qwen2 under FSDP), so it is read back whole."""
-    return setup.method != "full" and getattr(train, "model_source", None) != "random-init"
+    the export does (measured: a 1.13 logit difference on tiny-qwen2 under FSDP), so it is read back whole. Train
+    options unknown (None): counted whole."""
+    return train is not None and setup.method != "full" and getattr(train, "model_source", None) != "random-init"
 
 
-def export_host_bytes(setup: Any, trained_only: bool = False) -> int:
+def export_host_bytes(setup: Any, train: Any) -> int:
     """Host RAM rank 0's export holds at its peak (trainer/export.py): the run's model built on the CPU in its load
     dtype, plus what it reads of the checkpoint, consolidated (DeepSpeed's fp32; accelerate's and DCP's as stored,
     ≤ fp32): every weight, or the trained ones only (`reads_trained_only`: the frozen base is the built model's)."""
@@ -152,7 +153,7 @@ def export_host_bytes(setup: Any, trained_only: bool = False) -> int:
 
     nm = numerics(setup)
     built = (nm.weight if setup.method == "full" else nm.frozen) * setup.model.params
-    return built + 4 * (setup.trainable_params if trained_only else setup.model.params)
+    return built + 4 * (setup.trainable_params if reads_trained_only(setup, train) else setup.model.params)
 
 
 def disk_need(plan: Any, train: Any) -> DiskNeed:
@@ -174,7 +175,7 @@ def disk_need(plan: Any, train: Any) -> DiskNeed:
     exporting = train.save_checkpoints and getattr(train, "export_at_end", False)
     return DiskNeed(checkpoint_bytes(plan.setup), max(0, kept), logs, steps,
                     export_bytes(plan.setup) if exporting else 0,
-                    export_host_bytes(plan.setup, reads_trained_only(plan.setup, train)) if exporting else 0)
+                    export_host_bytes(plan.setup, train) if exporting else 0)
 
 
 def free_bytes(path: Path) -> int | None:
