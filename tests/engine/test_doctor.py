@@ -279,6 +279,34 @@ def test_a_run_that_finished_after_a_restart_is_restarted_not_killed(capsys):
     assert out["kind"] == "restarted" and out["restarts"] == list(d.restarts)
 
 
+def test_a_run_that_finished_is_finished_not_unknown(tmp_path, capsys):
+    """A run that ended well, its logs holding a library's warning (accelerate's, as a real run's do): the doctor
+    says it finished and how far and long it ran, quotes nothing and offers no remedy. The same logs with a rank's
+    non-zero exit code are a failure, diagnosed as ever."""
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    warning = "accelerator.py:2032: FutureWarning: `broadcast_buffers` is deprecated."
+    for r in (0, 1):
+        (run / "logs" / f"rank-{r}.log").write_text(f"step 3/4 loss 1.9\n{warning}\nstep 4/4 loss 1.8\n")
+    rows = [{"step": s, "total_steps": 4, "epoch": s / 4, "loss": 2.0, "lr": 1e-5, "tokens_per_second": 1e3,
+             "step_seconds": 0.5, "world_size": 2, "time": 1763700000.0 + s} for s in (1, 2, 3, 4)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
+    status = {"state": "finished", "exit_code": 0, "exit_codes": {"0": 0, "1": 0},
+              "started": "2026-12-03T15:01:25", "ended": "2026-12-03T15:03:25"}
+    (run / "status.json").write_text(json.dumps(status))
+    d = diagnose_paths([run])
+    assert d.kind == "finished" and d.kind in KINDS and d.rank is None
+    assert d.summary == "the run finished at step 4/4 after 2.0 min, every rank exited 0"
+    assert d.evidence == () and d.remedies == ()
+    assert main(["diagnose", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("finished: the run finished at step 4/4") and warning not in out
+    assert main(["diagnose", str(run), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["kind"] == "finished"
+    (run / "status.json").write_text(json.dumps({**status, "exit_codes": {"0": 0, "1": 1}}))
+    assert diagnose_paths([run]).kind == "unknown"
+
+
 def test_a_run_that_failed_after_a_restart_names_both(tmp_path):
     """The same logs with a final failure recorded: the failure is diagnosed as usual, and its summary says the run
     had been restarted first."""

@@ -314,10 +314,16 @@ def test_stop_of_a_run_with_nothing_alive_says_why_in_the_cli_and_the_monitor(tm
     asyncio.run(go())
 
 
-def test_d_on_a_healthy_run_says_no_failure_quotes_nothing_and_toggles(tmp_path):
+@pytest.mark.parametrize("state", ["running", "finished"])
+def test_d_on_a_healthy_run_says_no_failure_quotes_nothing_and_toggles(tmp_path, state):
+    """Running, or finished with every rank's exit code 0: the doctor's verdict is "no failure" (a finished run's
+    from the engine: how far and how long it ran)."""
     rd = gpu_run_dir(tmp_path / "run")
     warning = "UserWarning: TypedStorage is deprecated"
     rd.rank_log(0).write_text(f"rank 0 ready\n{warning}\nstep 2/4 loss 1.8\n")
+    if state == "finished":
+        rd.status.write_text(json.dumps({"state": "finished", "exit_code": 0, "exit_codes": {"0": 0, "3": 0},
+                                         "started": "2026-12-03T15:01:25", "ended": "2026-12-03T15:01:55"}))
 
     async def go():
         app = app_for(rd)
@@ -327,7 +333,9 @@ def test_d_on_a_healthy_run_says_no_failure_quotes_nothing_and_toggles(tmp_path)
             await pilot.press("d")
             await wait_for(pilot, lambda: panel.display, 30, "the doctor's answer")
             shown = text_of(app.screen.query_one("#diag-summary"))
-            assert "no failure" in shown and "running at step 2/4" in shown
+            said = {"running": "the run is running at step 2/4",
+                    "finished": "the run finished at step 2/4 after 30.0 s, every rank exited 0"}[state]
+            assert "no failure" in shown and said in shown, shown
             assert "unknown" not in shown and warning not in shown
             await pilot.press("d")
             await pilot.pause(0.2)

@@ -28,6 +28,7 @@ from scaletrain.engine.doctor.restarts import restart_report
 from scaletrain.engine.run.metrics import StepMetrics, read_metrics, steady_step_seconds
 from scaletrain.engine.run.plan_document import PlanDocument
 from scaletrain.engine.launch.status import RunStatus
+from scaletrain.engine.units import fmt_seconds
 
 
 def _pick(events: list[Event], file_order: dict[str, int], hint_rank: int | None) -> Event | None:
@@ -162,6 +163,8 @@ def diagnose(logs: list[Path], plan: PlanDocument | None = None, exit_codes: dic
     if report is not None and status is not None and status.state == "finished":
         return Diagnosis("restarted", report.first_rank, None, report.summary(True),
                          report.evidence[:MAX_EVIDENCE_LINES], restarts=report.lines)
+    if status is not None and status.state == "finished" and not any(codes.values()):
+        return _finished(status, codes, last_step)
     if report is not None:           # the agent's failure lines of the restarted rounds are not the run's failure
         restarted = [e for e in events if e.details.get("agent")][:len(report.lines)]
         events = [e for e in events if not any(e is r for r in restarted)]
@@ -228,6 +231,16 @@ def _secondary_lines(events: list[Event], chosen: Event) -> tuple[str, ...]:
             what = f"exit {e.details['exit_code']}" if "exit_code" in e.details else e.details.get("exception", "error")
         out.append(f"{who}: {what} (after the first failure; not the cause)")
     return tuple(_dedupe(out))[:MAX_EVIDENCE_LINES]
+
+
+def _finished(status: RunStatus, codes: dict[int, int], last_step: StepMetrics | None) -> Diagnosis:
+    """A run that ended well (status.json: finished, no rank's exit code other than 0): nothing failed, and the
+    verdict says so rather than "unknown" (a warning in its logs is not a failure)."""
+    where = f" at step {last_step.step}/{last_step.total_steps}" if last_step is not None else ""
+    took = status.wall_seconds()
+    after = f" after {fmt_seconds(took)}" if took is not None else ""
+    ranks = ", every rank exited 0" if codes else ""
+    return Diagnosis("finished", None, None, f"the run finished{where}{after}{ranks}", ())
 
 
 def _unknown(lines: list[LogLine], codes: dict[int, int], hint: int | None) -> Diagnosis:

@@ -16,7 +16,7 @@ from scaletrain.engine.doctor.logs import LogLine
 from scaletrain.engine.launch.elastic import ROOT_CAUSE_WINDOW, agent_failure, root_cause
 
 KINDS = ("cuda_oom", "cuda_oom_zero3_gather", "host_oom", "nccl_timeout", "nccl_error", "fp16_overflow",
-         "config_error", "disk_full", "export_failed", "interrupted", "killed", "restarted", "unknown")
+         "config_error", "disk_full", "export_failed", "interrupted", "killed", "restarted", "finished", "unknown")
 
 # How causal a signature is. A rank's own resource failure or a rejected config causes a crash; an exception
 # is probably the cause; NCCL timeouts / aborted communicators are usually the *effect* of another rank dying

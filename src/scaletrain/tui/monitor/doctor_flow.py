@@ -74,7 +74,10 @@ class DoctorFlow:
     def on_diagnosed(self, message: Diagnosed) -> None:
         panel = self.query_one(RemediesPanel)
         d = message.diagnosis
-        if message.asked and d.kind == "unknown" and message.state in ("starting", "running", "finished"):
+        if message.asked and d.kind == "finished":
+            panel.show_healthy(d.summary)
+            return
+        if message.asked and d.kind == "unknown" and message.state in ("starting", "running"):
             panel.show_healthy(self._healthy_text(message.state))
             return
         self.diagnosis = d
@@ -87,8 +90,7 @@ class DoctorFlow:
         job = self.last_tick.job if self.last_tick is not None else None
         s = job.summary if job is not None else None
         where = f" at step {s.step}/{s.total_steps}" if s is not None else ""
-        return {"starting": "the run is starting", "running": f"the run is running{where}",
-                "finished": f"the run finished{where}, every rank exited 0"}[state]
+        return {"starting": "the run is starting", "running": f"the run is running{where}"}[state]
 
     def action_diagnose(self) -> None:
         """`d`: open the doctor's verdict (a healthy run: "no failure"); `d` again closes it."""
