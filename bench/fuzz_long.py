@@ -60,6 +60,7 @@ def main() -> int:
         "data_files": (F.prop_data, [F.data_file(), st.sampled_from(["sft", "dpo", "grpo"])]),
         "run_files": (lambda n, c: F.prop_run_file(run, n, c), [F.RUN_FILES, F.RUN_CONTENT]),
         "diagnose_logs": (lambda c, w: F.prop_diagnose(c, w, run), [F.log_text(), st.booleans()]),
+        "commands": (lambda argv: F.prop_command(argv, run), [F.command_argv()]),
     }
     if a.only:
         props = {k: v for k, v in props.items() if k in a.only}

@@ -66,6 +66,20 @@ def test_bad_input_is_one_line(capsys, argv, needle):
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv,help_of", [
+    (["diagnose", "run", "--bogus"], "scaletrain diagnose"),
+    (["export", "run", "--merge", "--zzz"], "scaletrain export"),
+    (["config", "write", "--qq"], "scaletrain config write"),
+    (["plan", "--model", "Qwen/Qwen3-4B", "extra"], "scaletrain plan"),
+    (["--bogus"], "scaletrain"),
+])
+def test_a_word_no_parser_took_points_at_its_commands_help(capsys, argv, help_of):
+    """argparse reports leftover words from the top parser, whose help lists no subcommand's flags."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.strip().endswith(f"(see `{help_of} --help`)"), err
+
+
 def test_plan_subprocess_imports_no_torch_or_textual():
     code = ("import sys; from scaletrain.tui.cli.main import main; "
             "rc = main(['plan', '--model', 'Qwen/Qwen3-4B', '--gpus', '8xRTX4090', '--json']); "

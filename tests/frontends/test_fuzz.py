@@ -10,6 +10,7 @@ bench/fuzz_long.py runs the same properties for 30 minutes (bench/results/fuzz_l
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -17,6 +18,7 @@ import os
 import shutil
 import signal
 import string
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -29,6 +31,7 @@ from hypothesis import strategies as st
 from scaletrain.engine.catalog.architectures import catalog_entry
 from scaletrain.engine.request.fields import FIELDS
 from scaletrain.tui.cli.main import main
+from scaletrain.tui.cli.parser import build_parser
 
 TINY = "scaletrain/tiny-qwen2"
 FUZZ_EXAMPLES = int(os.environ.get("SCALETRAIN_FUZZ_EXAMPLES", "25"))
@@ -67,12 +70,15 @@ def check_contract(argv: list[str], root: Path, writes_ok: bool = False,
     signal.setitimer(signal.ITIMER_REAL, FUZZ_DEADLINE_S)
     cwd = os.getcwd()
     env = {k: os.environ.get(k) for k in ("HOME", "SCALETRAIN_DEBUG", "HF_HOME")}
+    stdin = sys.stdin
     try:
         os.chdir(root)
         os.environ.update(HOME=str(root / "home"), SCALETRAIN_DEBUG="1", HF_HOME=str(root / "home" / "hf"))
+        sys.stdin = io.StringIO("")          # at its end, as under `< /dev/null` (chat's conversation reads it)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main(argv)
     finally:
+        sys.stdin = stdin
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
         os.chdir(cwd)
@@ -306,6 +312,67 @@ def prop_diagnose(content: bytes, with_plan: bool, run: Path) -> None:
         check_contract(argv, root, stdout_check=_no_terminal_escapes)
 
 
+# ---- every other command's flags, drawn from the parser itself (a flag added later is drawn too) --------------------
+# Not drawn: `plan` (its own property above), `launch` and `validate` (they train), config write's --install-default
+# (it writes the user's accelerate default, outside the run) and the flags that name the model or its data (a model
+# folder would start the trace process: prop_config_json draws those); `monitor` runs --headless --once (the app and
+# the stream wait for the run).
+NOT_DRAWN_COMMANDS = ("plan", "launch", "validate")
+NOT_DRAWN_DESTS = ("help", "install_default", "model", "data", "eval_data", "weights", "run_dir")
+COMMAND_PATHS = ["run", "run/plan.json", "run/status.json", "run/logs", "run/checkpoints", "missing", ".", "home",
+                 "run/../run"]
+
+
+def _subcommands(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next(a for a in p._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def command_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Each drawn command's parser by its words ("config write")."""
+    out = {}
+    for name, sp in _subcommands(build_parser()).items():
+        if name in NOT_DRAWN_COMMANDS:
+            continue
+        nested = [a for a in sp._actions if isinstance(a, argparse._SubParsersAction)]
+        out.update({f"{name} {n}": s for n, s in _subcommands(sp).items()} if nested else {name: sp})
+    return out
+
+
+COMMAND_PARSERS = command_parsers()
+
+
+def _arg(draw: Any, a: argparse.Action) -> str:
+    if a.choices:
+        return draw(st.one_of(st.sampled_from([str(c) for c in a.choices]), SAFE_TEXT))
+    return draw(st.one_of(st.sampled_from(COMMAND_PATHS), NUMBERS.map(str), SAFE_TEXT))
+
+
+@st.composite
+def command_argv(draw: Any) -> list[str]:
+    name = draw(st.sampled_from(sorted(COMMAND_PARSERS)))
+    sp = COMMAND_PARSERS[name]
+    argv = name.split()
+    if name == "config write":                  # a plan it can write (drawn flags after these may change it)
+        argv += ["--model", TINY, "--gpus", "2xCPU", "--run-dir", draw(st.sampled_from(["run", "run/new"]))]
+    for a in sp._actions:                       # positionals: one value, two for nargs + or *, maybe none for ?
+        if a.option_strings or a.nargs == "?" and draw(st.booleans()):
+            continue
+        argv += [_arg(draw, a) for _ in range(draw(st.integers(1, 2)) if a.nargs in ("+", "*") else 1)]
+    options = [a for a in sp._actions if a.option_strings and a.dest not in NOT_DRAWN_DESTS]
+    for a in draw(st.lists(st.sampled_from(options), max_size=4, unique_by=lambda a: a.dest)) if options else ():
+        flag = draw(st.sampled_from(a.option_strings))
+        argv += [flag] if a.nargs == 0 else [flag, _arg(draw, a)]
+    if name == "monitor":
+        argv += ["--headless", "--once"]
+    return argv
+
+
+def prop_command(argv: list[str], run: Path) -> None:
+    with sandbox() as root:
+        shutil.copytree(run, root / "run")
+        check_contract(argv, root, writes_ok=True, stdout_check=_no_terminal_escapes)
+
+
 RUN_FILES = st.sampled_from(["plan.json", "status.json", "metrics.jsonl"])
 RUN_CONTENT = st.one_of(JSON.map(lambda v: json.dumps(v).encode()), st.binary(max_size=200),
                         st.lists(JSON.map(json.dumps), max_size=5).map(lambda ls: "\n".join(ls).encode()))
@@ -373,6 +440,20 @@ def test_fuzz_diagnose_logs(good_run):
     inner()
 
 
+def test_fuzz_every_command(good_run):
+    @ci_settings
+    @given(command_argv())
+    def inner(argv):
+        prop_command(argv, good_run)
+    inner()
+
+
+def test_every_command_but_the_training_ones_is_drawn():
+    """The commands come from the parser: a command added later is drawn without a change here."""
+    assert set(COMMAND_PARSERS) == {"gpus", "models", "presets", "config write", "runs", "stop", "diagnose", "monitor",
+                                    "export", "chat", "env", "completion"}
+
+
 def test_the_contract_checker_can_fail():
     """A checker that cannot fail proves nothing: a write, a refused result and raw escapes are each caught."""
     with sandbox() as root:
@@ -389,7 +470,6 @@ def test_the_long_fuzz_run_imports_these_properties_and_runs_them(tmp_path):
     """bench/fuzz_long.py runs this file's properties for half an hour: it must find them wherever the test floors put
     this file (it imported `test_fuzz` from tests/ alone and failed at its first line after the floors were made)."""
     import subprocess
-    import sys
 
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "fuzz.json"

@@ -90,6 +90,16 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise ScaletrainError(f"{message} (see `{self.prog} --help`)")
 
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        """argparse's, but a word no parser took points at its command's help (argparse reports it from the top:
+        `scaletrain diagnose x.log -7` said "see `scaletrain --help`", whose text lists no diagnose flag)."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            words = [w for w in (getattr(ns, "command", None), getattr(ns, "config_command", None)) if w]
+            where = " ".join([self.prog, *words])
+            raise ScaletrainError(f"unrecognized arguments: {' '.join(extras)} (see `{where} --help`)")
+        return ns
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="scaletrain", usage=TOP_USAGE, epilog=EXAMPLES, formatter_class=_Formatter,
