@@ -194,8 +194,40 @@ class PlanDocument:
     def check_trainable(self) -> None:
         """Everything the bundled trainer reads: a bad plan.json or train option fails here, in one line."""
         _ = (self.request, self.training, self.batch)
+        self.check_batch()
         self.train.check()
         self.check_weights()
+
+    def check_batch(self) -> None:
+        """The batch the trainer runs adds up to the one the plan's memory and time were predicted for: a number
+        changed by hand in plan.json (micro_batch alone) would otherwise train a batch nobody planned."""
+        b = self.batch
+        problem = None
+        effective = self._get("batch", "effective_batch")
+        nodes, per_node = self._get("hardware", "nodes"), self.gpus_per_node
+        if isinstance(effective, int) and b.micro_batch * b.grad_accum * b.world_size != effective:
+            problem = (f"its batch is micro {b.micro_batch} × accum {b.grad_accum} × {b.world_size} processes = "
+                       f"{b.micro_batch * b.grad_accum * b.world_size} samples per step, but it records an "
+                       f"effective batch of {effective}")
+        elif isinstance(nodes, int) and isinstance(per_node, int) and nodes * per_node != b.world_size:
+            problem = (f"its hardware is {nodes} node{'s' if nodes != 1 else ''} × {per_node}, but its batch is "
+                       f"split over {b.world_size} processes")
+        elif isinstance(self._get("training", "seq_len"), int) and self._get("training", "seq_len") != b.seq_len:
+            problem = (f"its batch is {b.seq_len} tokens per sample, its training section "
+                       f"{self._get('training', 'seq_len')}")
+        else:
+            req = self.request
+            pinned = [(name, asked, got) for name, asked, got in (("micro_batch", req.micro_batch, b.micro_batch),
+                                                                  ("grad_accum", req.grad_accum, b.grad_accum))
+                      if asked is not None and asked != got]
+            if pinned:
+                name, asked, got = pinned[0]
+                problem = f"its batch has {name} {got}, but it was planned with {name} {asked}"
+        if problem:
+            raise ScaletrainError(f"{self.source} does not add up: {problem} (edited by hand?); the memory and time "
+                                  "it records are for the plan it was written with: plan the run again with the "
+                                  "numbers you want (scaletrain config write --run-dir DIR --overwrite, or the "
+                                  "wizard)")
 
     def check_weights(self) -> None:
         """The weights plan.json names now, checked as when it was written (it may have been edited since): custom

@@ -1,0 +1,60 @@
+"""A plan.json changed by hand, then launched: the batch the trainer would run must be the one the plan's memory and
+time were predicted for. Found in a walk: micro_batch raised from 4 to 7 in a cpu-tiny run's plan.json trained 28
+samples per step against the 16 its numbers were for, without a word. Launch now refuses such a plan in one line
+before any process starts (PlanDocument.check_batch); every bundled preset's own plan.json still launches."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scaletrain.engine.request.presets import list_presets
+from scaletrain.engine.run.plan_document import read_plan_document
+from scaletrain.tui.cli.main import main
+
+EDITS = {
+    "micro_batch alone": ({"batch": {"micro_batch": 7}}, "micro 7 × accum 2 × 2 processes = 28 samples per step, "
+                                                          "but it records an effective batch of 16"),
+    "the split, effective batch kept": ({"batch": {"micro_batch": 8, "grad_accum": 1}},
+                                        "its batch has micro_batch 8, but it was planned with micro_batch 4"),
+    "GPUs per node": ({"hardware": {"gpus_per_node": 4}}, "its hardware is 1 node × 4, but its batch is split over 2"),
+    "sequence length": ({"batch": {"seq_len": 64}}, "its batch is 64 tokens per sample, its training section 128"),
+}
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("edited") / "run"
+    assert main(["--preset", "cpu-tiny", "--headless", "--dry-run", "--run-dir", str(d)]) == 0
+    return d
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_launch_refuses_a_plan_whose_batch_was_changed_by_hand(edit, written, tmp_path, capsys):
+    import shutil
+
+    changes, said = EDITS[edit]
+    run = tmp_path / "run"
+    shutil.copytree(written, run)
+    plan = json.loads((run / "plan.json").read_text())
+    for section, values in changes.items():
+        plan[section].update(values)
+    (run / "plan.json").write_text(json.dumps(plan))
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    capsys.readouterr()
+    assert main(["launch", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not add up" in err and said in err, err
+    assert "scaletrain config write --run-dir DIR --overwrite" in err
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before        # nothing started, nothing written
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in list_presets()))
+def test_every_bundled_presets_plan_adds_up(name, tmp_path, capsys):
+    """No false refusal: each preset's run directory, as the headless path writes it, passes the check."""
+    run = tmp_path / "run"
+    assert main(["--preset", name, "--headless", "--dry-run", "--run-dir", str(run)]) in (0, 3)
+    capsys.readouterr()
+    read_plan_document(run / "plan.json").check_batch()
