@@ -1,7 +1,8 @@
 """A plan.json changed by hand, then launched: the batch the trainer would run must be the one the plan's memory and
 time were predicted for. Found in a walk: micro_batch raised from 4 to 7 in a cpu-tiny run's plan.json trained 28
-samples per step against the 16 its numbers were for, without a word. Launch now refuses such a plan in one line
-before any process starts (PlanDocument.check_batch); every bundled preset's own plan.json still launches."""
+samples per step against the 16 its numbers were for, without a word, and num_processes 2 -> 3 in its
+accelerate_config.yaml trained 3 ranks. Launch now refuses both in one line before any process starts
+(PlanDocument.check_batch, configs.check_planned_keys); every bundled preset's own plan.json still launches."""
 
 from __future__ import annotations
 
@@ -51,10 +52,44 @@ def test_launch_refuses_a_plan_whose_batch_was_changed_by_hand(edit, written, tm
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before        # nothing started, nothing written
 
 
+CONFIG_EDITS = {"num_processes: 2": ("num_processes: 3", "has num_processes 3 but its plan.json was made for 2"),
+                "num_machines: 1": ("num_machines: 2", "has num_machines 2 but its plan.json was made for 1"),
+                "mixed_precision: 'no'": ("mixed_precision: bf16", "has mixed_precision 'bf16' but its plan.json was "
+                                                                   "made for 'no'")}
+
+
+@pytest.mark.parametrize("line", list(CONFIG_EDITS))
+def test_launch_refuses_an_accelerate_config_that_starts_another_run(line, written, tmp_path, capsys):
+    import shutil
+
+    edited, said = CONFIG_EDITS[line]
+    run = tmp_path / "run"
+    shutil.copytree(written, run)
+    cfg = (run / "accelerate_config.yaml").read_text()
+    assert line in cfg
+    (run / "accelerate_config.yaml").write_text(cfg.replace(line, edited))
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    capsys.readouterr()
+    assert main(["launch", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and said in err and "(edited by hand?)" in err, err
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in list_presets()))
 def test_every_bundled_presets_plan_adds_up(name, tmp_path, capsys):
-    """No false refusal: each preset's run directory, as the headless path writes it, passes the check."""
+    """No false refusal: each preset's run directory, as the headless path writes it, passes both checks (two
+    nodes, DeepSpeed's config file, QLoRA among them)."""
+    import yaml
+
+    from scaletrain.engine.run.configs import accelerate_config, check_planned_keys
+    from scaletrain.engine.run.layout import RunDir
+
     run = tmp_path / "run"
     assert main(["--preset", name, "--headless", "--dry-run", "--run-dir", str(run)]) in (0, 3)
     capsys.readouterr()
-    read_plan_document(run / "plan.json").check_batch()
+    doc = read_plan_document(run / "plan.json")
+    doc.check_batch()
+    written = yaml.safe_load((run / "accelerate_config.yaml").read_text())
+    check_planned_keys(run / "accelerate_config.yaml", written,
+                       accelerate_config(doc.replan()[1], RunDir(run), doc.train))

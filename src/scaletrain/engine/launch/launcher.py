@@ -15,12 +15,11 @@ R > 0 writes its own logs/launcher-node-<R>.log and status-node-<R>.json (layout
 Whatever ends the launcher, nothing it started outlives it and status.json ends in a final state: Ctrl-C, SIGTERM
 and SIGHUP (a closed terminal) stop the run here; a SIGKILLed launcher is cleaned up after by its watchdog
 (watchdog.py, a separate process that inherits the run directory's lock). One launch per run directory and node:
-prepare_launch takes an exclusive flock (runlock.py) held until the last process is gone. A GPU plan is refused on
-a machine without its GPUs (it would run silently on CPU).
+prepare_launch takes an exclusive flock (runlock.py) held until the last process is gone. Refused before any start:
+a GPU plan on a machine without its GPUs (it would run silently on CPU), files edited to run an unplanned batch.
 
-The process tree is processes.py, the per-rank logs rank_logs.py, torchrun's failure summary elastic.py, and
-status.json (written here as the run goes) status.py.
-"""
+The process tree is processes.py, the per-rank logs rank_logs.py, torchrun's failure summary elastic.py, status.json
+status.py."""
 
 from __future__ import annotations
 
@@ -39,7 +38,7 @@ from scaletrain.engine.devices.detect import require_local_gpus
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import os_error_reason, read_text_bounded, writing
 from scaletrain.engine.launch.elastic import parse_failures, restarts
-from scaletrain.engine.run.configs import check_strategy
+from scaletrain.engine.run.configs import accelerate_config, check_planned_keys, check_strategy
 from scaletrain.engine.run.disk import check_room, free_bytes
 from scaletrain.engine.run.layout import LINE_PREFIX, LINE_PREFIX_ENV, RunDir, check_host
 from scaletrain.engine.request.options import TrainOptions, bundled_demo_dataset
@@ -129,6 +128,7 @@ def preflight(run: RunDir, doc: PlanDocument, train: TrainOptions,
     doc.check_trainable()                 # what the trainer reads of plan.json: bad options fail here, once
     check_strategy(run.accelerate_config, cfg.get("distributed_type"), doc.training.strategy, doc.batch.world_size,
                    doc.recorded("objective") or "sft", doc.on_cpu)
+    check_planned_keys(run.accelerate_config, cfg, accelerate_config(doc.replan()[1], run, train))
     if train.dataset and not is_hub_dataset(train.dataset) and not Path(train.dataset).expanduser().exists():
         raise ScaletrainError(f"dataset {train.dataset} does not exist; give a data file or folder, or an HF id")
     if train.dataset is None:

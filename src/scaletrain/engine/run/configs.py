@@ -84,6 +84,20 @@ def check_strategy(path: Any, got: Any, strategy: str, world_size: int, objectiv
     check_objective_strategy(objective, strategy, on_cpu)
 
 
+# accelerate_config.yaml keys whose edit would run another batch or precision than plan.json's numbers are for
+PLANNED_KEYS = ("num_processes", "num_machines", "mixed_precision")
+
+
+def check_planned_keys(path: Any, got: dict[str, Any], planned: dict[str, Any]) -> None:
+    """A launch's accelerate_config.yaml starts the processes and precision its plan was made for: num_processes 2 ->
+    3 by hand trained 3 ranks, a batch of 24 where the plan's memory, time and epochs were for 16."""
+    for key in PLANNED_KEYS:
+        if key in planned and str(got.get(key)) != str(planned[key]):
+            raise ScaletrainError(f"{path} has {key} {got.get(key)!r} but its plan.json was made for "
+                                  f"{planned[key]!r} (edited by hand?); restore it, or write the run directory again "
+                                  "with the numbers you want (scaletrain config write --run-dir DIR --overwrite)")
+
+
 def _zero3_init(plan: Plan, train: TrainOptions) -> bool:
     """deepspeed.zero.Init while loading: pretrained ZeRO-3 weights are partitioned as they load, so no rank
     materialises the whole model. random-init builds a small model from its config; no need."""
