@@ -2,7 +2,7 @@
 time were predicted for. Found in a walk: micro_batch raised from 4 to 7 in a cpu-tiny run's plan.json trained 28
 samples per step against the 16 its numbers were for, without a word, and num_processes 2 -> 3 in its
 accelerate_config.yaml trained 3 ranks. Launch now refuses both in one line before any process starts
-(PlanDocument.check_batch, configs.check_planned_keys); every bundled preset's own plan.json still launches."""
+(PlanDocument.check_batch, configs.check_planned); every bundled preset's own plan.json still launches."""
 
 from __future__ import annotations
 
@@ -52,10 +52,17 @@ def test_launch_refuses_a_plan_whose_batch_was_changed_by_hand(edit, written, tm
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before        # nothing started, nothing written
 
 
-CONFIG_EDITS = {"num_processes: 2": ("num_processes: 3", "has num_processes 3 but its plan.json was made for 2"),
-                "num_machines: 1": ("num_machines: 2", "has num_machines 2 but its plan.json was made for 1"),
+CONFIG_EDITS = {"num_processes: 2": ("num_processes: 3", "has num_processes 3 but its plan.json was made with 2"),
+                "num_machines: 1": ("num_machines: 2", "has num_machines 2 but its plan.json was made with 1"),
                 "mixed_precision: 'no'": ("mixed_precision: bf16", "has mixed_precision 'bf16' but its plan.json was "
-                                                                   "made for 'no'")}
+                                                                   "made with 'no'")}
+DS_EDITS = {
+    "ZeRO stage": ({"zero_optimization": {"stage": 3}}, "zero_optimization.stage 3 but its plan.json was made with 2"),
+    "bf16": ({"bf16": {"enabled": True}}, "bf16.enabled True but its plan.json was made with False"),
+    "offload": ({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}},
+                "zero_optimization.offload_optimizer.device 'cpu' but its plan.json was made with it absent"),
+    "not JSON": (None, "ds_config.json cannot be read as JSON (JSONDecodeError)"),
+}
 
 
 @pytest.mark.parametrize("line", list(CONFIG_EDITS))
@@ -76,13 +83,57 @@ def test_launch_refuses_an_accelerate_config_that_starts_another_run(line, writt
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
 
 
+@pytest.fixture(scope="module")
+def written_zero2(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("edited") / "run"
+    assert main(["--preset", "cpu-tiny", "--strategy", "zero2", "--headless", "--dry-run", "--run-dir", str(d)]) == 0
+    return d
+
+
+def _merge(d: dict, changes: dict) -> None:
+    for k, v in changes.items():
+        _merge(d.setdefault(k, {}), v) if isinstance(v, dict) else d.__setitem__(k, v)
+
+
+@pytest.mark.parametrize("edit", [*DS_EDITS, "a tuning key"])
+def test_launch_refuses_a_deepspeed_config_that_trains_another_run(edit, written_zero2, tmp_path, capsys):
+    """ZeRO stage 2 -> 3 by hand failed in the ranks (a meta tensor copied); bf16 in an fp32 plan trained bf16. A
+    bucket size is the user's to tune: that edit is not refused (the check passes; nothing is launched here)."""
+    import shutil
+
+    from scaletrain.engine.run.configs import check_planned
+    from scaletrain.engine.run.layout import RunDir
+
+    run = tmp_path / "run"
+    shutil.copytree(written_zero2, run)
+    ds = json.loads((run / "ds_config.json").read_text())
+    if edit == "a tuning key":
+        _merge(ds, {"zero_optimization": {"reduce_bucket_size": 5, "offload_param": {"device": "none"}}})
+        (run / "ds_config.json").write_text(json.dumps(ds))
+        doc = read_plan_document(run / "plan.json")
+        check_planned(RunDir(run), {"num_processes": 2, "num_machines": 1}, doc.replan()[1], doc.train)
+        return
+    changes, said = DS_EDITS[edit]
+    if changes is None:
+        (run / "ds_config.json").write_text("{")
+    else:
+        _merge(ds, changes)
+        (run / "ds_config.json").write_text(json.dumps(ds))
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    capsys.readouterr()
+    assert main(["launch", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and said in err, err
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in list_presets()))
 def test_every_bundled_presets_plan_adds_up(name, tmp_path, capsys):
     """No false refusal: each preset's run directory, as the headless path writes it, passes both checks (two
     nodes, DeepSpeed's config file, QLoRA among them)."""
     import yaml
 
-    from scaletrain.engine.run.configs import accelerate_config, check_planned_keys
+    from scaletrain.engine.run.configs import check_planned
     from scaletrain.engine.run.layout import RunDir
 
     run = tmp_path / "run"
@@ -91,5 +142,4 @@ def test_every_bundled_presets_plan_adds_up(name, tmp_path, capsys):
     doc = read_plan_document(run / "plan.json")
     doc.check_batch()
     written = yaml.safe_load((run / "accelerate_config.yaml").read_text())
-    check_planned_keys(run / "accelerate_config.yaml", written,
-                       accelerate_config(doc.replan()[1], RunDir(run), doc.train))
+    check_planned(RunDir(run), written, doc.replan()[1], doc.train)

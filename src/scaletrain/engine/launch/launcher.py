@@ -38,7 +38,7 @@ from scaletrain.engine.devices.detect import require_local_gpus
 from scaletrain.engine.errors import ScaletrainError
 from scaletrain.engine.fileio import os_error_reason, read_text_bounded, writing
 from scaletrain.engine.launch.elastic import parse_failures, restarts
-from scaletrain.engine.run.configs import accelerate_config, check_planned_keys, check_strategy
+from scaletrain.engine.run.configs import check_planned, check_strategy
 from scaletrain.engine.run.disk import check_room, free_bytes
 from scaletrain.engine.run.layout import LINE_PREFIX, LINE_PREFIX_ENV, RunDir, check_host
 from scaletrain.engine.request.options import TrainOptions, bundled_demo_dataset
@@ -128,7 +128,7 @@ def preflight(run: RunDir, doc: PlanDocument, train: TrainOptions,
     doc.check_trainable()                 # what the trainer reads of plan.json: bad options fail here, once
     check_strategy(run.accelerate_config, cfg.get("distributed_type"), doc.training.strategy, doc.batch.world_size,
                    doc.recorded("objective") or "sft", doc.on_cpu)
-    check_planned_keys(run.accelerate_config, cfg, accelerate_config(doc.replan()[1], run, train))
+    check_planned(run, cfg, doc.replan()[1], train)
     if train.dataset and not is_hub_dataset(train.dataset) and not Path(train.dataset).expanduser().exists():
         raise ScaletrainError(f"dataset {train.dataset} does not exist; give a data file or folder, or an HF id")
     if train.dataset is None:

@@ -7,6 +7,7 @@ accelerate or DeepSpeed import; the tests check the files with accelerate's and 
 
 from __future__ import annotations
 
+import json
 import zlib
 from typing import Any
 
@@ -15,6 +16,7 @@ import yaml
 from scaletrain.engine.estimate.states import (DS_ALLGATHER_BUCKET_ELEMS, DS_PREFETCH_BUCKET_ELEMS,
                                             DS_REDUCE_BUCKET_ELEMS, DS_SUB_GROUP_ELEMS)
 from scaletrain.engine.errors import ScaletrainError
+from scaletrain.engine.fileio import read_text_bounded
 from scaletrain.engine.estimate.setup import check_objective_strategy
 from scaletrain.engine.plan.plan import Plan
 from scaletrain.engine.run.layout import RunDir
@@ -84,18 +86,47 @@ def check_strategy(path: Any, got: Any, strategy: str, world_size: int, objectiv
     check_objective_strategy(objective, strategy, on_cpu)
 
 
-# accelerate_config.yaml keys whose edit would run another batch or precision than plan.json's numbers are for
-PLANNED_KEYS = ("num_processes", "num_machines", "mixed_precision")
+# The keys of accelerate_config.yaml and ds_config.json whose edit would train another batch, precision or sharding
+# than plan.json's numbers are for (the batch keys of ds_config.json: the trainer's _check_ds_config). Tuning keys
+# (bucket sizes, overlap) are the user's to change.
+PLANNED_KEYS = (("num_processes",), ("num_machines",), ("mixed_precision",))
+PLANNED_DS_KEYS = (("zero_optimization", "stage"), ("bf16", "enabled"), ("fp16", "enabled"),
+                   ("zero_optimization", "offload_optimizer", "device"), ("zero_optimization", "offload_param", "device"))
 
 
-def check_planned_keys(path: Any, got: dict[str, Any], planned: dict[str, Any]) -> None:
-    """A launch's accelerate_config.yaml starts the processes and precision its plan was made for: num_processes 2 ->
-    3 by hand trained 3 ranks, a batch of 24 where the plan's memory, time and epochs were for 16."""
-    for key in PLANNED_KEYS:
-        if key in planned and str(got.get(key)) != str(planned[key]):
-            raise ScaletrainError(f"{path} has {key} {got.get(key)!r} but its plan.json was made for "
-                                  f"{planned[key]!r} (edited by hand?); restore it, or write the run directory again "
-                                  "with the numbers you want (scaletrain config write --run-dir DIR --overwrite)")
+def check_planned(run: RunDir, cfg: dict[str, Any], plan: Plan, train: TrainOptions) -> None:
+    """A launch's configs start what its plan was made for: num_processes 2 -> 3 by hand trained 3 ranks, a batch of
+    24 where the plan's memory, time and epochs were for 16; ZeRO stage 2 -> 3 failed in the ranks on a meta tensor;
+    bf16 enabled in an fp32 plan trained in bf16. One line before any process starts."""
+    _check_keys(run.accelerate_config, cfg, accelerate_config(plan, run, train), PLANNED_KEYS, absent_unplanned=True)
+    ds = deepspeed_config(plan, train)
+    if ds is not None and run.ds_config.is_file():
+        try:
+            got = json.loads(read_text_bounded(run.ds_config, what=run.ds_config.name))
+        except (OSError, ValueError) as e:
+            raise ScaletrainError(f"{run.ds_config} cannot be read as JSON ({e.__class__.__name__}); restore it, or "
+                                  "write the run directory again (scaletrain config write --run-dir DIR "
+                                  "--overwrite)") from None
+        _check_keys(run.ds_config, got, ds, PLANNED_DS_KEYS)
+
+
+def _at(d: Any, keys: tuple[str, ...]) -> Any:
+    for k in keys:
+        d = d.get(k) if isinstance(d, dict) else None
+    return None if d == "none" and keys[-1] == "device" else d        # DeepSpeed's "none" device: no offload
+
+
+def _check_keys(path: Any, got: Any, planned: dict[str, Any], keys: tuple[tuple[str, ...], ...],
+                absent_unplanned: bool = False) -> None:
+    """Each key as planned; absent_unplanned: a key the writer leaves out (mixed_precision beside a DeepSpeed config
+    file) is not checked, else its absence is what was planned (no offload section: no offload)."""
+    for k in keys:
+        have, want = _at(got, k), _at(planned, k)
+        if not (want is None and absent_unplanned) and str(have) != str(want):
+            planned_as = repr(want) if want is not None else "it absent"
+            raise ScaletrainError(f"{path} has {'.'.join(k)} {have!r} but its plan.json was made with {planned_as} "
+                                  "(edited by hand?); restore it, or write the run directory again with the numbers "
+                                  "you want (scaletrain config write --run-dir DIR --overwrite)")
 
 
 def _zero3_init(plan: Plan, train: TrainOptions) -> bool:
