@@ -126,7 +126,8 @@ def _check_keys(path: Any, got: Any, planned: dict[str, Any], keys: tuple[tuple[
             planned_as = repr(want) if want is not None else "it absent"
             raise ScaletrainError(f"{path} has {'.'.join(k)} {have!r} but its plan.json was made with {planned_as} "
                                   "(edited by hand?); restore it, or write the run directory again with the numbers "
-                                  "you want (scaletrain config write --run-dir DIR --overwrite)")
+                                  "you want (scaletrain config write --run-dir DIR --overwrite; a new plan starts at "
+                                  "step 0, the earlier files kept aside)")
 
 
 def _zero3_init(plan: Plan, train: TrainOptions) -> bool:

@@ -225,9 +225,10 @@ class PlanDocument:
                 problem = f"its batch has {name} {got}, but it was planned with {name} {asked}"
         if problem:
             raise ScaletrainError(f"{self.source} does not add up: {problem} (edited by hand?); the memory and time "
-                                  "it records are for the plan it was written with: plan the run again with the "
-                                  "numbers you want (scaletrain config write --run-dir DIR --overwrite, or the "
-                                  "wizard)")
+                                  "it records are for the plan it was written with: restore it, or plan the run "
+                                  "again with the numbers you want (scaletrain config write --run-dir DIR "
+                                  "--overwrite, or the wizard; a new plan starts at step 0, the earlier files kept "
+                                  "aside)")
 
     def check_weights(self) -> None:
         """The weights plan.json names now, checked as when it was written (it may have been edited since): custom
