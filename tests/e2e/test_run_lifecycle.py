@@ -216,6 +216,37 @@ def test_a_fresh_launch_over_a_trained_run_keeps_the_earlier_training_apart(demo
 
 
 @pytest.mark.slow
+def test_launch_set_replans_the_run_and_resumes_when_the_change_allows(demo_run, tmp_path):
+    """`scaletrain launch RUN --set micro_batch=2 --set grad_accum=4 --resume` on a copy of the shared demo run cut
+    back to its step-6 checkpoint (micro 4 × accum 2): the plan is re-planned with the split (the same samples per
+    rank per step, so step-6 resumes), every file rewritten with the old ones under attempts/, and the run trains
+    steps 7-12 once each. A change the checkpoint cannot resume under, with --resume, is one line and changes
+    nothing. Editing plan.json by hand is refused (tests/frontends/test_edited_plan.py): this is the way."""
+    import shutil
+
+    run = demo_run.copy(tmp_path / "run")
+    shutil.rmtree(run.checkpoints / "step-12")
+    cli = dict(capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL, env=dict(os.environ, COLUMNS="400"))
+    out = subprocess.run([*CLI, "launch", str(run.path), "--set", "micro_batch=2", "--set", "grad_accum=4",
+                          "--resume"], **cli)
+    assert out.returncode == 0, out.stdout + out.stderr + run.rank_log(0).read_text()[-2000:]
+    (attempt,) = (run.path / "attempts").iterdir()
+    assert (f"applied micro_batch=2, grad_accum=4; resuming from step-6; previous files in attempts/{attempt.name}"
+            in out.stdout)
+    plan = json.loads(run.plan.read_text())
+    assert (plan["batch"]["micro_batch"], plan["batch"]["grad_accum"]) == (2, 4)
+    assert json.loads((attempt / "plan.json").read_text())["batch"]["micro_batch"] == 4
+    assert f"resumed from {run.checkpoints / 'step-6'} at step 6" in run.rank_log(0).read_text()
+    assert [r.step for r in read_metrics(run.metrics)] == list(range(1, 13))
+
+    refused = subprocess.run([*CLI, "launch", str(run.path), "--set", "strategy=zero2", "--resume"], **cli)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert ("cannot resume step-12 after this change: strategy changes the checkpoint's format or the data; launch "
+            "without --resume to start over") in refused.stderr
+    assert len(list((run.path / "attempts").iterdir())) == 1 and json.loads(run.plan.read_text()) == plan
+
+
+@pytest.mark.slow
 def test_resume_runs_no_pickle_skips_a_damaged_checkpoint_and_keeps_each_step_once(ddp_run, tmp_path):
     """A copy of the shared DDP run (tests/conftest.py: 24 steps, checkpoints at 10, 20 and 24) with its two newest
     checkpoints damaged, resumed: it falls back to step-10 and trains on from there."""

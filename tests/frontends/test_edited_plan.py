@@ -48,7 +48,7 @@ def test_launch_refuses_a_plan_whose_batch_was_changed_by_hand(edit, written, tm
     assert main(["launch", str(run)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "does not add up" in err and said in err, err
-    assert "scaletrain config write --run-dir DIR --overwrite" in err
+    assert "scaletrain launch DIR --set KEY=VALUE" in err
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before        # nothing started, nothing written
 
 
@@ -143,3 +143,30 @@ def test_every_bundled_presets_plan_adds_up(name, tmp_path, capsys):
     doc.check_batch()
     written = yaml.safe_load((run / "accelerate_config.yaml").read_text())
     check_planned(RunDir(run), written, doc.replan()[1], doc.train)
+
+
+@pytest.mark.parametrize("extra,said", [
+    (["--set", "strategy=zero2", "--resume"], "cannot resume step-4 after this change: strategy changes the "
+                                              "checkpoint's format or the data; launch without --resume to start over"),
+    (["--set", "gpus=4xCPU"], "changing gpus changes the hardware; plan a new run directory for it"),
+    (["--set", "micro_batsh=2"], "--set micro_batsh: unknown key; did you mean micro_batch?"),
+    (["--set", "train.lr=x"], "--set: train.lr: Input should be a valid number"),
+    (["--set", "micro_batch=2", "--script", "train.py"], "--set re-plans the bundled trainer's run; a --script run "
+                                                         "takes its own arguments"),
+    (["--set", "micro_batch=2", "--machine-rank", "1"], "--set rewrites the run directory on the head node"),
+])
+def test_launch_set_refuses_in_one_line_and_changes_nothing(extra, said, written, tmp_path, capsys):
+    """`launch RUN --set KEY=VALUE` (the way to change a written run; tests/e2e/test_run_lifecycle.py runs it): what
+    it refuses, before any file is rewritten. The run here has a complete checkpoint at step 4."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(written, run)
+    (run / "checkpoints" / "step-4").mkdir(parents=True)
+    (run / "checkpoints" / "step-4" / "trainer_state.json").write_text(json.dumps({"step": 4, "files": {}}))
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(["launch", str(run), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and said in err, err
+    assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} == before

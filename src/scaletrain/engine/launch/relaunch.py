@@ -120,7 +120,7 @@ def replan_with(run: RunDir, changes: dict[str, Any]) -> Replanned:
     plan_c, train_c, env_c = split_changes(dict(changes))
     hw = sorted(HARDWARE_FIELDS & set(plan_c))
     if hw:
-        raise ScaletrainError(f"this remedy changes the hardware ({', '.join(hw)}); plan a new run directory for it "
+        raise ScaletrainError(f"changing {', '.join(hw)} changes the hardware; plan a new run directory for it "
                               "(scaletrain --gpus ...), a relaunch runs on the same machines")
     req, old_plan = old.replan()
     new_req = req.with_(**plan_c)

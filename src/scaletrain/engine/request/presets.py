@@ -26,7 +26,7 @@ import reprlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, get_type_hints
+from typing import Any, Iterable, Iterator, get_type_hints
 
 import yaml
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model, field_validator
@@ -380,13 +380,7 @@ def apply_overrides(fields: dict[str, Any], overrides: Iterable[str] | None, sec
         raise ValueError(f"section must be one of {SECTIONS}")
     out = dict(fields)
     changed = False
-    for item in overrides or ():
-        key, sep, raw = str(item).partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ScaletrainError(f"--set expects KEY=VALUE, e.g. micro_batch=4 or train.lr=1e-4 (got {item!r})")
-        sec, name = split_override_key(key)
-        value = _parse_value(raw.strip())
+    for sec, name, value in _override_items(overrides):
         if sec == section:
             out[name] = value
             changed = True
@@ -395,6 +389,27 @@ def apply_overrides(fields: dict[str, Any], overrides: Iterable[str] | None, sec
     if not changed:
         return out
     return validate_section(section, out, "--set")
+
+
+def _override_items(overrides: Iterable[str] | None) -> Iterator[tuple[str, str, Any]]:
+    """(section, key, value) of each `--set KEY=VALUE` item, its key checked and its value read as YAML."""
+    for item in overrides or ():
+        key, sep, raw = str(item).partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ScaletrainError(f"--set expects KEY=VALUE, e.g. micro_batch=4 or train.lr=1e-4 (got {item!r})")
+        sec, name = split_override_key(key)
+        yield sec, name, _parse_value(raw.strip())
+
+
+def override_changes(overrides: Iterable[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` items as a relaunch's changes (engine/launch/relaunch.py): plan fields by name, trainer
+    options as train.<name>, each value type-checked as a preset's is."""
+    out: dict[str, Any] = {}
+    for sec, name, value in _override_items(overrides):
+        _check_value(sec, name, value)
+        out[name if sec == "request" else f"train.{name}"] = value
+    return out
 
 
 def apply_train_overrides(train: TrainOptions, overrides: Iterable[str] | None) -> TrainOptions:

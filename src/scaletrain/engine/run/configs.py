@@ -105,8 +105,8 @@ def check_planned(run: RunDir, cfg: dict[str, Any], plan: Plan, train: TrainOpti
             got = json.loads(read_text_bounded(run.ds_config, what=run.ds_config.name))
         except (OSError, ValueError) as e:
             raise ScaletrainError(f"{run.ds_config} cannot be read as JSON ({e.__class__.__name__}); restore it, or "
-                                  "write the run directory again (scaletrain config write --run-dir DIR "
-                                  "--overwrite)") from None
+                                  "write it again with scaletrain launch DIR --set KEY=VALUE (any change re-plans "
+                                  "and rewrites every file)") from None
         _check_keys(run.ds_config, got, ds, PLANNED_DS_KEYS)
 
 
@@ -125,9 +125,8 @@ def _check_keys(path: Any, got: Any, planned: dict[str, Any], keys: tuple[tuple[
         if not (want is None and absent_unplanned) and str(have) != str(want):
             planned_as = repr(want) if want is not None else "it absent"
             raise ScaletrainError(f"{path} has {'.'.join(k)} {have!r} but its plan.json was made with {planned_as} "
-                                  "(edited by hand?); restore it, or write the run directory again with the numbers "
-                                  "you want (scaletrain config write --run-dir DIR --overwrite; a new plan starts at "
-                                  "step 0, the earlier files kept aside)")
+                                  "(edited by hand?); restore it, or re-plan it with scaletrain launch DIR "
+                                  "--set KEY=VALUE (re-planned, every file rewritten, the old ones kept)")
 
 
 def _zero3_init(plan: Plan, train: TrainOptions) -> bool:

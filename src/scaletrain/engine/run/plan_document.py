@@ -225,10 +225,9 @@ class PlanDocument:
                 problem = f"its batch has {name} {got}, but it was planned with {name} {asked}"
         if problem:
             raise ScaletrainError(f"{self.source} does not add up: {problem} (edited by hand?); the memory and time "
-                                  "it records are for the plan it was written with: restore it, or plan the run "
-                                  "again with the numbers you want (scaletrain config write --run-dir DIR "
-                                  "--overwrite, or the wizard; a new plan starts at step 0, the earlier files kept "
-                                  "aside)")
+                                  "it records are for the plan it was written with: restore it, or re-plan it "
+                                  "with scaletrain launch DIR --set KEY=VALUE (re-planned, the old files kept; "
+                                  "--resume continues where the change allows)")
 
     def check_weights(self) -> None:
         """The weights plan.json names now, checked as when it was written (it may have been edited since): custom

@@ -1,4 +1,6 @@
-"""`scaletrain launch RUN_DIR [--resume] [--detach] [--machine-rank R --main-process-ip IP] [--script S -- ARGS]`.
+"""`scaletrain launch RUN_DIR [--resume] [--set KEY=VALUE ...] [--detach] [--machine-rank R --main-process-ip IP]
+[--script S -- ARGS]`. `--set` re-plans the run with those changes first (engine/launch/relaunch.py, as the monitor's
+remedies do: the old files kept under attempts/), then launches it.
 
 Argument parsing only: engine.launch.launcher runs the processes, tui.monitor.stream shows them. User-script mode runs
 `accelerate launch --config_file RUN_DIR/accelerate_config.yaml train.py ARGS` under the run's configs.
@@ -17,6 +19,11 @@ def configure_launch(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by scaletrain (holds plan.json)")
     p.add_argument("--resume", action="store_true",
                    help=stated("continue from the newest checkpoint in RUN_DIR", "off: start fresh"))
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help=stated("change the plan first (a plan field or train.KEY, as for a preset; repeatable): "
+                               "re-planned on the run's hardware, every file rewritten, the old ones kept under "
+                               "attempts/; with --resume it continues from the checkpoint when the change allows "
+                               "(a micro-batch split, checkpointing, offload), else it refuses", "no change"))
     p.add_argument("--machine-rank", type=int, metavar="R",
                    help=stated("multi-node: this node's rank (0 on the head node)", "0"))
     p.add_argument("--main-process-ip", metavar="IP",
@@ -56,6 +63,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
         raise ScaletrainError("arguments after -- are for a user script; give it with --script train.py")
     if args.machine_rank is not None and args.machine_rank < 0:
         raise ScaletrainError(f"--machine-rank must be ≥ 0 (got {args.machine_rank})")
+    resume = args.resume
+    if args.set:
+        resume = _apply_changes(args)
     if args.detach:
         if args.logs:
             raise ScaletrainError("--logs echoes output in the foreground; a --detach run's output is in RUN_DIR/logs")
@@ -63,11 +73,30 @@ def cmd_launch(args: argparse.Namespace) -> int:
         from scaletrain.tui.cli.runs import print_detached
 
         d = start_detached(args.run_dir, machine_rank=args.machine_rank, main_process_ip=args.main_process_ip,
-                           resume=args.resume, script=args.script, script_args=tuple(args.script_args))
+                           resume=resume, script=args.script, script_args=tuple(args.script_args))
         print_detached(d.run_dir, d.pid, d.state, notes=d.notes)
         return 0
     from scaletrain.tui.monitor.stream import stream_run
 
     return stream_run(args.run_dir, machine_rank=args.machine_rank, main_process_ip=args.main_process_ip,
-                      resume=args.resume, script=args.script, script_args=tuple(args.script_args),
+                      resume=resume, script=args.script, script_args=tuple(args.script_args),
                       echo_logs=args.logs)
+
+
+def _apply_changes(args: argparse.Namespace) -> bool:
+    """Re-plan RUN_DIR with the --set changes and rewrite its files; whether the launch resumes. Without --resume
+    the run starts at step 0 (a checkpoint the change cannot resume under is kept in the attempt's backup)."""
+    if args.script:
+        raise ScaletrainError("--set re-plans the bundled trainer's run; a --script run takes its own arguments")
+    if args.machine_rank:
+        raise ScaletrainError("--set rewrites the run directory on the head node (machine rank 0); the other nodes "
+                              "launch the rewritten folder")
+    from scaletrain.engine.launch.relaunch import apply_remedy
+    from scaletrain.engine.request.presets import override_changes
+
+    try:
+        applied = apply_remedy(args.run_dir, override_changes(args.set), restart=not args.resume)
+    except ScaletrainError as e:         # the engine's "apply it with restart" is, here, a launch without --resume
+        raise ScaletrainError(str(e).replace("apply it with restart", "launch without --resume to start over"))
+    print(applied.summary, flush=True)
+    return args.resume and applied.resume
