@@ -361,3 +361,34 @@ def test_a_stopped_or_killed_run_s_resume_is_a_remedy_the_monitor_applies(kind, 
     diag = Diagnosis(kind=kind, rank=1 if kind == "killed" else None, gpu=None, summary="", evidence=())
     (resume,) = remedies_for(diag, PlanDocument(plan_4090x8), None, None)[0]
     assert resume.applicable and resume.changes == {} and "--resume" in resume.title
+
+
+def test_diagnose_of_a_run_directory_prints_the_command_that_applies_each_remedy(tmp_path, capsys):
+    """Over SSH the monitor's `a` is out of reach: each remedy the relaunch can apply comes with its command,
+    `scaletrain launch RUN --set …` (--resume where the change keeps the checkpoint); a manual step (more GPUs) has
+    none, nor do logs given without their run directory. The printed command applies the remedy as printed (here the
+    launch itself then stops: this machine has no RTX 4090)."""
+    import shlex
+
+    run = tmp_path / "run"
+    assert main(["--preset", "4090x8", "--headless", "--dry-run", "--run-dir", str(run)]) == 0
+    (run / "logs" / "rank-3.log").write_text((LOGS / "torch_current_oom_4090x8_r3.log").read_text())
+    (run / "status.json").write_text(json.dumps({"state": "failed", "exit_code": 1, "first_failing_rank": 3,
+                                                 "exit_codes": {"0": -15, "1": -15, "2": -15, "3": 1}}))
+    d = diagnose_paths([run])
+    assert d.kind == "cuda_oom" and d.remedies
+    capsys.readouterr()
+    assert main(["diagnose", str(run)]) == 0
+    out = capsys.readouterr().out
+    applies = [ln.strip().removeprefix("apply: ") for ln in out.splitlines() if ln.strip().startswith("apply: ")]
+    wanted = [r for r in d.remedies if r.applicable and not any(k.startswith("env.") for k in r.changes)]
+    assert len(applies) == len(wanted) < len(d.remedies)                 # the 16-GPU remedy is manual
+    split = next(a for a in applies if "--set micro_batch=1" in a)
+    assert split == f"scaletrain launch {run} --set micro_batch=1 --set grad_accum=16 --resume"
+    assert main(shlex.split(split)[1:]) == 2
+    said = capsys.readouterr()
+    assert said.out.startswith("applied micro_batch=1, grad_accum=16; starting from step 0") and "GPUs" in said.err
+    batch = json.loads((run / "plan.json").read_text())["batch"]
+    assert (batch["micro_batch"], batch["grad_accum"]) == (1, 16)
+    assert main(["diagnose", str(run / "logs" / "rank-3.log")]) == 0
+    assert "apply:" not in capsys.readouterr().out

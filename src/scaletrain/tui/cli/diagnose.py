@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -15,6 +16,7 @@ from scaletrain.engine.units import printable
 from scaletrain.tui.cli.plan_args import stated
 
 if TYPE_CHECKING:
+    from scaletrain.engine.doctor.remedies import Remedy
     from scaletrain.engine.doctor.summary import Diagnosis
 
 
@@ -51,12 +53,36 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(diag.to_json(), indent=2))
     else:
-        print_diagnosis(diag, sys.stdout)
+        runs = [Path(p) for p in args.logs if Path(p).is_dir()]
+        print_diagnosis(diag, sys.stdout, runs[0] if len(runs) == 1 else None)
     return 0
 
 
-def print_diagnosis(diag: Diagnosis, out: TextIO) -> None:
-    """Plain text: kind, summary, evidence, remedies with their predicted numbers (all from the Diagnosis)."""
+def apply_command(r: Remedy, run_dir: Path | None) -> str | None:
+    """The command that applies a remedy to its run: `scaletrain launch RUN --set …` (re-planned, the old files kept,
+    --resume where the change keeps the checkpoint). None for a manual step, an environment change (no --set key)
+    or logs given without their run directory."""
+    if run_dir is None or not r.applicable or not r.changes or any(k.startswith("env.") for k in r.changes):
+        return None
+    from scaletrain.engine.launch.relaunch import likely_resumes
+
+    sets = " ".join(f"--set {shlex.quote(f'{k}={_as_yaml(v)}')}" for k, v in r.changes.items())
+    resume = " --resume" if likely_resumes(r.changes, r.keeps_effective_batch) else ""
+    return f"scaletrain launch {shlex.quote(str(run_dir))} {sets}{resume}"
+
+
+def _as_yaml(v: object) -> str:
+    """A change's value as `--set` reads it (YAML): true/false, null, [a, b]."""
+    if isinstance(v, bool) or v is None:
+        return {True: "true", False: "false", None: "null"}[v]
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_as_yaml(x) for x in v) + "]"
+    return str(v)
+
+
+def print_diagnosis(diag: Diagnosis, out: TextIO, run_dir: Path | None = None) -> None:
+    """Plain text: kind, summary, evidence, remedies with their predicted numbers (all from the Diagnosis), and with
+    `run_dir` the command that applies each."""
     where = "".join(f" {k} {v}" for k, v in (("rank", diag.rank), ("node", diag.node), ("gpu", diag.gpu))
                     if v is not None)
     print(printable(f"{diag.kind}{where}: {diag.summary}"), file=out)
@@ -82,3 +108,6 @@ def print_diagnosis(diag: Diagnosis, out: TextIO) -> None:
         print(printable(f"  {i}. {r.title}{manual}" + (f"  ({', '.join(nums)})" if nums else "")), file=out)
         if r.changes:
             print(printable("     " + ", ".join(f"{k}={v}" for k, v in r.changes.items())), file=out)
+        apply = apply_command(r, run_dir)
+        if apply:
+            print(printable(f"     apply: {apply}"), file=out)

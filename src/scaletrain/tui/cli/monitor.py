@@ -257,7 +257,7 @@ def stream_run(sampler: Sampler, out: TextIO, *, once: bool = False, diagnose_fa
         raise ScaletrainError("; ".join(job.problems(t.job.status)))   # said as warnings above; one line, exit 2
     if t is not None and t.job is not None and t.job.status.state == "failed" and diagnose_failure:
         try:
-            print_diagnosis(diagnose_paths([job.run.path]), out)
+            print_diagnosis(diagnose_paths([job.run.path]), out, job.run.path)
         except ScaletrainError as e:          # e.g. no rank log was written: the run failed before it started
             out.write(f"no diagnosis: {e}\n")
         return 1
