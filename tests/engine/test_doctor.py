@@ -162,7 +162,8 @@ def test_issue_acceptance_diagnose_json_for_the_4090x8_oom(tmp_path, capsys, pla
                         "restarts"}
     assert (out["kind"], out["rank"], out["gpu"], out["restarts"]) == ("cuda_oom", 3, 3, [])
     assert all(set(r) == {"title", "changes", "predicted_per_gpu_bytes", "predicted_step_seconds",
-                          "effective_batch", "time_scale", "memory_scale"} for r in out["remedies"])
+                          "effective_batch", "time_scale", "memory_scale", "apply"} for r in out["remedies"])
+    assert all(r["apply"] is None for r in out["remedies"])      # a log file, no run directory to apply it to
     assert out["notes"] == [] and all(r["time_scale"] is None for r in out["remedies"])   # no steps measured
     card_usable = plan_4090x8["memory"]["usable_bytes"]          # 24 GB card less the plan's headroom
     first, second = out["remedies"][:2]
@@ -385,6 +386,9 @@ def test_diagnose_of_a_run_directory_prints_the_command_that_applies_each_remedy
     assert len(applies) == len(wanted) < len(d.remedies)                 # the 16-GPU remedy is manual
     split = next(a for a in applies if "--set micro_batch=1" in a)
     assert split == f"scaletrain launch {run} --set micro_batch=1 --set grad_accum=16 --resume"
+    assert main(["diagnose", str(run), "--json"]) == 0
+    as_json = [r["apply"] for r in json.loads(capsys.readouterr().out)["remedies"]]
+    assert [a for a in as_json if a] == applies and None in as_json          # the same commands; null for manual
     assert main(shlex.split(split)[1:]) == 2
     said = capsys.readouterr()
     assert said.out.startswith("applied micro_batch=1, grad_accum=16; starting from step 0") and "GPUs" in said.err

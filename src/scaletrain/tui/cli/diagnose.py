@@ -50,11 +50,15 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     if plan is not None:
         plan.check_plan()
     diag = diagnose_paths([Path(p) for p in args.logs], plan, exit_codes=_exit_codes(args.exit_code))
+    runs = [Path(p) for p in args.logs if Path(p).is_dir()]
+    run_dir = runs[0] if len(runs) == 1 else None
     if args.json:
-        print(json.dumps(diag.to_json(), indent=2))
+        out = diag.to_json()
+        for r, j in zip(diag.remedies, out["remedies"]):
+            j["apply"] = apply_command(r, run_dir)           # the command line, or null (see apply_command)
+        print(json.dumps(out, indent=2))
     else:
-        runs = [Path(p) for p in args.logs if Path(p).is_dir()]
-        print_diagnosis(diag, sys.stdout, runs[0] if len(runs) == 1 else None)
+        print_diagnosis(diag, sys.stdout, run_dir)
     return 0
 
 
