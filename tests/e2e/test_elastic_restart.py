@@ -76,6 +76,7 @@ def test_a_killed_rank_restarts_every_rank_which_resume_and_finish(tmp_path):
     proc = _start(run)
     tree: dict[int, float] = {}
     resumed_at = _kill_rank(run, proc, 1, tree)
+    assert resumed_at < total, "the rank had finished before it was killed"
     while proc.poll() is None:
         tree.update(_tree(proc.pid))
         time.sleep(0.1)

@@ -41,3 +41,22 @@ def test_any_other_traceback_and_one_outside_a_stop_are_written_as_they_came(tmp
     assert _fed(tmp_path / "b", AGENT_TRACEBACK, stopping=False)[0] == AGENT_TRACEBACK
     cut = AGENT_TRACEBACK[:-1]                    # the launcher closed the logs mid-block: nothing lost
     assert _fed(tmp_path / "c", cut, stopping=True)[0] == cut
+
+
+def test_an_agent_line_glued_to_a_dying_ranks_last_line_is_the_launchers(tmp_path):
+    """Seen in make test: rank 0, terminated for the restart, printed nanobind's exit message without its newline, and
+    torchrun's agent line reporting the killed rank 1 was glued to it. It went to rank 0's log, so the restart was
+    never recorded (status.json said finished with no restarts). The glued line is cut at the agent's log header."""
+    from scaletrain.engine.launch.elastic import restarts
+
+    agent = ("E1203 19:29:56.004000 1485 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) "
+             "local_rank: 1 (pid: 1493) of binary: /work/main/.venv/bin/python")
+    rank0 = "See https://nanobind.readthedocs.io/en/latest/refleaks.html"
+    logs = RankLogs(RunDir(tmp_path), single_process=False)
+    answers = [logs.feed(line) for line in ["[rank0]:step 5", f"[rank0]:{rank0}{agent}", "[rank1]:" + agent[:5]]]
+    logs.close()
+    assert (tmp_path / "logs" / "rank-0.log").read_text().splitlines() == ["step 5", rank0]
+    assert (tmp_path / "logs" / "launcher.log").read_text().splitlines() == [agent]
+    assert restarts(logs.launcher_lines, finished=True) and restarts(logs.launcher_lines, True)[0].rank == 1
+    assert answers[1] == (0, rank0)
+    assert (tmp_path / "logs" / "rank-1.log").read_text() == "E1203\n"       # a rank's own text, not a header

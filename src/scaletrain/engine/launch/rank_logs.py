@@ -21,6 +21,12 @@ LAUNCH_MARK_RE = re.compile(r"^==> scaletrain launch .* <==$")
 # SIGINT with a traceback of its own that ends in SignalException, which read as a crash at the end of the log and in
 # the monitor's log tail. Folded into one line that keeps the exception (the doctor's `interrupted` signature).
 TRACEBACK_START = "Traceback (most recent call last):"
+# torch's own log header (glog style: "E1203 19:29:56.004000 1485 torch/distributed/elastic/…/api.py:1002] "). A rank
+# that dies mid-line (a library's exit message without its newline) leaves its last prefixed line open, and the
+# agent's next line is glued to it: "[rank0]:See …/refleaks.htmlE1203 … failed (exitcode: -9) local_rank: 1 …" went
+# to rank 0's log and the restart it reports was never recorded (status.json: finished, no restarts). Such a header
+# past a prefixed line's start is cut off into a launcher line.
+GLUED_LOG_HEADER = re.compile(r"[EWIF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")
 AGENT_SIGNAL = re.compile(r"SignalException: Process \d+ got signal: \d+")
 MAX_HELD_LINES = 200          # a longer block is not the agent's: written as it came
 
@@ -79,9 +85,12 @@ class RankLogs:
             return (0 if self.single else None), line
         rank = p.number + (0 if p.role == "rank" else self.rank_offset)
         text = line[p.end:]
+        glued = GLUED_LOG_HEADER.search(text, 1)
         with self._lock:
-            self._write(self.run.rank_log(rank).name, text)
-        return rank, text
+            self._write(self.run.rank_log(rank).name, text[:glued.start()] if glued else text)
+            if glued:
+                self._launcher(text[glued.start():])
+        return rank, (text[:glued.start()] if glued else text)
 
     def _launcher(self, text: str) -> None:
         """A launcher line (caller holds the lock): logs/launcher.log, and rank 0's log in a single-process run."""
