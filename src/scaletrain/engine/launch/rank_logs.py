@@ -86,11 +86,12 @@ class RankLogs:
         rank = p.number + (0 if p.role == "rank" else self.rank_offset)
         text = line[p.end:]
         glued = GLUED_LOG_HEADER.search(text, 1)
+        own = text[:glued.start()] if glued else text
         with self._lock:
-            self._write(self.run.rank_log(rank).name, text[:glued.start()] if glued else text)
+            self._write(self.run.rank_log(rank).name, own)
             if glued:
                 self._launcher(text[glued.start():])
-        return rank, (text[:glued.start()] if glued else text)
+        return rank, own
 
     def _launcher(self, text: str) -> None:
         """A launcher line (caller holds the lock): logs/launcher.log, and rank 0's log in a single-process run."""

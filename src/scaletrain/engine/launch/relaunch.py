@@ -135,11 +135,12 @@ def replan_with(run: RunDir, changes: dict[str, Any]) -> Replanned:
 
 
 def apply_remedy(run_dir: str | os.PathLike[str], changes: dict[str, Any], *, restart: bool = False,
-                 title: str | None = None) -> Applied:
+                 title: str | None = None, how_to_restart: str = "apply it with restart") -> Applied:
     """Re-plan with `changes`, back up the old files, rewrite the run's files; say whether to resume.
 
     Refuses (one clear line) a running run, a hardware change (that is a new run directory), and — unless
-    `restart` — a change the newest checkpoint cannot be resumed under.
+    `restart` — a change the newest checkpoint cannot be resumed under (the line ends with `how_to_restart`: the
+    front end's way to ask for the restart).
     """
     run = RunDir(run_dir)
     pid = read_status(run.status).running_elsewhere()
@@ -148,7 +149,7 @@ def apply_remedy(run_dir: str | os.PathLike[str], changes: dict[str, Any], *, re
     r = replan_with(run, changes)
     new_plan, new_req, train, env_c, ck, blocker = r.new_plan, r.new_request, r.train, r.env, r.checkpoint, r.blocker
     if blocker and not restart:
-        raise ScaletrainError(f"cannot resume {ck.name} after this change: {blocker}; apply it with restart "
+        raise ScaletrainError(f"cannot resume {ck.name} after this change: {blocker}; {how_to_restart} "
                               "(step 0; the old checkpoints are kept in attempts/)")
     resume = ck is not None and blocker is None
     record = {"title": title, "changes": changes, "resume_from": ck.name if resume else None,

@@ -56,6 +56,7 @@ class PlanDocument:
     def __init__(self, data: Mapping[str, Any], source: str = "the plan JSON"):
         self._data = dict(data)
         self.source = source             # the file, for messages
+        self._replanned: tuple[PlanRequest, Plan] | None = None     # replan()'s answer, once (the data is read only)
 
     # ---- writing ---------------------------------------------------------------------------------------------
     @classmethod
@@ -203,18 +204,17 @@ class PlanDocument:
         changed by hand in plan.json (micro_batch alone) would otherwise train a batch nobody planned."""
         b = self.batch
         problem = None
-        effective = self._get("batch", "effective_batch")
+        samples = b.micro_batch * b.grad_accum * b.world_size
+        effective, seq_len = self._get("batch", "effective_batch"), self._get("training", "seq_len")
         nodes, per_node = self._get("hardware", "nodes"), self.gpus_per_node
-        if isinstance(effective, int) and b.micro_batch * b.grad_accum * b.world_size != effective:
+        if isinstance(effective, int) and samples != effective:
             problem = (f"its batch is micro {b.micro_batch} × accum {b.grad_accum} × {b.world_size} processes = "
-                       f"{b.micro_batch * b.grad_accum * b.world_size} samples per step, but it records an "
-                       f"effective batch of {effective}")
+                       f"{samples} samples per step, but it records an effective batch of {effective}")
         elif isinstance(nodes, int) and isinstance(per_node, int) and nodes * per_node != b.world_size:
             problem = (f"its hardware is {nodes} node{'s' if nodes != 1 else ''} × {per_node}, but its batch is "
                        f"split over {b.world_size} processes")
-        elif isinstance(self._get("training", "seq_len"), int) and self._get("training", "seq_len") != b.seq_len:
-            problem = (f"its batch is {b.seq_len} tokens per sample, its training section "
-                       f"{self._get('training', 'seq_len')}")
+        elif isinstance(seq_len, int) and seq_len != b.seq_len:
+            problem = f"its batch is {b.seq_len} tokens per sample, its training section {seq_len}"
         else:
             req = self.request
             pinned = [(name, asked, got) for name, asked, got in (("micro_batch", req.micro_batch, b.micro_batch),
@@ -290,7 +290,9 @@ class PlanDocument:
         different, and `--gpus auto` would re-detect this machine instead of the one the run died on.
         """
         try:
-            return self._replan()
+            if self._replanned is None:
+                self._replanned = self._replan()
+            return self._replanned
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ScaletrainError(f"{self.source} cannot be re-planned (missing or bad field {e}); pass a plan.json "
                                   "written by scaletrain (run directory) or `scaletrain plan --json`") from None

@@ -94,9 +94,7 @@ def _apply_changes(args: argparse.Namespace) -> bool:
     from scaletrain.engine.launch.relaunch import apply_remedy
     from scaletrain.engine.request.presets import override_changes
 
-    try:
-        applied = apply_remedy(args.run_dir, override_changes(args.set), restart=not args.resume)
-    except ScaletrainError as e:         # the engine's "apply it with restart" is, here, a launch without --resume
-        raise ScaletrainError(str(e).replace("apply it with restart", "launch without --resume to start over"))
+    applied = apply_remedy(args.run_dir, override_changes(args.set), restart=not args.resume,
+                           how_to_restart="launch without --resume to start over")
     print(applied.summary, flush=True)
     return args.resume and applied.resume
